@@ -1,0 +1,136 @@
+//! The circuit breaker: stop sending to a provider that is failing, and
+//! find out cheaply when it has recovered.
+//!
+//! Pacing protects a provider from us; the breaker protects everyone from a
+//! provider that is down. Over a sliding window it counts failures and
+//! throttles; past a share of them — and only once a minimum number of
+//! calls was seen, so a cold start cannot trip it on two bad answers — it
+//! opens, and calls fail at once with the time until it will try again.
+//! After the reset timeout a bounded number of probes go through: enough
+//! successes close it, one failure opens it again (R-CB1).
+//!
+//! Every transition is returned as a [`Transition`] value and handed to
+//! the provider's evidence sink, which the proxy sends to metrics, the log,
+//! the admin API and the store (R-CB2). Evidence carries only states,
+//! reasons and counters — never a URL, header, body or credential.
+//!
+//! One [`BreakerShared`] per provider in an `Arc`; clones of the service
+//! share it.
+
+mod error;
+mod layer;
+mod service;
+pub mod state;
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use tokio::time::Instant;
+
+pub use self::error::CircuitOpen;
+pub use self::layer::BreakerLayer;
+pub use self::service::Breaker as BreakerService;
+pub use self::state::{Breaker, BreakerSnapshot, Permit, Reason, State, Transition};
+use crate::retry::RetryShared;
+use crate::settings::ProviderSettings;
+
+/// Where transitions are published (metrics, log, admin API, store).
+pub type TransitionSink = Arc<dyn Fn(&Transition) + Send + Sync>;
+
+/// How many recent transitions are kept in memory for the readout.
+pub const RECENT_TRANSITIONS: usize = 32;
+
+/// The breaker of one provider, shared by all its services.
+pub struct BreakerShared {
+    breaker: Mutex<Breaker>,
+    /// Read to fill `retry_budget_left` in the evidence.
+    retry: Arc<RetryShared>,
+    sink: Option<TransitionSink>,
+    recent: Mutex<VecDeque<Transition>>,
+    wait_for_probe: Mutex<Option<std::time::Duration>>,
+}
+
+impl fmt::Debug for BreakerShared {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BreakerShared")
+            .field("breaker", &self.breaker)
+            .field("sink", &self.sink.is_some())
+            .finish()
+    }
+}
+
+impl BreakerShared {
+    /// A closed breaker publishing to `sink`.
+    pub fn new(
+        settings: &ProviderSettings,
+        retry: Arc<RetryShared>,
+        sink: Option<TransitionSink>,
+    ) -> Arc<Self> {
+        Arc::new(BreakerShared {
+            breaker: Mutex::new(Breaker::new(settings, Instant::now())),
+            retry,
+            sink,
+            recent: Mutex::new(VecDeque::with_capacity(RECENT_TRANSITIONS)),
+            wait_for_probe: Mutex::new(
+                settings
+                    .breaker_wait_for_probe
+                    .then_some(settings.max_queue_wait),
+            ),
+        })
+    }
+
+    /// Locks the state machine (a poisoned lock is recovered: plain data).
+    pub fn lock(&self) -> MutexGuard<'_, Breaker> {
+        self.breaker.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Applies new settings; state is kept.
+    pub fn update_settings(&self, settings: &ProviderSettings) {
+        self.lock().update_settings(settings);
+        *self.wait_for_probe.lock().unwrap_or_else(|p| p.into_inner()) = settings
+            .breaker_wait_for_probe
+            .then_some(settings.max_queue_wait);
+    }
+
+    pub(crate) fn wait_for_probe(&self) -> Option<std::time::Duration> {
+        *self.wait_for_probe.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Completes a transition's evidence and publishes it.
+    pub fn publish(&self, mut t: Transition) {
+        t.retry_budget_left = Some(self.retry.budget_left(t.at));
+        if let Some(sink) = &self.sink {
+            sink(&t);
+        }
+        let mut recent = self.recent.lock().unwrap_or_else(|p| p.into_inner());
+        if recent.len() == RECENT_TRANSITIONS {
+            recent.pop_front();
+        }
+        recent.push_back(t);
+    }
+
+    /// The most recent transitions, oldest first.
+    pub fn recent(&self) -> Vec<Transition> {
+        self.recent
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .cloned()
+            .collect()
+    }
+
+    /// A readout at `now` (moving Open → HalfOpen if due, and publishing
+    /// that).
+    pub fn snapshot(&self, now: Instant) -> BreakerSnapshot {
+        let (snap, t) = {
+            let mut b = self.lock();
+            let t = b.tick(now);
+            (b.snapshot(now), t)
+        };
+        if let Some(t) = t {
+            self.publish(t);
+        }
+        snap
+    }
+}

@@ -1,0 +1,313 @@
+//! The breaker's state machine, pure: every method takes `now`.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::settings::ProviderSettings;
+
+/// Buckets in the sliding window.
+const BUCKETS: usize = 10;
+
+/// The standard breaker states.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum State {
+    /// Calls flow; outcomes are counted.
+    Closed,
+    /// Calls fail fast until the reset timeout.
+    Open,
+    /// A bounded number of probes may go; their outcome decides.
+    HalfOpen,
+}
+
+impl State {
+    /// A bounded label for metrics, logs and evidence.
+    pub fn label(self) -> &'static str {
+        match self {
+            State::Closed => "closed",
+            State::Open => "open",
+            State::HalfOpen => "half_open",
+        }
+    }
+
+    /// A number for a gauge: 0 closed, 1 half-open, 2 open.
+    pub fn gauge(self) -> i64 {
+        match self {
+            State::Closed => 0,
+            State::HalfOpen => 1,
+            State::Open => 2,
+        }
+    }
+}
+
+/// Why the breaker changed state: generic, never a URL or a body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Reason {
+    /// Failures and throttles passed the threshold over the window.
+    FailureRate,
+    /// The open state's reset timeout elapsed.
+    ResetTimeout,
+    /// Enough half-open probes succeeded.
+    ProbesSucceeded,
+    /// A half-open probe failed.
+    ProbeFailed,
+}
+
+impl Reason {
+    /// A bounded label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Reason::FailureRate => "failure_rate",
+            Reason::ResetTimeout => "reset_timeout",
+            Reason::ProbesSucceeded => "probes_succeeded",
+            Reason::ProbeFailed => "probe_failed",
+        }
+    }
+}
+
+/// One state change, as structured evidence (R-CB2). Bounded counters only.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Transition {
+    /// The state before.
+    pub from: State,
+    /// The state after.
+    pub to: State,
+    /// Why.
+    pub reason: Reason,
+    /// When, on the monotonic clock.
+    pub at: Instant,
+    /// Milliseconds spent in `from`.
+    pub elapsed_ms: u64,
+    /// Calls counted in the window (Closed) or probes (HalfOpen).
+    pub calls: u32,
+    /// Failures among them.
+    pub failures: u32,
+    /// Retries left in the provider's budget, filled in by the layer.
+    pub retry_budget_left: Option<u32>,
+}
+
+/// What the breaker lets a call do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Permit {
+    /// An ordinary call while closed.
+    Normal,
+    /// A half-open probe.
+    Probe,
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct Bucket {
+    /// Which slot of time this bucket holds (index since `epoch`).
+    slot: u64,
+    calls: u32,
+    failures: u32,
+}
+
+/// A readout for metrics, the admin API and the store.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BreakerSnapshot {
+    /// The state.
+    pub state: State,
+    /// Time in this state.
+    pub in_state: Duration,
+    /// Calls in the window.
+    pub calls: u32,
+    /// Failures in the window.
+    pub failures: u32,
+    /// Time left until half-open, while open.
+    pub open_remaining: Option<Duration>,
+}
+
+/// The breaker for one provider.
+#[derive(Debug)]
+pub struct Breaker {
+    state: State,
+    /// When the current state began.
+    since: Instant,
+    /// Origin of the window's slots.
+    epoch: Instant,
+    buckets: [Bucket; BUCKETS],
+    bucket_len: Duration,
+    failure_ratio: f64,
+    min_calls: u32,
+    open_for: Duration,
+    probes: u32,
+    /// Probes let through and not yet answered.
+    probes_in_flight: u32,
+    /// Probes answered with success in this half-open spell.
+    probe_successes: u32,
+}
+
+impl Breaker {
+    /// A closed breaker.
+    pub fn new(settings: &ProviderSettings, now: Instant) -> Self {
+        Breaker {
+            state: State::Closed,
+            since: now,
+            epoch: now,
+            buckets: [Bucket::default(); BUCKETS],
+            bucket_len: settings.breaker_window / BUCKETS as u32,
+            failure_ratio: settings.breaker_failure_ratio,
+            min_calls: settings.breaker_min_calls,
+            open_for: settings.breaker_open_for,
+            probes: settings.breaker_half_open_probes,
+            probes_in_flight: 0,
+            probe_successes: 0,
+        }
+    }
+
+    /// Applies new settings (config reload); state and window are kept.
+    pub fn update_settings(&mut self, settings: &ProviderSettings) {
+        let len = settings.breaker_window / BUCKETS as u32;
+        if len != self.bucket_len {
+            self.buckets = [Bucket::default(); BUCKETS];
+            self.bucket_len = len;
+        }
+        self.failure_ratio = settings.breaker_failure_ratio;
+        self.min_calls = settings.breaker_min_calls;
+        self.open_for = settings.breaker_open_for;
+        self.probes = settings.breaker_half_open_probes;
+    }
+
+    /// Restores a saved state (R-PS1). An open breaker stays open for the
+    /// time it had left.
+    pub fn restore(&mut self, state: State, open_remaining: Option<Duration>, now: Instant) {
+        self.state = state;
+        self.probes_in_flight = 0;
+        self.probe_successes = 0;
+        self.since = match (state, open_remaining) {
+            (State::Open, Some(left)) => {
+                let left = left.min(self.open_for);
+                (now + left).checked_sub(self.open_for).unwrap_or(now)
+            }
+            _ => now,
+        };
+    }
+
+    /// The current state (without advancing time).
+    pub fn state(&self) -> State {
+        self.state
+    }
+
+    fn slot(&self, now: Instant) -> u64 {
+        let nanos = now.saturating_duration_since(self.epoch).as_nanos();
+        (nanos / self.bucket_len.as_nanos().max(1)) as u64
+    }
+
+    fn totals(&self, now: Instant) -> (u32, u32) {
+        let slot = self.slot(now);
+        self.buckets
+            .iter()
+            .filter(|b| b.slot + (BUCKETS as u64) > slot && b.slot <= slot)
+            .fold((0, 0), |(c, f), b| (c + b.calls, f + b.failures))
+    }
+
+    fn count(&mut self, failure: bool, now: Instant) {
+        let slot = self.slot(now);
+        let b = &mut self.buckets[(slot % BUCKETS as u64) as usize];
+        if b.slot != slot {
+            *b = Bucket {
+                slot,
+                ..Bucket::default()
+            };
+        }
+        b.calls += 1;
+        b.failures += u32::from(failure);
+    }
+
+    fn go(&mut self, to: State, reason: Reason, now: Instant, calls: u32, failures: u32) -> Transition {
+        let t = Transition {
+            from: self.state,
+            to,
+            reason,
+            at: now,
+            elapsed_ms: u64::try_from(now.saturating_duration_since(self.since).as_millis())
+                .unwrap_or(u64::MAX),
+            calls,
+            failures,
+            retry_budget_left: None,
+        };
+        self.state = to;
+        self.since = now;
+        self.probes_in_flight = 0;
+        self.probe_successes = 0;
+        if to == State::Closed {
+            self.buckets = [Bucket::default(); BUCKETS];
+        }
+        t
+    }
+
+    /// Moves Open → HalfOpen once the reset timeout has elapsed.
+    pub fn tick(&mut self, now: Instant) -> Option<Transition> {
+        (self.state == State::Open && now >= self.since + self.open_for)
+            .then(|| self.go(State::HalfOpen, Reason::ResetTimeout, now, 0, 0))
+    }
+
+    /// Asks to make a call at `now`. `Err` carries the time until half-open
+    /// (at least a second while probes are out).
+    pub fn try_acquire(&mut self, now: Instant) -> (Result<Permit, Duration>, Option<Transition>) {
+        let transition = self.tick(now);
+        let permit = match self.state {
+            State::Closed => Ok(Permit::Normal),
+            State::Open => Err((self.since + self.open_for).saturating_duration_since(now)),
+            State::HalfOpen => {
+                if self.probes_in_flight + self.probe_successes < self.probes {
+                    self.probes_in_flight += 1;
+                    Ok(Permit::Probe)
+                } else {
+                    Err(Duration::from_secs(1))
+                }
+            }
+        };
+        (permit, transition)
+    }
+
+    /// Records a call's outcome: `failure` is a failure or throttle
+    /// (R-CB1). Returns the transition it caused, if any.
+    pub fn record(&mut self, permit: Permit, failure: bool, now: Instant) -> Option<Transition> {
+        match (permit, self.state) {
+            (Permit::Normal, State::Closed) => {
+                self.count(failure, now);
+                let (calls, failures) = self.totals(now);
+                let tripped = calls >= self.min_calls
+                    && f64::from(failures) >= self.failure_ratio * f64::from(calls);
+                tripped.then(|| self.go(State::Open, Reason::FailureRate, now, calls, failures))
+            }
+            (Permit::Probe, State::HalfOpen) => {
+                self.probes_in_flight = self.probes_in_flight.saturating_sub(1);
+                let answered = self.probe_successes + 1;
+                if failure {
+                    Some(self.go(State::Open, Reason::ProbeFailed, now, answered, 1))
+                } else {
+                    self.probe_successes += 1;
+                    (self.probe_successes >= self.probes).then(|| {
+                        self.go(State::Closed, Reason::ProbesSucceeded, now, answered, 0)
+                    })
+                }
+            }
+            // A late answer from a previous state says nothing about now.
+            _ => None,
+        }
+    }
+
+    /// A permitted call ended without reaching the provider (refused further
+    /// down, or its client went away): it counts for nothing.
+    pub fn release(&mut self, permit: Permit) {
+        if permit == Permit::Probe && self.state == State::HalfOpen {
+            self.probes_in_flight = self.probes_in_flight.saturating_sub(1);
+        }
+    }
+
+    /// A readout.
+    pub fn snapshot(&self, now: Instant) -> BreakerSnapshot {
+        let (calls, failures) = self.totals(now);
+        BreakerSnapshot {
+            state: self.state,
+            in_state: now.saturating_duration_since(self.since),
+            calls,
+            failures,
+            open_remaining: (self.state == State::Open)
+                .then(|| (self.since + self.open_for).saturating_duration_since(now)),
+        }
+    }
+}

@@ -1,0 +1,42 @@
+//! sluice's control algorithms and the tower layers that apply them.
+//!
+//! Everything a provider's budget depends on is decided here, and nothing
+//! here does I/O: no sockets, no files, no hyper. Each algorithm is a plain
+//! state machine whose methods take the current time (`now`) as an argument,
+//! so the same code is driven by the real clock in the proxy and by tokio's
+//! paused clock (or a hand-advanced `Instant`) in tests. The tower layers are
+//! thin: they read the clock, call the state machine, and wait.
+//!
+//! One provider's stack, outermost first (see [`stack`]):
+//!
+//! ```text
+//! retry (ratio budget, full jitter, Retry-After)
+//!   → run envelope (request cap, deadline: checked before each attempt)
+//!   → circuit breaker (sliding window, minimum throughput, half-open probes)
+//!   → pacer (GCRA pacing at a rate learned by AIMD, Retry-After hold, FIFO queue)
+//!   → bulkhead (attempts in flight, bounded queue)
+//!   → per-attempt timeout
+//!   → upstream
+//! ```
+//!
+//! Defaults, each with the public reference it comes from, live in one place:
+//! [`settings`].
+#![forbid(unsafe_code)]
+#![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
+
+pub mod breaker;
+pub mod bulkhead;
+pub mod error;
+pub mod outcome;
+pub mod pacer;
+pub mod provider;
+pub mod retry;
+pub mod retry_after;
+pub mod run;
+pub mod settings;
+pub mod stack;
+
+pub use error::BoxError;
+pub use outcome::Outcome;
+pub use provider::ProviderPolicy;
+pub use settings::ProviderSettings;

@@ -1,0 +1,177 @@
+//! One classification of what an attempt came back with, shared by every
+//! layer.
+//!
+//! The pacer, the breaker, the retry policy and the metrics all need to know
+//! "was that a throttle? may it be retried? is it the provider's fault?".
+//! Deciding it once, here, means they cannot disagree.
+
+use std::time::{Duration, SystemTime};
+
+use http::StatusCode;
+
+use crate::error::{self, BoxError};
+
+/// What one upstream attempt came back with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// A response that says the provider is fine: 1xx–3xx.
+    Success,
+    /// 429 or 503: the provider asks us to slow down, maybe saying until when.
+    Throttled {
+        /// The status, 429 or 503.
+        status: u16,
+        /// The parsed `Retry-After`, if the provider sent one.
+        retry_after: Option<Duration>,
+    },
+    /// Any other 5xx.
+    ServerError {
+        /// The status.
+        status: u16,
+    },
+    /// A 4xx other than 408 and 429: the request itself is wrong. Never
+    /// retried, never held against the provider.
+    ClientError {
+        /// The status.
+        status: u16,
+    },
+    /// The attempt timed out (sluice's per-attempt timeout or a 408 from the
+    /// provider).
+    Timeout,
+    /// No connection could be made (refused, reset before a response, DNS,
+    /// TLS handshake).
+    ConnectError,
+}
+
+impl Outcome {
+    /// Classifies a response head. `now_wall` turns an HTTP-date
+    /// `Retry-After` into a wait.
+    pub fn of(status: StatusCode, headers: &http::HeaderMap, now_wall: SystemTime) -> Self {
+        let code = status.as_u16();
+        match code {
+            429 | 503 => Outcome::Throttled {
+                status: code,
+                retry_after: crate::retry_after::from_headers(headers, now_wall),
+            },
+            408 => Outcome::Timeout,
+            500..=599 => Outcome::ServerError { status: code },
+            400..=499 => Outcome::ClientError { status: code },
+            _ => Outcome::Success,
+        }
+    }
+
+    /// Classifies an error from below a layer. `None` means the error is
+    /// sluice's own refusal (pacer queue full, breaker open, bulkhead full,
+    /// run stopped): no request reached the provider, so the provider's
+    /// state must not learn anything from it.
+    pub fn of_error(err: &BoxError) -> Option<Self> {
+        error::attempt_outcome(err)
+    }
+
+    /// Whether a retry may help: 429, 408, 5xx, connect errors, timeouts
+    /// (R-RB1). Other 4xx never are.
+    pub fn is_retryable(&self) -> bool {
+        !matches!(self, Outcome::Success | Outcome::ClientError { .. })
+    }
+
+    /// Whether this is the provider pushing back (a source-pressure signal,
+    /// R-RN3), as opposed to success or the client's own mistake.
+    pub fn is_source_pressure(&self) -> bool {
+        self.is_retryable()
+    }
+
+    /// Whether the breaker counts this as a failure (R-CB1: failure or
+    /// throttle). A client error is the client's fault and counts as a
+    /// healthy provider.
+    pub fn is_breaker_failure(&self) -> bool {
+        self.is_retryable()
+    }
+
+    /// A short, bounded label for metrics and logs.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Outcome::Success => "success",
+            Outcome::Throttled { .. } => "throttled",
+            Outcome::ServerError { .. } => "server_error",
+            Outcome::ClientError { .. } => "client_error",
+            Outcome::Timeout => "timeout",
+            Outcome::ConnectError => "connect_error",
+        }
+    }
+
+    /// The provider's `Retry-After`, if this outcome carries one.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Outcome::Throttled { retry_after, .. } => *retry_after,
+            _ => None,
+        }
+    }
+}
+
+/// The outcome of a response: classified once and cached in its
+/// extensions by the innermost layer that sees it, so that every layer
+/// above reads the same verdict.
+pub fn of_response<R>(resp: &http::Response<R>, now_wall: SystemTime) -> Outcome {
+    resp.extensions()
+        .get::<Outcome>()
+        .copied()
+        .unwrap_or_else(|| Outcome::of(resp.status(), resp.headers(), now_wall))
+}
+
+/// Stamps the outcome into a response's extensions (see [`of_response`]).
+pub fn stamp<R>(resp: &mut http::Response<R>, now_wall: SystemTime) -> Outcome {
+    let outcome = of_response(resp, now_wall);
+    resp.extensions_mut().insert(outcome);
+    outcome
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn of(code: u16, retry_after: Option<&str>) -> Outcome {
+        let mut h = http::HeaderMap::new();
+        if let Some(v) = retry_after {
+            h.insert(http::header::RETRY_AFTER, v.parse().unwrap());
+        }
+        Outcome::of(
+            StatusCode::from_u16(code).unwrap(),
+            &h,
+            SystemTime::UNIX_EPOCH,
+        )
+    }
+
+    #[test]
+    fn classification() {
+        assert_eq!(of(200, None), Outcome::Success);
+        assert_eq!(of(304, None), Outcome::Success);
+        assert_eq!(
+            of(429, Some("3")),
+            Outcome::Throttled {
+                status: 429,
+                retry_after: Some(Duration::from_secs(3))
+            }
+        );
+        assert_eq!(
+            of(503, None),
+            Outcome::Throttled {
+                status: 503,
+                retry_after: None
+            }
+        );
+        assert_eq!(of(408, None), Outcome::Timeout);
+        assert_eq!(of(502, None), Outcome::ServerError { status: 502 });
+        assert_eq!(of(404, None), Outcome::ClientError { status: 404 });
+    }
+
+    #[test]
+    fn only_pressure_is_retryable() {
+        assert!(!of(200, None).is_retryable());
+        assert!(!of(404, None).is_retryable());
+        assert!(!of(400, None).is_source_pressure());
+        for code in [429, 408, 500, 502, 503, 504] {
+            assert!(of(code, None).is_retryable(), "{code}");
+            assert!(of(code, None).is_source_pressure(), "{code}");
+        }
+        assert!(Outcome::ConnectError.is_retryable());
+    }
+}

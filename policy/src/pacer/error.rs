@@ -1,0 +1,23 @@
+use std::time::Duration;
+
+use super::core::Refusal;
+
+/// The pacer refused a request: its slot would come later than it may
+/// wait, or the waiting room is full. Nothing was sent to the provider.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("provider rate limit: no slot within the queue wait ({refusal:?}), retry after {retry_after:?}")]
+pub struct RateLimited {
+    /// Why.
+    pub refusal: Refusal,
+    /// When the slot would have come.
+    pub retry_after: Duration,
+}
+
+impl RateLimited {
+    pub(crate) fn new(refusal: Refusal, retry_after: Duration) -> Self {
+        RateLimited {
+            refusal,
+            retry_after,
+        }
+    }
+}

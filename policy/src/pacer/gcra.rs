@@ -1,0 +1,176 @@
+//! GCRA, the Generic Cell Rate Algorithm (ITU-T I.371), as a pure state
+//! machine.
+//!
+//! GCRA(I, L) keeps one number, the theoretical arrival time (TAT). A
+//! request at `t` conforms if `t ≥ TAT − L`; admitting it sets
+//! `TAT = max(TAT, t) + I`. After an idle gap `TAT` is in the past, so
+//! `max` resets it to `t + I`: credit never accumulates beyond the burst,
+//! which is the property a collector resuming after a pause needs (R-GC1).
+//! governor's `gcra.rs` is the model; here the emission interval changes
+//! while running, because AIMD moves the rate.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// GCRA state: theoretical arrival time, emission interval, tolerance.
+#[derive(Debug, Clone)]
+pub struct Gcra {
+    /// When the next request would be due at exactly the rate; `None`
+    /// before the first admission.
+    tat: Option<Instant>,
+    /// Emission interval I = 1 / rate.
+    interval: Duration,
+    /// Burst size; the tolerance is L = (burst − 1) · I.
+    burst: u32,
+}
+
+impl Gcra {
+    /// A fresh cell stream with the given interval and burst (≥ 1).
+    pub fn new(interval: Duration, burst: u32) -> Self {
+        Gcra {
+            tat: None,
+            interval,
+            burst: burst.max(1),
+        }
+    }
+
+    /// The emission interval.
+    pub fn interval(&self) -> Duration {
+        self.interval
+    }
+
+    /// The tolerance L = (burst − 1) · I.
+    pub fn tolerance(&self) -> Duration {
+        self.interval * (self.burst - 1)
+    }
+
+    /// The earliest instant, not before `now`, at which the request `ahead`
+    /// places behind the next one would conform, if those ahead were
+    /// admitted as early as they could be.
+    pub fn earliest(&self, now: Instant, ahead: u32) -> Instant {
+        match self.tat {
+            None => {
+                // The first `burst` requests conform at once.
+                let extra = ahead.saturating_sub(self.burst - 1);
+                now + self.interval * extra
+            }
+            Some(tat) => {
+                let due = tat.max(now) + self.interval * ahead;
+                due.checked_sub(self.tolerance()).unwrap_or(now).max(now)
+            }
+        }
+    }
+
+    /// Whether a request at `now` conforms.
+    pub fn conforms(&self, now: Instant) -> bool {
+        self.earliest(now, 0) <= now
+    }
+
+    /// Admits a request at `now` (the caller checked [`conforms`]).
+    ///
+    /// [`conforms`]: Gcra::conforms
+    pub fn admit(&mut self, now: Instant) {
+        let base = self.tat.map_or(now, |tat| tat.max(now));
+        self.tat = Some(base + self.interval);
+    }
+
+    /// Changes the emission interval. The last admission keeps its place and
+    /// the next one is due one *new* interval after it, so a rate change
+    /// applies to requests already waiting (R-GC2).
+    pub fn set_interval(&mut self, interval: Duration) {
+        if let Some(tat) = self.tat {
+            let last = tat.checked_sub(self.interval).unwrap_or(tat);
+            self.tat = Some(last + interval);
+        }
+        self.interval = interval;
+    }
+
+    /// Changes the burst size (≥ 1).
+    pub fn set_burst(&mut self, burst: u32) {
+        self.burst = burst.max(1);
+    }
+}
+
+/// The interval for a rate in requests per second.
+pub fn interval_of(rate_rps: f64) -> Duration {
+    Duration::from_secs_f64(1.0 / rate_rps.max(1e-6))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    #[test]
+    fn strict_spacing_without_burst() {
+        let t0 = Instant::now();
+        let mut g = Gcra::new(ms(100), 1);
+        assert!(g.conforms(t0));
+        g.admit(t0);
+        assert!(!g.conforms(t0 + ms(99)));
+        assert_eq!(g.earliest(t0, 0), t0 + ms(100));
+        assert_eq!(g.earliest(t0, 2), t0 + ms(300));
+        g.admit(t0 + ms(100));
+        assert_eq!(g.earliest(t0 + ms(100), 0), t0 + ms(200));
+    }
+
+    #[test]
+    fn rate_change_moves_the_next_slot() {
+        let t0 = Instant::now();
+        let mut g = Gcra::new(ms(100), 1);
+        g.admit(t0);
+        g.set_interval(ms(250));
+        assert_eq!(g.earliest(t0, 0), t0 + ms(250));
+        g.set_interval(ms(50));
+        assert_eq!(g.earliest(t0, 0), t0 + ms(50));
+    }
+
+    /// Admits every request as soon as it conforms, starting at `start`,
+    /// and counts how many go within `window` of the first.
+    fn greedy_in_window(g: &mut Gcra, start: Instant, window: Duration, max: u32) -> u32 {
+        let mut n = 0;
+        let mut t = start;
+        while n < max {
+            t = g.earliest(t, 0);
+            if t >= start + window {
+                break;
+            }
+            g.admit(t);
+            n += 1;
+        }
+        n
+    }
+
+    proptest! {
+        /// R-GC1: whatever happened before and however long the pause, a
+        /// resumed stream gets at most `burst` requests at once, and at most
+        /// `burst + k` within k intervals: idle time buys no extra credit.
+        #[test]
+        fn no_burst_beyond_tolerance_after_any_idle(
+            interval_ms in 1u64..2_000,
+            burst in 1u32..20,
+            history in proptest::collection::vec(0u64..5_000, 0..50),
+            idle_ms in 0u64..10_000_000,
+            k in 0u32..10,
+        ) {
+            let t0 = Instant::now();
+            let mut g = Gcra::new(ms(interval_ms), burst);
+            let mut t = t0;
+            for gap in history {
+                t += ms(gap);
+                if g.conforms(t) { g.admit(t); }
+            }
+            let resume = t + ms(idle_ms);
+            let at_once = greedy_in_window(&mut g.clone(), resume, Duration::from_nanos(1), 10_000);
+            prop_assert!(at_once <= burst, "{at_once} at once > burst {burst}");
+            let window = ms(interval_ms) * k + Duration::from_nanos(1);
+            let within = greedy_in_window(&mut g, resume, window, 10_000);
+            prop_assert!(within <= burst + k, "{within} in {k} intervals > {burst} + {k}");
+        }
+    }
+}

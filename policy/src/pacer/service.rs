@@ -1,0 +1,81 @@
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, SystemTime};
+
+use http::{Request, Response};
+use tokio::time::Instant;
+use tower::{Service, ServiceExt};
+
+use super::PacerShared;
+use crate::error::BoxError;
+use crate::outcome::{self, Outcome};
+
+/// Time from dispatch (after the bulkhead permit) to the response head,
+/// stamped into the response's extensions by the bulkhead so that queueing
+/// inside sluice never looks like a slow provider.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ttfb(pub Duration);
+
+/// The pacer's future.
+pub type ResponseFuture<R> =
+    Pin<Box<dyn Future<Output = Result<Response<R>, BoxError>> + Send + 'static>>;
+
+/// Waits for the provider's pacing slot, sends, and feeds what came back
+/// into the provider's AIMD controller and hold.
+#[derive(Debug, Clone)]
+pub struct Pacer<S> {
+    inner: S,
+    shared: Arc<PacerShared>,
+}
+
+impl<S> Pacer<S> {
+    /// Wraps `inner` with the shared pacer.
+    pub fn new(inner: S, shared: Arc<PacerShared>) -> Self {
+        Pacer { inner, shared }
+    }
+}
+
+impl<S, B, R> Service<Request<B>> for Pacer<S>
+where
+    S: Service<Request<B>, Response = Response<R>> + Clone + Send + 'static,
+    S::Error: Into<BoxError>,
+    S::Future: Send + 'static,
+    B: Send + 'static,
+    R: Send + 'static,
+{
+    type Response = Response<R>;
+    type Error = BoxError;
+    type Future = ResponseFuture<R>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        // Waiting happens in the response future, per request, in FIFO
+        // order; the inner service is readied there too.
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        let inner = self.inner.clone();
+        let shared = self.shared.clone();
+        Box::pin(async move {
+            let sent_at = shared.acquire().await?;
+            let result = inner.oneshot(req).await.map_err(Into::into);
+            let now = Instant::now();
+            let (outcome, ttfb) = match &result {
+                Ok(resp) => (
+                    Some(outcome::of_response(resp, SystemTime::now())),
+                    resp.extensions().get::<Ttfb>().map(|t| t.0),
+                ),
+                Err(e) => (Outcome::of_error(e), None),
+            };
+            if let Some(outcome) = outcome {
+                let feedback = shared.lock().on_outcome(&outcome, sent_at, ttfb, now);
+                if feedback.changed() {
+                    shared.notify();
+                }
+            }
+            result
+        })
+    }
+}

@@ -1,0 +1,121 @@
+//! A ratio retry budget whose balance can be read.
+//!
+//! The algorithm is Linkerd's and tower's `TpsBudget`: every request
+//! deposits, every retry withdraws, deposits expire after a TTL, and a
+//! small reserve (`min_per_sec × ttl`) lets a quiet provider still retry.
+//! It is written again here for two reasons: `TpsBudget` reads
+//! `std::time::Instant` itself (so paused time cannot drive it), and it has
+//! no accessor for its balance, which metrics and breaker evidence need.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+const SLOTS: usize = 10;
+
+#[derive(Debug, Clone, Copy, Default)]
+struct Slot {
+    index: u64,
+    deposits: u32,
+    withdrawals: u32,
+}
+
+/// Retries allowed as a share of recent requests.
+#[derive(Debug, Clone)]
+pub struct RatioBudget {
+    epoch: Instant,
+    slot_len: Duration,
+    slots: [Slot; SLOTS],
+    ratio: f64,
+    reserve: f64,
+}
+
+impl RatioBudget {
+    /// `ratio` retries per request over `ttl`, plus `min_per_sec × ttl`.
+    pub fn new(ratio: f64, min_per_sec: u32, ttl: Duration, now: Instant) -> Self {
+        RatioBudget {
+            epoch: now,
+            slot_len: (ttl / SLOTS as u32).max(Duration::from_millis(1)),
+            slots: [Slot::default(); SLOTS],
+            ratio,
+            reserve: f64::from(min_per_sec) * ttl.as_secs_f64(),
+        }
+    }
+
+    fn current(&mut self, now: Instant) -> &mut Slot {
+        let index = (now.saturating_duration_since(self.epoch).as_nanos()
+            / self.slot_len.as_nanos()) as u64;
+        let slot = &mut self.slots[(index % SLOTS as u64) as usize];
+        if slot.index != index {
+            *slot = Slot {
+                index,
+                ..Slot::default()
+            };
+        }
+        slot
+    }
+
+    fn live(&self, now: Instant) -> impl Iterator<Item = &Slot> {
+        let index = (now.saturating_duration_since(self.epoch).as_nanos()
+            / self.slot_len.as_nanos()) as u64;
+        self.slots
+            .iter()
+            .filter(move |s| s.index <= index && s.index + SLOTS as u64 > index)
+    }
+
+    /// A request was made.
+    pub fn deposit(&mut self, now: Instant) {
+        let slot = self.current(now);
+        slot.deposits = slot.deposits.saturating_add(1);
+    }
+
+    /// Retries that may be made now.
+    pub fn balance(&self, now: Instant) -> f64 {
+        let (deposits, withdrawals) = self
+            .live(now)
+            .fold((0u64, 0u64), |(d, w), s| {
+                (d + u64::from(s.deposits), w + u64::from(s.withdrawals))
+            });
+        (self.reserve + self.ratio * deposits as f64 - withdrawals as f64).max(0.0)
+    }
+
+    /// Takes one retry from the budget, if there is one.
+    pub fn withdraw(&mut self, now: Instant) -> bool {
+        if self.balance(now) < 1.0 {
+            return false;
+        }
+        let slot = self.current(now);
+        slot.withdrawals = slot.withdrawals.saturating_add(1);
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn twenty_percent_of_requests() {
+        let t = Instant::now();
+        let mut b = RatioBudget::new(0.2, 0, Duration::from_secs(10), t);
+        assert!(!b.withdraw(t), "nothing deposited, no reserve");
+        for _ in 0..10 {
+            b.deposit(t);
+        }
+        assert_eq!(b.balance(t), 2.0);
+        assert!(b.withdraw(t));
+        assert!(b.withdraw(t));
+        assert!(!b.withdraw(t));
+    }
+
+    #[test]
+    fn deposits_expire_and_reserve_stays() {
+        let t = Instant::now();
+        let mut b = RatioBudget::new(0.2, 1, Duration::from_secs(10), t);
+        for _ in 0..100 {
+            b.deposit(t);
+        }
+        assert_eq!(b.balance(t), 30.0);
+        assert_eq!(b.balance(t + Duration::from_secs(11)), 10.0);
+    }
+}

@@ -1,0 +1,131 @@
+//! Budgeted retries.
+//!
+//! A per-request retry count does not bound retry *volume*: when a
+//! provider fails, every request retries, and a count of 3 quadruples the
+//! load on a provider that is already struggling. A ratio budget bounds
+//! retries to a share of recent requests (≈ 20 %, Linkerd's default), so an
+//! outage costs at most a fifth more traffic (R-RB2). When the budget is
+//! empty the last upstream response goes back to the client.
+//!
+//! What is retried (R-RB1): 429, 408, 5xx, connect errors and timeouts, for
+//! idempotent methods and those the config opts in, when the body could be
+//! kept for replay. A client error is never retried and costs nothing; a
+//! refusal by sluice itself (breaker open, queue full, run stopped) is
+//! never retried either — it did not reach the provider.
+//!
+//! The delay is full jitter (R-RB3), except when the provider said
+//! `Retry-After`: then the retry waits exactly that long (R-RA1) — unless
+//! it is longer than `max_retry_after_wait`, in which case the response
+//! goes back to the client and the pacer's hold protects the provider.
+
+pub mod backoff;
+pub mod budget;
+mod policy;
+
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+pub use self::backoff::Jitter;
+pub use self::budget::RatioBudget;
+pub use self::policy::RetryPolicy;
+use crate::settings::ProviderSettings;
+
+/// A request body that can be copied for a replay. `try_clone` returns
+/// `None` for a body that was too large to keep (or is still streaming),
+/// and such a request is sent once.
+pub trait ReplayBody: Sized {
+    /// A copy to resend, if one was kept.
+    fn try_clone(&self) -> Option<Self>;
+}
+
+impl ReplayBody for () {
+    fn try_clone(&self) -> Option<Self> {
+        Some(())
+    }
+}
+
+impl ReplayBody for String {
+    fn try_clone(&self) -> Option<Self> {
+        Some(self.clone())
+    }
+}
+
+/// The retry settings and budget of one provider, shared by all its
+/// requests.
+#[derive(Debug)]
+pub struct RetryShared {
+    budget: Mutex<RatioBudget>,
+    settings: Mutex<RetrySettings>,
+    jitter: Jitter,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct RetrySettings {
+    pub(crate) max_attempts: u32,
+    pub(crate) base: Duration,
+    pub(crate) cap: Duration,
+    pub(crate) max_retry_after_wait: Duration,
+    pub(crate) extra_methods: Vec<http::Method>,
+}
+
+impl RetrySettings {
+    fn of(s: &ProviderSettings) -> Self {
+        RetrySettings {
+            max_attempts: s.retry_max_attempts,
+            base: s.retry_base,
+            cap: s.retry_cap,
+            max_retry_after_wait: s.max_retry_after_wait,
+            extra_methods: s.retry_methods.clone(),
+        }
+    }
+}
+
+impl RetryShared {
+    /// A fresh budget for these settings, with the given jitter source.
+    pub fn new(settings: &ProviderSettings, jitter: Jitter) -> Self {
+        RetryShared {
+            budget: Mutex::new(RatioBudget::new(
+                settings.retry_ratio,
+                settings.retry_min_per_sec,
+                settings.retry_budget_ttl,
+                Instant::now(),
+            )),
+            settings: Mutex::new(RetrySettings::of(settings)),
+            jitter,
+        }
+    }
+
+    /// Applies new settings. The budget restarts with the new ratio (its
+    /// deposits are only seconds old).
+    pub fn update_settings(&self, settings: &ProviderSettings) {
+        *self.budget() = RatioBudget::new(
+            settings.retry_ratio,
+            settings.retry_min_per_sec,
+            settings.retry_budget_ttl,
+            Instant::now(),
+        );
+        *self.settings.lock().unwrap_or_else(|p| p.into_inner()) = RetrySettings::of(settings);
+    }
+
+    pub(crate) fn budget(&self) -> MutexGuard<'_, RatioBudget> {
+        self.budget.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn settings(&self) -> RetrySettings {
+        self.settings
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    pub(crate) fn jitter(&self) -> &Jitter {
+        &self.jitter
+    }
+
+    /// Whole retries left in the budget at `now`.
+    pub fn budget_left(&self, now: Instant) -> u32 {
+        self.budget().balance(now).floor().min(f64::from(u32::MAX)) as u32
+    }
+}

@@ -1,0 +1,109 @@
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use http::{Method, Request, Response};
+use tokio::time::{Instant, Sleep};
+
+use super::{ReplayBody, RetryShared};
+use crate::error::{self, BoxError};
+use crate::outcome;
+use crate::run::RunHandle;
+
+/// tower's retry policy for one request to one provider: decides from the
+/// classified outcome, the provider's ratio budget and the run's budget.
+#[derive(Debug, Clone)]
+pub struct RetryPolicy {
+    shared: Arc<RetryShared>,
+    /// Attempts answered so far for this request.
+    answered: u32,
+}
+
+impl RetryPolicy {
+    /// A policy over the provider's shared budget.
+    pub fn new(shared: Arc<RetryShared>) -> Self {
+        RetryPolicy {
+            shared,
+            answered: 0,
+        }
+    }
+}
+
+fn idempotent(method: &Method) -> bool {
+    // RFC 9110 §9.2.2.
+    matches!(
+        *method,
+        Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE
+    )
+}
+
+impl<B, R> tower::retry::Policy<Request<B>, Response<R>, BoxError> for RetryPolicy
+where
+    B: ReplayBody,
+{
+    type Future = Sleep;
+
+    fn retry(
+        &mut self,
+        req: &mut Request<B>,
+        result: &mut Result<Response<R>, BoxError>,
+    ) -> Option<Sleep> {
+        let now = Instant::now();
+        if self.answered == 0 {
+            self.shared.budget().deposit(now);
+        }
+        self.answered += 1;
+        let outcome = match result {
+            Ok(resp) => outcome::of_response(resp, SystemTime::now()),
+            Err(e) => {
+                let info = error::info(e);
+                if !info.retryable {
+                    return None;
+                }
+                info.outcome?
+            }
+        };
+        if !outcome.is_retryable() {
+            return None;
+        }
+        let settings = self.shared.settings();
+        if !idempotent(req.method()) && !settings.extra_methods.contains(req.method()) {
+            return None;
+        }
+        if self.answered >= settings.max_attempts {
+            return None;
+        }
+        let delay = match outcome.retry_after() {
+            Some(wait) if wait > settings.max_retry_after_wait => return None,
+            Some(wait) => wait,
+            None => self
+                .shared
+                .jitter()
+                .delay(settings.base, settings.cap, self.answered - 1),
+        };
+        let run = req.extensions().get::<RunHandle>().cloned();
+        if run.as_ref().is_some_and(|r| !r.can_retry()) {
+            if let Some(r) = &run {
+                r.retry_budget_exhausted();
+            }
+            return None;
+        }
+        if !self.shared.budget().withdraw(now) {
+            return None;
+        }
+        if let Some(r) = &run {
+            r.take_retry();
+        }
+        Some(tokio::time::sleep(delay))
+    }
+
+    fn clone_request(&mut self, req: &Request<B>) -> Option<Request<B>> {
+        let body = req.body().try_clone()?;
+        let mut copy = Request::new(body);
+        *copy.method_mut() = req.method().clone();
+        *copy.uri_mut() = req.uri().clone();
+        *copy.version_mut() = req.version();
+        *copy.headers_mut() = req.headers().clone();
+        *copy.extensions_mut() = req.extensions().clone();
+        Some(copy)
+    }
+}

@@ -1,0 +1,298 @@
+//! A run's envelope: request cap, deadline and retry budget (R-RN1–R-RN3).
+//!
+//! A collector's run may carry budgets — "at most 10 000 requests", "stop
+//! by 06:00", "at most 200 retries". Running out of one is a *planned*
+//! stop: the collector hands the rest to its next run. It must never look
+//! like provider pressure, or a scheduler would back off a healthy provider
+//! and the learned rate would shrink for no reason. So:
+//!
+//! * stop reasons come in two disjoint sets, budget and source pressure
+//!   ([`StopReason::is_source_pressure`]);
+//! * the envelope is checked *before* an attempt starts, never during one:
+//!   an attempt in flight completes (R-RN2);
+//! * the check sits outside the breaker and pacer in the stack, so a budget
+//!   refusal never touches their state (R-RN3).
+//!
+//! With nothing configured, the envelope is unbounded and behaviour is
+//! unchanged. A run travels with each request as a [`RunHandle`] in the
+//! request's extensions.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll};
+
+use http::{Request, Response};
+use tokio::time::Instant;
+use tower::{Layer, Service, ServiceExt};
+
+use crate::error::BoxError;
+
+/// Why a run stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum StopReason {
+    /// Budget: the request cap was reached.
+    RequestCap,
+    /// Budget: the wall-clock deadline passed.
+    Deadline,
+    /// Budget: the run's retry budget is spent.
+    RetryBudget,
+    /// Source pressure: the provider throttled.
+    Throttled,
+    /// Source pressure: the provider's circuit is open.
+    CircuitOpen,
+    /// Source pressure: the provider asked for a wait too long to absorb.
+    RetryAfter,
+    /// Source pressure: the provider failed.
+    UpstreamError,
+}
+
+impl StopReason {
+    /// Every reason, budget ones first.
+    pub const ALL: [StopReason; 7] = [
+        StopReason::RequestCap,
+        StopReason::Deadline,
+        StopReason::RetryBudget,
+        StopReason::Throttled,
+        StopReason::CircuitOpen,
+        StopReason::RetryAfter,
+        StopReason::UpstreamError,
+    ];
+
+    /// Whether the provider caused it (as opposed to a planned budget).
+    pub fn is_source_pressure(self) -> bool {
+        !self.is_budget()
+    }
+
+    /// Whether a budget ran out: a planned stop.
+    pub fn is_budget(self) -> bool {
+        matches!(
+            self,
+            StopReason::RequestCap | StopReason::Deadline | StopReason::RetryBudget
+        )
+    }
+
+    /// The label used in `Proxy-Status` details, metrics and the store.
+    pub fn label(self) -> &'static str {
+        match self {
+            StopReason::RequestCap => "request_cap",
+            StopReason::Deadline => "deadline",
+            StopReason::RetryBudget => "retry_budget",
+            StopReason::Throttled => "throttled",
+            StopReason::CircuitOpen => "circuit_open",
+            StopReason::RetryAfter => "retry_after",
+            StopReason::UpstreamError => "upstream_error",
+        }
+    }
+}
+
+/// The budgets of a run; `None` means unbounded.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Envelope {
+    /// Attempts allowed, retries included.
+    pub request_cap: Option<u64>,
+    /// No attempt starts at or after this instant.
+    pub deadline: Option<Instant>,
+    /// Retries allowed in the run.
+    pub retry_budget: Option<u64>,
+}
+
+/// A run's counters.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RunState {
+    /// The budgets.
+    pub envelope: Envelope,
+    /// Attempts started.
+    pub attempts: u64,
+    /// Retries taken.
+    pub retries: u64,
+    /// Why the run stopped, once it has.
+    pub stopped: Option<StopReason>,
+}
+
+impl RunState {
+    /// A run with these budgets.
+    pub fn new(envelope: Envelope) -> Self {
+        RunState {
+            envelope,
+            ..RunState::default()
+        }
+    }
+
+    /// Checks the envelope before an attempt starts at `now`, and counts it
+    /// if it may go.
+    pub fn check_attempt(&mut self, now: Instant) -> Result<(), StopReason> {
+        if let Some(reason) = self.stopped.filter(|r| r.is_budget()) {
+            return Err(reason);
+        }
+        let reason = if self.envelope.deadline.is_some_and(|d| now >= d) {
+            Some(StopReason::Deadline)
+        } else if self.envelope.request_cap.is_some_and(|cap| self.attempts >= cap) {
+            Some(StopReason::RequestCap)
+        } else {
+            None
+        };
+        if let Some(reason) = reason {
+            self.stopped.get_or_insert(reason);
+            return Err(reason);
+        }
+        self.attempts += 1;
+        Ok(())
+    }
+
+    /// Whether the run may take one more retry.
+    pub fn can_retry(&self) -> bool {
+        self.envelope
+            .retry_budget
+            .is_none_or(|budget| self.retries < budget)
+    }
+}
+
+/// A shared handle on a run, carried in request extensions.
+#[derive(Debug, Clone)]
+pub struct RunHandle(Arc<Mutex<RunState>>);
+
+impl RunHandle {
+    /// A new run with these budgets.
+    pub fn new(envelope: Envelope) -> Self {
+        RunHandle(Arc::new(Mutex::new(RunState::new(envelope))))
+    }
+
+    fn lock(&self) -> MutexGuard<'_, RunState> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A copy of the counters.
+    pub fn state(&self) -> RunState {
+        self.lock().clone()
+    }
+
+    /// See [`RunState::check_attempt`].
+    pub fn check_attempt(&self, now: Instant) -> Result<(), StopReason> {
+        self.lock().check_attempt(now)
+    }
+
+    /// See [`RunState::can_retry`].
+    pub fn can_retry(&self) -> bool {
+        self.lock().can_retry()
+    }
+
+    pub(crate) fn take_retry(&self) {
+        self.lock().retries += 1;
+    }
+
+    /// The run's retry budget ran out: the run stops, planned.
+    pub(crate) fn retry_budget_exhausted(&self) {
+        self.lock().stopped.get_or_insert(StopReason::RetryBudget);
+    }
+
+    /// Records a stop for another reason (the proxy records source
+    /// pressure it saw). The first reason is kept.
+    pub fn stop(&self, reason: StopReason) {
+        self.lock().stopped.get_or_insert(reason);
+    }
+}
+
+/// A run's envelope refused an attempt. Nothing was sent.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("run stopped: {}", reason.label())]
+pub struct RunStopped {
+    /// Why.
+    pub reason: StopReason,
+}
+
+/// Checks the run envelope of each attempt (first or retry) before it
+/// starts.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RunLayer;
+
+impl<S> Layer<S> for RunLayer {
+    type Service = RunGate<S>;
+
+    fn layer(&self, inner: S) -> RunGate<S> {
+        RunGate { inner }
+    }
+}
+
+/// The service of [`RunLayer`].
+#[derive(Debug, Clone)]
+pub struct RunGate<S> {
+    inner: S,
+}
+
+impl<S, B, R> Service<Request<B>> for RunGate<S>
+where
+    S: Service<Request<B>, Response = Response<R>> + Clone + Send + 'static,
+    S::Error: Into<BoxError>,
+    S::Future: Send + 'static,
+    B: Send + 'static,
+    R: Send + 'static,
+{
+    type Response = Response<R>;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<R>, BoxError>> + Send + 'static>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        let checked = match req.extensions().get::<RunHandle>() {
+            Some(run) => run.check_attempt(Instant::now()),
+            None => Ok(()),
+        };
+        let inner = self.inner.clone();
+        Box::pin(async move {
+            checked.map_err(|reason| RunStopped { reason })?;
+            inner.oneshot(req).await.map_err(Into::into)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn the_two_sets_are_disjoint_and_cover_all() {
+        for r in StopReason::ALL {
+            assert_ne!(r.is_budget(), r.is_source_pressure(), "{r:?}");
+        }
+        let budget: Vec<_> = StopReason::ALL.iter().filter(|r| r.is_budget()).collect();
+        assert_eq!(budget.len(), 3);
+    }
+
+    #[test]
+    fn unbounded_by_default() {
+        let t = Instant::now();
+        let mut s = RunState::default();
+        for i in 0..10_000 {
+            assert!(s.check_attempt(t + Duration::from_secs(i)).is_ok());
+        }
+        assert!(s.can_retry());
+    }
+
+    #[test]
+    fn cap_and_deadline() {
+        let t = Instant::now();
+        let mut s = RunState::new(Envelope {
+            request_cap: Some(2),
+            deadline: Some(t + Duration::from_secs(5)),
+            retry_budget: None,
+        });
+        assert!(s.check_attempt(t).is_ok());
+        assert!(s.check_attempt(t).is_ok());
+        assert_eq!(s.check_attempt(t), Err(StopReason::RequestCap));
+        assert_eq!(s.stopped, Some(StopReason::RequestCap));
+        let mut s = RunState::new(Envelope {
+            deadline: Some(t + Duration::from_secs(5)),
+            ..Envelope::default()
+        });
+        assert!(s.check_attempt(t + Duration::from_millis(4999)).is_ok());
+        assert_eq!(
+            s.check_attempt(t + Duration::from_secs(5)),
+            Err(StopReason::Deadline)
+        );
+    }
+}

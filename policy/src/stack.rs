@@ -1,0 +1,49 @@
+//! Composes one provider's stack.
+
+use http::{Request, Response};
+use tower::retry::RetryLayer;
+use tower::timeout::TimeoutLayer;
+use tower::util::BoxCloneService;
+use tower::{Service, ServiceBuilder};
+
+use crate::breaker::BreakerLayer;
+use crate::bulkhead::BulkheadLayer;
+use crate::error::BoxError;
+use crate::pacer::PacerLayer;
+use crate::provider::ProviderPolicy;
+use crate::retry::{ReplayBody, RetryPolicy};
+use crate::run::RunLayer;
+
+/// A provider's whole stack, boxed at the provider boundary.
+pub type ProviderService<B, R> = BoxCloneService<Request<B>, Response<R>, BoxError>;
+
+/// Builds the stack of `policy`'s provider over `upstream`.
+///
+/// The order is REQUIREMENTS §2's; the first `.layer()` is the outermost.
+/// Every attempt, first or retry, passes the run check, the breaker, the
+/// pacer and the bulkhead, because retry is outside them all.
+pub fn provider_stack<S, B, R>(policy: &ProviderPolicy, upstream: S) -> ProviderService<B, R>
+where
+    S: Service<Request<B>, Response = Response<R>> + Clone + Send + 'static,
+    S::Error: Into<BoxError>,
+    S::Future: Send + 'static,
+    B: ReplayBody + Send + 'static,
+    R: Send + 'static,
+{
+    let timeout = policy.settings().attempt_timeout;
+    let stack = ServiceBuilder::new()
+        // 1. Retry: ratio budget, full jitter, exact Retry-After.
+        .layer(RetryLayer::new(RetryPolicy::new(policy.retry.clone())))
+        // 2. Run envelope: request cap and deadline, before each attempt.
+        .layer(RunLayer)
+        // 3. Circuit breaker: fail fast while open.
+        .layer(BreakerLayer::new(policy.breaker.clone()))
+        // 4. Pacer: GCRA slot at the AIMD rate, Retry-After hold, FIFO.
+        .layer(PacerLayer::new(policy.pacer.clone()))
+        // 5. Bulkhead: attempts in flight; stamps TTFB and the outcome.
+        .layer(BulkheadLayer::new(policy.bulkhead.clone()))
+        // 6. Per-attempt timeout: connect + response head.
+        .layer(TimeoutLayer::new(timeout))
+        .service(upstream);
+    BoxCloneService::new(stack)
+}
