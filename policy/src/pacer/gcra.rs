@@ -78,10 +78,19 @@ impl Gcra {
     /// Changes the emission interval. The last admission keeps its place and
     /// the next one is due one *new* interval after it, so a rate change
     /// applies to requests already waiting (R-GC2).
+    ///
+    /// A longer interval also lengthens the tolerance `(burst − 1) · I`;
+    /// the TAT moves by at least as much, so that a slower rate never makes
+    /// the next conforming instant earlier (R-AI4).
     pub fn set_interval(&mut self, interval: Duration) {
         if let Some(tat) = self.tat {
             let last = tat.checked_sub(self.interval).unwrap_or(tat);
-            self.tat = Some(last + interval);
+            let mut next = last + interval;
+            if interval > self.interval {
+                let grown = (interval - self.interval) * (self.burst - 1);
+                next = next.max(tat + grown);
+            }
+            self.tat = Some(next);
         }
         self.interval = interval;
     }
