@@ -11,9 +11,9 @@ use std::time::Duration;
 
 pub use crate::breaker::CircuitOpen;
 pub use crate::bulkhead::BulkheadFull;
+use crate::outcome::Outcome;
 pub use crate::pacer::RateLimited;
 pub use crate::run::RunStopped;
-use crate::outcome::Outcome;
 
 /// The error type between layers (tower's convention).
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -119,7 +119,10 @@ pub fn info(err: &BoxError) -> ErrorInfo {
     if err.downcast_ref::<RunStopped>().is_some() {
         return sluice(None);
     }
-    if err.downcast_ref::<tower::timeout::error::Elapsed>().is_some() {
+    if err
+        .downcast_ref::<tower::timeout::error::Elapsed>()
+        .is_some()
+    {
         return ErrorInfo {
             fault: Fault::Upstream,
             outcome: Some(Outcome::Timeout),
@@ -130,7 +133,11 @@ pub fn info(err: &BoxError) -> ErrorInfo {
     if let Some(e) = err.downcast_ref::<Upstream>() {
         let client = matches!(e.kind, UpstreamKind::Prohibited);
         return ErrorInfo {
-            fault: if client { Fault::Client } else { Fault::Upstream },
+            fault: if client {
+                Fault::Client
+            } else {
+                Fault::Upstream
+            },
             outcome: (!client).then_some(match e.kind {
                 UpstreamKind::ConnectionTimeout => Outcome::Timeout,
                 _ => Outcome::ConnectError,

@@ -98,7 +98,14 @@ mod tests {
     fn garbage_is_ignored() {
         let now = at(EXAMPLE);
         for bad in [
-            "", " ", "-5", "1.5", "soon", "5s", "Sun, 99 Nov 1994 08:49:37 GMT", "\u{0}",
+            "",
+            " ",
+            "-5",
+            "1.5",
+            "soon",
+            "5s",
+            "Sun, 99 Nov 1994 08:49:37 GMT",
+            "\u{0}",
         ] {
             assert_eq!(parse(bad, now), None, "{bad:?}");
         }

@@ -127,7 +127,11 @@ impl RunState {
         }
         let reason = if self.envelope.deadline.is_some_and(|d| now >= d) {
             Some(StopReason::Deadline)
-        } else if self.envelope.request_cap.is_some_and(|cap| self.attempts >= cap) {
+        } else if self
+            .envelope
+            .request_cap
+            .is_some_and(|cap| self.attempts >= cap)
+        {
             Some(StopReason::RequestCap)
         } else {
             None

@@ -179,7 +179,10 @@ impl ProviderSettings {
                 return bad("start_rps", "must be a number > 0");
             }
             if s >= self.ceiling_rps {
-                return bad("start_rps", "must be below ceiling_rps (R-AI3: a cold start never goes at the ceiling)");
+                return bad(
+                    "start_rps",
+                    "must be below ceiling_rps (R-AI3: a cold start never goes at the ceiling)",
+                );
             }
         }
         if !positive(self.floor_rps) {
@@ -224,7 +227,9 @@ impl ProviderSettings {
         if !(self.retry_ratio.is_finite() && (0.0..=10.0).contains(&self.retry_ratio)) {
             return bad("retry_ratio", "must be between 0 and 10");
         }
-        if self.retry_budget_ttl < Duration::from_secs(1) || self.retry_budget_ttl > Duration::from_secs(60) {
+        if self.retry_budget_ttl < Duration::from_secs(1)
+            || self.retry_budget_ttl > Duration::from_secs(60)
+        {
             return bad("retry_budget_ttl", "must be between 1s and 60s");
         }
         if self.retry_max_attempts == 0 {

@@ -77,8 +77,15 @@ fn replay(settings: &ProviderSettings, history: &[Step]) -> (PacerCore, Instant)
             let _ = core.poll(ticket, deadline, now);
             core.cancel(ticket);
         }
-        let sent_at = now.checked_sub(Duration::from_millis(s.lag_ms)).unwrap_or(now);
-        core.on_outcome(&s.outcome, sent_at, Some(Duration::from_millis(s.ttfb_ms)), now);
+        let sent_at = now
+            .checked_sub(Duration::from_millis(s.lag_ms))
+            .unwrap_or(now);
+        core.on_outcome(
+            &s.outcome,
+            sent_at,
+            Some(Duration::from_millis(s.ttfb_ms)),
+            now,
+        );
     }
     (core, now)
 }

@@ -88,13 +88,19 @@ impl BreakerShared {
     /// Applies new settings; state is kept.
     pub fn update_settings(&self, settings: &ProviderSettings) {
         self.lock().update_settings(settings);
-        *self.wait_for_probe.lock().unwrap_or_else(|p| p.into_inner()) = settings
+        *self
+            .wait_for_probe
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = settings
             .breaker_wait_for_probe
             .then_some(settings.max_queue_wait);
     }
 
     pub(crate) fn wait_for_probe(&self) -> Option<std::time::Duration> {
-        *self.wait_for_probe.lock().unwrap_or_else(|p| p.into_inner())
+        *self
+            .wait_for_probe
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
     }
 
     /// Completes a transition's evidence and publishes it.

@@ -215,7 +215,14 @@ impl Breaker {
         b.failures += u32::from(failure);
     }
 
-    fn go(&mut self, to: State, reason: Reason, now: Instant, calls: u32, failures: u32) -> Transition {
+    fn go(
+        &mut self,
+        to: State,
+        reason: Reason,
+        now: Instant,
+        calls: u32,
+        failures: u32,
+    ) -> Transition {
         let t = Transition {
             from: self.state,
             to,
@@ -280,9 +287,8 @@ impl Breaker {
                     Some(self.go(State::Open, Reason::ProbeFailed, now, answered, 1))
                 } else {
                     self.probe_successes += 1;
-                    (self.probe_successes >= self.probes).then(|| {
-                        self.go(State::Closed, Reason::ProbesSucceeded, now, answered, 0)
-                    })
+                    (self.probe_successes >= self.probes)
+                        .then(|| self.go(State::Closed, Reason::ProbesSucceeded, now, answered, 0))
                 }
             }
             // A late answer from a previous state says nothing about now.

@@ -155,8 +155,7 @@ where
         let inner = self.inner.clone();
         let shared = self.shared.clone();
         Box::pin(async move {
-            let (max_waiting, max_wait) =
-                *shared.limits.lock().unwrap_or_else(|p| p.into_inner());
+            let (max_waiting, max_wait) = *shared.limits.lock().unwrap_or_else(|p| p.into_inner());
             let permit = match shared.permits.clone().try_acquire_owned() {
                 Ok(p) => p,
                 Err(_) => {

@@ -308,7 +308,10 @@ mod tests {
         assert!(windows <= 5, "recovers fast: {windows} windows");
         assert!((a.rate() - settle).abs() < 1e-9, "{}", a.rate());
         saturate(&mut a, &mut t, PROBE_AFTER);
-        assert!((a.rate() - before * SETTLE).abs() < 1e-9, "waits before probing");
+        assert!(
+            (a.rate() - before * SETTLE).abs() < 1e-9,
+            "waits before probing"
+        );
         saturate(&mut a, &mut t, 1);
         assert!(a.rate() > before * SETTLE, "then probes");
     }

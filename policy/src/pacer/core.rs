@@ -344,10 +344,7 @@ impl PacerCore {
             ceiling_rps: self.aimd.ceiling(),
             start_rps: self.start_rps,
             limit_rps: self.aimd.limit(),
-            hold_remaining: self
-                .hold_until
-                .filter(|h| *h > now)
-                .map(|h| h - now),
+            hold_remaining: self.hold_until.filter(|h| *h > now).map(|h| h - now),
             queue_len: self.waiting.len(),
             baseline_ttfb: self.baseline.get(),
             last_backoff: self.last_backoff,

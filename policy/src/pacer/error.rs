@@ -5,7 +5,9 @@ use super::core::Refusal;
 /// The pacer refused a request: its slot would come later than it may
 /// wait, or the waiting room is full. Nothing was sent to the provider.
 #[derive(Debug, Clone, thiserror::Error)]
-#[error("provider rate limit: no slot within the queue wait ({refusal:?}), retry after {retry_after:?}")]
+#[error(
+    "provider rate limit: no slot within the queue wait ({refusal:?}), retry after {retry_after:?}"
+)]
 pub struct RateLimited {
     /// Why.
     pub refusal: Refusal,

@@ -13,6 +13,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+/// Lateness below this is the timer's rounding, not idle time.
+pub const TIMER_SLACK: Duration = Duration::from_millis(1);
+
 /// GCRA state: theoretical arrival time, emission interval, tolerance.
 #[derive(Debug, Clone)]
 pub struct Gcra {
@@ -70,8 +73,17 @@ impl Gcra {
     /// Admits a request at `now` (the caller checked [`conforms`]).
     ///
     /// [`conforms`]: Gcra::conforms
+    ///
+    /// A request admitted less than [`TIMER_SLACK`] after its due time is
+    /// counted as on time: tokio's timer fires on millisecond ticks, and
+    /// without this each wake-up's rounding would lengthen every interval
+    /// and the paced rate would drift below the set one.
     pub fn admit(&mut self, now: Instant) {
-        let base = self.tat.map_or(now, |tat| tat.max(now));
+        let base = match self.tat {
+            None => now,
+            Some(tat) if now <= tat + TIMER_SLACK => tat,
+            Some(_) => now,
+        };
         self.tat = Some(base + self.interval);
     }
 

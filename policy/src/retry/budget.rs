@@ -71,11 +71,9 @@ impl RatioBudget {
 
     /// Retries that may be made now.
     pub fn balance(&self, now: Instant) -> f64 {
-        let (deposits, withdrawals) = self
-            .live(now)
-            .fold((0u64, 0u64), |(d, w), s| {
-                (d + u64::from(s.deposits), w + u64::from(s.withdrawals))
-            });
+        let (deposits, withdrawals) = self.live(now).fold((0u64, 0u64), |(d, w), s| {
+            (d + u64::from(s.deposits), w + u64::from(s.withdrawals))
+        });
         (self.reserve + self.ratio * deposits as f64 - withdrawals as f64).max(0.0)
     }
 

@@ -48,21 +48,25 @@ where
         result: &mut Result<Response<R>, BoxError>,
     ) -> Option<Sleep> {
         let now = Instant::now();
+        // What reached the provider, if anything did: sluice's own refusals
+        // (breaker open, queue full, run stopped) did not, so they neither
+        // deposit into nor draw from the provider's budget (R-RN3).
+        let (outcome, retryable) = match result {
+            Ok(resp) => {
+                let o = outcome::of_response(resp, SystemTime::now());
+                (Some(o), o.is_retryable())
+            }
+            Err(e) => {
+                let info = error::info(e);
+                (info.outcome, info.retryable)
+            }
+        };
+        let outcome = outcome?;
         if self.answered == 0 {
             self.shared.budget().deposit(now);
         }
         self.answered += 1;
-        let outcome = match result {
-            Ok(resp) => outcome::of_response(resp, SystemTime::now()),
-            Err(e) => {
-                let info = error::info(e);
-                if !info.retryable {
-                    return None;
-                }
-                info.outcome?
-            }
-        };
-        if !outcome.is_retryable() {
+        if !retryable {
             return None;
         }
         let settings = self.shared.settings();

@@ -1,0 +1,645 @@
+//! The tower layers on tokio's paused clock: every instant asserted here is
+//! exact, and no test sleeps for real.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use http::{Method, Request, Response, StatusCode};
+use sluice_policy::breaker::{BreakerLayer, CircuitOpen, Reason, State, Transition};
+use sluice_policy::error::{Upstream, UpstreamKind};
+use sluice_policy::pacer::{PacerLayer, RateLimited, Refusal};
+use sluice_policy::provider::PolicyOptions;
+use sluice_policy::retry::Jitter;
+use sluice_policy::run::{Envelope, RunHandle, RunStopped, StopReason};
+use sluice_policy::stack::{provider_stack, ProviderService};
+use sluice_policy::{BoxError, ProviderPolicy, ProviderSettings};
+use tokio::time::{sleep, Instant};
+use tower::{Layer, Service, ServiceExt};
+
+/// What the scripted provider answers to its n-th request.
+#[derive(Debug, Clone, Copy)]
+struct Reply {
+    status: u16,
+    retry_after: Option<&'static str>,
+    delay: Duration,
+    error: Option<UpstreamKind>,
+}
+
+fn status(status: u16) -> Reply {
+    Reply {
+        status,
+        retry_after: None,
+        delay: Duration::ZERO,
+        error: None,
+    }
+}
+
+fn throttle(retry_after: &'static str) -> Reply {
+    Reply {
+        retry_after: Some(retry_after),
+        ..status(429)
+    }
+}
+
+type Seen = Arc<Mutex<Vec<(Instant, String)>>>;
+
+/// A provider that answers from a script and records what it saw: the
+/// instant each request arrived and its body (the test's request id).
+#[derive(Clone)]
+struct Provider {
+    seen: Seen,
+    script: Arc<dyn Fn(usize) -> Reply + Send + Sync>,
+}
+
+impl Provider {
+    fn new(script: impl Fn(usize) -> Reply + Send + Sync + 'static) -> Self {
+        Provider {
+            seen: Arc::default(),
+            script: Arc::new(script),
+        }
+    }
+
+    fn arrivals(&self) -> Vec<(Instant, String)> {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+impl Service<Request<String>> for Provider {
+    type Response = Response<()>;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<()>, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<String>) -> Self::Future {
+        let n = {
+            let mut seen = self.seen.lock().unwrap();
+            seen.push((Instant::now(), req.body().clone()));
+            seen.len() - 1
+        };
+        let reply = (self.script)(n);
+        Box::pin(async move {
+            sleep(reply.delay).await;
+            if let Some(kind) = reply.error {
+                return Err(Upstream::new(kind, "scripted failure").into());
+            }
+            let mut resp = Response::new(());
+            *resp.status_mut() = StatusCode::from_u16(reply.status).unwrap();
+            if let Some(ra) = reply.retry_after {
+                resp.headers_mut()
+                    .insert(http::header::RETRY_AFTER, ra.parse().unwrap());
+            }
+            Ok(resp)
+        })
+    }
+}
+
+fn get(id: impl Into<String>) -> Request<String> {
+    Request::get("http://provider.test/")
+        .body(id.into())
+        .unwrap()
+}
+
+/// Settings that keep the rate where the test puts it: no growth.
+fn fixed_rate(rps: f64) -> ProviderSettings {
+    let mut s = ProviderSettings::with_ceiling(rps * 10.0);
+    s.start_rps = Some(rps);
+    s.increase_window = Duration::from_secs(3600);
+    s
+}
+
+type Evidence = Arc<Mutex<Vec<Transition>>>;
+
+fn policy(settings: ProviderSettings) -> (Arc<ProviderPolicy>, Evidence) {
+    let evidence: Evidence = Arc::default();
+    let sink = evidence.clone();
+    let policy = ProviderPolicy::new(
+        "provider.test",
+        settings,
+        PolicyOptions {
+            sink: Some(Arc::new(move |t: &Transition| {
+                sink.lock().unwrap().push(t.clone())
+            })),
+            jitter: Some(Jitter::Fixed(0.0)),
+        },
+    )
+    .unwrap();
+    (policy, evidence)
+}
+
+fn stack(policy: &ProviderPolicy, provider: &Provider) -> ProviderService<String, ()> {
+    provider_stack(policy, provider.clone())
+}
+
+// ---------------------------------------------------------------- pacer
+
+/// R-GC2: waiters are admitted in arrival order, one interval apart.
+#[tokio::test(start_paused = true)]
+async fn fifo_admission_at_the_paced_rate() {
+    let (policy, _) = policy(fixed_rate(1.0));
+    let provider = Provider::new(|_| status(200));
+    let svc = PacerLayer::new(policy.pacer.clone()).layer(provider.clone());
+    let t0 = Instant::now();
+    let mut tasks = Vec::new();
+    for i in 0..5 {
+        tasks.push(tokio::spawn(svc.clone().oneshot(get(i.to_string()))));
+        sleep(Duration::from_millis(1)).await;
+    }
+    for t in tasks {
+        assert_eq!(t.await.unwrap().unwrap().status(), 200);
+    }
+    let seen = provider.arrivals();
+    let ids: Vec<_> = seen.iter().map(|(_, id)| id.as_str()).collect();
+    assert_eq!(ids, ["0", "1", "2", "3", "4"]);
+    for (i, (at, _)) in seen.iter().enumerate() {
+        assert_eq!(*at - t0, Duration::from_secs(i as u64), "request {i}");
+    }
+}
+
+/// R-GC2, R-RA1: a hold applies to requests already waiting, and the first
+/// of them goes exactly when the hold ends.
+#[tokio::test(start_paused = true)]
+async fn hold_applies_to_waiters_already_queued() {
+    let (policy, _) = policy(fixed_rate(1.0));
+    let provider = Provider::new(|n| match n {
+        0 => Reply {
+            delay: Duration::from_millis(100),
+            ..throttle("5")
+        },
+        _ => status(200),
+    });
+    let svc = PacerLayer::new(policy.pacer.clone()).layer(provider.clone());
+    let t0 = Instant::now();
+    let first = tokio::spawn(svc.clone().oneshot(get("0")));
+    sleep(Duration::from_millis(1)).await;
+    // Queued at t0+1ms for the slot at t0+1s, before the 429 arrives.
+    let second = tokio::spawn(svc.clone().oneshot(get("1")));
+    sleep(Duration::from_millis(1)).await;
+    let third = tokio::spawn(svc.clone().oneshot(get("2")));
+    assert_eq!(first.await.unwrap().unwrap().status(), 429);
+    second.await.unwrap().unwrap();
+    third.await.unwrap().unwrap();
+    let seen = provider.arrivals();
+    // The 429 came back at t0+100ms with Retry-After: 5.
+    assert_eq!(seen[1].0 - t0, Duration::from_millis(5100));
+    // The rate was cut by the 429: the next waiter is one new interval later.
+    let interval = policy.pacer.snapshot(Instant::now()).interval;
+    assert!(interval > Duration::from_secs(1), "cut: {interval:?}");
+    // (tokio's timer fires on whole milliseconds)
+    let gap = seen[2].0 - seen[1].0;
+    assert!(
+        gap >= interval && gap < interval + Duration::from_millis(1),
+        "{gap:?}"
+    );
+}
+
+/// R-GC2: a request whose slot would come after `max_queue_wait` is refused
+/// at once, carrying the wait it would have had.
+#[tokio::test(start_paused = true)]
+async fn bounded_wait_refuses_at_once_with_the_wait() {
+    let mut settings = fixed_rate(1.0);
+    settings.max_queue_wait = Duration::from_secs(2);
+    let (policy, _) = policy(settings);
+    let provider = Provider::new(|_| status(200));
+    let svc = PacerLayer::new(policy.pacer.clone()).layer(provider.clone());
+    let t0 = Instant::now();
+    let mut tasks = Vec::new();
+    for i in 0..3 {
+        tasks.push(tokio::spawn(svc.clone().oneshot(get(i.to_string()))));
+        sleep(Duration::from_millis(1)).await;
+    }
+    // The fourth would go at t0+3s: more than 2 s from now.
+    let asked = Instant::now();
+    let err = svc.clone().oneshot(get("3")).await.unwrap_err();
+    assert_eq!(Instant::now(), asked, "refused without waiting");
+    let limited = err.downcast_ref::<RateLimited>().expect("RateLimited");
+    assert_eq!(limited.refusal, Refusal::WaitTooLong);
+    assert_eq!(limited.retry_after, (t0 + Duration::from_secs(3)) - asked);
+    for t in tasks {
+        t.await.unwrap().unwrap();
+    }
+    assert_eq!(provider.arrivals().len(), 3);
+}
+
+/// R-GC2: a hold that pushes a waiter past its wait refuses it at once,
+/// with the hold's end as the time to come back.
+#[tokio::test(start_paused = true)]
+async fn hold_past_the_queue_wait_refuses_waiters_at_once() {
+    let mut settings = fixed_rate(1.0);
+    settings.max_queue_wait = Duration::from_secs(2);
+    let (policy, _) = policy(settings);
+    let provider = Provider::new(|_| Reply {
+        delay: Duration::from_millis(100),
+        ..throttle("30")
+    });
+    let svc = PacerLayer::new(policy.pacer.clone()).layer(provider.clone());
+    let t0 = Instant::now();
+    let first = tokio::spawn(svc.clone().oneshot(get("0")));
+    sleep(Duration::from_millis(1)).await;
+    let err = svc.clone().oneshot(get("1")).await.unwrap_err();
+    assert_eq!(Instant::now() - t0, Duration::from_millis(100));
+    let limited = err.downcast_ref::<RateLimited>().expect("RateLimited");
+    assert_eq!(limited.retry_after, Duration::from_secs(30));
+    assert_eq!(first.await.unwrap().unwrap().status(), 429);
+    assert_eq!(provider.arrivals().len(), 1);
+}
+
+/// A waiter whose client goes away leaves the queue: those behind it are
+/// not held back by a ghost.
+#[tokio::test(start_paused = true)]
+async fn cancelled_waiters_leave_the_queue() {
+    let (policy, _) = policy(fixed_rate(1.0));
+    let provider = Provider::new(|_| status(200));
+    let svc = PacerLayer::new(policy.pacer.clone()).layer(provider.clone());
+    let t0 = Instant::now();
+    svc.clone().oneshot(get("0")).await.unwrap();
+    let ghost = tokio::spawn(svc.clone().oneshot(get("ghost")));
+    sleep(Duration::from_millis(1)).await;
+    let third = tokio::spawn(svc.clone().oneshot(get("2")));
+    sleep(Duration::from_millis(1)).await;
+    ghost.abort();
+    third.await.unwrap().unwrap();
+    let seen = provider.arrivals();
+    assert_eq!(seen.len(), 2);
+    assert_eq!(seen[1].1, "2");
+    assert_eq!(seen[1].0 - t0, Duration::from_secs(1));
+    assert_eq!(policy.pacer.snapshot(Instant::now()).queue_len, 0);
+}
+
+// -------------------------------------------------------------- breaker
+
+fn breaker_settings() -> ProviderSettings {
+    ProviderSettings {
+        breaker_min_calls: 4,
+        breaker_failure_ratio: 0.5,
+        breaker_open_for: Duration::from_secs(5),
+        breaker_half_open_probes: 2,
+        ..ProviderSettings::default()
+    }
+}
+
+fn is_open(err: &BoxError) -> Duration {
+    err.downcast_ref::<CircuitOpen>()
+        .expect("CircuitOpen")
+        .retry_after
+}
+
+/// R-CB1, R-CB2: Closed → Open → HalfOpen → Closed, then HalfOpen → Open,
+/// each transition published with its evidence.
+#[tokio::test(start_paused = true)]
+async fn breaker_cycle_with_evidence() {
+    let (policy, evidence) = policy(breaker_settings());
+    let provider = Provider::new(|n| match n {
+        0..=3 => status(500),
+        4 | 5 => status(200),
+        _ => status(502),
+    });
+    let mut svc = BreakerLayer::new(policy.breaker.clone()).layer(provider.clone());
+    for i in 0..4 {
+        if i > 0 {
+            sleep(Duration::from_secs(1)).await;
+        }
+        let resp = svc.ready().await.unwrap().call(get("x")).await.unwrap();
+        assert_eq!(resp.status(), 500);
+    }
+    {
+        let ev = evidence.lock().unwrap();
+        assert_eq!(ev.len(), 1);
+        let t = &ev[0];
+        assert_eq!(
+            (t.from, t.to, t.reason),
+            (State::Closed, State::Open, Reason::FailureRate)
+        );
+        assert_eq!((t.calls, t.failures), (4, 4));
+        assert_eq!(t.elapsed_ms, 3000);
+        assert!(t.retry_budget_left.is_some());
+    }
+    // Open: fail fast with the time until half-open, provider untouched.
+    let err = svc.ready().await.unwrap().call(get("x")).await.unwrap_err();
+    assert_eq!(is_open(&err), Duration::from_secs(5));
+    sleep(Duration::from_secs(2)).await;
+    let err = svc.ready().await.unwrap().call(get("x")).await.unwrap_err();
+    assert_eq!(is_open(&err), Duration::from_secs(3));
+    assert_eq!(provider.arrivals().len(), 4);
+    // Reset timeout: two probes succeed and close it.
+    sleep(Duration::from_secs(3)).await;
+    for _ in 0..2 {
+        let resp = svc.ready().await.unwrap().call(get("probe")).await.unwrap();
+        assert_eq!(resp.status(), 200);
+    }
+    {
+        let ev = evidence.lock().unwrap();
+        assert_eq!(ev.len(), 3);
+        assert_eq!(
+            (ev[1].from, ev[1].to, ev[1].reason, ev[1].elapsed_ms),
+            (State::Open, State::HalfOpen, Reason::ResetTimeout, 5000)
+        );
+        assert_eq!(
+            (ev[2].from, ev[2].to, ev[2].reason),
+            (State::HalfOpen, State::Closed, Reason::ProbesSucceeded)
+        );
+        assert_eq!((ev[2].calls, ev[2].failures), (2, 0));
+    }
+    // Trip again; this time the probe fails and it opens again.
+    for _ in 0..4 {
+        svc.ready().await.unwrap().call(get("x")).await.unwrap();
+    }
+    sleep(Duration::from_secs(5)).await;
+    let resp = svc.ready().await.unwrap().call(get("probe")).await.unwrap();
+    assert_eq!(resp.status(), 502);
+    let ev = evidence.lock().unwrap();
+    let states: Vec<_> = ev.iter().map(|t| (t.from, t.to, t.reason)).collect();
+    assert_eq!(
+        states[3..],
+        [
+            (State::Closed, State::Open, Reason::FailureRate),
+            (State::Open, State::HalfOpen, Reason::ResetTimeout),
+            (State::HalfOpen, State::Open, Reason::ProbeFailed),
+        ]
+    );
+    assert_eq!((ev[5].calls, ev[5].failures), (1, 1));
+    assert_eq!(policy.breaker.recent().len(), 6);
+}
+
+/// R-CB1: no verdict below the minimum number of calls, so a cold start
+/// with a few failures does not open the breaker.
+#[tokio::test(start_paused = true)]
+async fn no_false_open_below_minimum_throughput() {
+    let (policy, evidence) = policy(ProviderSettings::default());
+    let provider = Provider::new(|_| status(500));
+    let mut svc = BreakerLayer::new(policy.breaker.clone()).layer(provider.clone());
+    for _ in 0..19 {
+        svc.ready().await.unwrap().call(get("x")).await.unwrap();
+    }
+    assert!(evidence.lock().unwrap().is_empty());
+    assert_eq!(policy.snapshot(Instant::now()).breaker.state, State::Closed);
+    svc.ready().await.unwrap().call(get("x")).await.unwrap();
+    assert_eq!(evidence.lock().unwrap().len(), 1, "the 20th call decides");
+}
+
+// ---------------------------------------------------------------- retry
+
+/// R-RB2: retries are bounded by the ratio budget; when it is empty the
+/// last upstream response goes back.
+#[tokio::test(start_paused = true)]
+async fn retries_stop_when_the_budget_is_empty() {
+    let mut settings = ProviderSettings::with_ceiling(1000.0);
+    settings.retry_ratio = 0.2;
+    settings.retry_min_per_sec = 0;
+    settings.retry_max_attempts = 10;
+    settings.breaker_min_calls = 1000;
+    let (policy, _) = policy(settings);
+    let provider = Provider::new(|_| status(500));
+    let svc = stack(&policy, &provider);
+    for i in 0..10 {
+        let resp = svc.clone().oneshot(get(i.to_string())).await.unwrap();
+        assert_eq!(resp.status(), 500);
+    }
+    // Ten requests deposit 0.2 each: two retries in all, at the 5th and 10th.
+    assert_eq!(provider.arrivals().len(), 12);
+    assert_eq!(policy.retry.budget_left(Instant::now()), 0);
+}
+
+/// R-RB1: a non-retryable 4xx is passed through once and costs nothing;
+/// a non-idempotent method is not retried.
+#[tokio::test(start_paused = true)]
+async fn client_errors_and_posts_are_never_retried() {
+    let settings = ProviderSettings {
+        retry_ratio: 1.0,
+        retry_min_per_sec: 0,
+        ..ProviderSettings::default()
+    };
+    let (policy, _) = policy(settings);
+    let provider = Provider::new(|n| if n == 0 { status(404) } else { status(503) });
+    let svc = stack(&policy, &provider);
+    let resp = svc.clone().oneshot(get("a")).await.unwrap();
+    assert_eq!(resp.status(), 404);
+    assert_eq!(provider.arrivals().len(), 1);
+    // One deposit, no withdrawal.
+    assert_eq!(policy.retry.budget_left(Instant::now()), 1);
+    let mut post = get("b");
+    *post.method_mut() = Method::POST;
+    assert_eq!(svc.clone().oneshot(post).await.unwrap().status(), 503);
+    assert_eq!(provider.arrivals().len(), 2);
+    assert_eq!(policy.retry.budget_left(Instant::now()), 2);
+}
+
+/// R-RB1: refusals that never reached the provider are not retried and
+/// spend no budget; a connect error is retried.
+#[tokio::test(start_paused = true)]
+async fn connect_errors_are_retried_refusals_are_not() {
+    let settings = ProviderSettings {
+        retry_ratio: 1.0,
+        retry_min_per_sec: 0,
+        ..ProviderSettings::default()
+    };
+    let (policy, _) = policy(settings);
+    let provider = Provider::new(|n| match n {
+        0 => Reply {
+            error: Some(UpstreamKind::ConnectionRefused),
+            ..status(0)
+        },
+        1 => status(200),
+        _ => Reply {
+            error: Some(UpstreamKind::Prohibited),
+            ..status(0)
+        },
+    });
+    let svc = stack(&policy, &provider);
+    assert_eq!(svc.clone().oneshot(get("a")).await.unwrap().status(), 200);
+    assert_eq!(provider.arrivals().len(), 2);
+    let err = svc.clone().oneshot(get("b")).await.unwrap_err();
+    assert_eq!(
+        err.downcast_ref::<Upstream>().map(|u| u.kind),
+        Some(UpstreamKind::Prohibited)
+    );
+    assert_eq!(
+        provider.arrivals().len(),
+        3,
+        "a prohibited target is not retried"
+    );
+}
+
+/// R-RA1: `Retry-After: 2` is absorbed — the client gets the 200 — and the
+/// retry reaches the provider exactly 2 s after the 429, not a millisecond
+/// sooner or later.
+#[tokio::test(start_paused = true)]
+async fn retry_after_is_waited_exactly() {
+    let (policy, _) = policy(ProviderSettings::default());
+    let provider = Provider::new(|n| if n == 0 { throttle("2") } else { status(200) });
+    let svc = stack(&policy, &provider);
+    let resp = svc.oneshot(get("a")).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let seen = provider.arrivals();
+    assert_eq!(seen.len(), 2);
+    assert_eq!(seen[1].0 - seen[0].0, Duration::from_millis(2000));
+}
+
+/// R-RA1: a `Retry-After` longer than `max_retry_after_wait` goes back to
+/// the client, and the hold refuses later requests at once, saying when.
+#[tokio::test(start_paused = true)]
+async fn long_retry_after_goes_back_and_holds_the_provider() {
+    let (policy, _) = policy(ProviderSettings::default());
+    let provider = Provider::new(|_| throttle("30"));
+    let svc = stack(&policy, &provider);
+    let resp = svc.clone().oneshot(get("a")).await.unwrap();
+    assert_eq!(resp.status(), 429);
+    assert_eq!(resp.headers()[http::header::RETRY_AFTER], "30");
+    let asked = Instant::now();
+    let err = svc.clone().oneshot(get("b")).await.unwrap_err();
+    assert_eq!(Instant::now(), asked);
+    let limited = err.downcast_ref::<RateLimited>().expect("RateLimited");
+    assert_eq!(limited.retry_after, Duration::from_secs(30));
+    assert_eq!(provider.arrivals().len(), 1);
+}
+
+/// R-TO1: a timed-out attempt is retried.
+#[tokio::test(start_paused = true)]
+async fn timed_out_attempts_are_retried() {
+    let settings = ProviderSettings {
+        attempt_timeout: Duration::from_secs(1),
+        ..ProviderSettings::default()
+    };
+    let (policy, _) = policy(settings);
+    let provider = Provider::new(|n| Reply {
+        delay: if n == 0 {
+            Duration::from_secs(60)
+        } else {
+            Duration::ZERO
+        },
+        ..status(200)
+    });
+    let svc = stack(&policy, &provider);
+    let t0 = Instant::now();
+    assert_eq!(svc.oneshot(get("a")).await.unwrap().status(), 200);
+    assert_eq!(provider.arrivals().len(), 2);
+    assert!(Instant::now() - t0 < Duration::from_secs(5));
+}
+
+// ------------------------------------------------------------------ run
+
+fn with_run(mut req: Request<String>, run: &RunHandle) -> Request<String> {
+    req.extensions_mut().insert(run.clone());
+    req
+}
+
+/// R-RN2: the deadline is checked before an attempt starts; an attempt in
+/// flight when it passes completes.
+#[tokio::test(start_paused = true)]
+async fn deadline_does_not_interrupt_an_attempt_in_flight() {
+    let (policy, _) = policy(ProviderSettings::default());
+    let provider = Provider::new(|_| Reply {
+        delay: Duration::from_secs(3),
+        ..status(200)
+    });
+    let svc = stack(&policy, &provider);
+    let t0 = Instant::now();
+    let run = RunHandle::new(Envelope {
+        deadline: Some(t0 + Duration::from_secs(1)),
+        ..Envelope::default()
+    });
+    let resp = svc.clone().oneshot(with_run(get("a"), &run)).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(Instant::now() - t0, Duration::from_secs(3));
+    let err = svc
+        .clone()
+        .oneshot(with_run(get("b"), &run))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.downcast_ref::<RunStopped>().map(|s| s.reason),
+        Some(StopReason::Deadline)
+    );
+    assert_eq!(run.state().stopped, Some(StopReason::Deadline));
+    assert_eq!(provider.arrivals().len(), 1);
+}
+
+/// R-RN1: the run's retry budget bounds retries; running out is a planned
+/// stop.
+#[tokio::test(start_paused = true)]
+async fn run_retry_budget_bounds_retries() {
+    let (policy, _) = policy(ProviderSettings::default());
+    let provider = Provider::new(|_| status(500));
+    let svc = stack(&policy, &provider);
+    let run = RunHandle::new(Envelope {
+        retry_budget: Some(1),
+        ..Envelope::default()
+    });
+    assert_eq!(
+        svc.clone()
+            .oneshot(with_run(get("a"), &run))
+            .await
+            .unwrap()
+            .status(),
+        500
+    );
+    // Three attempts were allowed per request, but the run had one retry.
+    assert_eq!(provider.arrivals().len(), 2);
+    let state = run.state();
+    assert_eq!((state.attempts, state.retries), (2, 1));
+    assert_eq!(state.stopped, Some(StopReason::RetryBudget));
+    assert!(state.stopped.unwrap().is_budget());
+}
+
+mod budget_stop {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(48))]
+
+        /// R-RN3: whatever the provider did before, a run hitting its
+        /// request cap changes nothing in the provider's pacer, breaker or
+        /// retry budget, and sends nothing.
+        #[test]
+        fn a_budget_stop_changes_no_provider_state(
+            statuses in proptest::collection::vec(
+                prop_oneof![Just(200u16), Just(404), Just(429), Just(500), Just(503)], 1..25),
+            refused in 1usize..5,
+        ) {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .start_paused(true)
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                let settings = ProviderSettings {
+                    breaker_min_calls: 5,
+                    ..ProviderSettings::default()
+                };
+                let (policy, evidence) = policy(settings);
+                let script = statuses.clone();
+                let provider = Provider::new(move |n| status(script[n.min(script.len() - 1)]));
+                let svc = stack(&policy, &provider);
+                let run = RunHandle::new(Envelope {
+                    request_cap: Some(statuses.len() as u64),
+                    ..Envelope::default()
+                });
+                // Spend the cap (some attempts may be refused by the
+                // provider's own breaker or pacer; that is fine).
+                while run.state().stopped.is_none() {
+                    let _ = svc.clone().oneshot(with_run(get("x"), &run)).await;
+                }
+                let now = Instant::now();
+                let before = policy.snapshot(now);
+                let transitions = evidence.lock().unwrap().len();
+                let sent = provider.arrivals().len();
+                for _ in 0..refused {
+                    let err = svc.clone().oneshot(with_run(get("y"), &run)).await.unwrap_err();
+                    let reason = err.downcast_ref::<RunStopped>().map(|s| s.reason);
+                    assert_eq!(reason, Some(StopReason::RequestCap));
+                    assert!(!reason.unwrap().is_source_pressure());
+                }
+                assert_eq!(Instant::now(), now);
+                assert_eq!(policy.snapshot(now), before);
+                assert_eq!(evidence.lock().unwrap().len(), transitions);
+                assert_eq!(provider.arrivals().len(), sent);
+            });
+        }
+    }
+}
