@@ -9,7 +9,8 @@ use std::sync::{Arc, Mutex};
 
 use tokio::time::Instant;
 
-use crate::breaker::{BreakerShared, BreakerSnapshot, TransitionSink};
+use crate::breaker::{BreakerShared, BreakerSnapshot, CircuitOpen, Permit, TransitionSink};
+use crate::error::BoxError;
 use crate::bulkhead::BulkheadShared;
 use crate::pacer::{PacerShared, PacerSnapshot};
 use crate::retry::{Jitter, RetryShared};
@@ -112,6 +113,27 @@ impl ProviderPolicy {
         Ok(())
     }
 
+    /// Admits one unit of work the stack cannot see inside — a CONNECT
+    /// tunnel sluice does not intercept (R-PX2): the breaker is asked and
+    /// one pacing slot is taken. Report how the connection went with
+    /// [`TunnelAdmission::connected`].
+    pub async fn admit_tunnel(&self) -> Result<TunnelAdmission, BoxError> {
+        let (permit, transition) = self.breaker.lock().try_acquire(Instant::now());
+        if let Some(t) = transition {
+            self.breaker.publish(t);
+        }
+        let permit = permit.map_err(|retry_after| CircuitOpen { retry_after })?;
+        let mut admission = TunnelAdmission {
+            breaker: self.breaker.clone(),
+            permit: Some(permit),
+        };
+        if let Err(e) = self.pacer.acquire().await {
+            admission.finish(None);
+            return Err(e);
+        }
+        Ok(admission)
+    }
+
     /// A readout at `now`.
     pub fn snapshot(&self, now: Instant) -> ProviderSnapshot {
         ProviderSnapshot {
@@ -122,5 +144,45 @@ impl ProviderPolicy {
             in_flight: self.bulkhead.in_flight(),
             bulkhead_waiting: self.bulkhead.waiting(),
         }
+    }
+}
+
+/// A tunnel let through by [`ProviderPolicy::admit_tunnel`]. Dropping it
+/// without a verdict counts for nothing.
+#[derive(Debug)]
+pub struct TunnelAdmission {
+    breaker: Arc<BreakerShared>,
+    permit: Option<Permit>,
+}
+
+impl TunnelAdmission {
+    /// The tunnel's upstream connection was made (`true`) or failed.
+    pub fn connected(mut self, ok: bool) {
+        self.finish(Some(!ok));
+    }
+
+    fn finish(&mut self, failure: Option<bool>) {
+        let Some(permit) = self.permit.take() else {
+            return;
+        };
+        let transition = {
+            let mut b = self.breaker.lock();
+            match failure {
+                Some(f) => b.record(permit, f, Instant::now()),
+                None => {
+                    b.release(permit);
+                    None
+                }
+            }
+        };
+        if let Some(t) = transition {
+            self.breaker.publish(t);
+        }
+    }
+}
+
+impl Drop for TunnelAdmission {
+    fn drop(&mut self) {
+        self.finish(None);
     }
 }

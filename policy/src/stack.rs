@@ -3,7 +3,7 @@
 use http::{Request, Response};
 use tower::retry::RetryLayer;
 use tower::timeout::TimeoutLayer;
-use tower::util::BoxCloneService;
+use tower::util::BoxCloneSyncService;
 use tower::{Service, ServiceBuilder};
 
 use crate::breaker::BreakerLayer;
@@ -15,7 +15,7 @@ use crate::retry::{ReplayBody, RetryPolicy};
 use crate::run::RunLayer;
 
 /// A provider's whole stack, boxed at the provider boundary.
-pub type ProviderService<B, R> = BoxCloneService<Request<B>, Response<R>, BoxError>;
+pub type ProviderService<B, R> = BoxCloneSyncService<Request<B>, Response<R>, BoxError>;
 
 /// Builds the stack of `policy`'s provider over `upstream`.
 ///
@@ -24,7 +24,7 @@ pub type ProviderService<B, R> = BoxCloneService<Request<B>, Response<R>, BoxErr
 /// pacer and the bulkhead, because retry is outside them all.
 pub fn provider_stack<S, B, R>(policy: &ProviderPolicy, upstream: S) -> ProviderService<B, R>
 where
-    S: Service<Request<B>, Response = Response<R>> + Clone + Send + 'static,
+    S: Service<Request<B>, Response = Response<R>> + Clone + Send + Sync + 'static,
     S::Error: Into<BoxError>,
     S::Future: Send + 'static,
     B: ReplayBody + Send + 'static,
@@ -45,5 +45,5 @@ where
         // 6. Per-attempt timeout: connect + response head.
         .layer(TimeoutLayer::new(timeout))
         .service(upstream);
-    BoxCloneService::new(stack)
+    BoxCloneSyncService::new(stack)
 }

@@ -29,7 +29,7 @@ use tokio::time::Instant;
 
 pub use self::backoff::Jitter;
 pub use self::budget::RatioBudget;
-pub use self::policy::RetryPolicy;
+pub use self::policy::{retryable_method, RetryPolicy};
 use crate::settings::ProviderSettings;
 
 /// A request body that can be copied for a replay. `try_clone` returns

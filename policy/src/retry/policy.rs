@@ -28,12 +28,13 @@ impl RetryPolicy {
     }
 }
 
-fn idempotent(method: &Method) -> bool {
-    // RFC 9110 §9.2.2.
+/// Whether requests with this method may be retried: the idempotent
+/// methods of RFC 9110 §9.2.2, plus those the config opts in.
+pub fn retryable_method(method: &Method, extra: &[Method]) -> bool {
     matches!(
         *method,
         Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE
-    )
+    ) || extra.contains(method)
 }
 
 impl<B, R> tower::retry::Policy<Request<B>, Response<R>, BoxError> for RetryPolicy
@@ -70,7 +71,7 @@ where
             return None;
         }
         let settings = self.shared.settings();
-        if !idempotent(req.method()) && !settings.extra_methods.contains(req.method()) {
+        if !retryable_method(req.method(), &settings.extra_methods) {
             return None;
         }
         if self.answered >= settings.max_attempts {

@@ -1,0 +1,145 @@
+//! Bodies: the request body sent upstream (streamed, or kept whole when a
+//! retry may need it) and the idle timeout on response bodies.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use sluice_policy::retry::ReplayBody;
+use sluice_policy::BoxError;
+use tokio::time::Sleep;
+
+/// The body type every response sluice sends has.
+pub type ResBody = BoxBody<Bytes, BoxError>;
+
+/// A small body of sluice's own.
+pub fn full(text: impl Into<Bytes>) -> ResBody {
+    Full::new(text.into()).map_err(|e| match e {}).boxed()
+}
+
+/// A request body on its way upstream (R-PX1): streamed as it comes, or —
+/// only when a retry may need it and it fits the replay limit — kept whole
+/// so that it can be sent again.
+#[derive(Debug)]
+pub enum ProxyBody {
+    /// No body.
+    Empty,
+    /// A body kept whole; replayable.
+    Whole(Option<Bytes>),
+    /// A body streamed from the client; sent once.
+    Stream(Incoming),
+}
+
+impl ReplayBody for ProxyBody {
+    fn try_clone(&self) -> Option<Self> {
+        match self {
+            ProxyBody::Empty => Some(ProxyBody::Empty),
+            ProxyBody::Whole(b) => Some(ProxyBody::Whole(b.clone())),
+            ProxyBody::Stream(_) => None,
+        }
+    }
+}
+
+impl Body for ProxyBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match self.get_mut() {
+            ProxyBody::Empty => Poll::Ready(None),
+            ProxyBody::Whole(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
+            ProxyBody::Stream(s) => Pin::new(s).poll_frame(cx).map_err(Into::into),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            ProxyBody::Empty => true,
+            ProxyBody::Whole(b) => b.is_none(),
+            ProxyBody::Stream(s) => s.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            ProxyBody::Empty => SizeHint::with_exact(0),
+            ProxyBody::Whole(b) => SizeHint::with_exact(b.as_ref().map_or(0, |b| b.len() as u64)),
+            ProxyBody::Stream(s) => s.size_hint(),
+        }
+    }
+}
+
+/// A response body that stopped sending for longer than this was cut.
+#[derive(Debug, thiserror::Error)]
+#[error("response body idle for {0:?}")]
+pub struct BodyIdle(pub Duration);
+
+/// Cuts a body that sends nothing for `idle` (R-TO1's idle-body timeout),
+/// so a provider that stalls mid-body cannot hold a client forever.
+#[derive(Debug)]
+pub struct IdleTimeout<B> {
+    inner: B,
+    idle: Duration,
+    sleep: Pin<Box<Sleep>>,
+}
+
+impl<B> IdleTimeout<B> {
+    /// Wraps `inner`.
+    pub fn new(inner: B, idle: Duration) -> Self {
+        IdleTimeout {
+            inner,
+            idle,
+            sleep: Box::pin(tokio::time::sleep(idle)),
+        }
+    }
+}
+
+impl<B> Body for IdleTimeout<B>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = &mut *self;
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(frame) => {
+                let deadline = tokio::time::Instant::now() + this.idle;
+                this.sleep.as_mut().reset(deadline);
+                Poll::Ready(frame.map(|f| f.map_err(Into::into)))
+            }
+            Poll::Pending => match this.sleep.as_mut().poll(cx) {
+                Poll::Ready(()) => Poll::Ready(Some(Err(BodyIdle(this.idle).into()))),
+                Poll::Pending => Poll::Pending,
+            },
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// Reads a request body whole, if it is no larger than `limit`.
+pub async fn collect_limited(body: Incoming, limit: usize) -> Result<Bytes, BoxError> {
+    let limited = http_body_util::Limited::new(body, limit);
+    Ok(limited.collect().await?.to_bytes())
+}

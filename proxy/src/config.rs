@@ -1,0 +1,600 @@
+//! The TOML config, checked at start into validated settings (R-OP4).
+//!
+//! One file, every key documented in `sluice.example.toml`. Unknown keys
+//! are errors (a misspelt `ceilng_rps` must not silently fall back to a
+//! default), and every error names the key it is about. With no file at
+//! all sluice runs on safe defaults: loopback listeners, no private
+//! destinations, CONNECT only to 443.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use ipnet::IpNet;
+use serde::Deserialize;
+use sluice_policy::ProviderSettings;
+
+/// A config that could not be accepted, naming the key.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("config error: {key}: {reason}")]
+pub struct ConfigError {
+    /// The key, dotted (`providers.example.ceiling_rps`).
+    pub key: String,
+    /// What is wrong.
+    pub reason: String,
+}
+
+fn err(key: impl Into<String>, reason: impl Into<String>) -> ConfigError {
+    ConfigError {
+        key: key.into(),
+        reason: reason.into(),
+    }
+}
+
+/// A duration in the config: `"250ms"`, `"15s"`, `"2m"`, `"1h"`, or a
+/// number of seconds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Dur(pub Duration);
+
+impl<'de> Deserialize<'de> for Dur {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Secs(f64),
+            Text(String),
+        }
+        let parsed = match Raw::deserialize(d)? {
+            Raw::Secs(s) => secs(s),
+            Raw::Text(t) => parse_duration(&t),
+        };
+        parsed.map(Dur).map_err(serde::de::Error::custom)
+    }
+}
+
+fn secs(s: f64) -> Result<Duration, String> {
+    if s.is_finite() && (0.0..=1e9).contains(&s) {
+        Ok(Duration::from_secs_f64(s))
+    } else {
+        Err(format!("{s} is not a duration (0 to 1e9 seconds)"))
+    }
+}
+
+/// Parses `"250ms"`, `"15s"`, `"2m"`, `"1h"`, `"1.5s"`.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let t = text.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: f64 = num
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration like \"250ms\", \"15s\", \"2m\""))?;
+    let scale = match unit.trim() {
+        "ms" => 0.001,
+        "s" | "" => 1.0,
+        "m" => 60.0,
+        "h" => 3600.0,
+        other => return Err(format!("unknown duration unit {other:?} (ms, s, m, h)")),
+    };
+    secs(n * scale)
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    listen: Option<SocketAddr>,
+    admin: Option<SocketAddr>,
+    state_dir: Option<PathBuf>,
+    #[serde(default)]
+    destinations: RawDestinations,
+    #[serde(default)]
+    upstream: RawUpstream,
+    #[serde(default)]
+    defaults: RawProvider,
+    #[serde(default)]
+    providers: BTreeMap<String, RawProvider>,
+    #[serde(default)]
+    auth: RawAuth,
+    #[serde(default)]
+    limits: RawLimits,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDestinations {
+    #[serde(default)]
+    allow: Vec<String>,
+    connect_ports: Option<Vec<u16>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawUpstream {
+    extra_ca: Option<PathBuf>,
+    connect_timeout: Option<Dur>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawAuth {
+    /// `"user:token"` pairs.
+    #[serde(default)]
+    credentials: Vec<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLimits {
+    max_providers: Option<usize>,
+    provider_idle: Option<Dur>,
+    state_max_age: Option<Dur>,
+    header_read_timeout: Option<Dur>,
+    max_header_bytes: Option<usize>,
+    body_idle_timeout: Option<Dur>,
+    shutdown_grace: Option<Dur>,
+}
+
+/// Every per-provider key. All optional: a named provider takes
+/// `[defaults]` first, then its own.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawProvider {
+    hosts: Option<Vec<String>>,
+    ceiling_rps: Option<f64>,
+    start_rps: Option<f64>,
+    floor_rps: Option<f64>,
+    burst: Option<u32>,
+    decrease_factor: Option<f64>,
+    increase_window: Option<Dur>,
+    soft_throttle_factor: Option<f64>,
+    max_queue_wait: Option<Dur>,
+    max_queue_len: Option<usize>,
+    max_retry_after_wait: Option<Dur>,
+    max_in_flight: Option<usize>,
+    attempt_timeout: Option<Dur>,
+    breaker_window: Option<Dur>,
+    breaker_failure_ratio: Option<f64>,
+    breaker_min_calls: Option<u32>,
+    breaker_open_for: Option<Dur>,
+    breaker_half_open_probes: Option<u32>,
+    breaker_wait_for_probe: Option<bool>,
+    retry_ratio: Option<f64>,
+    retry_min_per_sec: Option<u32>,
+    retry_budget_ttl: Option<Dur>,
+    retry_max_attempts: Option<u32>,
+    retry_base: Option<Dur>,
+    retry_cap: Option<Dur>,
+    retry_methods: Option<Vec<String>>,
+    replay_limit: Option<usize>,
+}
+
+impl RawProvider {
+    /// Lays these keys over `base`.
+    fn apply(&self, base: &ProviderSettings, key: &str) -> Result<ProviderSettings, ConfigError> {
+        let mut s = base.clone();
+        macro_rules! set {
+            ($($f:ident),*) => {$( if let Some(v) = self.$f { s.$f = v; } )*};
+        }
+        macro_rules! set_dur {
+            ($($f:ident),*) => {$( if let Some(v) = self.$f { s.$f = v.0; } )*};
+        }
+        set!(
+            ceiling_rps,
+            floor_rps,
+            burst,
+            decrease_factor,
+            soft_throttle_factor,
+            max_queue_len,
+            max_in_flight,
+            breaker_failure_ratio,
+            breaker_min_calls,
+            breaker_half_open_probes,
+            breaker_wait_for_probe,
+            retry_ratio,
+            retry_min_per_sec,
+            retry_max_attempts,
+            replay_limit
+        );
+        set_dur!(
+            increase_window,
+            max_queue_wait,
+            max_retry_after_wait,
+            attempt_timeout,
+            breaker_window,
+            breaker_open_for,
+            retry_budget_ttl,
+            retry_base,
+            retry_cap
+        );
+        if self.start_rps.is_some() {
+            s.start_rps = self.start_rps;
+        } else if self.ceiling_rps.is_some() && base.start_rps.is_some_and(|st| st >= s.ceiling_rps) {
+            // A start inherited from [defaults] that is not below this
+            // provider's own ceiling falls back to the derived one.
+            s.start_rps = None;
+        }
+        if let Some(methods) = &self.retry_methods {
+            s.retry_methods = methods
+                .iter()
+                .map(|m| {
+                    http::Method::from_bytes(m.to_ascii_uppercase().as_bytes())
+                        .map_err(|_| err(format!("{key}.retry_methods"), format!("{m:?} is not a method")))
+                })
+                .collect::<Result<_, _>>()?;
+        }
+        s.validate()
+            .map_err(|e| err(format!("{key}.{}", e.key), e.reason))?;
+        Ok(s)
+    }
+}
+
+/// A host pattern: `api.example.com` or `*.example.com` (any subdomain,
+/// not the apex).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HostPattern {
+    /// This host exactly.
+    Exact(String),
+    /// Any host ending in `.suffix`.
+    Suffix(String),
+}
+
+impl HostPattern {
+    fn parse(p: &str) -> Result<Self, String> {
+        let p = normalise_host(p);
+        if p.is_empty() {
+            return Err("an empty host pattern".into());
+        }
+        if let Some(rest) = p.strip_prefix("*.") {
+            if rest.is_empty() || rest.contains('*') {
+                return Err(format!("{p:?}: a wildcard is only allowed as a leading \"*.\""));
+            }
+            return Ok(HostPattern::Suffix(rest.to_string()));
+        }
+        if p.contains('*') || p.contains('/') || p.contains(' ') {
+            return Err(format!("{p:?} is not a host name"));
+        }
+        Ok(HostPattern::Exact(p))
+    }
+
+    /// Whether a normalised host matches.
+    pub fn matches(&self, host: &str) -> bool {
+        match self {
+            HostPattern::Exact(h) => h == host,
+            HostPattern::Suffix(s) => host.len() > s.len() + 1
+                && host.ends_with(s.as_str())
+                && host.as_bytes()[host.len() - s.len() - 1] == b'.',
+        }
+    }
+}
+
+/// Lower case, no trailing dot, no IPv6 brackets.
+pub fn normalise_host(host: &str) -> String {
+    host.trim()
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .trim_end_matches('.')
+        .to_ascii_lowercase()
+}
+
+/// A named provider from the config.
+#[derive(Debug, Clone)]
+pub struct NamedProvider {
+    /// The name (the TOML table's key).
+    pub name: String,
+    /// Hosts that belong to it.
+    pub hosts: Vec<HostPattern>,
+    /// Its settings.
+    pub settings: ProviderSettings,
+}
+
+/// Where sluice may connect.
+#[derive(Debug, Clone)]
+pub struct Destinations {
+    /// Exceptions to the SSRF guard.
+    pub allow: Vec<IpNet>,
+    /// Ports CONNECT may reach.
+    pub connect_ports: Vec<u16>,
+}
+
+/// Limits of the process as a whole.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// Providers tracked at once; beyond, unknown hosts share one.
+    pub max_providers: usize,
+    /// A provider unused this long is evicted (its learned state is kept).
+    pub provider_idle: Duration,
+    /// Learned state older than this is discarded: a cold start (R-PS1).
+    pub state_max_age: Duration,
+    /// A client must send its request head within this.
+    pub header_read_timeout: Duration,
+    /// Largest request head accepted.
+    pub max_header_bytes: usize,
+    /// A response body that sends nothing for this long is cut.
+    pub body_idle_timeout: Duration,
+    /// In-flight work gets this long to finish on SIGTERM.
+    pub shutdown_grace: Duration,
+}
+
+/// The validated config.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Proxy listener.
+    pub listen: SocketAddr,
+    /// Admin listener.
+    pub admin: SocketAddr,
+    /// Where state lives.
+    pub state_dir: PathBuf,
+    /// Destination policy.
+    pub destinations: Destinations,
+    /// Extra CA trusted upstream besides the bundled web roots.
+    pub extra_ca: Option<PathBuf>,
+    /// Upstream TCP connect timeout.
+    pub connect_timeout: Duration,
+    /// Settings of every provider not named.
+    pub defaults: ProviderSettings,
+    /// Named providers.
+    pub providers: Vec<NamedProvider>,
+    /// Proxy credentials, user → token; empty = none required.
+    pub credentials: HashMap<String, String>,
+    /// Process limits.
+    pub limits: Limits,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config::from_toml("").expect("the empty config is valid")
+    }
+}
+
+impl Config {
+    /// Reads and checks a config file.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| err("config", format!("cannot read {}: {e}", path.display())))?;
+        Config::from_toml(&text)
+    }
+
+    /// Parses and checks config text.
+    pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
+        let raw: RawConfig = toml::from_str(text).map_err(|e| {
+            let key = e
+                .span()
+                .and_then(|span| key_at(text, span.start))
+                .unwrap_or_else(|| "config".into());
+            err(key, e.message().to_string())
+        })?;
+        Config::from_raw(raw)
+    }
+
+    fn from_raw(raw: RawConfig) -> Result<Config, ConfigError> {
+        if raw.defaults.hosts.is_some() {
+            return Err(err("defaults.hosts", "hosts belong to named providers"));
+        }
+        let defaults = raw.defaults.apply(&ProviderSettings::default(), "defaults")?;
+        let mut providers = Vec::new();
+        for (name, p) in &raw.providers {
+            let key = format!("providers.{name}");
+            if name.is_empty() || name.starts_with('_') {
+                return Err(err(key, "provider names must not be empty or start with '_'"));
+            }
+            let hosts = p
+                .hosts
+                .as_ref()
+                .filter(|h| !h.is_empty())
+                .ok_or_else(|| err(format!("{key}.hosts"), "a named provider needs at least one host"))?
+                .iter()
+                .map(|h| HostPattern::parse(h).map_err(|r| err(format!("{key}.hosts"), r)))
+                .collect::<Result<Vec<_>, _>>()?;
+            providers.push(NamedProvider {
+                name: name.clone(),
+                hosts,
+                settings: p.apply(&defaults, &key)?,
+            });
+        }
+        let allow = raw
+            .destinations
+            .allow
+            .iter()
+            .map(|c| {
+                c.parse::<IpNet>()
+                    .or_else(|_| c.parse::<std::net::IpAddr>().map(IpNet::from))
+                    .map_err(|_| err("destinations.allow", format!("{c:?} is not a CIDR like \"127.0.0.0/8\"")))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let connect_ports = raw.destinations.connect_ports.unwrap_or_else(|| vec![443]);
+        if connect_ports.contains(&0) {
+            return Err(err("destinations.connect_ports", "0 is not a port"));
+        }
+        let mut credentials = HashMap::new();
+        for c in &raw.auth.credentials {
+            let (user, token) = c
+                .split_once(':')
+                .filter(|(u, t)| !u.is_empty() && !t.is_empty())
+                .ok_or_else(|| err("auth.credentials", "each entry is \"user:token\""))?;
+            credentials.insert(user.to_string(), token.to_string());
+        }
+        let l = raw.limits;
+        let limits = Limits {
+            max_providers: l.max_providers.unwrap_or(1024),
+            provider_idle: l.provider_idle.map_or(Duration::from_secs(600), |d| d.0),
+            state_max_age: l.state_max_age.map_or(Duration::from_secs(3600), |d| d.0),
+            header_read_timeout: l.header_read_timeout.map_or(Duration::from_secs(10), |d| d.0),
+            max_header_bytes: l.max_header_bytes.unwrap_or(64 * 1024),
+            body_idle_timeout: l.body_idle_timeout.map_or(Duration::from_secs(60), |d| d.0),
+            shutdown_grace: l.shutdown_grace.map_or(Duration::from_secs(10), |d| d.0),
+        };
+        if limits.max_providers == 0 {
+            return Err(err("limits.max_providers", "must be at least 1"));
+        }
+        if limits.max_header_bytes < 8192 {
+            return Err(err("limits.max_header_bytes", "must be at least 8192"));
+        }
+        if limits.header_read_timeout.is_zero() {
+            return Err(err("limits.header_read_timeout", "must be greater than zero"));
+        }
+        if limits.body_idle_timeout.is_zero() {
+            return Err(err("limits.body_idle_timeout", "must be greater than zero"));
+        }
+        let config = Config {
+            listen: raw.listen.unwrap_or_else(|| "127.0.0.1:3128".parse().unwrap()),
+            admin: raw.admin.unwrap_or_else(|| "127.0.0.1:9901".parse().unwrap()),
+            state_dir: raw.state_dir.unwrap_or_else(|| PathBuf::from("./sluice-state")),
+            destinations: Destinations {
+                allow,
+                connect_ports,
+            },
+            extra_ca: raw.upstream.extra_ca,
+            connect_timeout: raw
+                .upstream
+                .connect_timeout
+                .map_or(Duration::from_secs(10), |d| d.0),
+            defaults,
+            providers,
+            credentials,
+            limits,
+        };
+        config.check()?;
+        Ok(config)
+    }
+
+    /// Checks that hold across keys; run again after CLI overrides.
+    pub fn check(&self) -> Result<(), ConfigError> {
+        // R-SF1: not an open proxy.
+        if !self.listen.ip().is_loopback() && self.credentials.is_empty() {
+            return Err(err(
+                "auth.credentials",
+                format!(
+                    "required when listening beyond loopback (listen = {}): sluice is not an open proxy",
+                    self.listen
+                ),
+            ));
+        }
+        if self.listen == self.admin && self.listen.port() != 0 {
+            return Err(err("admin", "must differ from listen"));
+        }
+        if let Some(ca) = &self.extra_ca {
+            if !ca.is_file() {
+                return Err(err("upstream.extra_ca", format!("{} is not a readable file", ca.display())));
+            }
+        }
+        let mut seen: HashMap<String, &str> = HashMap::new();
+        for p in &self.providers {
+            for h in &p.hosts {
+                let k = format!("{h:?}");
+                if let Some(other) = seen.insert(k, &p.name) {
+                    return Err(err(
+                        format!("providers.{}.hosts", p.name),
+                        format!("{h:?} is already a host of provider {other:?}"),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The dotted key at a byte offset of the TOML text: the last `[table]`
+/// header before it, plus the `key =` on its line.
+fn key_at(text: &str, offset: usize) -> Option<String> {
+    let before = text.get(..offset.min(text.len()))?;
+    let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+    let line_end = text[line_start..].find('\n').map_or(text.len(), |i| line_start + i);
+    let line = text[line_start..line_end].trim();
+    let table = before[..line_start]
+        .lines()
+        .rev()
+        .map(str::trim)
+        .find(|l| l.starts_with('[') && l.ends_with(']'))
+        .map(|l| l.trim_matches(|c| c == '[' || c == ']').trim().to_string());
+    let key = line
+        .split_once('=')
+        .map(|(k, _)| k.trim().trim_matches('"').to_string())
+        .filter(|k| !k.is_empty() && !k.starts_with('['));
+    match (table, key) {
+        (Some(t), Some(k)) => Some(format!("{t}.{k}")),
+        (None, Some(k)) => Some(k),
+        (Some(t), None) => Some(t),
+        (None, None) => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_config_is_safe_defaults() {
+        let c = Config::from_toml("").unwrap();
+        assert_eq!(c.listen.to_string(), "127.0.0.1:3128");
+        assert_eq!(c.admin.to_string(), "127.0.0.1:9901");
+        assert_eq!(c.state_dir, PathBuf::from("./sluice-state"));
+        assert!(c.destinations.allow.is_empty());
+        assert_eq!(c.destinations.connect_ports, [443]);
+        assert_eq!(c.defaults.ceiling_rps, 50.0);
+    }
+
+    #[test]
+    fn the_documented_example_parses() {
+        let text = include_str!("../../sluice.example.toml");
+        let c = Config::from_toml(text).unwrap();
+        let ex = c.providers.iter().find(|p| p.name == "example").unwrap();
+        assert_eq!(ex.settings.ceiling_rps, 10.0);
+        assert!(ex.hosts.iter().any(|h| h.matches("eu.example.com")));
+    }
+
+    #[test]
+    fn providers_inherit_defaults() {
+        let c = Config::from_toml(
+            "[defaults]\nceiling_rps = 20.0\nmax_queue_wait = \"3s\"\n[providers.a]\nhosts = [\"a.test\"]\nburst = 2\n",
+        )
+        .unwrap();
+        let a = &c.providers[0].settings;
+        assert_eq!(a.ceiling_rps, 20.0);
+        assert_eq!(a.max_queue_wait, Duration::from_secs(3));
+        assert_eq!(a.burst, 2);
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        let cases = [
+            ("[providers.x]\nhosts = [\"x.test\"]\nceiling_rps = -1.0\n", "providers.x.ceiling_rps"),
+            ("[providers.x]\nhosts = [\"x.test\"]\nceilng_rps = 1.0\n", "providers.x.ceilng_rps"),
+            ("[defaults]\nceiling_rps = \"fast\"\n", "defaults.ceiling_rps"),
+            ("[defaults]\nmax_queue_wait = \"3 fortnights\"\n", "defaults.max_queue_wait"),
+            ("[providers.x]\nceiling_rps = 1.0\n", "providers.x.hosts"),
+            ("[destinations]\nallow = [\"10.0.0.0/33\"]\n", "destinations.allow"),
+            ("listen = \"0.0.0.0:3128\"\n", "auth.credentials"),
+            ("listen = \"nonsense\"\n", "listen"),
+            ("[auth]\ncredentials = [\"nocolon\"]\n", "auth.credentials"),
+            (
+                "[providers.a]\nhosts = [\"a.test\"]\n[providers.b]\nhosts = [\"A.test\"]\n",
+                "providers.b.hosts",
+            ),
+        ];
+        for (text, key) in cases {
+            let e = Config::from_toml(text).unwrap_err();
+            assert_eq!(e.key, key, "{text:?} gave {e}");
+        }
+    }
+
+    #[test]
+    fn host_patterns() {
+        let p = HostPattern::parse("*.Example.com.").unwrap();
+        assert!(p.matches("api.example.com"));
+        assert!(p.matches("a.b.example.com"));
+        assert!(!p.matches("example.com"));
+        assert!(!p.matches("badexample.com"));
+        assert!(HostPattern::parse("a.*.com").is_err());
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
+        assert_eq!(parse_duration("1.5s").unwrap(), Duration::from_millis(1500));
+        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
+        assert!(parse_duration("-1s").is_err());
+        assert!(parse_duration("s").is_err());
+    }
+}

@@ -1,0 +1,217 @@
+//! `CONNECT` tunnels (R-PX2, tunnel half).
+//!
+//! sluice answers `200` and then looks at the first bytes the client sends
+//! through the tunnel:
+//!
+//! * plain HTTP (Node's undici tunnels even `http://` targets): the tunnel
+//!   is served as an HTTP connection, and every request in it goes through
+//!   the provider's stack exactly like an absolute-form request;
+//! * anything else (TLS): a raw tunnel, paced once per CONNECT — sluice
+//!   cannot see the requests inside, and says so in the log.
+
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use http::uri::{Authority, Scheme};
+use http::{Method, Request, Response, StatusCode};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::net::TcpStream;
+
+use crate::auth::Identity;
+use crate::body::{full, ResBody};
+use crate::config::normalise_host;
+use crate::edge::{self, Refusal};
+use crate::forward::{forward, Target};
+use crate::server::App;
+
+/// The first byte of a TLS record carrying a handshake.
+const TLS_HANDSHAKE: u8 = 0x16;
+
+/// Answers a CONNECT: checks the target, then tunnels after the upgrade.
+pub fn connect(app: Arc<App>, req: Request<Incoming>, identity: Identity) -> Response<ResBody> {
+    let Some(authority) = req.uri().authority().cloned() else {
+        return Refusal::new(StatusCode::BAD_REQUEST, "http_request_error", "CONNECT needs host:port")
+            .into_response();
+    };
+    let Some(port) = authority.port_u16() else {
+        return Refusal::new(StatusCode::BAD_REQUEST, "http_request_error", "CONNECT needs host:port")
+            .into_response();
+    };
+    if !app.config.destinations.connect_ports.contains(&port) {
+        return Refusal::new(
+            StatusCode::FORBIDDEN,
+            "http_request_denied",
+            "CONNECT to this port is not allowed",
+        )
+        .into_response();
+    }
+    if app.guard.check_literal(authority.host()).is_err() {
+        return Refusal::new(
+            StatusCode::FORBIDDEN,
+            "destination_ip_prohibited",
+            "destination address not allowed",
+        )
+        .into_response();
+    }
+    let tracker = app.shutdown.tracker();
+    tokio::spawn(async move {
+        let _tracked = tracker;
+        match hyper::upgrade::on(req).await {
+            Ok(upgraded) => tunnel(app, TokioIo::new(upgraded), authority, identity).await,
+            Err(e) => tracing::debug!(error = %e, "CONNECT upgrade failed"),
+        }
+    });
+    Response::new(full(""))
+}
+
+async fn tunnel<T>(app: Arc<App>, mut io: T, authority: Authority, identity: Identity)
+where
+    T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let mut first = vec![0u8; 4096];
+    let read = tokio::time::timeout(app.config.limits.header_read_timeout, io.read(&mut first)).await;
+    let n = match read {
+        Ok(Ok(n)) if n > 0 => n,
+        _ => return,
+    };
+    first.truncate(n);
+    if first[0] == TLS_HANDSHAKE {
+        raw_tunnel(app, io, first, authority).await;
+    } else {
+        serve_plain(app, Prefixed::new(first, io), authority, identity).await;
+    }
+}
+
+/// Serves HTTP/1 requests arriving inside a tunnel through the stack.
+async fn serve_plain<T>(app: Arc<App>, io: T, authority: Authority, identity: Identity)
+where
+    T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let header_timeout = app.config.limits.header_read_timeout;
+    let service = service_fn(move |mut req: Request<Incoming>| {
+        let app = app.clone();
+        let target = Target {
+            scheme: Scheme::HTTP,
+            authority: authority.clone(),
+        };
+        let identity = identity.clone();
+        async move {
+            if req.method() == Method::CONNECT {
+                return Ok::<_, std::convert::Infallible>(
+                    Refusal::new(StatusCode::BAD_REQUEST, "http_request_error", "CONNECT inside a tunnel")
+                        .into_response(),
+                );
+            }
+            req.extensions_mut().insert(identity);
+            Ok(forward(app, req, target).await)
+        }
+    });
+    let conn = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(header_timeout)
+        .serve_connection(TokioIo::new(io), service);
+    if let Err(e) = conn.await {
+        tracing::debug!(error = %e, "tunnelled HTTP connection ended with an error");
+    }
+}
+
+/// A tunnel sluice does not look inside: one pacing slot per CONNECT.
+async fn raw_tunnel<T>(app: Arc<App>, mut io: T, first: Vec<u8>, authority: Authority)
+where
+    T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let host = normalise_host(authority.host());
+    let port = authority.port_u16().unwrap_or(443);
+    let provider = app.providers.get(&host);
+    let admission = match provider.policy.admit_tunnel().await {
+        Ok(a) => a,
+        Err(e) => {
+            let r = edge::refusal(&e);
+            tracing::info!(provider = %provider.name, error = r.error, "tunnel refused");
+            return;
+        }
+    };
+    tracing::info!(
+        provider = %provider.name,
+        "raw CONNECT tunnel: per-request visibility lost for this provider"
+    );
+    let addrs = match app.guard.resolve(&host, port).await {
+        Ok(a) => a,
+        Err(e) => {
+            tracing::info!(provider = %provider.name, error = %e, "tunnel destination refused");
+            return;
+        }
+    };
+    let connected =
+        tokio::time::timeout(app.config.connect_timeout, TcpStream::connect(&addrs[..])).await;
+    let mut upstream = match connected {
+        Ok(Ok(s)) => {
+            admission.connected(true);
+            s
+        }
+        _ => {
+            admission.connected(false);
+            tracing::info!(provider = %provider.name, "tunnel connect failed");
+            return;
+        }
+    };
+    drop(provider);
+    if upstream.write_all(&first).await.is_err() {
+        return;
+    }
+    let _ = tokio::io::copy_bidirectional(&mut io, &mut upstream).await;
+}
+
+/// A stream that first yields bytes already read from it.
+pub struct Prefixed<T> {
+    prefix: Vec<u8>,
+    pos: usize,
+    inner: T,
+}
+
+impl<T> Prefixed<T> {
+    /// `prefix` is returned by reads before `inner`'s bytes.
+    pub fn new(prefix: Vec<u8>, inner: T) -> Self {
+        Prefixed {
+            prefix,
+            pos: 0,
+            inner,
+        }
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for Prefixed<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        if self.pos < self.prefix.len() {
+            let n = (self.prefix.len() - self.pos).min(buf.remaining());
+            let start = self.pos;
+            buf.put_slice(&self.prefix[start..start + n]);
+            self.pos += n;
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Prefixed<T> {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}

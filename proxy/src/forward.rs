@@ -1,0 +1,201 @@
+//! Forwarding one HTTP request through its provider's stack (R-PX1).
+
+use std::sync::Arc;
+use tokio::time::Instant;
+
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::uri::{Authority, Scheme};
+use http::{Request, Response, StatusCode, Uri};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use sluice_policy::retry::retryable_method;
+use tower::ServiceExt;
+
+use crate::body::{collect_limited, IdleTimeout, ProxyBody, ResBody};
+use crate::config::normalise_host;
+use crate::edge::{self, Refusal};
+use crate::server::App;
+
+/// `Via` value sluice adds (RFC 9110 §7.6.3).
+const VIA: &str = "1.1 sluice";
+
+/// Headers that belong to one connection, never forwarded (RFC 9110
+/// §7.6.1), besides those named in `Connection`.
+const HOP_BY_HOP: [&str; 9] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
+
+/// Removes hop-by-hop headers, including those `Connection` names.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
+        .collect();
+    for name in named {
+        headers.remove(name);
+    }
+    for name in HOP_BY_HOP {
+        headers.remove(name);
+    }
+}
+
+fn add_via(headers: &mut HeaderMap) {
+    headers.append(header::VIA, HeaderValue::from_static(VIA));
+}
+
+/// Where a request goes: from its absolute-form URI, or from the CONNECT
+/// tunnel it arrived through.
+#[derive(Debug, Clone)]
+pub struct Target {
+    /// `http` or `https`.
+    pub scheme: Scheme,
+    /// `host[:port]`.
+    pub authority: Authority,
+}
+
+impl Target {
+    /// The target of an absolute-form request.
+    pub fn of(uri: &Uri) -> Option<Target> {
+        Some(Target {
+            scheme: uri.scheme().cloned()?,
+            authority: uri.authority().cloned()?,
+        })
+    }
+}
+
+/// Forwards `req` to `target` through the provider's stack and returns
+/// the answer — the provider's, or sluice's own refusal.
+pub async fn forward(app: Arc<App>, req: Request<Incoming>, target: Target) -> Response<ResBody> {
+    let started = Instant::now();
+    if target.scheme != Scheme::HTTP && target.scheme != Scheme::HTTPS {
+        return Refusal::new(StatusCode::BAD_REQUEST, "http_request_error", "only http and https targets")
+            .into_response();
+    }
+    let host = normalise_host(target.authority.host());
+    if host.is_empty() {
+        return Refusal::new(StatusCode::BAD_REQUEST, "http_request_error", "request has no host")
+            .into_response();
+    }
+    if app.guard.check_literal(&host).is_err() {
+        return Refusal::new(
+            StatusCode::FORBIDDEN,
+            "destination_ip_prohibited",
+            "destination address not allowed",
+        )
+        .into_response();
+    }
+    let (mut parts, body) = req.into_parts();
+    let path = parts
+        .uri
+        .path_and_query()
+        .map_or("/", |p| p.as_str())
+        .to_string();
+    parts.uri = match Uri::builder()
+        .scheme(target.scheme.clone())
+        .authority(target.authority.clone())
+        .path_and_query(path)
+        .build()
+    {
+        Ok(uri) => uri,
+        Err(_) => {
+            return Refusal::new(StatusCode::BAD_REQUEST, "http_request_error", "invalid request target")
+                .into_response()
+        }
+    };
+    strip_hop_by_hop(&mut parts.headers);
+    add_via(&mut parts.headers);
+    if !parts.headers.contains_key(header::HOST) {
+        if let Ok(v) = HeaderValue::from_str(target.authority.as_str()) {
+            parts.headers.insert(header::HOST, v);
+        }
+    }
+    parts.version = http::Version::HTTP_11;
+
+    let provider = app.providers.get(&host);
+    let settings = provider.policy.settings();
+    let body = if http_body::Body::is_end_stream(&body) {
+        ProxyBody::Empty
+    } else {
+        let declared = parts
+            .headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<usize>().ok());
+        let may_retry = retryable_method(&parts.method, &settings.retry_methods);
+        match declared {
+            // Keep a replay copy only where a retry may need it.
+            Some(len) if may_retry && len <= settings.replay_limit => {
+                match collect_limited(body, settings.replay_limit).await {
+                    Ok(bytes) => ProxyBody::Whole(Some(bytes)),
+                    Err(_) => {
+                        return Refusal::new(
+                            StatusCode::BAD_REQUEST,
+                            "http_request_error",
+                            "request body could not be read",
+                        )
+                        .into_response()
+                    }
+                }
+            }
+            _ => ProxyBody::Stream(body),
+        }
+    };
+    let method = parts.method.clone();
+    let req = Request::from_parts(parts, body);
+    let result = provider.service.clone().oneshot(req).await;
+    let elapsed_ms = started.elapsed().as_millis() as u64;
+    match result {
+        Ok(resp) => {
+            let (mut parts, body) = resp.into_parts();
+            strip_hop_by_hop(&mut parts.headers);
+            add_via(&mut parts.headers);
+            // The client's connection is HTTP/1.1 whatever the upstream spoke.
+            parts.version = http::Version::HTTP_11;
+            tracing::debug!(provider = %provider.name, %method, status = parts.status.as_u16(), elapsed_ms, "forwarded");
+            let body = IdleTimeout::new(body, app.config.limits.body_idle_timeout).boxed();
+            Response::from_parts(parts, body)
+        }
+        Err(e) => {
+            let refusal = edge::refusal(&e);
+            tracing::info!(
+                provider = %provider.name,
+                %method,
+                status = refusal.status.as_u16(),
+                error = refusal.error,
+                elapsed_ms,
+                "refused"
+            );
+            refusal.into_response()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hop_by_hop_and_connection_named_headers_go() {
+        let mut h = HeaderMap::new();
+        h.insert("connection", "close, x-secret-hop".parse().unwrap());
+        h.insert("x-secret-hop", "1".parse().unwrap());
+        h.insert("keep-alive", "timeout=5".parse().unwrap());
+        h.insert("proxy-authorization", "Basic eA==".parse().unwrap());
+        h.insert("transfer-encoding", "chunked".parse().unwrap());
+        h.insert("x-kept", "1".parse().unwrap());
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.len(), 1);
+        assert!(h.contains_key("x-kept"));
+    }
+}

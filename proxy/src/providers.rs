@@ -1,0 +1,215 @@
+//! The provider table: which provider a host belongs to, and each
+//! provider's policy state and stack.
+//!
+//! The config names providers by host patterns; every other host is a
+//! provider of its own, keyed by its normalised name. Arbitrary CONNECT
+//! targets must not grow memory without bound, so providers unused for
+//! `provider_idle` are evicted (what they learned is kept for
+//! `state_max_age`, so a provider that comes back resumes its rate), and at
+//! most `max_providers` are tracked: beyond that, unknown hosts share one
+//! `_overflow` provider (linkerd's idle cache, hyper-util's pool keys).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use hyper::body::Incoming;
+use sluice_policy::provider::PolicyOptions;
+use sluice_policy::stack::{provider_stack, ProviderService};
+use sluice_policy::{ProviderPolicy, ProviderSettings};
+use tokio::time::Instant;
+
+use crate::body::ProxyBody;
+use crate::config::{normalise_host, Config, Limits, NamedProvider};
+use crate::upstream::Upstream;
+
+/// The provider every unknown host shares once the table is full.
+pub const OVERFLOW: &str = "_overflow";
+
+/// One provider: its policy state and its stack.
+pub struct Provider {
+    /// Its name.
+    pub name: String,
+    /// Its shared policy state.
+    pub policy: Arc<ProviderPolicy>,
+    /// Its stack, cheap to clone per request.
+    pub service: ProviderService<ProxyBody, Incoming>,
+    /// Milliseconds since the table's epoch at last use.
+    last_used: AtomicU64,
+}
+
+impl std::fmt::Debug for Provider {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Provider").field("name", &self.name).finish()
+    }
+}
+
+/// What an evicted provider had learned.
+#[derive(Debug, Clone, Copy)]
+struct Learned {
+    rate_rps: f64,
+    limit_rps: Option<f64>,
+    baseline: Option<Duration>,
+    at: Instant,
+}
+
+struct Rules {
+    named: Vec<NamedProvider>,
+    defaults: ProviderSettings,
+    limits: Limits,
+}
+
+/// The table.
+pub struct Providers {
+    epoch: Instant,
+    rules: RwLock<Rules>,
+    entries: Mutex<HashMap<String, Arc<Provider>>>,
+    learned: Mutex<HashMap<String, Learned>>,
+    upstream: Upstream,
+}
+
+impl std::fmt::Debug for Providers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Providers").finish_non_exhaustive()
+    }
+}
+
+impl Providers {
+    /// A table for this config over this upstream client.
+    pub fn new(config: &Config, upstream: Upstream) -> Self {
+        Providers {
+            epoch: Instant::now(),
+            rules: RwLock::new(Rules {
+                named: config.providers.clone(),
+                defaults: config.defaults.clone(),
+                limits: config.limits.clone(),
+            }),
+            entries: Mutex::new(HashMap::new()),
+            learned: Mutex::new(HashMap::new()),
+            upstream,
+        }
+    }
+
+    fn rules(&self) -> std::sync::RwLockReadGuard<'_, Rules> {
+        self.rules.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The provider name and settings for a host.
+    pub fn lookup(&self, host: &str) -> (String, ProviderSettings) {
+        let host = normalise_host(host);
+        let rules = self.rules();
+        match rules
+            .named
+            .iter()
+            .find(|p| p.hosts.iter().any(|h| h.matches(&host)))
+        {
+            Some(p) => (p.name.clone(), p.settings.clone()),
+            None => (host, rules.defaults.clone()),
+        }
+    }
+
+    /// The provider for a host, created (and its learned state restored)
+    /// on first use.
+    pub fn get(&self, host: &str) -> Arc<Provider> {
+        let (name, settings) = self.lookup(host);
+        let now = Instant::now();
+        let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(p) = entries.get(&name) {
+            p.touch(self.epoch, now);
+            return p.clone();
+        }
+        let max = self.rules().limits.max_providers;
+        if entries.len() >= max {
+            self.evict_idle(&mut entries, now);
+        }
+        let name = if entries.len() >= max && !self.is_named(&name) {
+            // Full: unknown hosts share one provider rather than grow memory.
+            if let Some(p) = entries.get(OVERFLOW) {
+                p.touch(self.epoch, now);
+                return p.clone();
+            }
+            OVERFLOW.to_string()
+        } else {
+            name
+        };
+        let provider = Arc::new(self.build(&name, settings, now));
+        entries.insert(name, provider.clone());
+        provider
+    }
+
+    fn is_named(&self, name: &str) -> bool {
+        self.rules().named.iter().any(|p| p.name == name)
+    }
+
+    fn build(&self, name: &str, settings: ProviderSettings, now: Instant) -> Provider {
+        let policy = ProviderPolicy::new(name, settings, PolicyOptions::default())
+            .expect("settings were validated with the config");
+        let max_age = self.rules().limits.state_max_age;
+        if let Some(l) = self
+            .learned
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(name)
+            .filter(|l| now.saturating_duration_since(l.at) < max_age)
+        {
+            policy.pacer.lock().restore(l.rate_rps, l.limit_rps, l.baseline);
+        }
+        let service = provider_stack(&policy, self.upstream.clone());
+        let p = Provider {
+            name: name.to_string(),
+            policy,
+            service,
+            last_used: AtomicU64::new(0),
+        };
+        p.touch(self.epoch, now);
+        p
+    }
+
+    /// Evicts providers idle for `provider_idle`, keeping what they learned.
+    pub fn sweep(&self) {
+        let now = Instant::now();
+        let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        self.evict_idle(&mut entries, now);
+        let max_age = self.rules().limits.state_max_age;
+        self.learned
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|_, l| now.saturating_duration_since(l.at) < max_age);
+    }
+
+    fn evict_idle(&self, entries: &mut HashMap<String, Arc<Provider>>, now: Instant) {
+        let idle = self.rules().limits.provider_idle;
+        let mut learned = self.learned.lock().unwrap_or_else(|p| p.into_inner());
+        entries.retain(|name, p| {
+            let unused = now.saturating_duration_since(p.last_used(self.epoch)) >= idle;
+            let busy = Arc::strong_count(p) > 1 || p.policy.bulkhead.in_flight() > 0;
+            if unused && !busy {
+                let snap = p.policy.pacer.snapshot(now);
+                learned.insert(
+                    name.clone(),
+                    Learned {
+                        rate_rps: snap.rate_rps,
+                        limit_rps: snap.limit_rps,
+                        baseline: snap.baseline_ttfb,
+                        at: now,
+                    },
+                );
+                false
+            } else {
+                true
+            }
+        });
+    }
+}
+
+impl Provider {
+    fn touch(&self, epoch: Instant, now: Instant) {
+        let ms = now.saturating_duration_since(epoch).as_millis() as u64;
+        self.last_used.store(ms, Ordering::Relaxed);
+    }
+
+    fn last_used(&self, epoch: Instant) -> Instant {
+        epoch + Duration::from_millis(self.last_used.load(Ordering::Relaxed))
+    }
+}

@@ -1,0 +1,165 @@
+//! The upstream client: hyper-util's pooled client over rustls, behind the
+//! destination guard (R-PX3, R-SF2).
+//!
+//! Upstream TLS is always verified — against the bundled web roots plus an
+//! optional extra CA from the config — and there is no switch to turn that
+//! off. HTTP/2 is used where the upstream offers it by ALPN. Errors are
+//! classified into [`UpstreamKind`]s here, once, so the policy layers and
+//! the edge function decide from data.
+
+use std::future::Future;
+use std::io;
+use std::path::Path;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use http::{Request, Response};
+use hyper::body::Incoming;
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use sluice_policy::error::{Upstream as UpstreamError, UpstreamKind};
+use sluice_policy::BoxError;
+use tower::Service;
+
+use crate::body::ProxyBody;
+use crate::guard::{Guard, GuardError, GuardedConnector};
+
+/// A TLS config for upstream connections: web roots + the extra CA.
+pub fn tls_config(extra_ca: Option<&Path>) -> Result<rustls::ClientConfig, String> {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+    if let Some(path) = extra_ca {
+        let pem = std::fs::read(path).map_err(|e| format!("upstream.extra_ca: {}: {e}", path.display()))?;
+        let mut added = 0;
+        for cert in rustls_pemfile::certs(&mut pem.as_slice()) {
+            let cert = cert.map_err(|e| format!("upstream.extra_ca: {}: {e}", path.display()))?;
+            roots
+                .add(cert)
+                .map_err(|e| format!("upstream.extra_ca: {}: {e}", path.display()))?;
+            added += 1;
+        }
+        if added == 0 {
+            return Err(format!("upstream.extra_ca: {}: no PEM certificate found", path.display()));
+        }
+    }
+    // ALPN (h2, http/1.1) is set by hyper-rustls from the enabled versions.
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| e.to_string())?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    Ok(config)
+}
+
+/// The pooled client, cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Upstream {
+    client: Client<HttpsConnector<GuardedConnector>, ProxyBody>,
+}
+
+impl Upstream {
+    /// A client with this guard and TLS config.
+    pub fn new(guard: Guard, tls: rustls::ClientConfig, connect_timeout: Duration) -> Self {
+        let https = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http()
+            .enable_http1()
+            .enable_http2()
+            .wrap_connector(GuardedConnector::new(guard, connect_timeout));
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(90))
+            .build(https);
+        Upstream { client }
+    }
+}
+
+impl Service<Request<ProxyBody>> for Upstream {
+    type Response = Response<Incoming>;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<Incoming>, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<ProxyBody>) -> Self::Future {
+        let fut = self.client.request(req);
+        Box::pin(async move { fut.await.map_err(|e| classify(e.into()).into()) })
+    }
+}
+
+/// Names an upstream failure by walking its cause chain.
+pub fn classify(err: BoxError) -> UpstreamError {
+    let kind = kind_of(&*err);
+    UpstreamError { kind, source: err }
+}
+
+/// The kind of an upstream failure.
+pub fn kind_of(err: &(dyn std::error::Error + 'static)) -> UpstreamKind {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    let mut saw_connect = false;
+    while let Some(e) = cur {
+        if let Some(g) = e.downcast_ref::<GuardError>() {
+            return match g {
+                GuardError::Prohibited(_) => UpstreamKind::Prohibited,
+                GuardError::Dns(_) => UpstreamKind::Dns,
+            };
+        }
+        if let Some(t) = e.downcast_ref::<rustls::Error>() {
+            return tls_kind(t);
+        }
+        if let Some(io) = e.downcast_ref::<io::Error>() {
+            if let Some(t) = io.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>()) {
+                return tls_kind(t);
+            }
+            if let Some(k) = io_kind(io.kind()) {
+                return k;
+            }
+        }
+        if let Some(h) = e.downcast_ref::<hyper::Error>() {
+            if h.is_parse() || h.is_parse_status() {
+                return UpstreamKind::Protocol;
+            }
+            if h.is_incomplete_message() || h.is_closed() || h.is_canceled() {
+                return UpstreamKind::ConnectionClosed;
+            }
+        }
+        if let Some(c) = e.downcast_ref::<hyper_util::client::legacy::Error>() {
+            saw_connect |= c.is_connect();
+        }
+        cur = e.source();
+    }
+    if saw_connect {
+        UpstreamKind::ConnectionRefused
+    } else {
+        UpstreamKind::ConnectionClosed
+    }
+}
+
+fn tls_kind(e: &rustls::Error) -> UpstreamKind {
+    match e {
+        rustls::Error::InvalidCertificate(_)
+        | rustls::Error::NoCertificatesPresented
+        | rustls::Error::UnsupportedNameType => UpstreamKind::TlsCertificate,
+        _ => UpstreamKind::TlsProtocol,
+    }
+}
+
+fn io_kind(k: io::ErrorKind) -> Option<UpstreamKind> {
+    Some(match k {
+        io::ErrorKind::ConnectionRefused => UpstreamKind::ConnectionRefused,
+        io::ErrorKind::TimedOut => UpstreamKind::ConnectionTimeout,
+        io::ErrorKind::ConnectionReset
+        | io::ErrorKind::ConnectionAborted
+        | io::ErrorKind::BrokenPipe
+        | io::ErrorKind::UnexpectedEof
+        | io::ErrorKind::NotConnected => UpstreamKind::ConnectionClosed,
+        io::ErrorKind::InvalidData => UpstreamKind::Protocol,
+        _ => return None,
+    })
+}
