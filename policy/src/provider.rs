@@ -10,8 +10,8 @@ use std::sync::{Arc, Mutex};
 use tokio::time::Instant;
 
 use crate::breaker::{BreakerShared, BreakerSnapshot, CircuitOpen, Permit, TransitionSink};
-use crate::error::BoxError;
 use crate::bulkhead::BulkheadShared;
+use crate::error::BoxError;
 use crate::pacer::{PacerShared, PacerSnapshot};
 use crate::retry::{Jitter, RetryShared};
 use crate::settings::{ProviderSettings, SettingsError};

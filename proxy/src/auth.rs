@@ -20,11 +20,18 @@ pub struct Identity(pub Option<String>);
 
 /// Checks `Proxy-Authorization` against the configured credentials.
 /// `Ok(Identity(None))` when none are configured.
-pub fn authenticate(headers: &HeaderMap, credentials: &HashMap<String, String>) -> Result<Identity, ()> {
+pub fn authenticate(
+    headers: &HeaderMap,
+    credentials: &HashMap<String, String>,
+) -> Result<Identity, ()> {
     if credentials.is_empty() {
         return Ok(Identity(None));
     }
-    let value = headers.get(PROXY_AUTHORIZATION).ok_or(())?.to_str().map_err(|_| ())?;
+    let value = headers
+        .get(PROXY_AUTHORIZATION)
+        .ok_or(())?
+        .to_str()
+        .map_err(|_| ())?;
     let (scheme, encoded) = value.trim().split_once(' ').ok_or(())?;
     if !scheme.eq_ignore_ascii_case("basic") {
         return Err(());
@@ -72,6 +79,9 @@ mod tests {
         assert!(authenticate(&with("Bearer x"), &creds()).is_err());
         assert!(authenticate(&with("Basic !!!"), &creds()).is_err());
         assert!(authenticate(&HeaderMap::new(), &creds()).is_err());
-        assert_eq!(authenticate(&HeaderMap::new(), &HashMap::new()), Ok(Identity(None)));
+        assert_eq!(
+            authenticate(&HeaderMap::new(), &HashMap::new()),
+            Ok(Identity(None))
+        );
     }
 }

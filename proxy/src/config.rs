@@ -210,7 +210,8 @@ impl RawProvider {
         );
         if self.start_rps.is_some() {
             s.start_rps = self.start_rps;
-        } else if self.ceiling_rps.is_some() && base.start_rps.is_some_and(|st| st >= s.ceiling_rps) {
+        } else if self.ceiling_rps.is_some() && base.start_rps.is_some_and(|st| st >= s.ceiling_rps)
+        {
             // A start inherited from [defaults] that is not below this
             // provider's own ceiling falls back to the derived one.
             s.start_rps = None;
@@ -219,8 +220,12 @@ impl RawProvider {
             s.retry_methods = methods
                 .iter()
                 .map(|m| {
-                    http::Method::from_bytes(m.to_ascii_uppercase().as_bytes())
-                        .map_err(|_| err(format!("{key}.retry_methods"), format!("{m:?} is not a method")))
+                    http::Method::from_bytes(m.to_ascii_uppercase().as_bytes()).map_err(|_| {
+                        err(
+                            format!("{key}.retry_methods"),
+                            format!("{m:?} is not a method"),
+                        )
+                    })
                 })
                 .collect::<Result<_, _>>()?;
         }
@@ -248,7 +253,9 @@ impl HostPattern {
         }
         if let Some(rest) = p.strip_prefix("*.") {
             if rest.is_empty() || rest.contains('*') {
-                return Err(format!("{p:?}: a wildcard is only allowed as a leading \"*.\""));
+                return Err(format!(
+                    "{p:?}: a wildcard is only allowed as a leading \"*.\""
+                ));
             }
             return Ok(HostPattern::Suffix(rest.to_string()));
         }
@@ -262,9 +269,11 @@ impl HostPattern {
     pub fn matches(&self, host: &str) -> bool {
         match self {
             HostPattern::Exact(h) => h == host,
-            HostPattern::Suffix(s) => host.len() > s.len() + 1
-                && host.ends_with(s.as_str())
-                && host.as_bytes()[host.len() - s.len() - 1] == b'.',
+            HostPattern::Suffix(s) => {
+                host.len() > s.len() + 1
+                    && host.ends_with(s.as_str())
+                    && host.as_bytes()[host.len() - s.len() - 1] == b'.'
+            }
         }
     }
 }
@@ -372,18 +381,28 @@ impl Config {
         if raw.defaults.hosts.is_some() {
             return Err(err("defaults.hosts", "hosts belong to named providers"));
         }
-        let defaults = raw.defaults.apply(&ProviderSettings::default(), "defaults")?;
+        let defaults = raw
+            .defaults
+            .apply(&ProviderSettings::default(), "defaults")?;
         let mut providers = Vec::new();
         for (name, p) in &raw.providers {
             let key = format!("providers.{name}");
             if name.is_empty() || name.starts_with('_') {
-                return Err(err(key, "provider names must not be empty or start with '_'"));
+                return Err(err(
+                    key,
+                    "provider names must not be empty or start with '_'",
+                ));
             }
             let hosts = p
                 .hosts
                 .as_ref()
                 .filter(|h| !h.is_empty())
-                .ok_or_else(|| err(format!("{key}.hosts"), "a named provider needs at least one host"))?
+                .ok_or_else(|| {
+                    err(
+                        format!("{key}.hosts"),
+                        "a named provider needs at least one host",
+                    )
+                })?
                 .iter()
                 .map(|h| HostPattern::parse(h).map_err(|r| err(format!("{key}.hosts"), r)))
                 .collect::<Result<Vec<_>, _>>()?;
@@ -400,7 +419,12 @@ impl Config {
             .map(|c| {
                 c.parse::<IpNet>()
                     .or_else(|_| c.parse::<std::net::IpAddr>().map(IpNet::from))
-                    .map_err(|_| err("destinations.allow", format!("{c:?} is not a CIDR like \"127.0.0.0/8\"")))
+                    .map_err(|_| {
+                        err(
+                            "destinations.allow",
+                            format!("{c:?} is not a CIDR like \"127.0.0.0/8\""),
+                        )
+                    })
             })
             .collect::<Result<Vec<_>, _>>()?;
         let connect_ports = raw.destinations.connect_ports.unwrap_or_else(|| vec![443]);
@@ -420,7 +444,9 @@ impl Config {
             max_providers: l.max_providers.unwrap_or(1024),
             provider_idle: l.provider_idle.map_or(Duration::from_secs(600), |d| d.0),
             state_max_age: l.state_max_age.map_or(Duration::from_secs(3600), |d| d.0),
-            header_read_timeout: l.header_read_timeout.map_or(Duration::from_secs(10), |d| d.0),
+            header_read_timeout: l
+                .header_read_timeout
+                .map_or(Duration::from_secs(10), |d| d.0),
             max_header_bytes: l.max_header_bytes.unwrap_or(64 * 1024),
             body_idle_timeout: l.body_idle_timeout.map_or(Duration::from_secs(60), |d| d.0),
             shutdown_grace: l.shutdown_grace.map_or(Duration::from_secs(10), |d| d.0),
@@ -432,15 +458,24 @@ impl Config {
             return Err(err("limits.max_header_bytes", "must be at least 8192"));
         }
         if limits.header_read_timeout.is_zero() {
-            return Err(err("limits.header_read_timeout", "must be greater than zero"));
+            return Err(err(
+                "limits.header_read_timeout",
+                "must be greater than zero",
+            ));
         }
         if limits.body_idle_timeout.is_zero() {
             return Err(err("limits.body_idle_timeout", "must be greater than zero"));
         }
         let config = Config {
-            listen: raw.listen.unwrap_or_else(|| "127.0.0.1:3128".parse().unwrap()),
-            admin: raw.admin.unwrap_or_else(|| "127.0.0.1:9901".parse().unwrap()),
-            state_dir: raw.state_dir.unwrap_or_else(|| PathBuf::from("./sluice-state")),
+            listen: raw
+                .listen
+                .unwrap_or_else(|| "127.0.0.1:3128".parse().unwrap()),
+            admin: raw
+                .admin
+                .unwrap_or_else(|| "127.0.0.1:9901".parse().unwrap()),
+            state_dir: raw
+                .state_dir
+                .unwrap_or_else(|| PathBuf::from("./sluice-state")),
             destinations: Destinations {
                 allow,
                 connect_ports,
@@ -476,7 +511,10 @@ impl Config {
         }
         if let Some(ca) = &self.extra_ca {
             if !ca.is_file() {
-                return Err(err("upstream.extra_ca", format!("{} is not a readable file", ca.display())));
+                return Err(err(
+                    "upstream.extra_ca",
+                    format!("{} is not a readable file", ca.display()),
+                ));
             }
         }
         let mut seen: HashMap<String, &str> = HashMap::new();
@@ -500,7 +538,9 @@ impl Config {
 fn key_at(text: &str, offset: usize) -> Option<String> {
     let before = text.get(..offset.min(text.len()))?;
     let line_start = before.rfind('\n').map_or(0, |i| i + 1);
-    let line_end = text[line_start..].find('\n').map_or(text.len(), |i| line_start + i);
+    let line_end = text[line_start..]
+        .find('\n')
+        .map_or(text.len(), |i| line_start + i);
     let line = text[line_start..line_end].trim();
     let table = before[..line_start]
         .lines()
@@ -559,12 +599,27 @@ mod tests {
     #[test]
     fn errors_name_the_key() {
         let cases = [
-            ("[providers.x]\nhosts = [\"x.test\"]\nceiling_rps = -1.0\n", "providers.x.ceiling_rps"),
-            ("[providers.x]\nhosts = [\"x.test\"]\nceilng_rps = 1.0\n", "providers.x.ceilng_rps"),
-            ("[defaults]\nceiling_rps = \"fast\"\n", "defaults.ceiling_rps"),
-            ("[defaults]\nmax_queue_wait = \"3 fortnights\"\n", "defaults.max_queue_wait"),
+            (
+                "[providers.x]\nhosts = [\"x.test\"]\nceiling_rps = -1.0\n",
+                "providers.x.ceiling_rps",
+            ),
+            (
+                "[providers.x]\nhosts = [\"x.test\"]\nceilng_rps = 1.0\n",
+                "providers.x.ceilng_rps",
+            ),
+            (
+                "[defaults]\nceiling_rps = \"fast\"\n",
+                "defaults.ceiling_rps",
+            ),
+            (
+                "[defaults]\nmax_queue_wait = \"3 fortnights\"\n",
+                "defaults.max_queue_wait",
+            ),
             ("[providers.x]\nceiling_rps = 1.0\n", "providers.x.hosts"),
-            ("[destinations]\nallow = [\"10.0.0.0/33\"]\n", "destinations.allow"),
+            (
+                "[destinations]\nallow = [\"10.0.0.0/33\"]\n",
+                "destinations.allow",
+            ),
             ("listen = \"0.0.0.0:3128\"\n", "auth.credentials"),
             ("listen = \"nonsense\"\n", "listen"),
             ("[auth]\ncredentials = [\"nocolon\"]\n", "auth.credentials"),

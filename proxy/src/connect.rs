@@ -26,7 +26,7 @@ use crate::auth::Identity;
 use crate::body::{full, ResBody};
 use crate::config::normalise_host;
 use crate::edge::{self, Refusal};
-use crate::forward::{forward, Target};
+use crate::forward::{forward, oversize_head, Target};
 use crate::server::App;
 
 /// The first byte of a TLS record carrying a handshake.
@@ -35,12 +35,20 @@ const TLS_HANDSHAKE: u8 = 0x16;
 /// Answers a CONNECT: checks the target, then tunnels after the upgrade.
 pub fn connect(app: Arc<App>, req: Request<Incoming>, identity: Identity) -> Response<ResBody> {
     let Some(authority) = req.uri().authority().cloned() else {
-        return Refusal::new(StatusCode::BAD_REQUEST, "http_request_error", "CONNECT needs host:port")
-            .into_response();
+        return Refusal::new(
+            StatusCode::BAD_REQUEST,
+            "http_request_error",
+            "CONNECT needs host:port",
+        )
+        .into_response();
     };
     let Some(port) = authority.port_u16() else {
-        return Refusal::new(StatusCode::BAD_REQUEST, "http_request_error", "CONNECT needs host:port")
-            .into_response();
+        return Refusal::new(
+            StatusCode::BAD_REQUEST,
+            "http_request_error",
+            "CONNECT needs host:port",
+        )
+        .into_response();
     };
     if !app.config.destinations.connect_ports.contains(&port) {
         return Refusal::new(
@@ -74,7 +82,8 @@ where
     T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let mut first = vec![0u8; 4096];
-    let read = tokio::time::timeout(app.config.limits.header_read_timeout, io.read(&mut first)).await;
+    let read =
+        tokio::time::timeout(app.config.limits.header_read_timeout, io.read(&mut first)).await;
     let n = match read {
         Ok(Ok(n)) if n > 0 => n,
         _ => return,
@@ -93,6 +102,7 @@ where
     T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let header_timeout = app.config.limits.header_read_timeout;
+    let max_head = app.config.limits.max_header_bytes;
     let service = service_fn(move |mut req: Request<Incoming>| {
         let app = app.clone();
         let target = Target {
@@ -103,9 +113,16 @@ where
         async move {
             if req.method() == Method::CONNECT {
                 return Ok::<_, std::convert::Infallible>(
-                    Refusal::new(StatusCode::BAD_REQUEST, "http_request_error", "CONNECT inside a tunnel")
-                        .into_response(),
+                    Refusal::new(
+                        StatusCode::BAD_REQUEST,
+                        "http_request_error",
+                        "CONNECT inside a tunnel",
+                    )
+                    .into_response(),
                 );
+            }
+            if let Some(resp) = oversize_head(req.headers(), max_head) {
+                return Ok(resp);
             }
             req.extensions_mut().insert(identity);
             Ok(forward(app, req, target).await)
@@ -203,7 +220,11 @@ impl<T: AsyncRead + Unpin> AsyncRead for Prefixed<T> {
 }
 
 impl<T: AsyncWrite + Unpin> AsyncWrite for Prefixed<T> {
-    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
         Pin::new(&mut self.inner).poll_write(cx, buf)
     }
 

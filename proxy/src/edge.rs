@@ -107,7 +107,10 @@ pub fn refusal(err: &BoxError) -> Refusal {
             format!("run stopped: {}", e.reason.label()),
         );
     }
-    if err.downcast_ref::<tower::timeout::error::Elapsed>().is_some() {
+    if err
+        .downcast_ref::<tower::timeout::error::Elapsed>()
+        .is_some()
+    {
         return Refusal::new(
             StatusCode::GATEWAY_TIMEOUT,
             "http_response_timeout",
@@ -115,17 +118,25 @@ pub fn refusal(err: &BoxError) -> Refusal {
         );
     }
     if err.downcast_ref::<BodyIdle>().is_some() {
-        return Refusal::new(StatusCode::GATEWAY_TIMEOUT, "http_response_timeout", "response body idle");
+        return Refusal::new(
+            StatusCode::GATEWAY_TIMEOUT,
+            "http_response_timeout",
+            "response body idle",
+        );
     }
     if let Some(e) = err.downcast_ref::<Upstream>() {
         let (status, error, details) = match e.kind {
             UpstreamKind::Dns => (StatusCode::BAD_GATEWAY, "dns_error", "name did not resolve"),
-            UpstreamKind::ConnectionRefused => {
-                (StatusCode::BAD_GATEWAY, "connection_refused", "connection refused")
-            }
-            UpstreamKind::ConnectionTimeout => {
-                (StatusCode::GATEWAY_TIMEOUT, "connection_timeout", "connect timed out")
-            }
+            UpstreamKind::ConnectionRefused => (
+                StatusCode::BAD_GATEWAY,
+                "connection_refused",
+                "connection refused",
+            ),
+            UpstreamKind::ConnectionTimeout => (
+                StatusCode::GATEWAY_TIMEOUT,
+                "connection_timeout",
+                "connect timed out",
+            ),
             UpstreamKind::ConnectionClosed => (
                 StatusCode::BAD_GATEWAY,
                 "connection_terminated",
@@ -136,12 +147,16 @@ pub fn refusal(err: &BoxError) -> Refusal {
                 "tls_certificate_error",
                 "upstream certificate not trusted",
             ),
-            UpstreamKind::TlsProtocol => {
-                (StatusCode::BAD_GATEWAY, "tls_protocol_error", "TLS handshake failed")
-            }
-            UpstreamKind::Protocol => {
-                (StatusCode::BAD_GATEWAY, "http_protocol_error", "upstream did not speak HTTP")
-            }
+            UpstreamKind::TlsProtocol => (
+                StatusCode::BAD_GATEWAY,
+                "tls_protocol_error",
+                "TLS handshake failed",
+            ),
+            UpstreamKind::Protocol => (
+                StatusCode::BAD_GATEWAY,
+                "http_protocol_error",
+                "upstream did not speak HTTP",
+            ),
             UpstreamKind::Prohibited => (
                 StatusCode::FORBIDDEN,
                 "destination_ip_prohibited",
@@ -150,7 +165,11 @@ pub fn refusal(err: &BoxError) -> Refusal {
         };
         return Refusal::new(status, error, details);
     }
-    Refusal::new(StatusCode::BAD_GATEWAY, "proxy_internal_error", "upstream request failed")
+    Refusal::new(
+        StatusCode::BAD_GATEWAY,
+        "proxy_internal_error",
+        "upstream request failed",
+    )
 }
 
 #[cfg(test)]
@@ -176,7 +195,10 @@ mod tests {
     fn upstream_kinds_map_to_rfc_9209_types() {
         let err: BoxError = Upstream::new(UpstreamKind::Prohibited, "x").into();
         let r = refusal(&err);
-        assert_eq!((r.status.as_u16(), r.error), (403, "destination_ip_prohibited"));
+        assert_eq!(
+            (r.status.as_u16(), r.error),
+            (403, "destination_ip_prohibited")
+        );
         let err: BoxError = Upstream::new(UpstreamKind::ConnectionRefused, "x").into();
         assert_eq!(refusal(&err).error, "connection_refused");
     }

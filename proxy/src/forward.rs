@@ -54,6 +54,28 @@ fn add_via(headers: &mut HeaderMap) {
     headers.append(header::VIA, HeaderValue::from_static(VIA));
 }
 
+/// Refuses a request head larger than `limit` bytes with 431 (R-SF3).
+/// hyper bounds its read buffer, but a head that arrives in one read can
+/// pass that bound; this check is exact.
+pub fn oversize_head(headers: &HeaderMap, limit: usize) -> Option<Response<ResBody>> {
+    let size: usize = headers
+        .iter()
+        .map(|(k, v)| k.as_str().len() + v.len() + 4)
+        .sum();
+    if size > limit {
+        let mut resp = Refusal::new(
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            "http_request_error",
+            "request headers too large",
+        )
+        .into_response();
+        resp.headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        return Some(resp);
+    }
+    None
+}
+
 /// Where a request goes: from its absolute-form URI, or from the CONNECT
 /// tunnel it arrived through.
 #[derive(Debug, Clone)]
@@ -79,13 +101,21 @@ impl Target {
 pub async fn forward(app: Arc<App>, req: Request<Incoming>, target: Target) -> Response<ResBody> {
     let started = Instant::now();
     if target.scheme != Scheme::HTTP && target.scheme != Scheme::HTTPS {
-        return Refusal::new(StatusCode::BAD_REQUEST, "http_request_error", "only http and https targets")
-            .into_response();
+        return Refusal::new(
+            StatusCode::BAD_REQUEST,
+            "http_request_error",
+            "only http and https targets",
+        )
+        .into_response();
     }
     let host = normalise_host(target.authority.host());
     if host.is_empty() {
-        return Refusal::new(StatusCode::BAD_REQUEST, "http_request_error", "request has no host")
-            .into_response();
+        return Refusal::new(
+            StatusCode::BAD_REQUEST,
+            "http_request_error",
+            "request has no host",
+        )
+        .into_response();
     }
     if app.guard.check_literal(&host).is_err() {
         return Refusal::new(
@@ -109,8 +139,12 @@ pub async fn forward(app: Arc<App>, req: Request<Incoming>, target: Target) -> R
     {
         Ok(uri) => uri,
         Err(_) => {
-            return Refusal::new(StatusCode::BAD_REQUEST, "http_request_error", "invalid request target")
-                .into_response()
+            return Refusal::new(
+                StatusCode::BAD_REQUEST,
+                "http_request_error",
+                "invalid request target",
+            )
+            .into_response()
         }
     };
     strip_hop_by_hop(&mut parts.headers);

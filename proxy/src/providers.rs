@@ -41,7 +41,9 @@ pub struct Provider {
 
 impl std::fmt::Debug for Provider {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Provider").field("name", &self.name).finish()
+        f.debug_struct("Provider")
+            .field("name", &self.name)
+            .finish()
     }
 }
 
@@ -153,7 +155,10 @@ impl Providers {
             .remove(name)
             .filter(|l| now.saturating_duration_since(l.at) < max_age)
         {
-            policy.pacer.lock().restore(l.rate_rps, l.limit_rps, l.baseline);
+            policy
+                .pacer
+                .lock()
+                .restore(l.rate_rps, l.limit_rps, l.baseline);
         }
         let service = provider_stack(&policy, self.upstream.clone());
         let p = Provider {

@@ -12,16 +12,16 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
+use crate::admin;
 use crate::auth::{self, Identity};
 use crate::body::ResBody;
 use crate::config::Config;
 use crate::connect;
 use crate::edge::Refusal;
-use crate::forward::{forward, Target};
+use crate::forward::{forward, oversize_head, Target};
 use crate::guard::Guard;
 use crate::providers::Providers;
 use crate::upstream::{self, Upstream};
-use crate::admin;
 
 /// Everything a connection needs, shared.
 #[derive(Debug)]
@@ -130,9 +130,15 @@ pub async fn run(config: Config) -> Result<(), String> {
     drop(proxy);
     app.ready.store(false, Ordering::SeqCst);
     let grace = app.config.limits.shutdown_grace;
-    tracing::info!(grace_ms = grace.as_millis() as u64, "shutting down: no new connections, draining");
+    tracing::info!(
+        grace_ms = grace.as_millis() as u64,
+        "shutting down: no new connections, draining"
+    );
     app.shutdown.begin();
-    if tokio::time::timeout(grace, app.shutdown.drained()).await.is_err() {
+    if tokio::time::timeout(grace, app.shutdown.drained())
+        .await
+        .is_err()
+    {
         tracing::warn!("grace period over; closing what is left");
     }
     tracing::info!("stopped");
@@ -176,6 +182,9 @@ async fn serve_connection(app: Arc<App>, stream: TcpStream, peer: SocketAddr) {
 
 /// One request from a client: authenticate, then CONNECT or forward.
 async fn handle(app: Arc<App>, mut req: Request<Incoming>) -> Response<ResBody> {
+    if let Some(resp) = oversize_head(req.headers(), app.config.limits.max_header_bytes) {
+        return resp;
+    }
     let identity: Identity = match auth::authenticate(req.headers(), &app.config.credentials) {
         Ok(id) => id,
         Err(()) => {

@@ -32,7 +32,8 @@ pub fn tls_config(extra_ca: Option<&Path>) -> Result<rustls::ClientConfig, Strin
     let mut roots = rustls::RootCertStore::empty();
     roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
     if let Some(path) = extra_ca {
-        let pem = std::fs::read(path).map_err(|e| format!("upstream.extra_ca: {}: {e}", path.display()))?;
+        let pem = std::fs::read(path)
+            .map_err(|e| format!("upstream.extra_ca: {}: {e}", path.display()))?;
         let mut added = 0;
         for cert in rustls_pemfile::certs(&mut pem.as_slice()) {
             let cert = cert.map_err(|e| format!("upstream.extra_ca: {}: {e}", path.display()))?;
@@ -42,7 +43,10 @@ pub fn tls_config(extra_ca: Option<&Path>) -> Result<rustls::ClientConfig, Strin
             added += 1;
         }
         if added == 0 {
-            return Err(format!("upstream.extra_ca: {}: no PEM certificate found", path.display()));
+            return Err(format!(
+                "upstream.extra_ca: {}: no PEM certificate found",
+                path.display()
+            ));
         }
     }
     // ALPN (h2, http/1.1) is set by hyper-rustls from the enabled versions.

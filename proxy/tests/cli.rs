@@ -1,0 +1,116 @@
+//! The command line (R-OP4): config checking and the no-config start.
+
+use std::io::{BufRead, BufReader, Read};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+const BIN: &str = env!("CARGO_BIN_EXE_sluice");
+
+fn temp(name: &str, text: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("sluice-cli-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("sluice.toml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+#[test]
+fn check_config_accepts_the_documented_example() {
+    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/../sluice.example.toml");
+    let out = Command::new(BIN)
+        .arg("--check-config")
+        .arg(example)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("ok"));
+}
+
+#[test]
+fn check_config_names_the_bad_key() {
+    let cases = [
+        (
+            "neg",
+            "[providers.api]\nhosts = [\"api.test\"]\nceiling_rps = 0\n",
+            "providers.api.ceiling_rps",
+        ),
+        (
+            "typo",
+            "[defaults]\nceilng_rps = 5.0\n",
+            "defaults.ceilng_rps",
+        ),
+        ("open", "listen = \"0.0.0.0:3128\"\n", "auth.credentials"),
+        ("syntax", "[defaults\nceiling_rps = 5.0\n", "config"),
+    ];
+    for (name, text, key) in cases {
+        let out = Command::new(BIN)
+            .arg("--check-config")
+            .arg(temp(name, text))
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{name}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(key), "{name}: {err}");
+    }
+}
+
+#[test]
+fn a_bad_config_refuses_to_start_with_the_key() {
+    let out = Command::new(BIN)
+        .arg("--config")
+        .arg(temp("start", "[destinations]\nallow = [\"not-a-cidr\"]\n"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("destinations.allow"));
+}
+
+/// R-OP4: no config at all — loopback listeners on the documented ports,
+/// then a clean exit on SIGTERM.
+#[test]
+fn starts_with_no_config_on_safe_defaults() {
+    let dir = std::env::temp_dir().join(format!("sluice-cli-{}-noconf", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut child = Command::new(BIN)
+        .current_dir(&dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    let read = BufReader::new(child.stdout.take().unwrap()).read_line(&mut line);
+    if read.unwrap_or(0) == 0 {
+        let mut err = String::new();
+        let _ = child.stderr.take().unwrap().read_to_string(&mut err);
+        panic!("sluice did not start (are 3128/9901 free?): {err}");
+    }
+    assert_eq!(
+        line.trim(),
+        "sluice listening proxy=127.0.0.1:3128 admin=127.0.0.1:9901"
+    );
+    let health = Command::new("curl")
+        .args(["-s", "--max-time", "5", "http://127.0.0.1:9901/healthz"])
+        .env_remove("http_proxy")
+        .env_remove("HTTP_PROXY")
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&health.stdout).trim(), "ok");
+    Command::new("kill")
+        .arg("-TERM")
+        .arg(child.id().to_string())
+        .status()
+        .unwrap();
+    for _ in 0..200 {
+        if let Some(status) = child.try_wait().unwrap() {
+            assert!(status.success(), "{status:?}");
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    panic!("no exit within 10 s of SIGTERM");
+}

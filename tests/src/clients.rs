@@ -1,0 +1,103 @@
+//! Real clients, configured only by environment: curl and Python
+//! requests, pointed at sluice with `HTTP_PROXY` / `HTTPS_PROXY`.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::process::Command;
+
+/// Sets the proxy variables every client reads (curl only reads the
+/// lower-case `http_proxy`), and clears any bypass list.
+pub fn with_proxy(cmd: &mut Command, proxy: &str) {
+    for var in ["http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY"] {
+        cmd.env(var, proxy);
+    }
+    for var in ["no_proxy", "NO_PROXY", "all_proxy", "ALL_PROXY"] {
+        cmd.env_remove(var);
+    }
+}
+
+/// What curl got.
+#[derive(Debug, Clone)]
+pub struct Reply {
+    /// The final status (0 if none).
+    pub status: u16,
+    /// The final response's header block.
+    pub headers: String,
+    /// The body.
+    pub body: String,
+    /// curl's stderr.
+    pub stderr: String,
+}
+
+impl Reply {
+    /// A header of the final response, case-insensitive.
+    pub fn header(&self, name: &str) -> Option<String> {
+        self.headers.lines().find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.trim()
+                .eq_ignore_ascii_case(name)
+                .then(|| v.trim().to_string())
+        })
+    }
+}
+
+/// Runs curl through `proxy` with extra `args` against `url`, bounded by
+/// `max_time`.
+pub async fn curl(proxy: &str, args: &[&str], url: &str, max_time: Duration) -> Reply {
+    let dir = crate::harness::TempDir::new("curl");
+    let (hdr, body) = (dir.join("headers"), dir.join("body"));
+    let mut cmd = Command::new("curl");
+    cmd.arg("-sS")
+        .arg("--max-time")
+        .arg(format!("{}", max_time.as_secs_f64()))
+        .arg("-D")
+        .arg(&hdr)
+        .arg("-o")
+        .arg(&body)
+        .arg("-w")
+        .arg("%{http_code}")
+        .args(args)
+        .arg(url)
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
+    with_proxy(&mut cmd, proxy);
+    let out = cmd.output().await.expect("run curl (is it installed?)");
+    let headers = std::fs::read_to_string(&hdr).unwrap_or_default();
+    // With a tunnel, curl writes the CONNECT answer's block first.
+    let last = headers
+        .split("\r\n\r\n")
+        .filter(|b| !b.trim().is_empty())
+        .last()
+        .unwrap_or("")
+        .to_string();
+    Reply {
+        status: String::from_utf8_lossy(&out.stdout)
+            .trim()
+            .parse()
+            .unwrap_or(0),
+        headers: last,
+        body: std::fs::read_to_string(&body).unwrap_or_default(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// Runs a Python script with the proxy variables set; returns stdout, and
+/// panics with stderr if it failed.
+pub async fn python(proxy: &str, script: &str, args: &[&str]) -> String {
+    let mut cmd = Command::new("python3");
+    cmd.arg("-c")
+        .arg(script)
+        .args(args)
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
+    with_proxy(&mut cmd, proxy);
+    let out = cmd.output().await.expect("run python3");
+    assert!(
+        out.status.success(),
+        "python failed: {}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}

@@ -1,0 +1,172 @@
+//! Runs the real `sluice` binary for a test.
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+/// The built `sluice` binary: `SLUICE_BIN`, or `target/<profile>/sluice`
+/// next to the test executable.
+pub fn binary() -> PathBuf {
+    if let Some(p) = std::env::var_os("SLUICE_BIN") {
+        return PathBuf::from(p);
+    }
+    let exe = std::env::current_exe().expect("test executable path");
+    // target/<profile>/deps/<test> → target/<profile>/sluice
+    let bin = exe
+        .parent()
+        .and_then(Path::parent)
+        .map(|d| d.join("sluice"))
+        .expect("target dir");
+    assert!(
+        bin.exists(),
+        "{} not found: build it first (scripts/test does: cargo build -p sluice)",
+        bin.display()
+    );
+    bin
+}
+
+/// A fresh directory under the system temp dir, removed on drop.
+#[derive(Debug)]
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    /// Creates it.
+    pub fn new(tag: &str) -> TempDir {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "sluice-{tag}-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        TempDir(dir)
+    }
+
+    /// A path inside it.
+    pub fn join(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A running sluice process; killed on drop.
+#[derive(Debug)]
+pub struct Sluice {
+    child: Child,
+    /// Proxy listener.
+    pub proxy: SocketAddr,
+    /// Admin listener.
+    pub admin: SocketAddr,
+    /// Its directory: config, state, log.
+    pub dir: TempDir,
+}
+
+impl Sluice {
+    /// Starts sluice with this config text (listeners on port 0 unless the
+    /// config sets them), waiting until it listens.
+    pub fn start(config: &str) -> Sluice {
+        let dir = TempDir::new("proxy");
+        Sluice::start_in(dir, config)
+    }
+
+    /// Starts sluice in an existing directory (to reuse its state).
+    pub fn start_in(dir: TempDir, config: &str) -> Sluice {
+        let mut text = String::new();
+        if !config.contains("listen =") && !config.contains("listen=") {
+            text.push_str("listen = \"127.0.0.1:0\"\n");
+        }
+        if !config.contains("admin =") && !config.contains("admin=") {
+            text.push_str("admin = \"127.0.0.1:0\"\n");
+        }
+        text.push_str(config);
+        let cfg = dir.join("sluice.toml");
+        std::fs::write(&cfg, text).unwrap();
+        let log = std::fs::File::create(dir.join("sluice.log")).unwrap();
+        let mut child = Command::new(binary())
+            .arg("--config")
+            .arg(&cfg)
+            .arg("--state-dir")
+            .arg(dir.join("state"))
+            .env("SLUICE_LOG", "info,sluice=debug")
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .spawn()
+            .expect("spawn sluice");
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let line = rx
+            .recv_timeout(Duration::from_secs(20))
+            .unwrap_or_else(|_| {
+                let log = std::fs::read_to_string(dir.join("sluice.log")).unwrap_or_default();
+                panic!("sluice did not start; log:\n{log}")
+            });
+        let field = |name: &str| -> SocketAddr {
+            line.split_whitespace()
+                .find_map(|w| w.strip_prefix(name))
+                .and_then(|a| a.parse().ok())
+                .unwrap_or_else(|| panic!("no {name} in {line:?}"))
+        };
+        Sluice {
+            proxy: field("proxy="),
+            admin: field("admin="),
+            child,
+            dir,
+        }
+    }
+
+    /// `http://127.0.0.1:port` for `HTTP_PROXY`.
+    pub fn proxy_url(&self) -> String {
+        format!("http://{}", self.proxy)
+    }
+
+    /// The log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("sluice.log")).unwrap_or_default()
+    }
+
+    /// Sends SIGTERM and waits (bounded) for the exit status.
+    pub fn terminate(mut self) -> (std::process::ExitStatus, TempDir) {
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.child.id().to_string())
+            .status();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                let dir = std::mem::replace(&mut self.dir, TempDir(PathBuf::new()));
+                return (status, dir);
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "sluice did not stop on SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Whether the process is still running.
+    pub fn running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+}
+
+impl Drop for Sluice {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

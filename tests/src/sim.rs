@@ -1,0 +1,266 @@
+//! A provider simulator: a real HTTP server on a loopback address whose
+//! behaviour is chosen by the request path, recording every request it
+//! sees (arrival time, path, status) so tests measure at the provider.
+//!
+//! Paths:
+//! * `/ok` — 200.
+//! * `/status/{code}` — that status.
+//! * `/limited` — a hidden token bucket (see [`Sim::set_limit`]): 200 while
+//!   it has tokens, else 429 without `Retry-After`.
+//! * `/ra/{secs}/{key}` — the first request for this path gets 429 with
+//!   `Retry-After: {secs}` (delta-seconds); later ones 200.
+//! * `/ra-date/{secs}/{key}` — the same with an HTTP-date.
+//! * `/fail503/{n}/{key}` — the first `n` requests get 503, then 200.
+//! * `/slow/{ms}` — 200 after a delay.
+//! * `/hang` — never answers.
+//! * `/reset` — closes the connection without an answer.
+//! * `/echo` — 200 with the request body and a header listing request
+//!   header names.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::net::TcpListener;
+use tokio::time::Instant;
+
+/// One request the provider saw.
+#[derive(Debug, Clone)]
+pub struct Hit {
+    /// When it arrived.
+    pub at: Instant,
+    /// Its path.
+    pub path: String,
+    /// What the simulator answered (0 for no answer).
+    pub status: u16,
+    /// The HTTP version it arrived with.
+    pub version: http::Version,
+}
+
+#[derive(Debug)]
+struct Bucket {
+    rate: f64,
+    burst: f64,
+    tokens: f64,
+    last: Instant,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    hits: Vec<Hit>,
+    counts: HashMap<String, u32>,
+    bucket: Option<Bucket>,
+}
+
+/// A running simulator; stops when dropped.
+#[derive(Debug)]
+pub struct Sim {
+    /// Where it listens.
+    pub addr: SocketAddr,
+    state: Arc<Mutex<State>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Sim {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Sim {
+    /// Starts a plain-HTTP simulator on `ip` (a loopback address), port 0.
+    pub async fn start(ip: &str) -> Sim {
+        Sim::start_inner(ip, None).await
+    }
+
+    /// Starts an HTTPS simulator with this server config.
+    pub async fn start_tls(ip: &str, tls: Arc<rustls::ServerConfig>) -> Sim {
+        Sim::start_inner(ip, Some(tokio_rustls::TlsAcceptor::from(tls))).await
+    }
+
+    async fn start_inner(ip: &str, tls: Option<tokio_rustls::TlsAcceptor>) -> Sim {
+        let listener = TcpListener::bind((ip, 0)).await.expect("bind simulator");
+        let addr = listener.local_addr().unwrap();
+        let state: Arc<Mutex<State>> = Arc::default();
+        let st = state.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
+                let st = st.clone();
+                let tls = tls.clone();
+                tokio::spawn(async move {
+                    let service = service_fn(move |req| {
+                        let st = st.clone();
+                        async move { answer(st, req).await }
+                    });
+                    let builder =
+                        hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+                    match tls {
+                        Some(acceptor) => {
+                            if let Ok(s) = acceptor.accept(stream).await {
+                                let _ = builder.serve_connection(TokioIo::new(s), service).await;
+                            }
+                        }
+                        None => {
+                            let _ = builder
+                                .serve_connection(TokioIo::new(stream), service)
+                                .await;
+                        }
+                    }
+                });
+            }
+        });
+        Sim { addr, state, task }
+    }
+
+    /// Sets the hidden limit of `/limited`: a token bucket.
+    pub fn set_limit(&self, rate: f64, burst: f64) {
+        self.state.lock().unwrap().bucket = Some(Bucket {
+            rate,
+            burst,
+            tokens: burst,
+            last: Instant::now(),
+        });
+    }
+
+    /// Every request seen whose path starts with `prefix`.
+    pub fn hits(&self, prefix: &str) -> Vec<Hit> {
+        self.state
+            .lock()
+            .unwrap()
+            .hits
+            .iter()
+            .filter(|h| h.path.starts_with(prefix))
+            .cloned()
+            .collect()
+    }
+
+    /// `http://addr` or `https://addr` base URL.
+    pub fn url(&self, scheme: &str, path: &str) -> String {
+        format!("{scheme}://{}{path}", self.addr)
+    }
+}
+
+type Body = Full<Bytes>;
+
+async fn answer(
+    state: Arc<Mutex<State>>,
+    req: Request<Incoming>,
+) -> Result<Response<Body>, std::io::Error> {
+    let path = req.uri().path().to_string();
+    let version = req.version();
+    let header_names: Vec<String> = req.headers().keys().map(|k| k.to_string()).collect();
+    let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    let now = Instant::now();
+    let mut delay = Duration::ZERO;
+    let mut retry_after: Option<String> = None;
+    let mut body = Bytes::new();
+    let status: u16 = {
+        let mut st = state.lock().unwrap();
+        let n = {
+            let c = st.counts.entry(path.clone()).or_insert(0);
+            *c += 1;
+            *c
+        };
+        let status = match parts.as_slice() {
+            ["ok"] | ["echo"] => 200,
+            ["status", code] => code.parse().unwrap_or(400),
+            ["limited"] => {
+                let ok = match st.bucket.as_mut() {
+                    Some(b) => {
+                        let dt = now.saturating_duration_since(b.last).as_secs_f64();
+                        b.last = now;
+                        b.tokens = (b.tokens + dt * b.rate).min(b.burst);
+                        if b.tokens >= 1.0 {
+                            b.tokens -= 1.0;
+                            true
+                        } else {
+                            false
+                        }
+                    }
+                    None => true,
+                };
+                if ok {
+                    200
+                } else {
+                    429
+                }
+            }
+            ["ra", secs, ..] if n == 1 => {
+                retry_after = Some(secs.to_string());
+                429
+            }
+            ["ra-date", secs, ..] if n == 1 => {
+                let s: u64 = secs.parse().unwrap_or(1);
+                retry_after = Some(httpdate::fmt_http_date(
+                    SystemTime::now() + Duration::from_secs(s),
+                ));
+                429
+            }
+            ["ra", ..] | ["ra-date", ..] => 200,
+            ["fail503", count, ..] => {
+                if n <= count.parse().unwrap_or(0) {
+                    503
+                } else {
+                    200
+                }
+            }
+            ["slow", ms] => {
+                delay = Duration::from_millis(ms.parse().unwrap_or(0));
+                200
+            }
+            ["hang"] => 0,
+            ["reset"] => 0,
+            _ => 404,
+        };
+        st.hits.push(Hit {
+            at: now,
+            path: path.clone(),
+            status,
+            version,
+        });
+        status
+    };
+    match parts.as_slice() {
+        ["hang"] => {
+            std::future::pending::<()>().await;
+        }
+        ["reset"] => {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::ConnectionReset,
+                "reset",
+            ));
+        }
+        ["echo"] => {
+            body = req
+                .into_body()
+                .collect()
+                .await
+                .map(|c| c.to_bytes())
+                .unwrap_or_default();
+        }
+        _ => {}
+    }
+    if !delay.is_zero() {
+        tokio::time::sleep(delay).await;
+    }
+    let mut resp = Response::new(Full::new(body));
+    *resp.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_REQUEST);
+    if let Some(ra) = retry_after {
+        resp.headers_mut()
+            .insert("retry-after", ra.parse().unwrap());
+    }
+    if let Ok(v) = header_names.join(",").parse() {
+        resp.headers_mut().insert("x-seen-headers", v);
+    }
+    Ok::<_, std::io::Error>(resp)
+}

@@ -1,0 +1,410 @@
+//! The forward proxy end to end: the real `sluice` binary, a provider
+//! simulator on loopback addresses, and real clients (curl, Python
+//! requests) configured only by environment.
+//!
+//! Loopback addresses stand for providers: 127.0.0.2, .3, … are different
+//! hosts, hence different providers.
+
+use std::time::Duration;
+
+use sluice_tests::clients::{curl, python};
+use sluice_tests::harness::{Sluice, TempDir};
+use sluice_tests::pki::TestCa;
+use sluice_tests::sim::Sim;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+const T: Duration = Duration::from_secs(20);
+
+fn allow_loopback(extra: &str) -> String {
+    format!("[destinations]\nallow = [\"127.0.0.0/8\"]\n{extra}")
+}
+
+/// R-RA1: `Retry-After: 2` is absorbed by the proxy — curl gets 200 — and
+/// the provider sees no request inside the 2 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_after_is_absorbed_curl() {
+    let sim = Sim::start("127.0.0.2").await;
+    let sluice = Sluice::start(&allow_loopback(""));
+    let r = curl(&sluice.proxy_url(), &[], &sim.url("http", "/ra/2/curl"), T).await;
+    assert_eq!(r.status, 200, "{r:?}");
+    let hits = sim.hits("/ra/2/curl");
+    assert_eq!(hits.len(), 2);
+    assert!(
+        hits[1].at - hits[0].at >= Duration::from_secs(2),
+        "{hits:?}"
+    );
+}
+
+/// R-RA1 with an HTTP-date `Retry-After`, through Python requests.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_after_date_is_absorbed_python() {
+    let sim = Sim::start("127.0.0.2").await;
+    let sluice = Sluice::start(&allow_loopback(""));
+    let out = python(
+        &sluice.proxy_url(),
+        "import sys, requests\nr = requests.get(sys.argv[1], timeout=20)\nprint(r.status_code)",
+        &[&sim.url("http", "/ra-date/2/py")],
+    )
+    .await;
+    assert_eq!(out.trim(), "200");
+    let hits = sim.hits("/ra-date/2/py");
+    assert_eq!(hits.len(), 2);
+    // An HTTP-date has whole seconds: the wait is at least 1 s, never zero.
+    assert!(
+        hits[1].at - hits[0].at >= Duration::from_secs(1),
+        "{hits:?}"
+    );
+}
+
+/// R-RA1, R-GC2: a long `Retry-After` goes back to the client; later
+/// requests to that provider are refused at once with `Retry-After` and
+/// `Proxy-Status`, and the provider sees none of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_retry_after_is_passed_back_and_holds_the_provider() {
+    let sim = Sim::start("127.0.0.2").await;
+    let sluice = Sluice::start(&allow_loopback(""));
+    let r = curl(&sluice.proxy_url(), &[], &sim.url("http", "/ra/30/long"), T).await;
+    assert_eq!(r.status, 429);
+    assert_eq!(r.header("retry-after").as_deref(), Some("30"));
+    let asked = Instant::now();
+    let r = curl(&sluice.proxy_url(), &[], &sim.url("http", "/ok"), T).await;
+    assert!(asked.elapsed() < Duration::from_secs(10), "refused fast");
+    assert_eq!(r.status, 429);
+    let wait: u64 = r.header("retry-after").unwrap().parse().unwrap();
+    assert!((20..=30).contains(&wait), "retry-after {wait}");
+    assert!(r
+        .header("proxy-status")
+        .unwrap()
+        .contains("error=http_request_denied"));
+    assert!(sim.hits("/ok").is_empty());
+}
+
+/// R-RB1: a 404 is passed through once, never retried.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn not_found_passes_through_once() {
+    let sim = Sim::start("127.0.0.2").await;
+    let sluice = Sluice::start(&allow_loopback(""));
+    let r = curl(&sluice.proxy_url(), &[], &sim.url("http", "/status/404"), T).await;
+    assert_eq!(r.status, 404);
+    assert_eq!(r.header("via").as_deref(), Some("1.1 sluice"));
+    assert_eq!(sim.hits("/status/404").len(), 1);
+}
+
+/// R-RB1: 503s are retried within the budget and the client gets the
+/// success.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transient_503_is_retried() {
+    let sim = Sim::start("127.0.0.2").await;
+    let sluice = Sluice::start(&allow_loopback(""));
+    let r = curl(
+        &sluice.proxy_url(),
+        &[],
+        &sim.url("http", "/fail503/1/a"),
+        T,
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    assert_eq!(sim.hits("/fail503/1/a").len(), 2);
+}
+
+/// R-CB1, R-PX4: a dead provider opens the breaker; requests then fail
+/// fast with 503, `Proxy-Status` and `Retry-After`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_provider_opens_the_breaker() {
+    // A port where nothing listens.
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.4:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let sluice = Sluice::start(&allow_loopback(
+        "[providers.dead]\nhosts = [\"127.0.0.4\"]\nbreaker_min_calls = 4\n",
+    ));
+    let url = format!("http://127.0.0.4:{port}/ok");
+    let mut seen = Vec::new();
+    let mut open = None;
+    for _ in 0..30 {
+        let r = curl(&sluice.proxy_url(), &[], &url, T).await;
+        let status = r.header("proxy-status").unwrap_or_default();
+        seen.push((r.status, status.clone()));
+        if r.status == 503 {
+            open = Some(r);
+            break;
+        }
+        assert_eq!(r.status, 502, "{status}");
+        assert!(status.contains("error=connection_refused"), "{status}");
+    }
+    let open = open.unwrap_or_else(|| panic!("breaker never opened: {seen:?}"));
+    assert!(open
+        .header("proxy-status")
+        .unwrap()
+        .contains("error=destination_unavailable"));
+    let wait: u64 = open.header("retry-after").unwrap().parse().unwrap();
+    assert!((1..=5).contains(&wait), "retry-after {wait}");
+    assert!(sluice.log().contains("refused"));
+}
+
+/// R-ST1: one provider held for 30 s by `Retry-After` with its queue full;
+/// another provider is unaffected — every request succeeds, each inside a
+/// generous 5 s client timeout (curl and Python requests).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_provider_does_not_delay_another() {
+    let held = Sim::start("127.0.0.5").await;
+    let free = Sim::start("127.0.0.6").await;
+    let sluice = Sluice::start(&allow_loopback(
+        "[providers.held]\nhosts = [\"127.0.0.5\"]\nmax_retry_after_wait = \"1s\"\n\
+         max_queue_wait = \"60s\"\nmax_queue_len = 3\n",
+    ));
+    let proxy = sluice.proxy_url();
+    let r = curl(&proxy, &[], &held.url("http", "/ra/30/x"), T).await;
+    assert_eq!(r.status, 429);
+    // Six more to the held provider: three wait in its queue (held until
+    // the 30 s pass), three find the queue full.
+    let mut waiting = Vec::new();
+    for _ in 0..6 {
+        let proxy = proxy.clone();
+        let url = held.url("http", "/ok");
+        waiting.push(tokio::spawn(async move {
+            curl(&proxy, &[], &url, Duration::from_secs(45)).await
+        }));
+    }
+    let mut refused = 0;
+    let started = Instant::now();
+    while refused < 3 && started.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        refused = waiting.iter().filter(|t| t.is_finished()).count();
+    }
+    assert_eq!(refused, 3, "three refused at once, three queued");
+    // The other provider, meanwhile.
+    for i in 0..15 {
+        let r = curl(
+            &proxy,
+            &[],
+            &free.url("http", "/ok"),
+            Duration::from_secs(5),
+        )
+        .await;
+        assert_eq!(r.status, 200, "request {i}: {r:?}");
+    }
+    let out = python(
+        &proxy,
+        "import sys, requests\n\
+         s = [requests.get(sys.argv[1], timeout=5).status_code for _ in range(10)]\n\
+         print(' '.join(map(str, s)))",
+        &[&free.url("http", "/ok")],
+    )
+    .await;
+    assert_eq!(out.trim(), ["200"; 10].join(" "));
+    assert_eq!(free.hits("/ok").len(), 25);
+    // Still held: the queued three have not reached the provider.
+    assert!(waiting.iter().filter(|t| !t.is_finished()).count() == 3);
+    assert_eq!(held.hits("/").len(), 1, "the hold protected the provider");
+    for (i, t) in waiting.into_iter().enumerate() {
+        if t.is_finished() {
+            let r = t.await.unwrap();
+            assert_eq!(r.status, 429, "refused {i}");
+            assert!(r.header("proxy-status").is_some());
+        } else {
+            t.abort();
+        }
+    }
+}
+
+/// R-PX2: a CONNECT tunnel to a TLS upstream works with curl.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_tunnel_to_tls_upstream() {
+    let ca = TestCa::new("sim CA");
+    let sim = Sim::start_tls("127.0.0.7", ca.server_config(&["127.0.0.7"])).await;
+    let dir = TempDir::new("ca");
+    std::fs::write(dir.join("ca.pem"), &ca.pem).unwrap();
+    let sluice = Sluice::start(&allow_loopback(&format!(
+        "connect_ports = [{}]\n",
+        sim.addr.port()
+    )));
+    let cafile = dir.join("ca.pem");
+    let r = curl(
+        &sluice.proxy_url(),
+        &["--cacert", cafile.to_str().unwrap()],
+        &sim.url("https", "/ok"),
+        T,
+    )
+    .await;
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(sim.hits("/ok").len(), 1);
+}
+
+/// R-PX2: plain HTTP inside a CONNECT tunnel is served as HTTP, through
+/// the provider's stack (the `Via` header shows sluice forwarded it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plaintext_in_connect_is_served_as_http() {
+    let sim = Sim::start("127.0.0.8").await;
+    let sluice = Sluice::start(&allow_loopback(&format!(
+        "connect_ports = [{}]\n",
+        sim.addr.port()
+    )));
+    let r = curl(
+        &sluice.proxy_url(),
+        &["--proxytunnel"],
+        &sim.url("http", "/ra/2/tunnel"),
+        T,
+    )
+    .await;
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(r.header("via").as_deref(), Some("1.1 sluice"));
+    // The 429 inside the tunnel was seen and absorbed, like plain HTTP.
+    assert_eq!(sim.hits("/ra/2/tunnel").len(), 2);
+}
+
+async fn raw(proxy: std::net::SocketAddr, request: &[u8]) -> String {
+    let mut s = TcpStream::connect(proxy).await.unwrap();
+    s.write_all(request).await.unwrap();
+    let mut buf = vec![0u8; 4096];
+    let n = tokio::time::timeout(T, s.read(&mut buf))
+        .await
+        .unwrap()
+        .unwrap_or(0);
+    String::from_utf8_lossy(&buf[..n]).into_owned()
+}
+
+/// R-SF2: loopback targets are refused with `destination_ip_prohibited`
+/// under a config that does not allow them — by literal IP, by a name that
+/// resolves to loopback, and through CONNECT — and nothing reaches them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn destination_guard_refuses_loopback_when_not_allowed() {
+    let sim = Sim::start("127.0.0.9").await;
+    let port = sim.addr.port();
+    let sluice = Sluice::start(&format!("[destinations]\nconnect_ports = [443, {port}]\n"));
+    let proxy = sluice.proxy_url();
+    for url in [
+        format!("http://127.0.0.9:{port}/ok"),
+        format!("http://localhost:{port}/ok"),
+        format!("http://[::ffff:127.0.0.9]:{port}/ok"),
+    ] {
+        let r = curl(&proxy, &[], &url, T).await;
+        assert_eq!(r.status, 403, "{url}: {r:?}");
+        assert!(
+            r.header("proxy-status")
+                .unwrap()
+                .contains("error=destination_ip_prohibited"),
+            "{url}"
+        );
+    }
+    let answer = raw(
+        sluice.proxy,
+        format!("CONNECT 127.0.0.9:{port} HTTP/1.1\r\nHost: 127.0.0.9:{port}\r\n\r\n").as_bytes(),
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 403"), "{answer}");
+    assert!(answer.contains("destination_ip_prohibited"), "{answer}");
+    // A port not in connect_ports.
+    let answer = raw(
+        sluice.proxy,
+        b"CONNECT 127.0.0.9:25 HTTP/1.1\r\nHost: x\r\n\r\n",
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 403"), "{answer}");
+    assert!(answer.contains("http_request_denied"), "{answer}");
+    assert!(sim.hits("/").is_empty(), "nothing reached the target");
+}
+
+/// R-SF3: bad input gets a 4xx or a closed connection, never a crash, and
+/// the proxy keeps serving others — including while a client dribbles its
+/// headers one byte per second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_is_refused_and_others_are_served() {
+    let sim = Sim::start("127.0.0.10").await;
+    let mut sluice = Sluice::start(&allow_loopback("[limits]\nheader_read_timeout = \"2s\"\n"));
+    let target = sim.url("http", "/ok");
+    let is_4xx_or_closed = |a: &str| a.is_empty() || a.starts_with("HTTP/1.1 4");
+
+    // Both Content-Length and Transfer-Encoding, with a second request
+    // hidden behind the chunked body: hyper follows RFC 9112 §6.3 —
+    // chunked wins, Content-Length is dropped, and the connection is closed
+    // after the answer — so the smuggled request is never served.
+    let smuggle = format!(
+        "POST {target} HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n\
+         0\r\n\r\nGET {} HTTP/1.1\r\nHost: x\r\n\r\n",
+        sim.url("http", "/smuggled")
+    );
+    let mut s = TcpStream::connect(sluice.proxy).await.unwrap();
+    s.write_all(smuggle.as_bytes()).await.unwrap();
+    let mut all = Vec::new();
+    let closed = tokio::time::timeout(T, s.read_to_end(&mut all)).await;
+    assert!(closed.is_ok(), "the connection was closed after the answer");
+    let all = String::from_utf8_lossy(&all);
+    assert_eq!(all.matches("HTTP/1.1 ").count(), 1, "{all}");
+    assert!(
+        sim.hits("/smuggled").is_empty(),
+        "a smuggled request was served"
+    );
+
+    let huge = format!(
+        "GET {target} HTTP/1.1\r\nHost: x\r\nX-Big: {}\r\n\r\n",
+        "a".repeat(100_000)
+    );
+    let a = raw(sluice.proxy, huge.as_bytes()).await;
+    assert!(is_4xx_or_closed(&a), "oversize: {a}");
+
+    let a = raw(sluice.proxy, b"GARBAGE \x01\x02 NONSENSE\r\n\r\n").await;
+    assert!(is_4xx_or_closed(&a), "garbage: {a}");
+
+    let a = raw(sluice.proxy, b"GET /relative HTTP/1.1\r\nHost: x\r\n\r\n").await;
+    assert!(a.starts_with("HTTP/1.1 400"), "origin-form: {a}");
+
+    let a = raw(
+        sluice.proxy,
+        b"CONNECT nonsense HTTP/1.1\r\nHost: x\r\n\r\n",
+    )
+    .await;
+    assert!(is_4xx_or_closed(&a), "bad CONNECT target: {a}");
+
+    // A slow client: one byte a second. The header timeout cuts it off.
+    let slow_proxy = sluice.proxy;
+    let slow = tokio::spawn(async move {
+        let mut s = TcpStream::connect(slow_proxy).await.unwrap();
+        let started = Instant::now();
+        for b in b"GET http://127.0.0.10/ok HTTP/1.1\r\n".iter().take(20) {
+            if s.write_all(&[*b]).await.is_err() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        let mut buf = [0u8; 256];
+        let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf))
+            .await
+            .map(|r| r.unwrap_or(0))
+            .unwrap_or(usize::MAX);
+        (started.elapsed(), n)
+    });
+    // Others are served meanwhile.
+    for _ in 0..3 {
+        let r = curl(&sluice.proxy_url(), &[], &target, Duration::from_secs(5)).await;
+        assert_eq!(r.status, 200);
+    }
+    let (elapsed, n) = slow.await.unwrap();
+    assert_ne!(n, usize::MAX, "the slow connection was not closed");
+    assert!(elapsed < Duration::from_secs(25), "{elapsed:?}");
+    assert!(sluice.running(), "the proxy is still up");
+    let r = curl(&sluice.proxy_url(), &[], &target, Duration::from_secs(5)).await;
+    assert_eq!(r.status, 200);
+}
+
+/// R-OP3: SIGTERM lets an in-flight request finish, then exits cleanly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_drains_in_flight_requests() {
+    let sim = Sim::start("127.0.0.11").await;
+    let sluice = Sluice::start(&allow_loopback(""));
+    let proxy = sluice.proxy_url();
+    let url = sim.url("http", "/slow/1500");
+    let inflight = tokio::spawn(async move { curl(&proxy, &[], &url, T).await });
+    let started = Instant::now();
+    while sim.hits("/slow").is_empty() && started.elapsed() < T {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (status, _dir) = tokio::task::spawn_blocking(move || sluice.terminate())
+        .await
+        .unwrap();
+    assert!(status.success(), "{status:?}");
+    assert_eq!(inflight.await.unwrap().status, 200);
+}
