@@ -218,3 +218,61 @@ impl Provider {
         epoch + Duration::from_millis(self.last_used.load(Ordering::Relaxed))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::guard::Guard;
+    use crate::upstream::tls_config;
+
+    fn table(config: &str) -> Providers {
+        let config = Config::from_toml(config).unwrap();
+        let upstream = Upstream::new(
+            Guard::default(),
+            tls_config(None).unwrap(),
+            Duration::from_secs(1),
+        );
+        Providers::new(&config, upstream)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn hosts_map_to_providers_and_the_table_is_capped() {
+        let t = table(
+            "[limits]\nmax_providers = 2\n[providers.named]\nhosts = [\"*.named.test\"]\nceiling_rps = 7.0\n",
+        );
+        let named = t.get("API.Named.Test.");
+        assert_eq!(named.name, "named");
+        assert_eq!(named.policy.settings().ceiling_rps, 7.0);
+        assert_eq!(t.get("a.test").name, "a.test");
+        // Full (and nothing idle yet): an unknown host shares one provider.
+        assert_eq!(t.get("b.test").name, OVERFLOW);
+        assert_eq!(t.get("c.test").name, OVERFLOW);
+        // Named providers are never folded.
+        assert_eq!(t.get("x.named.test").name, "named");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn idle_providers_are_evicted_and_resume_what_they_learned() {
+        let t = table("[limits]\nprovider_idle = \"60s\"\nstate_max_age = \"1h\"\n");
+        t.get("a.test")
+            .policy
+            .pacer
+            .lock()
+            .restore(3.25, Some(4.0), None);
+        tokio::time::advance(Duration::from_secs(61)).await;
+        t.sweep();
+        assert!(t.entries.lock().unwrap().is_empty(), "evicted");
+        let again = t.get("a.test");
+        let snap = again.policy.pacer.snapshot(Instant::now());
+        assert_eq!(snap.rate_rps, 3.25);
+        assert_eq!(snap.limit_rps, Some(4.0));
+        drop(again);
+        // Older than state_max_age: a cold start.
+        tokio::time::advance(Duration::from_secs(61)).await;
+        t.sweep();
+        tokio::time::advance(Duration::from_secs(3601)).await;
+        t.sweep();
+        let cold = t.get("a.test");
+        assert_eq!(cold.policy.pacer.snapshot(Instant::now()).rate_rps, 5.0);
+    }
+}

@@ -408,3 +408,90 @@ async fn sigterm_drains_in_flight_requests() {
     assert!(status.success(), "{status:?}");
     assert_eq!(inflight.await.unwrap().status, 200);
 }
+
+/// R-SF1: with credentials configured, a request without them gets 407
+/// and one with them (in the proxy URL, as collectors set it) goes
+/// through; the credentials never reach the provider.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_credentials_are_required_when_configured() {
+    let sim = Sim::start("127.0.0.13").await;
+    let sluice = Sluice::start(&allow_loopback(
+        "[auth]\ncredentials = [\"collector-a:s3cret-token\"]\n",
+    ));
+    let url = sim.url("http", "/echo");
+    let r = curl(&sluice.proxy_url(), &[], &url, T).await;
+    assert_eq!(r.status, 407);
+    assert!(r.header("proxy-authenticate").unwrap().starts_with("Basic"));
+    let with_creds = format!("http://collector-a:s3cret-token@{}", sluice.proxy);
+    let r = curl(&with_creds, &[], &url, T).await;
+    assert_eq!(r.status, 200, "{r:?}");
+    let seen = r.header("x-seen-headers").unwrap();
+    assert!(!seen.contains("proxy-authorization"), "{seen}");
+    let out = python(
+        &format!("http://collector-a:wrong@{}", sluice.proxy),
+        "import sys, requests\nprint(requests.get(sys.argv[1], timeout=10).status_code)",
+        &[&url],
+    )
+    .await;
+    assert_eq!(out.trim(), "407");
+    assert!(!sluice.log().contains("s3cret-token"));
+}
+
+/// R-PX1: request and response bodies pass through whole; hop-by-hop
+/// headers named in `Connection` do not reach the provider.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_pass_through_and_hop_by_hop_headers_do_not() {
+    let sim = Sim::start("127.0.0.14").await;
+    let sluice = Sluice::start(&allow_loopback(""));
+    let dir = TempDir::new("body");
+    // 1 MiB: larger than the replay limit, so it streams.
+    let big: String = (0..(1 << 20))
+        .map(|i| (b'a' + (i % 26) as u8) as char)
+        .collect();
+    std::fs::write(dir.join("big"), &big).unwrap();
+    let data = format!("@{}", dir.join("big").display());
+    let r = curl(
+        &sluice.proxy_url(),
+        &[
+            "--data-binary",
+            &data,
+            "-H",
+            "Connection: x-private-hop",
+            "-H",
+            "X-Private-Hop: 1",
+        ],
+        &sim.url("http", "/echo"),
+        T,
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body.len(), big.len());
+    assert!(r.body == big, "the body came back unchanged");
+    let seen = r.header("x-seen-headers").unwrap();
+    assert!(!seen.contains("x-private-hop"), "{seen}");
+    assert!(seen.contains("via"), "{seen}");
+}
+
+/// R-PX4, R-TO1: a provider that resets the connection gets 502
+/// `connection_terminated`; one that hangs gets 504 `http_response_timeout`
+/// after the attempt timeout (and its retries).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resets_and_hangs_get_proxy_status() {
+    let sim = Sim::start("127.0.0.15").await;
+    let sluice = Sluice::start(&allow_loopback(
+        "[providers.sim]\nhosts = [\"127.0.0.15\"]\nattempt_timeout = \"1s\"\nretry_max_attempts = 2\n",
+    ));
+    let r = curl(&sluice.proxy_url(), &[], &sim.url("http", "/reset"), T).await;
+    assert_eq!(r.status, 502, "{r:?}");
+    assert!(r
+        .header("proxy-status")
+        .unwrap()
+        .contains("error=connection_terminated"));
+    let r = curl(&sluice.proxy_url(), &[], &sim.url("http", "/hang"), T).await;
+    assert_eq!(r.status, 504, "{r:?}");
+    assert!(r
+        .header("proxy-status")
+        .unwrap()
+        .contains("error=http_response_timeout"));
+    assert_eq!(sim.hits("/hang").len(), 2, "a timeout is retried");
+}
