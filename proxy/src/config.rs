@@ -99,6 +99,16 @@ struct RawConfig {
     auth: RawAuth,
     #[serde(default)]
     limits: RawLimits,
+    #[serde(default)]
+    tls: RawTls,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTls {
+    ca_cert: Option<PathBuf>,
+    ca_key: Option<PathBuf>,
+    leaf_cache: Option<usize>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -142,6 +152,7 @@ struct RawLimits {
 #[serde(deny_unknown_fields)]
 struct RawProvider {
     hosts: Option<Vec<String>>,
+    intercept: Option<bool>,
     ceiling_rps: Option<f64>,
     start_rps: Option<f64>,
     floor_rps: Option<f64>,
@@ -296,6 +307,19 @@ pub struct NamedProvider {
     pub hosts: Vec<HostPattern>,
     /// Its settings.
     pub settings: ProviderSettings,
+    /// Terminate TLS in its CONNECT tunnels to see each request.
+    pub intercept: bool,
+}
+
+/// Interception CA settings.
+#[derive(Debug, Clone)]
+pub struct Tls {
+    /// A CA certificate to use instead of `<state_dir>/ca.crt`.
+    pub ca_cert: Option<PathBuf>,
+    /// Its key, instead of `<state_dir>/ca.key`.
+    pub ca_key: Option<PathBuf>,
+    /// Leaf certificates kept.
+    pub leaf_cache: usize,
 }
 
 /// Where sluice may connect.
@@ -343,6 +367,10 @@ pub struct Config {
     pub connect_timeout: Duration,
     /// Settings of every provider not named.
     pub defaults: ProviderSettings,
+    /// Whether providers not named are intercepted.
+    pub defaults_intercept: bool,
+    /// Interception CA.
+    pub tls: Tls,
     /// Named providers.
     pub providers: Vec<NamedProvider>,
     /// Proxy credentials, user → token; empty = none required.
@@ -410,6 +438,7 @@ impl Config {
                 name: name.clone(),
                 hosts,
                 settings: p.apply(&defaults, &key)?,
+                intercept: p.intercept.or(raw.defaults.intercept).unwrap_or(true),
             });
         }
         let allow = raw
@@ -466,7 +495,20 @@ impl Config {
         if limits.body_idle_timeout.is_zero() {
             return Err(err("limits.body_idle_timeout", "must be greater than zero"));
         }
+        let tls = Tls {
+            ca_cert: raw.tls.ca_cert,
+            ca_key: raw.tls.ca_key,
+            leaf_cache: raw.tls.leaf_cache.unwrap_or(1024),
+        };
+        if tls.ca_cert.is_some() != tls.ca_key.is_some() {
+            return Err(err("tls.ca_key", "tls.ca_cert and tls.ca_key go together"));
+        }
+        if tls.leaf_cache == 0 {
+            return Err(err("tls.leaf_cache", "must be at least 1"));
+        }
         let config = Config {
+            defaults_intercept: raw.defaults.intercept.unwrap_or(true),
+            tls,
             listen: raw
                 .listen
                 .unwrap_or_else(|| "127.0.0.1:3128".parse().unwrap()),

@@ -6,8 +6,11 @@
 //! * plain HTTP (Node's undici tunnels even `http://` targets): the tunnel
 //!   is served as an HTTP connection, and every request in it goes through
 //!   the provider's stack exactly like an absolute-form request;
-//! * anything else (TLS): a raw tunnel, paced once per CONNECT — sluice
-//!   cannot see the requests inside, and says so in the log.
+//! * TLS, for a provider with `intercept` on (the default once sluice has
+//!   its CA): sluice terminates it ([`crate::tls`]) and every request
+//!   inside goes through the stack;
+//! * anything else: a raw tunnel, paced once per CONNECT — sluice cannot
+//!   see the requests inside, and says so in the log.
 
 use std::io;
 use std::pin::Pin;
@@ -28,6 +31,7 @@ use crate::config::normalise_host;
 use crate::edge::{self, Refusal};
 use crate::forward::{forward, oversize_head, Target};
 use crate::server::App;
+use crate::tls::intercept;
 
 /// The first byte of a TLS record carrying a handshake.
 const TLS_HANDSHAKE: u8 = 0x16;
@@ -90,7 +94,18 @@ where
     };
     first.truncate(n);
     if first[0] == TLS_HANDSHAKE {
-        raw_tunnel(app, io, first, authority).await;
+        let provider = app.providers.get(&normalise_host(authority.host()));
+        match (&app.ca, provider.intercept) {
+            (Some(ca), true) => {
+                let (ca, name) = (ca.clone(), provider.name.clone());
+                drop(provider);
+                intercept(app, ca, Prefixed::new(first, io), authority, identity, name).await;
+            }
+            _ => {
+                drop(provider);
+                raw_tunnel(app, io, first, authority).await;
+            }
+        }
     } else {
         serve_plain(app, Prefixed::new(first, io), authority, identity).await;
     }

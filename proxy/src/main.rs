@@ -12,6 +12,7 @@ mod forward;
 mod guard;
 mod providers;
 mod server;
+mod tls;
 mod upstream;
 
 use std::net::SocketAddr;
@@ -44,6 +45,15 @@ struct Cli {
     /// Log format.
     #[arg(long, value_enum, default_value = "text")]
     log_format: LogFormat,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum Command {
+    /// Print the interception CA's path and the environment lines a
+    /// collector needs to trust it (creating the CA if it does not exist).
+    Ca,
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -66,7 +76,6 @@ fn main() -> ExitCode {
             }
         };
     }
-    init_logging(cli.log_format);
     let mut config = match &cli.config {
         Some(path) => match config::Config::load(path) {
             Ok(c) => c,
@@ -90,6 +99,10 @@ fn main() -> ExitCode {
         eprintln!("{e}");
         return ExitCode::from(2);
     }
+    if let Some(Command::Ca) = cli.command {
+        return print_ca(&config);
+    }
+    init_logging(cli.log_format);
     // rustls: the ring provider, installed explicitly before any TLS use.
     let _ = rustls::crypto::ring::default_provider().install_default();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -109,6 +122,30 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `sluice ca`: the CA path and the lines that make collectors trust it.
+fn print_ca(config: &config::Config) -> ExitCode {
+    let paths = server::ca_paths(config);
+    let ca = match tls::CertAuthority::load_or_create(paths, 1) {
+        Ok(ca) => ca,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let cert =
+        std::fs::canonicalize(ca.cert_path()).unwrap_or_else(|_| ca.cert_path().to_path_buf());
+    let cert = cert.display();
+    println!("# sluice's interception CA certificate:");
+    println!("# {cert}");
+    println!("# Trust it in collectors (these replace the default bundle for");
+    println!("# OpenSSL, Python requests and curl; Node adds it to its own):");
+    println!("export SSL_CERT_FILE={cert}");
+    println!("export REQUESTS_CA_BUNDLE={cert}");
+    println!("export CURL_CA_BUNDLE={cert}");
+    println!("export NODE_EXTRA_CA_CERTS={cert}");
+    ExitCode::SUCCESS
 }
 
 fn init_logging(format: LogFormat) {

@@ -35,6 +35,8 @@ pub struct Provider {
     pub policy: Arc<ProviderPolicy>,
     /// Its stack, cheap to clone per request.
     pub service: ProviderService<ProxyBody, Incoming>,
+    /// Whether its CONNECT tunnels are intercepted.
+    pub intercept: bool,
     /// Milliseconds since the table's epoch at last use.
     last_used: AtomicU64,
 }
@@ -59,6 +61,7 @@ struct Learned {
 struct Rules {
     named: Vec<NamedProvider>,
     defaults: ProviderSettings,
+    defaults_intercept: bool,
     limits: Limits,
 }
 
@@ -85,6 +88,7 @@ impl Providers {
             rules: RwLock::new(Rules {
                 named: config.providers.clone(),
                 defaults: config.defaults.clone(),
+                defaults_intercept: config.defaults_intercept,
                 limits: config.limits.clone(),
             }),
             entries: Mutex::new(HashMap::new()),
@@ -97,8 +101,8 @@ impl Providers {
         self.rules.read().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The provider name and settings for a host.
-    pub fn lookup(&self, host: &str) -> (String, ProviderSettings) {
+    /// The provider name, settings and interception for a host.
+    pub fn lookup(&self, host: &str) -> (String, ProviderSettings, bool) {
         let host = normalise_host(host);
         let rules = self.rules();
         match rules
@@ -106,15 +110,15 @@ impl Providers {
             .iter()
             .find(|p| p.hosts.iter().any(|h| h.matches(&host)))
         {
-            Some(p) => (p.name.clone(), p.settings.clone()),
-            None => (host, rules.defaults.clone()),
+            Some(p) => (p.name.clone(), p.settings.clone(), p.intercept),
+            None => (host, rules.defaults.clone(), rules.defaults_intercept),
         }
     }
 
     /// The provider for a host, created (and its learned state restored)
     /// on first use.
     pub fn get(&self, host: &str) -> Arc<Provider> {
-        let (name, settings) = self.lookup(host);
+        let (name, settings, intercept) = self.lookup(host);
         let now = Instant::now();
         let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(p) = entries.get(&name) {
@@ -135,7 +139,7 @@ impl Providers {
         } else {
             name
         };
-        let provider = Arc::new(self.build(&name, settings, now));
+        let provider = Arc::new(self.build(&name, settings, intercept, now));
         entries.insert(name, provider.clone());
         provider
     }
@@ -144,7 +148,13 @@ impl Providers {
         self.rules().named.iter().any(|p| p.name == name)
     }
 
-    fn build(&self, name: &str, settings: ProviderSettings, now: Instant) -> Provider {
+    fn build(
+        &self,
+        name: &str,
+        settings: ProviderSettings,
+        intercept: bool,
+        now: Instant,
+    ) -> Provider {
         let policy = ProviderPolicy::new(name, settings, PolicyOptions::default())
             .expect("settings were validated with the config");
         let max_age = self.rules().limits.state_max_age;
@@ -165,6 +175,7 @@ impl Providers {
             name: name.to_string(),
             policy,
             service,
+            intercept,
             last_used: AtomicU64::new(0),
         };
         p.touch(self.epoch, now);

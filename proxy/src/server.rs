@@ -21,6 +21,7 @@ use crate::edge::Refusal;
 use crate::forward::{forward, oversize_head, Target};
 use crate::guard::Guard;
 use crate::providers::Providers;
+use crate::tls::{CaPaths, CertAuthority};
 use crate::upstream::{self, Upstream};
 
 /// Everything a connection needs, shared.
@@ -36,6 +37,8 @@ pub struct App {
     pub shutdown: Shutdown,
     /// Listeners are bound and serving.
     pub ready: AtomicBool,
+    /// The interception CA, if it could be loaded or created.
+    pub ca: Option<Arc<CertAuthority>>,
 }
 
 /// Tells connections to finish, and knows when they have.
@@ -95,7 +98,18 @@ pub async fn run(config: Config) -> Result<(), String> {
         .map_err(|e| format!("admin {}: {e}", config.admin))?;
     let proxy_addr = proxy.local_addr().map_err(|e| e.to_string())?;
     let admin_addr = admin_listener.local_addr().map_err(|e| e.to_string())?;
+    let ca = match CertAuthority::load_or_create(ca_paths(&config), config.tls.leaf_cache) {
+        Ok(ca) => Some(Arc::new(ca)),
+        Err(e) => {
+            tracing::error!(
+                error = %e,
+                "no interception CA: HTTPS providers are tunnelled without per-request visibility"
+            );
+            None
+        }
+    };
     let app = Arc::new(App {
+        ca,
         providers: Providers::new(&config, upstream),
         guard,
         config,
@@ -143,6 +157,17 @@ pub async fn run(config: Config) -> Result<(), String> {
     }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// The CA files: configured, or in the state directory.
+pub fn ca_paths(config: &Config) -> CaPaths {
+    match (&config.tls.ca_cert, &config.tls.ca_key) {
+        (Some(cert), Some(key)) => CaPaths {
+            cert: cert.clone(),
+            key: key.clone(),
+        },
+        _ => CaPaths::in_state_dir(&config.state_dir),
+    }
 }
 
 async fn sweep(app: Arc<App>) {

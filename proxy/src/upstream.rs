@@ -104,10 +104,16 @@ pub fn classify(err: BoxError) -> UpstreamError {
 }
 
 /// The kind of an upstream failure.
+///
+/// Walks the cause chain. An `io::Error` that wraps another error does not
+/// expose it as its `source()` (it forwards the inner error's source), so
+/// the walk also descends through `io::Error::get_ref` — that is where
+/// tokio-rustls keeps the `rustls::Error` of a failed handshake.
 pub fn kind_of(err: &(dyn std::error::Error + 'static)) -> UpstreamKind {
-    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    let mut next: Vec<&(dyn std::error::Error + 'static)> = vec![err];
     let mut saw_connect = false;
-    while let Some(e) = cur {
+    let mut io_kinds = Vec::new();
+    while let Some(e) = next.pop() {
         if let Some(g) = e.downcast_ref::<GuardError>() {
             return match g {
                 GuardError::Prohibited(_) => UpstreamKind::Prohibited,
@@ -118,11 +124,9 @@ pub fn kind_of(err: &(dyn std::error::Error + 'static)) -> UpstreamKind {
             return tls_kind(t);
         }
         if let Some(io) = e.downcast_ref::<io::Error>() {
-            if let Some(t) = io.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>()) {
-                return tls_kind(t);
-            }
-            if let Some(k) = io_kind(io.kind()) {
-                return k;
+            io_kinds.push(io.kind());
+            if let Some(inner) = io.get_ref() {
+                next.push(inner);
             }
         }
         if let Some(h) = e.downcast_ref::<hyper::Error>() {
@@ -136,7 +140,13 @@ pub fn kind_of(err: &(dyn std::error::Error + 'static)) -> UpstreamKind {
         if let Some(c) = e.downcast_ref::<hyper_util::client::legacy::Error>() {
             saw_connect |= c.is_connect();
         }
-        cur = e.source();
+        if let Some(src) = e.source() {
+            next.push(src);
+        }
+    }
+    // No TLS or guard cause: the innermost I/O error names it.
+    if let Some(k) = io_kinds.iter().rev().find_map(|k| io_kind(*k)) {
+        return k;
     }
     if saw_connect {
         UpstreamKind::ConnectionRefused
@@ -166,4 +176,40 @@ fn io_kind(k: io::ErrorKind) -> Option<UpstreamKind> {
         io::ErrorKind::InvalidData => UpstreamKind::Protocol,
         _ => return None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tls_errors_inside_io_errors_are_found() {
+        let rustls_err = rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer);
+        let inner = io::Error::new(io::ErrorKind::InvalidData, rustls_err);
+        let outer = io::Error::other(inner);
+        assert_eq!(kind_of(&outer), UpstreamKind::TlsCertificate);
+        let handshake = io::Error::new(
+            io::ErrorKind::InvalidData,
+            rustls::Error::AlertReceived(rustls::AlertDescription::HandshakeFailure),
+        );
+        assert_eq!(kind_of(&handshake), UpstreamKind::TlsProtocol);
+    }
+
+    #[test]
+    fn io_and_guard_errors() {
+        let refused = io::Error::from(io::ErrorKind::ConnectionRefused);
+        assert_eq!(
+            kind_of(&io::Error::other(refused)),
+            UpstreamKind::ConnectionRefused
+        );
+        assert_eq!(
+            kind_of(&io::Error::from(io::ErrorKind::TimedOut)),
+            UpstreamKind::ConnectionTimeout
+        );
+        assert_eq!(
+            kind_of(&GuardError::Prohibited("loopback")),
+            UpstreamKind::Prohibited
+        );
+        assert_eq!(kind_of(&GuardError::Dns("x".into())), UpstreamKind::Dns);
+    }
 }

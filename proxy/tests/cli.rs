@@ -114,3 +114,54 @@ fn starts_with_no_config_on_safe_defaults() {
     let _ = child.kill();
     panic!("no exit within 10 s of SIGTERM");
 }
+
+/// `sluice ca` creates the CA (key 0600) and prints the lines collectors
+/// need.
+#[test]
+fn ca_prints_the_certificate_and_environment() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = std::env::temp_dir().join(format!("sluice-cli-{}-ca", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let out = Command::new(BIN)
+        .arg("--state-dir")
+        .arg(&dir)
+        .arg("ca")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let cert = std::fs::canonicalize(dir.join("ca.crt")).unwrap();
+    for var in [
+        "SSL_CERT_FILE",
+        "REQUESTS_CA_BUNDLE",
+        "NODE_EXTRA_CA_CERTS",
+        "CURL_CA_BUNDLE",
+    ] {
+        assert!(
+            text.contains(&format!("export {var}={}", cert.display())),
+            "{var} missing:\n{text}"
+        );
+    }
+    assert!(!text.contains("PRIVATE KEY"));
+    let mode = std::fs::metadata(dir.join("ca.key"))
+        .unwrap()
+        .permissions()
+        .mode()
+        & 0o777;
+    assert_eq!(mode, 0o600);
+    // A second run keeps the same CA.
+    let before = std::fs::read(dir.join("ca.crt")).unwrap();
+    let again = Command::new(BIN)
+        .arg("--state-dir")
+        .arg(&dir)
+        .arg("ca")
+        .output()
+        .unwrap();
+    assert!(again.status.success());
+    assert_eq!(std::fs::read(dir.join("ca.crt")).unwrap(), before);
+    let _ = std::fs::remove_dir_all(&dir);
+}

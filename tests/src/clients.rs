@@ -28,6 +28,8 @@ pub struct Reply {
     pub body: String,
     /// curl's stderr.
     pub stderr: String,
+    /// The HTTP version of the final response (`1.1`, `2`).
+    pub version: String,
 }
 
 impl Reply {
@@ -56,7 +58,7 @@ pub async fn curl(proxy: &str, args: &[&str], url: &str, max_time: Duration) -> 
         .arg("-o")
         .arg(&body)
         .arg("-w")
-        .arg("%{http_code}")
+        .arg("%{http_code} %{http_version}")
         .args(args)
         .arg(url)
         .stdin(Stdio::null())
@@ -71,11 +73,11 @@ pub async fn curl(proxy: &str, args: &[&str], url: &str, max_time: Duration) -> 
         .last()
         .unwrap_or("")
         .to_string();
+    let written = String::from_utf8_lossy(&out.stdout).into_owned();
+    let mut fields = written.split_whitespace();
     Reply {
-        status: String::from_utf8_lossy(&out.stdout)
-            .trim()
-            .parse()
-            .unwrap_or(0),
+        status: fields.next().and_then(|c| c.parse().ok()).unwrap_or(0),
+        version: fields.next().unwrap_or("").to_string(),
         headers: last,
         body: std::fs::read_to_string(&body).unwrap_or_default(),
         stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
@@ -85,7 +87,13 @@ pub async fn curl(proxy: &str, args: &[&str], url: &str, max_time: Duration) -> 
 /// Runs a Python script with the proxy variables set; returns stdout, and
 /// panics with stderr if it failed.
 pub async fn python(proxy: &str, script: &str, args: &[&str]) -> String {
+    python_env(proxy, script, args, &[]).await
+}
+
+/// [`python`] with extra environment (e.g. `REQUESTS_CA_BUNDLE`).
+pub async fn python_env(proxy: &str, script: &str, args: &[&str], env: &[(&str, &str)]) -> String {
     let mut cmd = Command::new("python3");
+    cmd.envs(env.iter().copied());
     cmd.arg("-c")
         .arg(script)
         .args(args)
@@ -100,4 +108,44 @@ pub async fn python(proxy: &str, script: &str, args: &[&str]) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Fetches `url` with Node's undici through `EnvHttpProxyAgent` (which
+/// reads `HTTP_PROXY`/`HTTPS_PROXY`), with extra environment such as
+/// `NODE_EXTRA_CA_CERTS`. Returns the status, or panics with stderr.
+pub async fn undici(proxy: &str, url: &str, env: &[(&str, &str)]) -> u16 {
+    const SCRIPT: &str = r#"
+const { EnvHttpProxyAgent, fetch } = require("undici");
+const dispatcher = new EnvHttpProxyAgent();
+fetch(process.argv[1], { dispatcher })
+  .then(async (r) => { await r.arrayBuffer(); console.log(r.status); process.exit(0); })
+  .catch((e) => { console.error(e, e.cause); process.exit(1); });
+"#;
+    let modules = concat!(env!("CARGO_MANIFEST_DIR"), "/node/node_modules");
+    assert!(
+        std::path::Path::new(modules).join("undici").exists(),
+        "undici is not installed: scripts/test runs npm install in tests/node"
+    );
+    let mut cmd = Command::new("node");
+    cmd.arg("-e")
+        .arg(SCRIPT)
+        .arg(url)
+        .env("NODE_PATH", modules)
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
+    with_proxy(&mut cmd, proxy);
+    let out = tokio::time::timeout(Duration::from_secs(60), cmd.output())
+        .await
+        .expect("node finished within 60 s")
+        .expect("run node");
+    assert!(
+        out.status.success(),
+        "node failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .expect("a status")
 }

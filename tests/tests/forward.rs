@@ -211,15 +211,17 @@ async fn a_held_provider_does_not_delay_another() {
     }
 }
 
-/// R-PX2: a CONNECT tunnel to a TLS upstream works with curl.
+/// R-PX2: a CONNECT tunnel to a TLS upstream works with curl (interception
+/// off: the tunnel is paced once and carries TLS end to end).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connect_tunnel_to_tls_upstream() {
     let ca = TestCa::new("sim CA");
     let sim = Sim::start_tls("127.0.0.7", ca.server_config(&["127.0.0.7"])).await;
     let dir = TempDir::new("ca");
     std::fs::write(dir.join("ca.pem"), &ca.pem).unwrap();
+    // With interception off for it: a raw tunnel, TLS end to end.
     let sluice = Sluice::start(&allow_loopback(&format!(
-        "connect_ports = [{}]\n",
+        "connect_ports = [{}]\n[providers.tunnelled]\nhosts = [\"127.0.0.7\"]\nintercept = false\n",
         sim.addr.port()
     )));
     let cafile = dir.join("ca.pem");

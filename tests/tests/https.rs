@@ -1,0 +1,326 @@
+//! HTTPS providers through TLS interception, end to end (R-PX2, R-PX3,
+//! R-SF4): the real binary, TLS provider simulators with their own test CA
+//! (given to sluice as `upstream.extra_ca`), and real clients — curl,
+//! Python requests, Node's undici — trusting sluice's CA through their
+//! usual settings.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use sluice_tests::clients::{curl, python_env, undici};
+use sluice_tests::harness::{Sluice, TempDir};
+use sluice_tests::pki::TestCa;
+use sluice_tests::sim::Sim;
+use tokio::time::Instant;
+
+const T: Duration = Duration::from_secs(20);
+
+/// TLS simulators on the given loopback addresses and a sluice that
+/// intercepts them.
+struct Setup {
+    sims: Vec<Sim>,
+    sluice: Sluice,
+    _dir: TempDir,
+}
+
+impl Setup {
+    async fn new(ips: &[&str], extra: &str) -> Setup {
+        let ca = TestCa::new("provider CA");
+        let dir = TempDir::new("https");
+        std::fs::write(dir.join("provider-ca.pem"), &ca.pem).unwrap();
+        let mut sims = Vec::new();
+        for ip in ips {
+            sims.push(Sim::start_tls(ip, ca.server_config(&[ip])).await);
+        }
+        let ports: Vec<String> = sims.iter().map(|s| s.addr.port().to_string()).collect();
+        let sluice = Sluice::start(&format!(
+            "[destinations]\nallow = [\"127.0.0.0/8\"]\nconnect_ports = [{}]\n\
+             [upstream]\nextra_ca = \"{}\"\n{extra}",
+            ports.join(", "),
+            dir.join("provider-ca.pem").display()
+        ));
+        Setup {
+            sims,
+            sluice,
+            _dir: dir,
+        }
+    }
+
+    /// sluice's own CA certificate, as `sluice ca` prints it.
+    fn sluice_ca(&self) -> PathBuf {
+        self.sluice.dir.join("state").join("ca.crt")
+    }
+
+    fn cacert(&self) -> String {
+        self.sluice_ca().display().to_string()
+    }
+}
+
+/// R-RA1 over HTTPS with curl: the 429 inside TLS is seen and absorbed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn curl_https_retry_after_is_absorbed() {
+    let s = Setup::new(&["127.0.0.20"], "").await;
+    let r = curl(
+        &s.sluice.proxy_url(),
+        &["--cacert", &s.cacert()],
+        &s.sims[0].url("https", "/ra/2/curl"),
+        T,
+    )
+    .await;
+    assert_eq!(r.status, 200, "{r:?}");
+    let hits = s.sims[0].hits("/ra/2/curl");
+    assert_eq!(hits.len(), 2);
+    assert!(
+        hits[1].at - hits[0].at >= Duration::from_secs(2),
+        "{hits:?}"
+    );
+}
+
+/// The same with Python requests, trusting sluice through
+/// `REQUESTS_CA_BUNDLE`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_https_retry_after_is_absorbed() {
+    let s = Setup::new(&["127.0.0.23"], "").await;
+    let ca = s.cacert();
+    let out = python_env(
+        &s.sluice.proxy_url(),
+        "import sys, requests\nprint(requests.get(sys.argv[1], timeout=20).status_code)",
+        &[&s.sims[0].url("https", "/ra/2/py")],
+        &[("REQUESTS_CA_BUNDLE", &ca)],
+    )
+    .await;
+    assert_eq!(out.trim(), "200");
+    let hits = s.sims[0].hits("/ra/2/py");
+    assert_eq!(hits.len(), 2);
+    assert!(
+        hits[1].at - hits[0].at >= Duration::from_secs(2),
+        "{hits:?}"
+    );
+}
+
+/// The same with Node's undici `EnvHttpProxyAgent`, trusting sluice
+/// through `NODE_EXTRA_CA_CERTS`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn undici_https_retry_after_is_absorbed() {
+    let s = Setup::new(&["127.0.0.24"], "").await;
+    let ca = s.cacert();
+    let status = undici(
+        &s.sluice.proxy_url(),
+        &s.sims[0].url("https", "/ra/2/node"),
+        &[("NODE_EXTRA_CA_CERTS", &ca)],
+    )
+    .await;
+    assert_eq!(status, 200);
+    let hits = s.sims[0].hits("/ra/2/node");
+    assert_eq!(hits.len(), 2);
+    assert!(
+        hits[1].at - hits[0].at >= Duration::from_secs(2),
+        "{hits:?}"
+    );
+}
+
+/// Undici also tunnels `http://` targets through CONNECT; that works too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn undici_plain_http_through_its_tunnel() {
+    let sim = Sim::start("127.0.0.25").await;
+    let sluice = Sluice::start(&format!(
+        "[destinations]\nallow = [\"127.0.0.0/8\"]\nconnect_ports = [{}]\n",
+        sim.addr.port()
+    ));
+    let status = undici(&sluice.proxy_url(), &sim.url("http", "/ra/2/node"), &[]).await;
+    assert_eq!(status, 200);
+    let hits = sim.hits("/ra/2/node");
+    assert_eq!(hits.len(), 2);
+    assert!(
+        hits[1].at - hits[0].at >= Duration::from_secs(2),
+        "{hits:?}"
+    );
+}
+
+/// R-ST1 over HTTPS: one provider held by a long `Retry-After`, the other
+/// unaffected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_https_providers_are_isolated() {
+    let s = Setup::new(
+        &["127.0.0.26", "127.0.0.27"],
+        "[providers.held]\nhosts = [\"127.0.0.26\"]\nmax_retry_after_wait = \"1s\"\n",
+    )
+    .await;
+    let (held, free) = (&s.sims[0], &s.sims[1]);
+    let proxy = s.sluice.proxy_url();
+    let ca = s.cacert();
+    let r = curl(
+        &proxy,
+        &["--cacert", &ca],
+        &held.url("https", "/ra/30/x"),
+        T,
+    )
+    .await;
+    assert_eq!(r.status, 429);
+    assert_eq!(r.header("retry-after").as_deref(), Some("30"));
+    let asked = Instant::now();
+    let r = curl(&proxy, &["--cacert", &ca], &held.url("https", "/ok"), T).await;
+    assert_eq!(r.status, 429, "held: refused at once");
+    assert!(asked.elapsed() < Duration::from_secs(10));
+    assert!(r
+        .header("proxy-status")
+        .unwrap()
+        .contains("http_request_denied"));
+    for i in 0..10 {
+        let r = curl(
+            &proxy,
+            &["--cacert", &ca],
+            &free.url("https", "/ok"),
+            Duration::from_secs(5),
+        )
+        .await;
+        assert_eq!(r.status, 200, "request {i}: {r:?}");
+    }
+    assert_eq!(held.hits("/").len(), 1);
+    assert_eq!(free.hits("/ok").len(), 10);
+}
+
+/// An HTTP/2 client works through interception, and sluice speaks HTTP/2
+/// upstream where the provider offers it by ALPN (R-PX3).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_through_interception() {
+    let s = Setup::new(&["127.0.0.28"], "").await;
+    let r = curl(
+        &s.sluice.proxy_url(),
+        &["--http2", "--cacert", &s.cacert()],
+        &s.sims[0].url("https", "/ok"),
+        T,
+    )
+    .await;
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(r.version, "2", "h2 between curl and sluice");
+    let hits = s.sims[0].hits("/ok");
+    assert_eq!(hits.len(), 1);
+    assert_eq!(
+        hits[0].version,
+        http::Version::HTTP_2,
+        "h2 between sluice and the provider"
+    );
+}
+
+/// R-PX3: an upstream whose certificate sluice cannot verify is refused
+/// with 502 and `tls_certificate_error` — never silently trusted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn untrusted_upstream_certificate_is_refused() {
+    // A provider whose CA sluice was not given.
+    let stranger = TestCa::new("unknown CA");
+    let other = Sim::start_tls("127.0.0.30", stranger.server_config(&["127.0.0.30"])).await;
+    let sluice = Sluice::start(&format!(
+        "[destinations]\nallow = [\"127.0.0.0/8\"]\nconnect_ports = [{}]\n",
+        other.addr.port()
+    ));
+    let ca = sluice.dir.join("state").join("ca.crt");
+    let r = curl(
+        &sluice.proxy_url(),
+        &["--cacert", ca.to_str().unwrap()],
+        &other.url("https", "/ok"),
+        T,
+    )
+    .await;
+    assert_eq!(r.status, 502, "{r:?}");
+    assert!(
+        r.header("proxy-status")
+            .unwrap()
+            .contains("error=tls_certificate_error"),
+        "{:?}",
+        r.header("proxy-status")
+    );
+    assert!(
+        other.hits("/").is_empty(),
+        "no request was sent over the untrusted connection"
+    );
+}
+
+/// R-SF4: the CA key is 0600 and no key material reaches the log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ca_key_is_private_and_never_logged() {
+    use std::os::unix::fs::PermissionsExt;
+    let s = Setup::new(&["127.0.0.31"], "").await;
+    let r = curl(
+        &s.sluice.proxy_url(),
+        &["--cacert", &s.cacert()],
+        &s.sims[0].url("https", "/ok"),
+        T,
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    let key_path = s.sluice.dir.join("state").join("ca.key");
+    let mode = std::fs::metadata(&key_path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "{mode:o}");
+    let key = std::fs::read_to_string(&key_path).unwrap();
+    let log = s.sluice.log();
+    assert!(!log.is_empty());
+    assert!(!log.contains("PRIVATE KEY"));
+    for line in key
+        .lines()
+        .filter(|l| !l.starts_with("-----") && l.len() > 16)
+    {
+        assert!(!log.contains(line), "key material in the log");
+    }
+}
+
+const NAIVE_CLIENTS: &str = r#"
+import sys, threading, time, requests
+url, clients, secs = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+deadline = time.monotonic() + secs
+counts = {}
+lock = threading.Lock()
+def run():
+    s = requests.Session()
+    while time.monotonic() < deadline:
+        try:
+            code = s.get(url, timeout=30).status_code
+        except Exception as e:
+            code = type(e).__name__
+        with lock:
+            counts[code] = counts.get(code, 0) + 1
+threads = [threading.Thread(target=run) for _ in range(clients)]
+for t in threads: t.start()
+for t in threads: t.join()
+print(" ".join(f"{k}={v}" for k, v in sorted(counts.items(), key=str)))
+"#;
+
+/// The hidden-limit scenario over HTTPS: 8 naive clients, 20 req/s, 30 s;
+/// over the last 15 s the provider accepts ≥ 85 % of its limit with ≤ 5 %
+/// 429s — per-request pacing inside TLS.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn naive_clients_over_https_are_paced_to_the_hidden_limit() {
+    const LIMIT: f64 = 20.0;
+    let s = Setup::new(&["127.0.0.32"], "").await;
+    let sim = &s.sims[0];
+    sim.set_limit(LIMIT, 10.0);
+    let ca = s.cacert();
+    let clients = python_env(
+        &s.sluice.proxy_url(),
+        NAIVE_CLIENTS,
+        &[&sim.url("https", "/limited"), "8", "30"],
+        &[("REQUESTS_CA_BUNDLE", &ca)],
+    )
+    .await;
+    let hits = sim.hits("/limited");
+    let start = hits.first().expect("the provider saw requests").at;
+    let (from, to) = (
+        start + Duration::from_secs(15),
+        start + Duration::from_secs(30),
+    );
+    let window: Vec<_> = hits.iter().filter(|h| h.at >= from && h.at < to).collect();
+    let accepted = window.iter().filter(|h| h.status == 200).count();
+    let throttled = window.iter().filter(|h| h.status == 429).count();
+    let goodput = accepted as f64 / 15.0 / LIMIT;
+    let share = throttled as f64 / window.len().max(1) as f64;
+    println!(
+        "hidden limit {LIMIT} req/s, 8 naive clients, 30 s over HTTPS (intercepted); last 15 s at the provider: \
+         {accepted} accepted ({:.1} % of the limit), {throttled} of {} attempts 429 ({:.2} %); clients saw: {}",
+        goodput * 100.0,
+        window.len(),
+        share * 100.0,
+        clients.trim()
+    );
+    assert!(goodput >= 0.85, "goodput {:.1} % < 85 %", goodput * 100.0);
+    assert!(share <= 0.05, "429 share {:.2} % > 5 %", share * 100.0);
+}
