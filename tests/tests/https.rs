@@ -324,3 +324,38 @@ async fn naive_clients_over_https_are_paced_to_the_hidden_limit() {
     assert!(goodput >= 0.85, "goodput {:.1} % < 85 %", goodput * 100.0);
     assert!(share <= 0.05, "429 share {:.2} % > 5 %", share * 100.0);
 }
+
+/// A client that does not trust sluice's CA fails its handshake, and the
+/// log says which provider and what to do — never silently.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_rejecting_the_interception_is_reported() {
+    let s = Setup::new(
+        &["127.0.0.33"],
+        "[providers.pinned]\nhosts = [\"127.0.0.33\"]\n",
+    )
+    .await;
+    let r = curl(
+        &s.sluice.proxy_url(),
+        &[],
+        &s.sims[0].url("https", "/ok"),
+        T,
+    )
+    .await;
+    assert_eq!(
+        r.status, 0,
+        "curl must refuse an untrusted certificate: {r:?}"
+    );
+    let started = Instant::now();
+    let mut log = s.sluice.log();
+    while !log.contains("TLS interception failed") && started.elapsed() < T {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        log = s.sluice.log();
+    }
+    let line = log
+        .lines()
+        .find(|l| l.contains("TLS interception failed"))
+        .expect("the failure is logged");
+    assert!(line.contains("pinned"), "{line}");
+    assert!(line.contains("intercept = false"), "{line}");
+    assert!(s.sims[0].hits("/").is_empty());
+}
