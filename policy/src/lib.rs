@@ -27,6 +27,7 @@
 pub mod breaker;
 pub mod bulkhead;
 pub mod error;
+pub mod events;
 pub mod outcome;
 pub mod pacer;
 pub mod provider;
@@ -35,6 +36,7 @@ pub mod retry_after;
 pub mod run;
 pub mod settings;
 pub mod stack;
+pub mod timeout;
 
 pub use error::BoxError;
 pub use outcome::Outcome;

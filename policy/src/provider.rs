@@ -6,10 +6,13 @@
 //! rate anywhere.
 
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::breaker::{BreakerShared, BreakerSnapshot, CircuitOpen, Permit, TransitionSink};
+use crate::breaker::{BreakerShared, BreakerSnapshot, CircuitOpen, Permit, State, TransitionSink};
+use crate::events::EventSink;
+use crate::timeout::SharedDuration;
 use crate::bulkhead::BulkheadShared;
 use crate::error::BoxError;
 use crate::pacer::{PacerShared, PacerSnapshot};
@@ -23,6 +26,8 @@ pub struct PolicyOptions {
     pub sink: Option<TransitionSink>,
     /// The retry jitter; `None` = random, seeded by the OS.
     pub jitter: Option<Jitter>,
+    /// Where pacing, retry and attempt events go.
+    pub events: Option<EventSink>,
 }
 
 impl std::fmt::Debug for PolicyOptions {
@@ -30,6 +35,7 @@ impl std::fmt::Debug for PolicyOptions {
         f.debug_struct("PolicyOptions")
             .field("sink", &self.sink.is_some())
             .field("jitter", &self.jitter)
+            .field("events", &self.events.is_some())
             .finish()
     }
 }
@@ -47,6 +53,23 @@ pub struct ProviderPolicy {
     pub retry: Arc<RetryShared>,
     /// Permits for attempts in flight.
     pub bulkhead: Arc<BulkheadShared>,
+    /// The per-attempt timeout, read on every attempt.
+    pub attempt_timeout: Arc<SharedDuration>,
+}
+
+/// What a provider has learned, in the shape the store keeps (R-PS1).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LearnedState {
+    /// The learned rate.
+    pub rate_rps: f64,
+    /// Where throttling began, if it ever did.
+    pub limit_rps: Option<f64>,
+    /// The time-to-first-byte baseline, once learned.
+    pub baseline: Option<Duration>,
+    /// The breaker's state.
+    pub breaker: State,
+    /// Time left open, if open.
+    pub open_remaining: Option<Duration>,
 }
 
 /// Everything observable about a provider, read at one instant.
@@ -74,13 +97,15 @@ impl ProviderPolicy {
         options: PolicyOptions,
     ) -> Result<Arc<Self>, SettingsError> {
         settings.validate()?;
-        let retry = Arc::new(RetryShared::new(
+        let retry = Arc::new(RetryShared::with_events(
             &settings,
             options.jitter.unwrap_or_else(Jitter::random),
+            options.events.clone(),
         ));
         Ok(Arc::new(ProviderPolicy {
             name: name.into(),
-            pacer: PacerShared::new(&settings),
+            attempt_timeout: Arc::new(SharedDuration::new(settings.attempt_timeout)),
+            pacer: PacerShared::with_events(&settings, options.events),
             breaker: BreakerShared::new(&settings, retry.clone(), options.sink),
             retry,
             bulkhead: BulkheadShared::new(&settings),
@@ -109,8 +134,34 @@ impl ProviderPolicy {
         self.breaker.update_settings(&settings);
         self.retry.update_settings(&settings);
         self.bulkhead.update_settings(&settings);
+        self.attempt_timeout.set(settings.attempt_timeout);
         *self.settings.lock().unwrap_or_else(|p| p.into_inner()) = settings;
         Ok(())
+    }
+
+    /// What this provider has learned, for the store.
+    pub fn learned(&self, now: Instant) -> LearnedState {
+        let pacer = self.pacer.snapshot(now);
+        let breaker = self.breaker.snapshot(now);
+        LearnedState {
+            rate_rps: pacer.rate_rps,
+            limit_rps: pacer.limit_rps,
+            baseline: pacer.baseline_ttfb,
+            breaker: breaker.state,
+            open_remaining: breaker.open_remaining,
+        }
+    }
+
+    /// Restores learned state (R-PS1): the rate and limit are clamped to
+    /// the ceiling; an open breaker stays open for the time it had left.
+    pub fn restore(&self, learned: &LearnedState) {
+        self.pacer
+            .lock()
+            .restore(learned.rate_rps, learned.limit_rps, learned.baseline);
+        self.pacer.notify();
+        self.breaker
+            .lock()
+            .restore(learned.breaker, learned.open_remaining, Instant::now());
     }
 
     /// Admits one unit of work the stack cannot see inside — a CONNECT

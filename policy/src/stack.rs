@@ -2,7 +2,6 @@
 
 use http::{Request, Response};
 use tower::retry::RetryLayer;
-use tower::timeout::TimeoutLayer;
 use tower::util::BoxCloneSyncService;
 use tower::{Service, ServiceBuilder};
 
@@ -13,6 +12,7 @@ use crate::pacer::PacerLayer;
 use crate::provider::ProviderPolicy;
 use crate::retry::{ReplayBody, RetryPolicy};
 use crate::run::RunLayer;
+use crate::timeout::AttemptTimeoutLayer;
 
 /// A provider's whole stack, boxed at the provider boundary.
 pub type ProviderService<B, R> = BoxCloneSyncService<Request<B>, Response<R>, BoxError>;
@@ -30,7 +30,6 @@ where
     B: ReplayBody + Send + 'static,
     R: Send + 'static,
 {
-    let timeout = policy.settings().attempt_timeout;
     let stack = ServiceBuilder::new()
         // 1. Retry: ratio budget, full jitter, exact Retry-After.
         .layer(RetryLayer::new(RetryPolicy::new(policy.retry.clone())))
@@ -43,7 +42,7 @@ where
         // 5. Bulkhead: attempts in flight; stamps TTFB and the outcome.
         .layer(BulkheadLayer::new(policy.bulkhead.clone()))
         // 6. Per-attempt timeout: connect + response head.
-        .layer(TimeoutLayer::new(timeout))
+        .layer(AttemptTimeoutLayer::new(policy.attempt_timeout.clone()))
         .service(upstream);
     BoxCloneSyncService::new(stack)
 }

@@ -10,12 +10,13 @@ use std::time::Duration;
 use http::{Method, Request, Response, StatusCode};
 use sluice_policy::breaker::{BreakerLayer, CircuitOpen, Reason, State, Transition};
 use sluice_policy::error::{Upstream, UpstreamKind};
+use sluice_policy::events::Event;
 use sluice_policy::pacer::{PacerLayer, RateLimited, Refusal};
 use sluice_policy::provider::PolicyOptions;
 use sluice_policy::retry::Jitter;
 use sluice_policy::run::{Envelope, RunHandle, RunStopped, StopReason};
 use sluice_policy::stack::{provider_stack, ProviderService};
-use sluice_policy::{BoxError, ProviderPolicy, ProviderSettings};
+use sluice_policy::{BoxError, Outcome, ProviderPolicy, ProviderSettings};
 use tokio::time::{sleep, Instant};
 use tower::{Layer, Service, ServiceExt};
 
@@ -126,6 +127,7 @@ fn policy(settings: ProviderSettings) -> (Arc<ProviderPolicy>, Evidence) {
                 sink.lock().unwrap().push(t.clone())
             })),
             jitter: Some(Jitter::Fixed(0.0)),
+            events: None,
         },
     )
     .unwrap();
@@ -467,10 +469,21 @@ async fn connect_errors_are_retried_refusals_are_not() {
 
 /// R-RA1: `Retry-After: 2` is absorbed — the client gets the 200 — and the
 /// retry reaches the provider exactly 2 s after the 429, not a millisecond
-/// sooner or later.
+/// sooner or later. The events report the hold, the cut and the retry.
 #[tokio::test(start_paused = true)]
 async fn retry_after_is_waited_exactly() {
-    let (policy, _) = policy(ProviderSettings::default());
+    let events: Arc<Mutex<Vec<Event>>> = Arc::default();
+    let sink = events.clone();
+    let policy = ProviderPolicy::new(
+        "provider.test",
+        ProviderSettings::default(),
+        PolicyOptions {
+            jitter: Some(Jitter::Fixed(0.0)),
+            events: Some(Arc::new(move |e: &Event| sink.lock().unwrap().push(e.clone()))),
+            ..PolicyOptions::default()
+        },
+    )
+    .unwrap();
     let provider = Provider::new(|n| if n == 0 { throttle("2") } else { status(200) });
     let svc = stack(&policy, &provider);
     let resp = svc.oneshot(get("a")).await.unwrap();
@@ -478,6 +491,16 @@ async fn retry_after_is_waited_exactly() {
     let seen = provider.arrivals();
     assert_eq!(seen.len(), 2);
     assert_eq!(seen[1].0 - seen[0].0, Duration::from_millis(2000));
+    let events = events.lock().unwrap();
+    let throttled = Outcome::Throttled {
+        status: 429,
+        retry_after: Some(Duration::from_secs(2)),
+    };
+    assert!(events.contains(&Event::Hold(Duration::from_secs(2))), "{events:?}");
+    assert!(events.contains(&Event::Retry(throttled)), "{events:?}");
+    assert!(events.iter().any(|e| matches!(e, Event::Backoff(_))), "{events:?}");
+    let attempts = events.iter().filter(|e| matches!(e, Event::Attempt { .. })).count();
+    assert_eq!(attempts, 2);
 }
 
 /// R-RA1: a `Retry-After` longer than `max_retry_after_wait` goes back to

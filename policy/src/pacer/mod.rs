@@ -23,6 +23,8 @@ mod service;
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use std::time::Duration;
+
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -32,25 +34,54 @@ pub use self::error::RateLimited;
 pub use self::layer::PacerLayer;
 pub use self::service::{Pacer, ResponseFuture, Ttfb};
 use crate::error::BoxError;
+use crate::events::{emit, Event, EventSink};
+use crate::outcome::Outcome;
 use crate::settings::ProviderSettings;
 
 /// The pacer state of one provider, shared by all its services.
-#[derive(Debug)]
 pub struct PacerShared {
     /// The decision state; held only for short, non-blocking sections.
     core: Mutex<PacerCore>,
     /// Bumped whenever a hold or rate change may move waiters' slots, or
     /// the head of the queue left.
     changed: watch::Sender<()>,
+    /// Where pacing events go.
+    events: Option<EventSink>,
 }
 
 impl PacerShared {
     /// A cold pacer for these settings.
     pub fn new(settings: &ProviderSettings) -> Arc<Self> {
+        PacerShared::with_events(settings, None)
+    }
+
+    /// A cold pacer reporting to `events`.
+    pub fn with_events(settings: &ProviderSettings, events: Option<EventSink>) -> Arc<Self> {
         Arc::new(PacerShared {
             core: Mutex::new(PacerCore::new(settings)),
             changed: watch::Sender::new(()),
+            events,
         })
+    }
+
+    /// Feeds back an attempt's outcome (see [`PacerCore::on_outcome`]),
+    /// wakes waiters if their slots moved, and reports what happened.
+    pub fn feedback(&self, outcome: Option<Outcome>, sent_at: Instant, ttfb: Option<Duration>) {
+        emit(&self.events, Event::Attempt { outcome, ttfb });
+        let Some(outcome) = outcome else {
+            return;
+        };
+        let now = Instant::now();
+        let fb = self.lock().on_outcome(&outcome, sent_at, ttfb, now);
+        if fb.changed() {
+            self.notify();
+        }
+        if let Some(until) = fb.hold_until {
+            emit(&self.events, Event::Hold(until.saturating_duration_since(now)));
+        }
+        if let Some(b) = fb.backoff {
+            emit(&self.events, Event::Backoff(b));
+        }
     }
 
     /// Locks the decision state. A poisoned lock is recovered: the state is
@@ -73,11 +104,13 @@ impl PacerShared {
     /// requests. Returns the instant it was admitted, or [`RateLimited`].
     pub async fn acquire(&self) -> Result<Instant, BoxError> {
         let now = Instant::now();
+        let arrived = now;
         let (ticket, deadline) = {
             let mut core = self.lock();
             match core.enqueue(now) {
                 Ok(t) => (t, core.deadline(now)),
                 Err((refusal, wait)) => {
+                    emit(&self.events, Event::Shed(refusal));
                     return Err(RateLimited::new(refusal, wait).into());
                 }
             }
@@ -98,11 +131,13 @@ impl PacerShared {
                     guard.ticket = None;
                     // The next waiter is now at the head.
                     self.notify();
+                    emit(&self.events, Event::PacingWait(now.saturating_duration_since(arrived)));
                     return Ok(now);
                 }
                 Admission::Refuse(wait) => {
                     guard.ticket = None;
                     self.notify();
+                    emit(&self.events, Event::Shed(Refusal::WaitTooLong));
                     return Err(RateLimited::new(Refusal::WaitTooLong, wait).into());
                 }
                 Admission::WaitUntil(at) => {
@@ -113,6 +148,15 @@ impl PacerShared {
                 }
             }
         }
+    }
+}
+
+impl std::fmt::Debug for PacerShared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PacerShared")
+            .field("core", &self.core)
+            .field("events", &self.events.is_some())
+            .finish()
     }
 }
 

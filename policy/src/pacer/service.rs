@@ -5,7 +5,6 @@ use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
 use http::{Request, Response};
-use tokio::time::Instant;
 use tower::{Service, ServiceExt};
 
 use super::PacerShared;
@@ -61,7 +60,6 @@ where
         Box::pin(async move {
             let sent_at = shared.acquire().await?;
             let result = inner.oneshot(req).await.map_err(Into::into);
-            let now = Instant::now();
             let (outcome, ttfb) = match &result {
                 Ok(resp) => (
                     Some(outcome::of_response(resp, SystemTime::now())),
@@ -69,12 +67,7 @@ where
                 ),
                 Err(e) => (Outcome::of_error(e), None),
             };
-            if let Some(outcome) = outcome {
-                let feedback = shared.lock().on_outcome(&outcome, sent_at, ttfb, now);
-                if feedback.changed() {
-                    shared.notify();
-                }
-            }
+            shared.feedback(outcome, sent_at, ttfb);
             result
         })
     }

@@ -30,6 +30,7 @@ use tokio::time::Instant;
 pub use self::backoff::Jitter;
 pub use self::budget::RatioBudget;
 pub use self::policy::{retryable_method, RetryPolicy};
+use crate::events::EventSink;
 use crate::settings::ProviderSettings;
 
 /// A request body that can be copied for a replay. `try_clone` returns
@@ -52,13 +53,22 @@ impl ReplayBody for String {
     }
 }
 
+impl std::fmt::Debug for RetryShared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RetryShared")
+            .field("budget", &self.budget)
+            .field("jitter", &self.jitter)
+            .finish_non_exhaustive()
+    }
+}
+
 /// The retry settings and budget of one provider, shared by all its
 /// requests.
-#[derive(Debug)]
 pub struct RetryShared {
     budget: Mutex<RatioBudget>,
     settings: Mutex<RetrySettings>,
     jitter: Jitter,
+    events: Option<EventSink>,
 }
 
 #[derive(Debug, Clone)]
@@ -85,7 +95,13 @@ impl RetrySettings {
 impl RetryShared {
     /// A fresh budget for these settings, with the given jitter source.
     pub fn new(settings: &ProviderSettings, jitter: Jitter) -> Self {
+        RetryShared::with_events(settings, jitter, None)
+    }
+
+    /// [`RetryShared::new`] reporting retries to `events`.
+    pub fn with_events(settings: &ProviderSettings, jitter: Jitter, events: Option<EventSink>) -> Self {
         RetryShared {
+            events,
             budget: Mutex::new(RatioBudget::new(
                 settings.retry_ratio,
                 settings.retry_min_per_sec,
@@ -118,6 +134,10 @@ impl RetryShared {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
+    }
+
+    pub(crate) fn retried(&self, after: crate::outcome::Outcome) {
+        crate::events::emit(&self.events, crate::events::Event::Retry(after));
     }
 
     pub(crate) fn jitter(&self) -> &Jitter {

@@ -98,6 +98,7 @@ where
         if let Some(r) = &run {
             r.take_retry();
         }
+        self.shared.retried(outcome);
         Some(tokio::time::sleep(delay))
     }
 

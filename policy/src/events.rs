@@ -1,0 +1,46 @@
+//! What happened inside a provider's stack, for the caller to count.
+//!
+//! The policy crate does no I/O, so it does not own metrics or logs; it
+//! reports events through one sink per provider, and the proxy turns them
+//! into Prometheus series and log lines. Breaker transitions have their own
+//! sink ([`crate::breaker::TransitionSink`]) because they are also durable
+//! evidence. Events carry no request data — only numbers and fixed labels.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::outcome::Outcome;
+use crate::pacer::{Backoff, Refusal};
+
+/// One event.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    /// An attempt was sent upstream and came back (`outcome`) — or failed
+    /// without an answer the provider is responsible for (`None`).
+    Attempt {
+        /// What it came back with.
+        outcome: Option<Outcome>,
+        /// Time to the response head, when there was one.
+        ttfb: Option<Duration>,
+    },
+    /// A request got its pacing slot after waiting this long.
+    PacingWait(Duration),
+    /// The pacer refused a request.
+    Shed(Refusal),
+    /// A provider's `Retry-After` set or lengthened the hold.
+    Hold(Duration),
+    /// The rate was cut.
+    Backoff(Backoff),
+    /// A retry was scheduled after this outcome.
+    Retry(Outcome),
+}
+
+/// Where a provider's events go.
+pub type EventSink = Arc<dyn Fn(&Event) + Send + Sync>;
+
+/// Sends `event` to `sink`, if there is one.
+pub(crate) fn emit(sink: &Option<EventSink>, event: Event) {
+    if let Some(sink) = sink {
+        sink(&event);
+    }
+}
