@@ -11,13 +11,13 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::breaker::{BreakerShared, BreakerSnapshot, CircuitOpen, Permit, State, TransitionSink};
-use crate::events::EventSink;
-use crate::timeout::SharedDuration;
 use crate::bulkhead::BulkheadShared;
 use crate::error::BoxError;
+use crate::events::EventSink;
 use crate::pacer::{PacerShared, PacerSnapshot};
 use crate::retry::{Jitter, RetryShared};
 use crate::settings::{ProviderSettings, SettingsError};
+use crate::timeout::SharedDuration;
 
 /// What a provider's policy is built with besides its settings.
 #[derive(Default)]

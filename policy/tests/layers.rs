@@ -479,7 +479,9 @@ async fn retry_after_is_waited_exactly() {
         ProviderSettings::default(),
         PolicyOptions {
             jitter: Some(Jitter::Fixed(0.0)),
-            events: Some(Arc::new(move |e: &Event| sink.lock().unwrap().push(e.clone()))),
+            events: Some(Arc::new(move |e: &Event| {
+                sink.lock().unwrap().push(e.clone())
+            })),
             ..PolicyOptions::default()
         },
     )
@@ -496,10 +498,19 @@ async fn retry_after_is_waited_exactly() {
         status: 429,
         retry_after: Some(Duration::from_secs(2)),
     };
-    assert!(events.contains(&Event::Hold(Duration::from_secs(2))), "{events:?}");
+    assert!(
+        events.contains(&Event::Hold(Duration::from_secs(2))),
+        "{events:?}"
+    );
     assert!(events.contains(&Event::Retry(throttled)), "{events:?}");
-    assert!(events.iter().any(|e| matches!(e, Event::Backoff(_))), "{events:?}");
-    let attempts = events.iter().filter(|e| matches!(e, Event::Attempt { .. })).count();
+    assert!(
+        events.iter().any(|e| matches!(e, Event::Backoff(_))),
+        "{events:?}"
+    );
+    let attempts = events
+        .iter()
+        .filter(|e| matches!(e, Event::Attempt { .. }))
+        .count();
     assert_eq!(attempts, 2);
 }
 

@@ -1,23 +1,37 @@
-//! The admin listener: health and readiness (R-OP3), on its own port so
-//! that the proxy port never serves anything but proxying (R-SF1).
+//! The admin listener, on its own port so the proxy port never serves
+//! anything but proxying (R-SF1):
+//!
+//! * `/healthz` — the process is up; `/readyz` — listeners bound and the
+//!   store open (R-OP3);
+//! * `/metrics` — Prometheus text (R-OP1);
+//! * `/v1/providers`, `/v1/providers/{name}` — the live readout (R-OP2):
+//!   rate, ceiling, last back-off, breaker state with evidence, hold,
+//!   queue. Where there is no state yet the field says `"unknown"` — never
+//!   a zero that looks like a measurement.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use http::{Method, Request, Response, StatusCode};
+use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
+use serde_json::{json, Value};
+use sluice_policy::breaker::Transition;
 use tokio::net::TcpListener;
+use tokio::time::Instant;
 
 use crate::body::{full, ResBody};
+use crate::providers::Provider;
 use crate::server::App;
+use crate::store::{unix_ms_now, EvidenceRecord};
 
 /// Serves the admin API until the process ends.
 pub async fn serve(app: Arc<App>, listener: TcpListener) {
     loop {
         let Ok((stream, _)) = listener.accept().await else {
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            tokio::time::sleep(Duration::from_millis(50)).await;
             continue;
         };
         let app = app.clone();
@@ -28,29 +42,215 @@ pub async fn serve(app: Arc<App>, listener: TcpListener) {
             });
             let _ = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
-                .header_read_timeout(std::time::Duration::from_secs(10))
+                .header_read_timeout(Duration::from_secs(10))
                 .serve_connection(TokioIo::new(stream), service)
                 .await;
         });
     }
 }
 
-fn text(status: StatusCode, body: &'static str) -> Response<ResBody> {
+fn text(
+    status: StatusCode,
+    body: impl Into<bytes::Bytes>,
+    content_type: &'static str,
+) -> Response<ResBody> {
     let mut resp = Response::new(full(body));
     *resp.status_mut() = status;
+    resp.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
     resp
 }
 
+fn json_response(status: StatusCode, v: &Value) -> Response<ResBody> {
+    text(status, v.to_string(), "application/json")
+}
+
 fn route(app: &App, req: Request<Incoming>) -> Response<ResBody> {
-    match (req.method(), req.uri().path()) {
-        (&Method::GET, "/healthz") => text(StatusCode::OK, "ok\n"),
-        (&Method::GET, "/readyz") => {
-            if app.ready.load(Ordering::SeqCst) {
-                text(StatusCode::OK, "ready\n")
-            } else {
-                text(StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
+    if req.method() != Method::GET {
+        return text(StatusCode::METHOD_NOT_ALLOWED, "GET only\n", "text/plain");
+    }
+    let path = req.uri().path();
+    match path {
+        "/healthz" => text(StatusCode::OK, "ok\n", "text/plain"),
+        "/readyz" => {
+            let ready = app.ready.load(Ordering::SeqCst);
+            match (ready, app.store.is_some()) {
+                (true, true) => text(StatusCode::OK, "ready\n", "text/plain"),
+                (false, _) => text(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "not ready: listeners\n",
+                    "text/plain",
+                ),
+                (true, false) => text(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "not ready: state store not open\n",
+                    "text/plain",
+                ),
             }
         }
-        _ => text(StatusCode::NOT_FOUND, "not found\n"),
+        "/metrics" => {
+            let providers = app.providers.all();
+            let now = Instant::now();
+            let snaps: Vec<_> = providers
+                .iter()
+                .map(|p| (p.policy.snapshot(now), p.visible()))
+                .collect();
+            app.metrics.refresh(snaps.iter().map(|(s, v)| (s, *v)));
+            text(
+                StatusCode::OK,
+                app.metrics.render(),
+                "text/plain; version=0.0.4",
+            )
+        }
+        "/v1/providers" => {
+            let mut list: Vec<Value> = app
+                .providers
+                .all()
+                .iter()
+                .map(|p| provider_json(app, p, false))
+                .collect();
+            for name in app.providers.named() {
+                if app.providers.live(&name).is_none() {
+                    list.push(unknown_json(app, &name, false));
+                }
+            }
+            json_response(StatusCode::OK, &json!({ "providers": list }))
+        }
+        _ => match path.strip_prefix("/v1/providers/") {
+            Some(name) if !name.is_empty() => match app.providers.live(name) {
+                Some(p) => json_response(StatusCode::OK, &provider_json(app, &p, true)),
+                None if app.providers.named().iter().any(|n| n == name)
+                    || app
+                        .store
+                        .as_ref()
+                        .is_some_and(|s| !s.evidence(name).is_empty()) =>
+                {
+                    json_response(StatusCode::OK, &unknown_json(app, name, true))
+                }
+                None => json_response(
+                    StatusCode::NOT_FOUND,
+                    &json!({ "error": "no such provider", "name": name }),
+                ),
+            },
+            _ => text(StatusCode::NOT_FOUND, "not found\n", "text/plain"),
+        },
     }
+}
+
+/// Milliseconds since the epoch of a monotonic instant in the past.
+fn unix_ms(at: Instant, now: Instant) -> u64 {
+    let ago = now.saturating_duration_since(at);
+    SystemTime::now()
+        .checked_sub(ago)
+        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+fn ms(d: Duration) -> f64 {
+    (d.as_secs_f64() * 1000.0 * 1000.0).round() / 1000.0
+}
+
+fn evidence_json(e: &EvidenceRecord) -> Value {
+    json!({
+        "at_unix_ms": e.at_unix_ms,
+        "from": e.from,
+        "to": e.to,
+        "reason": e.reason,
+        "elapsed_ms": e.elapsed_ms,
+        "calls": e.calls,
+        "failures": e.failures,
+        "retry_budget_left": e.retry_budget_left,
+    })
+}
+
+/// Evidence from the store (it survives restarts), else the in-memory log.
+fn evidence(app: &App, name: &str, recent: &[Transition]) -> Vec<Value> {
+    match &app.store {
+        Some(store) => store.evidence(name).iter().map(evidence_json).collect(),
+        None => {
+            let now = Instant::now();
+            recent
+                .iter()
+                .map(|t| evidence_json(&EvidenceRecord::of(t, now.saturating_duration_since(t.at))))
+                .collect()
+        }
+    }
+}
+
+fn provider_json(app: &App, p: &Provider, with_evidence: bool) -> Value {
+    let now = Instant::now();
+    let s = p.policy.snapshot(now);
+    let unknown = || json!("unknown");
+    let mut breaker = json!({
+        "state": s.breaker.state.label(),
+        "in_state_ms": s.breaker.in_state.as_millis() as u64,
+        "window_calls": s.breaker.calls,
+        "window_failures": s.breaker.failures,
+        "open_remaining_ms": s.breaker.open_remaining.map(|d| d.as_millis() as u64),
+    });
+    if with_evidence {
+        breaker["evidence"] = json!(evidence(app, &p.name, &p.policy.breaker.recent()));
+    }
+    json!({
+        "name": p.name,
+        "live": true,
+        "restored": p.restored,
+        "rate_rps": s.pacer.rate_rps,
+        "interval_ms": ms(s.pacer.interval),
+        "ceiling_rps": s.pacer.ceiling_rps,
+        "start_rps": s.pacer.start_rps,
+        "throttle_point_rps": s.pacer.limit_rps.map_or_else(unknown, |l| json!(l)),
+        "baseline_ttfb_ms": s.pacer.baseline_ttfb.map_or_else(unknown, |b| json!(ms(b))),
+        "last_backoff": s.pacer.last_backoff.map_or_else(unknown, |b| json!({
+            "at_unix_ms": unix_ms(b.at, now),
+            "ago_ms": now.saturating_duration_since(b.at).as_millis() as u64,
+            "reason": b.reason.label(),
+            "from_rps": b.from_rps,
+            "to_rps": b.to_rps,
+        })),
+        "hold": s.pacer.hold_remaining.map_or_else(|| json!("none"), |h| json!({
+            "remaining_ms": h.as_millis() as u64,
+        })),
+        "queue": {
+            "waiting": s.pacer.queue_len,
+            "in_flight": s.in_flight,
+            "bulkhead_waiting": s.bulkhead_waiting,
+        },
+        "retry_budget_left": s.retry_budget_left,
+        "intercept": p.intercept(),
+        "request_visibility": p.visible(),
+        "breaker": breaker,
+        "as_of_unix_ms": unix_ms_now(),
+    })
+}
+
+/// A provider that exists in the config (or in the evidence) but has no
+/// live state yet.
+fn unknown_json(app: &App, name: &str, with_evidence: bool) -> Value {
+    let settings = app
+        .config()
+        .providers
+        .iter()
+        .find(|p| p.name == name)
+        .map(|p| p.settings.clone());
+    let mut v = json!({
+        "name": name,
+        "live": false,
+        "rate_rps": "unknown",
+        "interval_ms": "unknown",
+        "ceiling_rps": settings.as_ref().map_or_else(|| json!("unknown"), |s| json!(s.ceiling_rps)),
+        "start_rps": settings.as_ref().map_or_else(|| json!("unknown"), |s| json!(s.start_rate())),
+        "throttle_point_rps": "unknown",
+        "baseline_ttfb_ms": "unknown",
+        "last_backoff": "unknown",
+        "hold": "unknown",
+        "queue": "unknown",
+        "retry_budget_left": "unknown",
+        "breaker": { "state": "unknown" },
+        "as_of_unix_ms": unix_ms_now(),
+    });
+    if with_evidence {
+        v["breaker"]["evidence"] = json!(evidence(app, name, &[]));
+    }
+    v
 }

@@ -144,6 +144,8 @@ struct RawLimits {
     max_header_bytes: Option<usize>,
     body_idle_timeout: Option<Dur>,
     shutdown_grace: Option<Dur>,
+    save_interval: Option<Dur>,
+    max_metric_providers: Option<usize>,
 }
 
 /// Every per-provider key. All optional: a named provider takes
@@ -348,6 +350,10 @@ pub struct Limits {
     pub body_idle_timeout: Duration,
     /// In-flight work gets this long to finish on SIGTERM.
     pub shutdown_grace: Duration,
+    /// Learned state is saved this often (and on shutdown).
+    pub save_interval: Duration,
+    /// Distinct provider labels exported in metrics; the rest are `_other`.
+    pub max_metric_providers: usize,
 }
 
 /// The validated config.
@@ -479,7 +485,15 @@ impl Config {
             max_header_bytes: l.max_header_bytes.unwrap_or(64 * 1024),
             body_idle_timeout: l.body_idle_timeout.map_or(Duration::from_secs(60), |d| d.0),
             shutdown_grace: l.shutdown_grace.map_or(Duration::from_secs(10), |d| d.0),
+            save_interval: l.save_interval.map_or(Duration::from_secs(2), |d| d.0),
+            max_metric_providers: l.max_metric_providers.unwrap_or(256),
         };
+        if limits.save_interval < Duration::from_millis(100) {
+            return Err(err("limits.save_interval", "must be at least 100ms"));
+        }
+        if limits.max_metric_providers == 0 {
+            return Err(err("limits.max_metric_providers", "must be at least 1"));
+        }
         if limits.max_providers == 0 {
             return Err(err("limits.max_providers", "must be at least 1"));
         }

@@ -54,7 +54,7 @@ pub fn connect(app: Arc<App>, req: Request<Incoming>, identity: Identity) -> Res
         )
         .into_response();
     };
-    if !app.config.destinations.connect_ports.contains(&port) {
+    if !app.config().destinations.connect_ports.contains(&port) {
         return Refusal::new(
             StatusCode::FORBIDDEN,
             "http_request_denied",
@@ -87,7 +87,7 @@ where
 {
     let mut first = vec![0u8; 4096];
     let read =
-        tokio::time::timeout(app.config.limits.header_read_timeout, io.read(&mut first)).await;
+        tokio::time::timeout(app.config().limits.header_read_timeout, io.read(&mut first)).await;
     let n = match read {
         Ok(Ok(n)) if n > 0 => n,
         _ => return,
@@ -95,18 +95,26 @@ where
     first.truncate(n);
     if first[0] == TLS_HANDSHAKE {
         let provider = app.providers.get(&normalise_host(authority.host()));
-        match (&app.ca, provider.intercept) {
+        let label = app.metrics.label(&provider.name);
+        match (&app.ca, provider.intercept()) {
             (Some(ca), true) => {
+                app.metrics.tunnel(&label, "intercepted");
                 let (ca, name) = (ca.clone(), provider.name.clone());
                 drop(provider);
                 intercept(app, ca, Prefixed::new(first, io), authority, identity, name).await;
             }
             _ => {
+                app.metrics.tunnel(&label, "raw");
+                provider.saw_raw_tunnel();
                 drop(provider);
                 raw_tunnel(app, io, first, authority).await;
             }
         }
     } else {
+        let provider = app.providers.get(&normalise_host(authority.host()));
+        app.metrics
+            .tunnel(&app.metrics.label(&provider.name), "plain_http");
+        drop(provider);
         serve_plain(app, Prefixed::new(first, io), authority, identity).await;
     }
 }
@@ -116,8 +124,8 @@ async fn serve_plain<T>(app: Arc<App>, io: T, authority: Authority, identity: Id
 where
     T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let header_timeout = app.config.limits.header_read_timeout;
-    let max_head = app.config.limits.max_header_bytes;
+    let header_timeout = app.config().limits.header_read_timeout;
+    let max_head = app.config().limits.max_header_bytes;
     let service = service_fn(move |mut req: Request<Incoming>| {
         let app = app.clone();
         let target = Target {
@@ -180,7 +188,7 @@ where
         }
     };
     let connected =
-        tokio::time::timeout(app.config.connect_timeout, TcpStream::connect(&addrs[..])).await;
+        tokio::time::timeout(app.config().connect_timeout, TcpStream::connect(&addrs[..])).await;
     let mut upstream = match connected {
         Ok(Ok(s)) => {
             admission.connected(true);

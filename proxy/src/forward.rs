@@ -1,6 +1,7 @@
 //! Forwarding one HTTP request through its provider's stack (R-PX1).
 
 use std::sync::Arc;
+use std::time::SystemTime;
 use tokio::time::Instant;
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
@@ -8,7 +9,9 @@ use http::uri::{Authority, Scheme};
 use http::{Request, Response, StatusCode, Uri};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
+use sluice_policy::error::{self, BulkheadFull, CircuitOpen, RateLimited, RunStopped};
 use sluice_policy::retry::retryable_method;
+use sluice_policy::{outcome, BoxError};
 use tower::ServiceExt;
 
 use crate::body::{collect_limited, IdleTimeout, ProxyBody, ResBody};
@@ -189,6 +192,8 @@ pub async fn forward(app: Arc<App>, req: Request<Incoming>, target: Target) -> R
     let req = Request::from_parts(parts, body);
     let result = provider.service.clone().oneshot(req).await;
     let elapsed_ms = started.elapsed().as_millis() as u64;
+    app.metrics
+        .request(&app.metrics.label(&provider.name), final_outcome(&result));
     match result {
         Ok(resp) => {
             let (mut parts, body) = resp.into_parts();
@@ -197,7 +202,7 @@ pub async fn forward(app: Arc<App>, req: Request<Incoming>, target: Target) -> R
             // The client's connection is HTTP/1.1 whatever the upstream spoke.
             parts.version = http::Version::HTTP_11;
             tracing::debug!(provider = %provider.name, %method, status = parts.status.as_u16(), elapsed_ms, "forwarded");
-            let body = IdleTimeout::new(body, app.config.limits.body_idle_timeout).boxed();
+            let body = IdleTimeout::new(body, app.config().limits.body_idle_timeout).boxed();
             Response::from_parts(parts, body)
         }
         Err(e) => {
@@ -212,6 +217,17 @@ pub async fn forward(app: Arc<App>, req: Request<Incoming>, target: Target) -> R
             );
             refusal.into_response()
         }
+    }
+}
+
+/// The label of a client request's final outcome (R-OP1).
+fn final_outcome<R>(result: &Result<Response<R>, BoxError>) -> &'static str {
+    match result {
+        Ok(resp) => outcome::of_response(resp, SystemTime::now()).label(),
+        Err(e) if e.is::<RateLimited>() || e.is::<BulkheadFull>() => "shed",
+        Err(e) if e.is::<CircuitOpen>() => "circuit_open",
+        Err(e) if e.is::<RunStopped>() => "run_stopped",
+        Err(e) => error::info(e).outcome.map_or("denied", |o| o.label()),
     }
 }
 

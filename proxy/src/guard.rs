@@ -14,7 +14,7 @@
 use std::future::Future;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::task::{Context, Poll};
 
 use http::Uri;
@@ -88,17 +88,25 @@ fn v6_class(ip: Ipv6Addr) -> Option<&'static str> {
 }
 
 /// The destination policy: refused ranges minus the config's exceptions.
+///
+/// Clones share the exception list, so a config reload reaches the
+/// connector inside the pooled client too.
 #[derive(Debug, Clone, Default)]
 pub struct Guard {
-    allow: Arc<Vec<IpNet>>,
+    allow: Arc<RwLock<Vec<IpNet>>>,
 }
 
 impl Guard {
     /// A guard with these exceptions.
     pub fn new(allow: Vec<IpNet>) -> Self {
         Guard {
-            allow: Arc::new(allow),
+            allow: Arc::new(RwLock::new(allow)),
         }
+    }
+
+    /// Replaces the exceptions (config reload).
+    pub fn set_allow(&self, allow: Vec<IpNet>) {
+        *self.allow.write().unwrap_or_else(|p| p.into_inner()) = allow;
     }
 
     /// Checks one address.
@@ -108,7 +116,14 @@ impl Guard {
             v4 => v4,
         };
         match refused_class(ip) {
-            Some(class) if !self.allow.iter().any(|net| net.contains(&ip)) => {
+            Some(class)
+                if !self
+                    .allow
+                    .read()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .iter()
+                    .any(|net| net.contains(&ip)) =>
+            {
                 Err(GuardError::Prohibited(class))
             }
             _ => Ok(()),

@@ -10,8 +10,11 @@ mod connect;
 mod edge;
 mod forward;
 mod guard;
+mod metrics;
+mod observe;
 mod providers;
 mod server;
+mod store;
 mod tls;
 mod upstream;
 
@@ -115,7 +118,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(server::run(config)) {
+    match runtime.block_on(server::run(config, cli.config.clone())) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("sluice: {e}");

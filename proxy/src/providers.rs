@@ -8,14 +8,17 @@
 //! `state_max_age`, so a provider that comes back resumes its rate), and at
 //! most `max_providers` are tracked: beyond that, unknown hosts share one
 //! `_overflow` provider (linkerd's idle cache, hyper-util's pool keys).
+//! The same kept-state map is filled from the store at start (R-PS1).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use hyper::body::Incoming;
-use sluice_policy::provider::PolicyOptions;
+use sluice_policy::breaker::TransitionSink;
+use sluice_policy::events::EventSink;
+use sluice_policy::provider::{LearnedState, PolicyOptions};
 use sluice_policy::stack::{provider_stack, ProviderService};
 use sluice_policy::{ProviderPolicy, ProviderSettings};
 use tokio::time::Instant;
@@ -27,6 +30,13 @@ use crate::upstream::Upstream;
 /// The provider every unknown host shares once the table is full.
 pub const OVERFLOW: &str = "_overflow";
 
+/// Makes the event and transition sinks of a new provider (metrics, logs,
+/// the store).
+pub trait Observer: Send + Sync {
+    /// Sinks for the provider `name`.
+    fn sinks(&self, name: &str) -> (EventSink, TransitionSink);
+}
+
 /// One provider: its policy state and its stack.
 pub struct Provider {
     /// Its name.
@@ -36,7 +46,12 @@ pub struct Provider {
     /// Its stack, cheap to clone per request.
     pub service: ProviderService<ProxyBody, Incoming>,
     /// Whether its CONNECT tunnels are intercepted.
-    pub intercept: bool,
+    intercept: AtomicBool,
+    /// Whether it started from restored state.
+    pub restored: bool,
+    /// Whether any of its traffic went through a raw tunnel (per-request
+    /// visibility lost).
+    raw_tunnels: AtomicBool,
     /// Milliseconds since the table's epoch at last use.
     last_used: AtomicU64,
 }
@@ -49,12 +64,10 @@ impl std::fmt::Debug for Provider {
     }
 }
 
-/// What an evicted provider had learned.
+/// Learned state waiting for its provider to be used again.
 #[derive(Debug, Clone, Copy)]
-struct Learned {
-    rate_rps: f64,
-    limit_rps: Option<f64>,
-    baseline: Option<Duration>,
+struct Kept {
+    state: LearnedState,
     at: Instant,
 }
 
@@ -70,8 +83,9 @@ pub struct Providers {
     epoch: Instant,
     rules: RwLock<Rules>,
     entries: Mutex<HashMap<String, Arc<Provider>>>,
-    learned: Mutex<HashMap<String, Learned>>,
+    kept: Mutex<HashMap<String, Kept>>,
     upstream: Upstream,
+    observer: Option<Arc<dyn Observer>>,
 }
 
 impl std::fmt::Debug for Providers {
@@ -82,7 +96,7 @@ impl std::fmt::Debug for Providers {
 
 impl Providers {
     /// A table for this config over this upstream client.
-    pub fn new(config: &Config, upstream: Upstream) -> Self {
+    pub fn new(config: &Config, upstream: Upstream, observer: Option<Arc<dyn Observer>>) -> Self {
         Providers {
             epoch: Instant::now(),
             rules: RwLock::new(Rules {
@@ -92,13 +106,18 @@ impl Providers {
                 limits: config.limits.clone(),
             }),
             entries: Mutex::new(HashMap::new()),
-            learned: Mutex::new(HashMap::new()),
+            kept: Mutex::new(HashMap::new()),
             upstream,
+            observer,
         }
     }
 
     fn rules(&self) -> std::sync::RwLockReadGuard<'_, Rules> {
         self.rules.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn entries(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Provider>>> {
+        self.entries.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The provider name, settings and interception for a host.
@@ -120,7 +139,7 @@ impl Providers {
     pub fn get(&self, host: &str) -> Arc<Provider> {
         let (name, settings, intercept) = self.lookup(host);
         let now = Instant::now();
-        let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        let mut entries = self.entries();
         if let Some(p) = entries.get(&name) {
             p.touch(self.epoch, now);
             return p.clone();
@@ -144,8 +163,18 @@ impl Providers {
         provider
     }
 
+    /// The live provider with this name, if any.
+    pub fn live(&self, name: &str) -> Option<Arc<Provider>> {
+        self.entries().get(name).cloned()
+    }
+
     fn is_named(&self, name: &str) -> bool {
         self.rules().named.iter().any(|p| p.name == name)
+    }
+
+    /// The names of the configured providers.
+    pub fn named(&self) -> Vec<String> {
+        self.rules().named.iter().map(|p| p.name.clone()).collect()
     }
 
     fn build(
@@ -155,59 +184,81 @@ impl Providers {
         intercept: bool,
         now: Instant,
     ) -> Provider {
-        let policy = ProviderPolicy::new(name, settings, PolicyOptions::default())
-            .expect("settings were validated with the config");
+        let (events, sink) = match &self.observer {
+            Some(o) => {
+                let (e, t) = o.sinks(name);
+                (Some(e), Some(t))
+            }
+            None => (None, None),
+        };
+        let policy = ProviderPolicy::new(
+            name,
+            settings,
+            PolicyOptions {
+                sink,
+                events,
+                jitter: None,
+            },
+        )
+        .expect("settings were validated with the config");
         let max_age = self.rules().limits.state_max_age;
-        if let Some(l) = self
-            .learned
+        let kept = self
+            .kept
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(name)
-            .filter(|l| now.saturating_duration_since(l.at) < max_age)
-        {
-            policy
-                .pacer
-                .lock()
-                .restore(l.rate_rps, l.limit_rps, l.baseline);
+            .filter(|k| now.saturating_duration_since(k.at) < max_age);
+        if let Some(k) = &kept {
+            policy.restore(&k.state);
         }
         let service = provider_stack(&policy, self.upstream.clone());
         let p = Provider {
             name: name.to_string(),
             policy,
             service,
-            intercept,
+            intercept: AtomicBool::new(intercept),
+            restored: kept.is_some(),
+            raw_tunnels: AtomicBool::new(false),
             last_used: AtomicU64::new(0),
         };
         p.touch(self.epoch, now);
         p
     }
 
+    /// Keeps learned state for providers not live yet (from the store at
+    /// start): each is restored when its provider is first used, if it is
+    /// still younger than `state_max_age`. `age` is how old it already is.
+    pub fn keep(&self, name: &str, state: LearnedState, age: Duration) {
+        let at = Instant::now().checked_sub(age).unwrap_or_else(Instant::now);
+        self.kept
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(name.to_string(), Kept { state, at });
+    }
+
     /// Evicts providers idle for `provider_idle`, keeping what they learned.
     pub fn sweep(&self) {
         let now = Instant::now();
-        let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        let mut entries = self.entries();
         self.evict_idle(&mut entries, now);
         let max_age = self.rules().limits.state_max_age;
-        self.learned
+        self.kept
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .retain(|_, l| now.saturating_duration_since(l.at) < max_age);
+            .retain(|_, k| now.saturating_duration_since(k.at) < max_age);
     }
 
     fn evict_idle(&self, entries: &mut HashMap<String, Arc<Provider>>, now: Instant) {
         let idle = self.rules().limits.provider_idle;
-        let mut learned = self.learned.lock().unwrap_or_else(|p| p.into_inner());
+        let mut kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
         entries.retain(|name, p| {
             let unused = now.saturating_duration_since(p.last_used(self.epoch)) >= idle;
             let busy = Arc::strong_count(p) > 1 || p.policy.bulkhead.in_flight() > 0;
             if unused && !busy {
-                let snap = p.policy.pacer.snapshot(now);
-                learned.insert(
+                kept.insert(
                     name.clone(),
-                    Learned {
-                        rate_rps: snap.rate_rps,
-                        limit_rps: snap.limit_rps,
-                        baseline: snap.baseline_ttfb,
+                    Kept {
+                        state: p.policy.learned(now),
                         at: now,
                     },
                 );
@@ -216,6 +267,50 @@ impl Providers {
                 true
             }
         });
+    }
+
+    /// Every live provider, by name.
+    pub fn all(&self) -> Vec<Arc<Provider>> {
+        let mut all: Vec<_> = self.entries().values().cloned().collect();
+        all.sort_by(|a, b| a.name.cmp(&b.name));
+        all
+    }
+
+    /// Learned state of live providers and of those kept since eviction.
+    pub fn learned(&self) -> Vec<(String, LearnedState)> {
+        let now = Instant::now();
+        let mut out: Vec<_> = self
+            .all()
+            .iter()
+            .map(|p| (p.name.clone(), p.policy.learned(now)))
+            .collect();
+        let kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
+        out.extend(kept.iter().map(|(n, k)| (n.clone(), k.state)));
+        out
+    }
+
+    /// Applies a reloaded config (R-OP5): new rules for lookups, new
+    /// settings for live providers — their learned state is kept.
+    pub fn reload(&self, config: &Config) {
+        {
+            let mut rules = self.rules.write().unwrap_or_else(|p| p.into_inner());
+            *rules = Rules {
+                named: config.providers.clone(),
+                defaults: config.defaults.clone(),
+                defaults_intercept: config.defaults_intercept,
+                limits: config.limits.clone(),
+            };
+        }
+        for p in self.all() {
+            let (settings, intercept) = match config.providers.iter().find(|n| n.name == p.name) {
+                Some(n) => (n.settings.clone(), n.intercept),
+                None => (config.defaults.clone(), config.defaults_intercept),
+            };
+            if let Err(e) = p.policy.update_settings(settings) {
+                tracing::warn!(provider = %p.name, error = %e, "settings not applied");
+            }
+            p.intercept.store(intercept, Ordering::Relaxed);
+        }
     }
 }
 
@@ -227,6 +322,21 @@ impl Provider {
 
     fn last_used(&self, epoch: Instant) -> Instant {
         epoch + Duration::from_millis(self.last_used.load(Ordering::Relaxed))
+    }
+
+    /// Whether its CONNECT tunnels are intercepted.
+    pub fn intercept(&self) -> bool {
+        self.intercept.load(Ordering::Relaxed)
+    }
+
+    /// Marks that a raw tunnel carried this provider's traffic.
+    pub fn saw_raw_tunnel(&self) {
+        self.raw_tunnels.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether sluice sees each of this provider's requests.
+    pub fn visible(&self) -> bool {
+        !self.raw_tunnels.load(Ordering::Relaxed)
     }
 }
 
@@ -243,7 +353,7 @@ mod tests {
             tls_config(None).unwrap(),
             Duration::from_secs(1),
         );
-        Providers::new(&config, upstream)
+        Providers::new(&config, upstream, None)
     }
 
     #[tokio::test(start_paused = true)]
@@ -272,11 +382,12 @@ mod tests {
             .restore(3.25, Some(4.0), None);
         tokio::time::advance(Duration::from_secs(61)).await;
         t.sweep();
-        assert!(t.entries.lock().unwrap().is_empty(), "evicted");
+        assert!(t.all().is_empty(), "evicted");
         let again = t.get("a.test");
         let snap = again.policy.pacer.snapshot(Instant::now());
         assert_eq!(snap.rate_rps, 3.25);
         assert_eq!(snap.limit_rps, Some(4.0));
+        assert!(again.restored);
         drop(again);
         // Older than state_max_age: a cold start.
         tokio::time::advance(Duration::from_secs(61)).await;

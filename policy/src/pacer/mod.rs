@@ -77,7 +77,10 @@ impl PacerShared {
             self.notify();
         }
         if let Some(until) = fb.hold_until {
-            emit(&self.events, Event::Hold(until.saturating_duration_since(now)));
+            emit(
+                &self.events,
+                Event::Hold(until.saturating_duration_since(now)),
+            );
         }
         if let Some(b) = fb.backoff {
             emit(&self.events, Event::Backoff(b));
@@ -131,7 +134,10 @@ impl PacerShared {
                     guard.ticket = None;
                     // The next waiter is now at the head.
                     self.notify();
-                    emit(&self.events, Event::PacingWait(now.saturating_duration_since(arrived)));
+                    emit(
+                        &self.events,
+                        Event::PacingWait(now.saturating_duration_since(arrived)),
+                    );
                     return Ok(now);
                 }
                 Admission::Refuse(wait) => {

@@ -99,7 +99,11 @@ impl RetryShared {
     }
 
     /// [`RetryShared::new`] reporting retries to `events`.
-    pub fn with_events(settings: &ProviderSettings, jitter: Jitter, events: Option<EventSink>) -> Self {
+    pub fn with_events(
+        settings: &ProviderSettings,
+        jitter: Jitter,
+        events: Option<EventSink>,
+    ) -> Self {
         RetryShared {
             events,
             budget: Mutex::new(RatioBudget::new(

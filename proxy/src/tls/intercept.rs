@@ -70,11 +70,16 @@ pub async fn intercept<T>(
     };
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
-    let tls = match tokio::time::timeout(app.config.limits.header_read_timeout, acceptor.accept(io))
-        .await
+    let tls = match tokio::time::timeout(
+        app.config().limits.header_read_timeout,
+        acceptor.accept(io),
+    )
+    .await
     {
         Ok(Ok(tls)) => tls,
         Ok(Err(e)) => {
+            app.metrics
+                .interception_failed(&app.metrics.label(&provider));
             // Typically a client that does not trust sluice's CA, or pins
             // the provider's certificate.
             tracing::warn!(
@@ -90,7 +95,7 @@ pub async fn intercept<T>(
             return;
         }
     };
-    let max_head = app.config.limits.max_header_bytes;
+    let max_head = app.config().limits.max_header_bytes;
     let service = service_fn(move |mut req: Request<Incoming>| {
         let app = app.clone();
         let target = Target {

@@ -1,0 +1,402 @@
+//! Prometheus metrics (R-OP1): what the control loop is doing, per
+//! provider.
+//!
+//! Gauges (rate, interval, ceiling, queue, in flight, breaker state,
+//! budget, hold) are read from each provider's snapshot at scrape time, so
+//! they can never disagree with `/v1/providers`. Counters and histograms
+//! are fed by the policy's events and breaker transitions as they happen.
+//!
+//! Cardinality is bounded: the provider table holds at most
+//! `limits.max_providers` (unknown hosts beyond that share `_overflow`), and
+//! at most `limits.max_metric_providers` distinct provider labels are ever
+//! exported — later ones fold into `provider="_other"`. Labels never carry
+//! a path, a query, a header value or a body (R-SF4).
+
+use std::collections::HashSet;
+use std::sync::Mutex;
+
+use prometheus::{
+    exponential_buckets, CounterVec, Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounter,
+    IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
+};
+use sluice_policy::breaker::Transition;
+use sluice_policy::events::Event;
+use sluice_policy::provider::ProviderSnapshot;
+
+/// The label every provider beyond the label cap shares.
+pub const OTHER: &str = "_other";
+
+/// All of sluice's metrics.
+pub struct Metrics {
+    registry: Registry,
+    labels: Mutex<HashSet<String>>,
+    max_labels: usize,
+    rate: GaugeVec,
+    interval: GaugeVec,
+    ceiling: GaugeVec,
+    start: GaugeVec,
+    limit: GaugeVec,
+    queue: IntGaugeVec,
+    in_flight: IntGaugeVec,
+    breaker_state: IntGaugeVec,
+    budget: IntGaugeVec,
+    hold: GaugeVec,
+    requests: IntCounterVec,
+    attempts: IntCounterVec,
+    retries: IntCounterVec,
+    pacing_wait: HistogramVec,
+    ttfb: HistogramVec,
+    holds: IntCounterVec,
+    hold_seconds: CounterVec,
+    backoffs: IntCounterVec,
+    transitions: IntCounterVec,
+    tunnels: IntCounterVec,
+    interception_failures: IntCounterVec,
+    visibility: IntGaugeVec,
+    /// Providers in the table.
+    pub providers_tracked: IntGauge,
+    /// Stores that could not be opened and were moved aside, by reason.
+    pub store_cold_starts: IntCounterVec,
+    /// Store reads or writes that failed.
+    pub store_errors: IntCounter,
+    /// Providers whose learned state was restored.
+    pub state_restored: IntCounter,
+    /// Config reloads, by result.
+    pub reloads: IntCounterVec,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+fn gauge(r: &Registry, name: &str, help: &str, labels: &[&str]) -> GaugeVec {
+    let g = GaugeVec::new(Opts::new(name, help), labels).expect("valid metric");
+    r.register(Box::new(g.clone())).expect("unique metric");
+    g
+}
+
+fn int_gauge(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+    let g = IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric");
+    r.register(Box::new(g.clone())).expect("unique metric");
+    g
+}
+
+fn counter(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    let c = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
+    r.register(Box::new(c.clone())).expect("unique metric");
+    c
+}
+
+fn histogram(r: &Registry, name: &str, help: &str, buckets: Vec<f64>) -> HistogramVec {
+    let h = HistogramVec::new(
+        HistogramOpts::new(name, help).buckets(buckets),
+        &["provider"],
+    )
+    .expect("valid metric");
+    r.register(Box::new(h.clone())).expect("unique metric");
+    h
+}
+
+impl Metrics {
+    /// Registers every metric; at most `max_labels` provider labels.
+    pub fn new(max_labels: usize) -> Metrics {
+        let r = Registry::new_custom(Some("sluice".into()), None).expect("registry");
+        let p = &["provider"];
+        let seconds = exponential_buckets(0.001, 2.0, 16).expect("buckets"); // 1 ms … 33 s
+        let plain_counter = |name: &str, help: &str| {
+            let c = IntCounter::new(name, help).expect("valid metric");
+            r.register(Box::new(c.clone())).expect("unique metric");
+            c
+        };
+        let hold_seconds = CounterVec::new(
+            Opts::new(
+                "retry_after_hold_seconds_total",
+                "Seconds of Retry-After holds set",
+            ),
+            p,
+        )
+        .expect("valid metric");
+        r.register(Box::new(hold_seconds.clone()))
+            .expect("unique metric");
+        let providers_tracked =
+            IntGauge::new("providers_tracked", "Providers in the table").expect("valid metric");
+        r.register(Box::new(providers_tracked.clone()))
+            .expect("unique metric");
+        Metrics {
+            rate: gauge(
+                &r,
+                "provider_rate_rps",
+                "Current paced rate, requests per second",
+                p,
+            ),
+            interval: gauge(
+                &r,
+                "provider_interval_seconds",
+                "Current emission interval (1/rate)",
+                p,
+            ),
+            ceiling: gauge(
+                &r,
+                "provider_ceiling_rps",
+                "The owner's ceiling, requests per second",
+                p,
+            ),
+            start: gauge(
+                &r,
+                "provider_start_rps",
+                "The cold-start rate, requests per second",
+                p,
+            ),
+            limit: gauge(
+                &r,
+                "provider_throttle_point_rps",
+                "Rate at which throttling last began (absent until it has)",
+                p,
+            ),
+            queue: int_gauge(
+                &r,
+                "provider_queue_length",
+                "Requests waiting for a pacing slot",
+                p,
+            ),
+            in_flight: int_gauge(&r, "provider_in_flight", "Attempts in flight upstream", p),
+            breaker_state: int_gauge(
+                &r,
+                "provider_breaker_state",
+                "Breaker state: 0 closed, 1 half-open, 2 open",
+                p,
+            ),
+            budget: int_gauge(
+                &r,
+                "provider_retry_budget_available",
+                "Whole retries left in the ratio budget",
+                p,
+            ),
+            hold: gauge(
+                &r,
+                "provider_hold_remaining_seconds",
+                "Time left on a Retry-After hold (0 = none)",
+                p,
+            ),
+            requests: counter(
+                &r,
+                "requests_total",
+                "Client requests by final outcome",
+                &["provider", "outcome"],
+            ),
+            attempts: counter(
+                &r,
+                "upstream_attempts_total",
+                "Attempts sent upstream, by outcome",
+                &["provider", "outcome"],
+            ),
+            retries: counter(
+                &r,
+                "retries_total",
+                "Retries scheduled, by the outcome that caused them",
+                &["provider", "reason"],
+            ),
+            pacing_wait: histogram(
+                &r,
+                "pacing_wait_seconds",
+                "Time a request waited for its pacing slot",
+                seconds.clone(),
+            ),
+            ttfb: histogram(
+                &r,
+                "upstream_ttfb_seconds",
+                "Upstream time to the response head",
+                seconds,
+            ),
+            holds: counter(
+                &r,
+                "retry_after_holds_total",
+                "Retry-After holds set or lengthened",
+                p,
+            ),
+            hold_seconds,
+            backoffs: counter(
+                &r,
+                "backoffs_total",
+                "Rate cuts, by reason",
+                &["provider", "reason"],
+            ),
+            transitions: counter(
+                &r,
+                "breaker_transitions_total",
+                "Breaker transitions",
+                &["provider", "from", "to", "reason"],
+            ),
+            tunnels: counter(
+                &r,
+                "tunnels_total",
+                "CONNECT tunnels by mode (intercepted, raw, plain_http)",
+                &["provider", "mode"],
+            ),
+            interception_failures: counter(
+                &r,
+                "interception_failures_total",
+                "Clients that rejected sluice's certificate",
+                p,
+            ),
+            visibility: int_gauge(
+                &r,
+                "provider_request_visibility",
+                "1: sluice sees each request; 0: raw tunnels only (visibility lost)",
+                p,
+            ),
+            providers_tracked,
+            store_cold_starts: counter(
+                &r,
+                "store_cold_starts_total",
+                "Stores moved aside at start, by reason",
+                &["reason"],
+            ),
+            store_errors: plain_counter("store_errors_total", "Store reads or writes that failed"),
+            state_restored: plain_counter(
+                "state_restored_total",
+                "Providers whose learned state was restored",
+            ),
+            reloads: counter(
+                &r,
+                "config_reloads_total",
+                "Config reloads, by result",
+                &["result"],
+            ),
+            labels: Mutex::new(HashSet::new()),
+            max_labels,
+            registry: r,
+        }
+    }
+
+    /// The label for a provider: its name, or `_other` beyond the cap.
+    pub fn label(&self, provider: &str) -> String {
+        let mut labels = self.labels.lock().unwrap_or_else(|p| p.into_inner());
+        if labels.contains(provider) {
+            return provider.to_string();
+        }
+        if labels.len() < self.max_labels {
+            labels.insert(provider.to_string());
+            return provider.to_string();
+        }
+        OTHER.to_string()
+    }
+
+    /// Counts one client request's final outcome.
+    pub fn request(&self, label: &str, outcome: &str) {
+        self.requests.with_label_values(&[label, outcome]).inc();
+    }
+
+    /// Counts a tunnel.
+    pub fn tunnel(&self, label: &str, mode: &str) {
+        self.tunnels.with_label_values(&[label, mode]).inc();
+    }
+
+    /// Counts a client rejecting the interception.
+    pub fn interception_failed(&self, label: &str) {
+        self.interception_failures.with_label_values(&[label]).inc();
+    }
+
+    /// Records one policy event.
+    pub fn event(&self, label: &str, event: &Event) {
+        match event {
+            Event::Attempt { outcome, ttfb } => {
+                let o = outcome.map_or("no_answer", |o| o.label());
+                self.attempts.with_label_values(&[label, o]).inc();
+                if let Some(t) = ttfb {
+                    self.ttfb
+                        .with_label_values(&[label])
+                        .observe(t.as_secs_f64());
+                }
+            }
+            Event::PacingWait(w) => self
+                .pacing_wait
+                .with_label_values(&[label])
+                .observe(w.as_secs_f64()),
+            Event::Shed(_) => {}
+            Event::Hold(d) => {
+                self.holds.with_label_values(&[label]).inc();
+                self.hold_seconds
+                    .with_label_values(&[label])
+                    .inc_by(d.as_secs_f64());
+            }
+            Event::Backoff(b) => self
+                .backoffs
+                .with_label_values(&[label, b.reason.label()])
+                .inc(),
+            Event::Retry(o) => self.retries.with_label_values(&[label, o.label()]).inc(),
+        }
+    }
+
+    /// Records a breaker transition.
+    pub fn transition(&self, label: &str, t: &Transition) {
+        self.transitions
+            .with_label_values(&[label, t.from.label(), t.to.label(), t.reason.label()])
+            .inc();
+    }
+
+    /// Sets the per-provider gauges from snapshots; providers no longer in
+    /// the table disappear from them.
+    pub fn refresh<'a>(&self, snapshots: impl Iterator<Item = (&'a ProviderSnapshot, bool)>) {
+        for g in [
+            &self.rate,
+            &self.interval,
+            &self.ceiling,
+            &self.start,
+            &self.limit,
+            &self.hold,
+        ] {
+            g.reset();
+        }
+        for g in [
+            &self.queue,
+            &self.in_flight,
+            &self.breaker_state,
+            &self.budget,
+            &self.visibility,
+        ] {
+            g.reset();
+        }
+        let mut n = 0;
+        for (s, visible) in snapshots {
+            n += 1;
+            let l = self.label(&s.name);
+            let l = [l.as_str()];
+            self.rate.with_label_values(&l).set(s.pacer.rate_rps);
+            self.interval
+                .with_label_values(&l)
+                .set(s.pacer.interval.as_secs_f64());
+            self.ceiling.with_label_values(&l).set(s.pacer.ceiling_rps);
+            self.start.with_label_values(&l).set(s.pacer.start_rps);
+            if let Some(limit) = s.pacer.limit_rps {
+                self.limit.with_label_values(&l).set(limit);
+            }
+            self.hold
+                .with_label_values(&l)
+                .set(s.pacer.hold_remaining.map_or(0.0, |h| h.as_secs_f64()));
+            self.queue
+                .with_label_values(&l)
+                .set(s.pacer.queue_len as i64);
+            self.in_flight.with_label_values(&l).set(s.in_flight as i64);
+            self.breaker_state
+                .with_label_values(&l)
+                .set(s.breaker.state.gauge());
+            self.budget
+                .with_label_values(&l)
+                .set(i64::from(s.retry_budget_left));
+            self.visibility
+                .with_label_values(&l)
+                .set(i64::from(visible));
+        }
+        self.providers_tracked.set(n);
+    }
+
+    /// The text exposition.
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
+        String::from_utf8(buf).unwrap_or_default()
+    }
+}

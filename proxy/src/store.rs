@@ -1,0 +1,361 @@
+//! What sluice learned, kept across restarts in sled (R-PS1, R-PS2).
+//!
+//! Two trees in `<state_dir>/store`:
+//! * `learned`: per provider, the learned rate, where throttling began,
+//!   the latency baseline and the breaker state, with the wall-clock time
+//!   it was saved. Written every `save_interval` and on shutdown; read at
+//!   start, where records older than `state_max_age` are discarded (the
+//!   provider starts cold, R-AI3).
+//! * `evidence`: per provider, a bounded log of breaker transitions,
+//!   written and flushed as each happens, so it survives a `kill -9`.
+//!
+//! Records hold provider names (hosts), numbers and fixed labels only —
+//! never a path, query, header value or body (R-SF4). A store that cannot
+//! be opened is moved aside with a loud log line and a metric, and sluice
+//! starts cold rather than refusing to run.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+use sluice_policy::breaker::{State, Transition};
+use sluice_policy::provider::LearnedState;
+
+use crate::metrics::Metrics;
+
+/// Transitions kept per provider.
+pub const EVIDENCE_PER_PROVIDER: usize = 100;
+
+/// Record format version.
+const VERSION: u32 = 1;
+
+/// Milliseconds since the Unix epoch, now.
+pub fn unix_ms_now() -> u64 {
+    unix_ms(SystemTime::now())
+}
+
+fn unix_ms(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// A provider's learned state as stored.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LearnedRecord {
+    /// Format version.
+    pub v: u32,
+    /// When it was saved (wall clock, ms since the epoch).
+    pub saved_at_unix_ms: u64,
+    /// The learned rate.
+    pub rate_rps: f64,
+    /// Where throttling began.
+    pub limit_rps: Option<f64>,
+    /// TTFB baseline, ms.
+    pub baseline_ms: Option<f64>,
+    /// Breaker state label.
+    pub breaker: String,
+    /// Time left open, ms.
+    pub open_remaining_ms: Option<u64>,
+}
+
+impl LearnedRecord {
+    /// A record of `state`, saved now.
+    pub fn of(state: &LearnedState) -> Self {
+        LearnedRecord {
+            v: VERSION,
+            saved_at_unix_ms: unix_ms_now(),
+            rate_rps: state.rate_rps,
+            limit_rps: state.limit_rps,
+            baseline_ms: state.baseline.map(|b| b.as_secs_f64() * 1000.0),
+            breaker: state.breaker.label().to_string(),
+            open_remaining_ms: state.open_remaining.map(|d| d.as_millis() as u64),
+        }
+    }
+
+    /// How old it is now.
+    pub fn age(&self) -> Duration {
+        Duration::from_millis(unix_ms_now().saturating_sub(self.saved_at_unix_ms))
+    }
+
+    /// The state to restore, with the breaker's open time reduced by the
+    /// time that passed since the save.
+    pub fn state(&self) -> LearnedState {
+        let age = self.age();
+        let breaker = match self.breaker.as_str() {
+            "open" => State::Open,
+            "half_open" => State::HalfOpen,
+            _ => State::Closed,
+        };
+        let open_remaining = self
+            .open_remaining_ms
+            .map(|ms| Duration::from_millis(ms).saturating_sub(age));
+        LearnedState {
+            rate_rps: self.rate_rps,
+            limit_rps: self.limit_rps,
+            baseline: self
+                .baseline_ms
+                .filter(|b| b.is_finite() && *b >= 0.0)
+                .map(|b| Duration::from_secs_f64(b / 1000.0)),
+            // An open breaker whose time ran out while sluice was down comes
+            // back half-open: it probes before trusting the provider again.
+            breaker: match (breaker, open_remaining) {
+                (State::Open, Some(left)) if left.is_zero() => State::HalfOpen,
+                (b, _) => b,
+            },
+            open_remaining,
+        }
+    }
+}
+
+/// One breaker transition as durable evidence (R-CB2).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EvidenceRecord {
+    /// When (wall clock, ms since the epoch).
+    pub at_unix_ms: u64,
+    /// State before.
+    pub from: String,
+    /// State after.
+    pub to: String,
+    /// Why.
+    pub reason: String,
+    /// Milliseconds in the previous state.
+    pub elapsed_ms: u64,
+    /// Calls counted.
+    pub calls: u32,
+    /// Failures among them.
+    pub failures: u32,
+    /// Retries left in the budget.
+    pub retry_budget_left: Option<u32>,
+}
+
+impl EvidenceRecord {
+    /// The evidence of `t`, which happened `ago` before now.
+    pub fn of(t: &Transition, ago: Duration) -> Self {
+        EvidenceRecord {
+            at_unix_ms: unix_ms(SystemTime::now() - ago),
+            from: t.from.label().to_string(),
+            to: t.to.label().to_string(),
+            reason: t.reason.label().to_string(),
+            elapsed_ms: t.elapsed_ms,
+            calls: t.calls,
+            failures: t.failures,
+            retry_budget_left: t.retry_budget_left,
+        }
+    }
+}
+
+/// The sled store.
+#[derive(Debug)]
+pub struct Store {
+    db: sled::Db,
+    learned: sled::Tree,
+    evidence: sled::Tree,
+}
+
+impl Store {
+    /// Opens `<state_dir>/store`. If that fails, the directory is moved
+    /// aside (`store.broken-<unix ms>`) and a fresh store is opened; if even
+    /// that fails, `None`: sluice runs without lasting state.
+    pub fn open(state_dir: &Path, metrics: &Metrics) -> Option<Store> {
+        let path = state_dir.join("store");
+        match Store::open_at(&path) {
+            Ok(s) => return Some(s),
+            Err(e) => {
+                let aside = state_dir.join(format!("store.broken-{}", unix_ms_now()));
+                tracing::error!(
+                    error = %e,
+                    store = %path.display(),
+                    moved_to = %aside.display(),
+                    "STATE STORE UNREADABLE: moved aside; starting cold (learned rates and evidence from before are not used)"
+                );
+                metrics
+                    .store_cold_starts
+                    .with_label_values(&["unreadable"])
+                    .inc();
+                if let Err(e) = std::fs::rename(&path, &aside) {
+                    tracing::error!(error = %e, "could not move the store aside");
+                }
+            }
+        }
+        match Store::open_at(&path) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                tracing::error!(error = %e, "no state store: nothing learned will outlast this process");
+                metrics.store_errors.inc();
+                None
+            }
+        }
+    }
+
+    fn open_at(path: &PathBuf) -> Result<Store, String> {
+        std::fs::create_dir_all(path).map_err(|e| e.to_string())?;
+        // sled can panic on some corrupt files; a panic here is a broken
+        // store, not a crash.
+        let opened = std::panic::catch_unwind(|| sled::Config::new().path(path).open());
+        let db = match opened {
+            Ok(Ok(db)) => db,
+            Ok(Err(e)) => return Err(e.to_string()),
+            Err(_) => return Err("the store's files are corrupt".into()),
+        };
+        let learned = db.open_tree("learned").map_err(|e| e.to_string())?;
+        let evidence = db.open_tree("evidence").map_err(|e| e.to_string())?;
+        // Read everything once: a store whose records cannot be read is as
+        // broken as one that cannot be opened.
+        for item in learned.iter().chain(evidence.iter()) {
+            item.map_err(|e| e.to_string())?;
+        }
+        Ok(Store {
+            db,
+            learned,
+            evidence,
+        })
+    }
+
+    /// Saves a provider's learned state.
+    pub fn save_learned(&self, provider: &str, record: &LearnedRecord) -> Result<(), String> {
+        let value = serde_json::to_vec(record).map_err(|e| e.to_string())?;
+        self.learned
+            .insert(provider.as_bytes(), value)
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    }
+
+    /// Every saved provider state that can be read (unreadable records are
+    /// skipped with a log line).
+    pub fn load_learned(&self) -> Vec<(String, LearnedRecord)> {
+        self.learned
+            .iter()
+            .filter_map(|item| {
+                let (k, v) = item.ok()?;
+                let name = String::from_utf8(k.to_vec()).ok()?;
+                match serde_json::from_slice::<LearnedRecord>(&v) {
+                    Ok(r) if r.v == VERSION => Some((name, r)),
+                    _ => {
+                        tracing::warn!(provider = %name, "skipping an unreadable learned-state record");
+                        None
+                    }
+                }
+            })
+            .collect()
+    }
+
+    /// Appends a transition to a provider's evidence log, keeps the log
+    /// bounded, and flushes (so it survives `kill -9`).
+    pub fn append_evidence(&self, provider: &str, record: &EvidenceRecord) -> Result<(), String> {
+        let id = self.db.generate_id().map_err(|e| e.to_string())?;
+        let mut key = provider.as_bytes().to_vec();
+        key.push(0);
+        key.extend_from_slice(&id.to_be_bytes());
+        let value = serde_json::to_vec(record).map_err(|e| e.to_string())?;
+        self.evidence
+            .insert(key, value)
+            .map_err(|e| e.to_string())?;
+        let keys: Vec<_> = self
+            .evidence
+            .scan_prefix(prefix(provider))
+            .keys()
+            .filter_map(Result::ok)
+            .collect();
+        for old in keys
+            .iter()
+            .take(keys.len().saturating_sub(EVIDENCE_PER_PROVIDER))
+        {
+            self.evidence.remove(old).map_err(|e| e.to_string())?;
+        }
+        self.flush()
+    }
+
+    /// A provider's evidence, oldest first.
+    pub fn evidence(&self, provider: &str) -> Vec<EvidenceRecord> {
+        self.evidence
+            .scan_prefix(prefix(provider))
+            .values()
+            .filter_map(|v| serde_json::from_slice(&v.ok()?).ok())
+            .collect()
+    }
+
+    /// Makes everything written so far durable.
+    pub fn flush(&self) -> Result<(), String> {
+        self.db.flush().map(|_| ()).map_err(|e| e.to_string())
+    }
+}
+
+fn prefix(provider: &str) -> Vec<u8> {
+    let mut p = provider.as_bytes().to_vec();
+    p.push(0);
+    p
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dir(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("sluice-store-{}-{tag}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        d
+    }
+
+    #[test]
+    fn learned_and_evidence_round_trip_bounded() {
+        let d = dir("rt");
+        let m = Metrics::new(8);
+        {
+            let s = Store::open(&d, &m).unwrap();
+            let state = LearnedState {
+                rate_rps: 12.5,
+                limit_rps: Some(13.0),
+                baseline: Some(Duration::from_millis(40)),
+                breaker: State::Closed,
+                open_remaining: None,
+            };
+            s.save_learned("api.test", &LearnedRecord::of(&state))
+                .unwrap();
+            for i in 0..(EVIDENCE_PER_PROVIDER + 5) {
+                let r = EvidenceRecord {
+                    at_unix_ms: i as u64,
+                    from: "closed".into(),
+                    to: "open".into(),
+                    reason: "failure_rate".into(),
+                    elapsed_ms: 1,
+                    calls: 20,
+                    failures: 12,
+                    retry_budget_left: Some(3),
+                };
+                s.append_evidence("api.test", &r).unwrap();
+            }
+            s.append_evidence("api.test2", &s.evidence("api.test")[0].clone())
+                .unwrap();
+        }
+        let s = Store::open(&d, &m).unwrap();
+        let learned = s.load_learned();
+        assert_eq!(learned.len(), 1);
+        assert_eq!(learned[0].1.state().rate_rps, 12.5);
+        let ev = s.evidence("api.test");
+        assert_eq!(ev.len(), EVIDENCE_PER_PROVIDER);
+        assert_eq!(ev[0].at_unix_ms, 5, "oldest dropped, order kept");
+        assert_eq!(s.evidence("api.test2").len(), 1, "prefixes do not mix");
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn a_corrupt_store_is_moved_aside_and_replaced() {
+        let d = dir("corrupt");
+        let store = d.join("store");
+        std::fs::create_dir_all(&store).unwrap();
+        std::fs::write(store.join("conf"), b"\xff\x00 not sled at all").unwrap();
+        std::fs::write(store.join("db"), vec![0xAB; 4096]).unwrap();
+        let m = Metrics::new(8);
+        let s = Store::open(&d, &m).expect("a fresh store");
+        assert!(s.load_learned().is_empty());
+        let aside = std::fs::read_dir(&d)
+            .unwrap()
+            .filter_map(Result::ok)
+            .any(|e| e.file_name().to_string_lossy().starts_with("store.broken-"));
+        assert!(aside, "moved aside");
+        assert!(m
+            .render()
+            .contains("sluice_store_cold_starts_total{reason=\"unreadable\"} 1"));
+        let _ = std::fs::remove_dir_all(&d);
+    }
+}
