@@ -124,7 +124,7 @@ impl Metrics {
             IntGauge::new("providers_tracked", "Providers in the table").expect("valid metric");
         r.register(Box::new(providers_tracked.clone()))
             .expect("unique metric");
-        Metrics {
+        let m = Metrics {
             rate: gauge(
                 &r,
                 "provider_rate_rps",
@@ -268,6 +268,35 @@ impl Metrics {
             labels: Mutex::new(HashSet::new()),
             max_labels,
             registry: r,
+        };
+        for result in ["ok", "rejected"] {
+            m.reloads.with_label_values(&[result]);
+        }
+        m.store_cold_starts.with_label_values(&["unreadable"]);
+        m
+    }
+
+    /// Creates a provider's counters at zero, so that `rate()` and
+    /// `increase()` see them from the start rather than from the first
+    /// event (the label combinations are fixed and few).
+    pub fn init_provider(&self, label: &str) {
+        for reason in ["throttled", "soft_throttle"] {
+            self.backoffs.with_label_values(&[label, reason]);
+        }
+        self.holds.with_label_values(&[label]);
+        self.hold_seconds.with_label_values(&[label]);
+        self.interception_failures.with_label_values(&[label]);
+        for mode in ["intercepted", "raw", "plain_http"] {
+            self.tunnels.with_label_values(&[label, mode]);
+        }
+        for (from, to, reason) in [
+            ("closed", "open", "failure_rate"),
+            ("open", "half_open", "reset_timeout"),
+            ("half_open", "closed", "probes_succeeded"),
+            ("half_open", "open", "probe_failed"),
+        ] {
+            self.transitions
+                .with_label_values(&[label, from, to, reason]);
         }
     }
 

@@ -24,6 +24,7 @@ pub struct Observe {
 impl Observer for Observe {
     fn sinks(&self, name: &str) -> (EventSink, TransitionSink) {
         let label = self.metrics.label(name);
+        self.metrics.init_provider(&label);
         let (metrics, provider) = (self.metrics.clone(), name.to_string());
         let events: EventSink = Arc::new(move |e: &Event| {
             metrics.event(&label, e);

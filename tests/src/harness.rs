@@ -80,6 +80,11 @@ impl Sluice {
 
     /// Starts sluice in an existing directory (to reuse its state).
     pub fn start_in(dir: TempDir, config: &str) -> Sluice {
+        Sluice::start_with(dir, config, &[])
+    }
+
+    /// Starts sluice in `dir` with extra command-line arguments.
+    pub fn start_with(dir: TempDir, config: &str, args: &[&str]) -> Sluice {
         let mut text = String::new();
         if !config.contains("listen =") && !config.contains("listen=") {
             text.push_str("listen = \"127.0.0.1:0\"\n");
@@ -90,12 +95,18 @@ impl Sluice {
         text.push_str(config);
         let cfg = dir.join("sluice.toml");
         std::fs::write(&cfg, text).unwrap();
-        let log = std::fs::File::create(dir.join("sluice.log")).unwrap();
+        // Appends: a restarted sluice keeps one log across its lives.
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join("sluice.log"))
+            .unwrap();
         let mut child = Command::new(binary())
             .arg("--config")
             .arg(&cfg)
             .arg("--state-dir")
             .arg(dir.join("state"))
+            .args(args)
             .env("SLUICE_LOG", "info,sluice=debug")
             .stdout(Stdio::piped())
             .stderr(log)
@@ -156,6 +167,53 @@ impl Sluice {
             );
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// Kills the process with SIGKILL — no chance to save anything.
+    pub fn kill9(mut self) -> TempDir {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        std::mem::replace(&mut self.dir, TempDir(PathBuf::new()))
+    }
+
+    /// Sends a signal (`HUP`, `TERM`, …).
+    pub fn signal(&self, name: &str) {
+        let status = Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(self.child.id().to_string())
+            .status()
+            .expect("kill");
+        assert!(status.success());
+    }
+
+    /// Rewrites the config file (listeners kept), e.g. before a SIGHUP.
+    pub fn rewrite_config(&self, config: &str) {
+        let text = format!(
+            "listen = \"{}\"\nadmin = \"{}\"\n{config}",
+            self.proxy, self.admin
+        );
+        std::fs::write(self.dir.join("sluice.toml"), text).unwrap();
+    }
+
+    /// GETs an admin path directly (no proxy): status and body.
+    pub async fn admin_get(&self, path: &str) -> (u16, String) {
+        let out = tokio::process::Command::new("curl")
+            .args([
+                "-sS",
+                "--noproxy",
+                "*",
+                "--max-time",
+                "10",
+                "-w",
+                "\n%{http_code}",
+            ])
+            .arg(format!("http://{}{path}", self.admin))
+            .output()
+            .await
+            .expect("curl");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
+        (code.trim().parse().unwrap_or(0), body.to_string())
     }
 
     /// Whether the process is still running.

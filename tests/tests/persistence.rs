@@ -1,0 +1,285 @@
+//! Learned state that lasts (R-PS1, R-PS2, R-RN7), with the real binary,
+//! real sled files, SIGTERM and a real `kill -9`.
+
+use std::time::Duration;
+
+use serde_json::Value;
+use sluice_tests::clients::{curl, python};
+use sluice_tests::harness::Sluice;
+use sluice_tests::sim::Sim;
+use tokio::time::Instant;
+
+const T: Duration = Duration::from_secs(20);
+
+const NAIVE_CLIENTS: &str = r#"
+import sys, threading, time, requests
+url, clients, secs = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+deadline = time.monotonic() + secs
+def run():
+    s = requests.Session()
+    while time.monotonic() < deadline:
+        try:
+            s.get(url, timeout=30)
+        except Exception:
+            pass
+threads = [threading.Thread(target=run) for _ in range(clients)]
+for t in threads: t.start()
+for t in threads: t.join()
+"#;
+
+fn config(sim: &Sim, extra: &str) -> String {
+    format!(
+        "[destinations]\nallow = [\"127.0.0.0/8\"]\n[limits]\nsave_interval = \"500ms\"\n{extra}\n\
+         [providers.learn]\nhosts = [\"{}\"]\nceiling_rps = 100.0\n",
+        sim.addr.ip()
+    )
+}
+
+async fn provider(s: &Sluice, name: &str) -> Value {
+    let (code, body) = s.admin_get(&format!("/v1/providers/{name}")).await;
+    assert_eq!(code, 200, "{body}");
+    serde_json::from_str(&body).unwrap()
+}
+
+/// Teaches sluice the provider's rate: naive clients against a hidden limit
+/// of 20 req/s until the learned rate is well above the cold start of 5.
+async fn learn(s: &Sluice, sim: &Sim) -> f64 {
+    python(
+        &s.proxy_url(),
+        NAIVE_CLIENTS,
+        &[&sim.url("http", "/limited"), "8", "10"],
+    )
+    .await;
+    let p = provider(s, "learn").await;
+    let rate = p["rate_rps"].as_f64().unwrap();
+    assert!(
+        rate > 10.0,
+        "learned {rate} req/s against a 20 req/s limit: {p}"
+    );
+    rate
+}
+
+/// After a restart, one request makes the provider live again; its rate
+/// says whether it started from what was learned.
+async fn first_rate_after_restart(s: &Sluice, sim: &Sim) -> (f64, bool) {
+    let r = curl(&s.proxy_url(), &[], &sim.url("http", "/ok"), T).await;
+    assert_eq!(r.status, 200);
+    let p = provider(s, "learn").await;
+    (
+        p["rate_rps"].as_f64().unwrap(),
+        p["restored"].as_bool().unwrap(),
+    )
+}
+
+/// R-PS1: what was learned survives SIGTERM and `kill -9` (within the save
+/// interval), and is discarded once older than `state_max_age`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn learned_rate_survives_restarts_until_stale() {
+    let sim = Sim::start("127.0.0.40").await;
+    sim.set_limit(20.0, 10.0);
+    let cfg = config(&sim, "state_max_age = \"4s\"");
+    let s = Sluice::start(&cfg);
+    let learned = learn(&s, &sim).await;
+
+    // SIGTERM saves on the way out.
+    let (status, dir) = s.terminate();
+    assert!(status.success());
+    let s = Sluice::start_in(dir, &cfg);
+    assert_eq!(
+        provider(&s, "learn").await["live"],
+        false,
+        "nothing live before a request"
+    );
+    let (rate, restored) = first_rate_after_restart(&s, &sim).await;
+    assert!(restored);
+    assert!(
+        rate >= learned * 0.9 && rate <= 100.0,
+        "restored {rate}, learned {learned}"
+    );
+    assert!(rate > 2.0 * 5.0, "not the cold start");
+    // The first requests after a restart go at the learned rate: their
+    // spacing at the provider is nearer 1/learned than the cold 1/5 s.
+    let before = sim.hits("/ok").len();
+    let mut burst = Vec::new();
+    for _ in 0..6 {
+        let (proxy, url) = (s.proxy_url(), sim.url("http", "/ok"));
+        burst.push(tokio::spawn(
+            async move { curl(&proxy, &[], &url, T).await },
+        ));
+    }
+    for b in burst {
+        assert_eq!(b.await.unwrap().status, 200);
+    }
+    let hits = sim.hits("/ok");
+    let arrivals: Vec<_> = hits[before..].iter().map(|h| h.at).collect();
+    let span = (*arrivals.last().unwrap() - arrivals[0]).as_secs_f64();
+    let (learned_gap, cold_gap) = (1.0 / rate, 1.0 / 5.0);
+    let mean_gap = span / (arrivals.len() - 1) as f64;
+    println!("after restart: mean gap {mean_gap:.3} s (learned {learned_gap:.3} s, cold {cold_gap:.3} s)");
+    assert!(
+        mean_gap < (learned_gap + cold_gap) / 2.0,
+        "paced cold: {mean_gap:.3} s"
+    );
+
+    // kill -9 after at least one save interval: the periodic save survives.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let dir = s.kill9();
+    let s = Sluice::start_in(dir, &cfg);
+    let (rate, restored) = first_rate_after_restart(&s, &sim).await;
+    assert!(restored, "restored after kill -9");
+    assert!(rate > 10.0, "restored {rate} after kill -9");
+
+    // Older than state_max_age (4 s): discarded, a cold start.
+    let (_, dir) = s.terminate();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let s = Sluice::start_in(dir, &cfg);
+    let (rate, restored) = first_rate_after_restart(&s, &sim).await;
+    assert!(!restored, "stale state must not be restored");
+    assert_eq!(rate, 5.0, "cold start");
+    assert!(s.log().contains("older than state_max_age"));
+}
+
+/// R-PS2, R-CB2: breaker evidence from before a `kill -9` is returned by
+/// the admin API after the restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn breaker_evidence_survives_kill_9() {
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.41:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let cfg = "[destinations]\nallow = [\"127.0.0.0/8\"]\n\
+               [providers.dead]\nhosts = [\"127.0.0.41\"]\nbreaker_min_calls = 4\n";
+    let s = Sluice::start(cfg);
+    let url = format!("http://127.0.0.41:{port}/x");
+    let mut opened = false;
+    for _ in 0..30 {
+        if curl(&s.proxy_url(), &[], &url, T).await.status == 503 {
+            opened = true;
+            break;
+        }
+    }
+    assert!(opened, "the breaker opened");
+    let dir = s.kill9();
+    let s = Sluice::start_in(dir, cfg);
+    let p = provider(&s, "dead").await;
+    let evidence = p["breaker"]["evidence"].as_array().expect("evidence");
+    let open = evidence
+        .iter()
+        .find(|e| e["from"] == "closed" && e["to"] == "open")
+        .unwrap_or_else(|| panic!("no closed→open in {p}"));
+    assert_eq!(open["reason"], "failure_rate");
+    assert!(open["calls"].as_u64().unwrap() >= 4);
+    assert!(open["failures"].as_u64().unwrap() >= 2);
+    assert!(open["retry_budget_left"].is_u64());
+    assert!(open["at_unix_ms"].as_u64().unwrap() > 1_600_000_000_000);
+}
+
+/// A corrupted store leads to a cold start, not a crash: moved aside with
+/// a loud log line and a metric.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn corrupt_store_means_a_cold_start() {
+    let sim = Sim::start("127.0.0.42").await;
+    let cfg = config(&sim, "");
+    let s = Sluice::start(&cfg);
+    assert_eq!(
+        curl(&s.proxy_url(), &[], &sim.url("http", "/ok"), T)
+            .await
+            .status,
+        200
+    );
+    let (status, dir) = s.terminate();
+    assert!(status.success());
+    // Overwrite every file of the store with garbage.
+    let store = dir.join("state").join("store");
+    let mut wrecked = 0;
+    for entry in walk(&store) {
+        std::fs::write(&entry, vec![0xA5u8; 8192]).unwrap();
+        wrecked += 1;
+    }
+    assert!(wrecked > 0, "the store had files");
+    let mut s = Sluice::start_in(dir, &cfg);
+    assert!(s.running());
+    assert!(s.log().contains("STATE STORE UNREADABLE"), "loud log line");
+    let (_, metrics) = s.admin_get("/metrics").await;
+    assert!(
+        metrics.contains("sluice_store_cold_starts_total{reason=\"unreadable\"} 1"),
+        "{metrics}"
+    );
+    assert_eq!(s.admin_get("/readyz").await.0, 200, "a fresh store is open");
+    let (rate, restored) = first_rate_after_restart(&s, &sim).await;
+    assert!(!restored);
+    assert_eq!(rate, 5.0);
+    let moved_aside = std::fs::read_dir(s.dir.join("state"))
+        .unwrap()
+        .filter_map(Result::ok)
+        .any(|e| e.file_name().to_string_lossy().starts_with("store.broken-"));
+    assert!(moved_aside);
+}
+
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
+
+/// R-OP5: SIGHUP changes provider settings without losing learned state;
+/// a bad file is rejected and the running config stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_reloads_settings_and_keeps_learned_state() {
+    let sim = Sim::start("127.0.0.43").await;
+    let cfg = config(&sim, "");
+    let s = Sluice::start(&cfg);
+    // Teach it a throttle point: a 429 with Retry-After.
+    let r = curl(&s.proxy_url(), &[], &sim.url("http", "/ra/1/x"), T).await;
+    assert_eq!(r.status, 200);
+    let before = provider(&s, "learn").await;
+    let point = before["throttle_point_rps"]
+        .as_f64()
+        .expect("a throttle point");
+    assert_eq!(before["ceiling_rps"], 100.0);
+
+    s.rewrite_config(&cfg.replace("ceiling_rps = 100.0", "ceiling_rps = 3.0"));
+    s.signal("HUP");
+    let started = Instant::now();
+    let mut after = provider(&s, "learn").await;
+    while after["ceiling_rps"] != 3.0 && started.elapsed() < T {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        after = provider(&s, "learn").await;
+    }
+    assert_eq!(after["ceiling_rps"], 3.0, "{after}");
+    assert!(
+        after["rate_rps"].as_f64().unwrap() <= 3.0,
+        "clamped to the new ceiling"
+    );
+    assert_eq!(
+        after["throttle_point_rps"].as_f64(),
+        Some(point),
+        "learned state kept"
+    );
+    assert!(s.log().contains("config reloaded"));
+
+    // A bad file: rejected, naming the key; the running config stays.
+    s.rewrite_config(&cfg.replace("ceiling_rps = 100.0", "ceiling_rps = -1.0"));
+    s.signal("HUP");
+    let started = Instant::now();
+    while !s.log().contains("config reload rejected") && started.elapsed() < T {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let log = s.log();
+    let line = log
+        .lines()
+        .find(|l| l.contains("config reload rejected"))
+        .expect("rejection logged");
+    assert!(line.contains("providers.learn.ceiling_rps"), "{line}");
+    assert_eq!(provider(&s, "learn").await["ceiling_rps"], 3.0);
+    let (_, metrics) = s.admin_get("/metrics").await;
+    assert!(metrics.contains("sluice_config_reloads_total{result=\"rejected\"} 1"));
+    assert!(metrics.contains("sluice_config_reloads_total{result=\"ok\"} 1"));
+}
