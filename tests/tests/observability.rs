@@ -1,0 +1,413 @@
+//! What operators see (R-OP1, R-OP2, R-OP6, R-CB2, R-SF4): a live scrape
+//! checked by promtool, a real Prometheus server scraping sluice, the
+//! dashboard's every query checked against the scrape, the JSON readout,
+//! JSON logs — and no secret anywhere.
+
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Duration;
+
+use serde_json::Value;
+use sluice_tests::clients::{curl, python};
+use sluice_tests::harness::{Sluice, TempDir};
+use sluice_tests::pki::TestCa;
+use sluice_tests::sim::Sim;
+use tokio::process::Command;
+use tokio::time::Instant;
+
+const T: Duration = Duration::from_secs(20);
+
+/// A sluice with traffic that makes every kind of series exist: a
+/// throttle with `Retry-After` (hold, back-off, retry), a dead provider
+/// (breaker transitions), an intercepted HTTPS provider and a client that
+/// rejects the interception, a reload.
+struct Busy {
+    sluice: Sluice,
+    _sims: Vec<Sim>,
+    _dir: TempDir,
+}
+
+async fn busy(args: &[&str]) -> Busy {
+    let plain = Sim::start("127.0.0.50").await;
+    let ca = TestCa::new("provider CA");
+    let tls = Sim::start_tls("127.0.0.52", ca.server_config(&["127.0.0.52"])).await;
+    let dir = TempDir::new("obs");
+    std::fs::write(dir.join("provider-ca.pem"), &ca.pem).unwrap();
+    let dead_port = {
+        let l = std::net::TcpListener::bind("127.0.0.51:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let config = format!(
+        "[destinations]\nallow = [\"127.0.0.0/8\"]\nconnect_ports = [{}]\n\
+         [upstream]\nextra_ca = \"{}\"\n\
+         [providers.plain]\nhosts = [\"127.0.0.50\"]\n\
+         [providers.dead]\nhosts = [\"127.0.0.51\"]\nbreaker_min_calls = 4\n\
+         [providers.secure]\nhosts = [\"127.0.0.52\"]\n\
+         [providers.unused]\nhosts = [\"unused.test\"]\nceiling_rps = 7.0\n",
+        tls.addr.port(),
+        dir.join("provider-ca.pem").display()
+    );
+    let sluice = Sluice::start_with(TempDir::new("obs-proxy"), &config, args);
+    let proxy = sluice.proxy_url();
+    assert_eq!(
+        curl(&proxy, &[], &plain.url("http", "/ra/1/a"), T)
+            .await
+            .status,
+        200
+    );
+    for _ in 0..5 {
+        assert_eq!(
+            curl(&proxy, &[], &plain.url("http", "/ok"), T).await.status,
+            200
+        );
+    }
+    let dead = format!("http://127.0.0.51:{dead_port}/x");
+    for _ in 0..30 {
+        if curl(&proxy, &[], &dead, T).await.status == 503 {
+            break;
+        }
+    }
+    let sluice_ca = sluice.dir.join("state").join("ca.crt");
+    let r = curl(
+        &proxy,
+        &["--cacert", sluice_ca.to_str().unwrap()],
+        &tls.url("https", "/ok"),
+        T,
+    )
+    .await;
+    assert_eq!(r.status, 200, "{r:?}");
+    // A client that does not trust sluice: an interception failure.
+    assert_eq!(
+        curl(&proxy, &[], &tls.url("https", "/ok"), T).await.status,
+        0
+    );
+    sluice.rewrite_config(&config);
+    sluice.signal("HUP");
+    let started = Instant::now();
+    while !sluice.log().contains("config reloaded") && started.elapsed() < T {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Busy {
+        sluice,
+        _sims: vec![plain, tls],
+        _dir: dir,
+    }
+}
+
+async fn run(cmd: &mut Command) -> (bool, String) {
+    let out = cmd.stdin(Stdio::null()).output().await.expect("run");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+fn repo() -> &'static Path {
+    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+}
+
+/// R-OP1, R-OP6: `promtool check metrics` accepts a live scrape, and every
+/// query of the dashboard parses and uses only metrics sluice exports — a
+/// dashboard naming a metric sluice does not export fails the check.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scrape_passes_promtool_and_the_dashboard_matches_it() {
+    let b = busy(&[]).await;
+    let (code, scrape) = b.sluice.admin_get("/metrics").await;
+    assert_eq!(code, 200);
+    let dir = TempDir::new("scrape");
+    let file = dir.join("metrics.txt");
+    std::fs::write(&file, &scrape).unwrap();
+    let (ok, out) = run(Command::new("sh")
+        .arg("-c")
+        .arg(format!("promtool check metrics < {}", file.display())))
+    .await;
+    assert!(ok, "promtool check metrics: {out}");
+    for series in [
+        "sluice_provider_rate_rps{provider=\"plain\"}",
+        "sluice_provider_throttle_point_rps{provider=\"plain\"}",
+        "sluice_retry_after_holds_total{provider=\"plain\"} 1",
+        "sluice_retries_total{provider=\"plain\",reason=\"throttled\"} 1",
+        "sluice_backoffs_total{provider=\"plain\",reason=\"throttled\"} 1",
+        "sluice_provider_breaker_state{provider=\"dead\"} 2",
+        "sluice_breaker_transitions_total{from=\"closed\",provider=\"dead\",reason=\"failure_rate\",to=\"open\"} 1",
+        "sluice_tunnels_total{mode=\"intercepted\",provider=\"secure\"} 2",
+        "sluice_interception_failures_total{provider=\"secure\"} 1",
+        "sluice_requests_total{outcome=\"circuit_open\",provider=\"dead\"} 1",
+        "sluice_config_reloads_total{result=\"ok\"} 1",
+    ] {
+        assert!(scrape.contains(series), "missing {series}\n{scrape}");
+    }
+    let check = repo().join("scripts/check-dashboard");
+    let dashboard = repo().join("grafana/sluice.json");
+    let (ok, out) = run(Command::new(&check).arg(&dashboard).arg(&file)).await;
+    println!("{out}");
+    assert!(ok, "dashboard check: {out}");
+    // The check can fail: a dashboard with a metric sluice does not export.
+    let bogus = dir.join("bogus.json");
+    let text = std::fs::read_to_string(&dashboard).unwrap().replace(
+        "sluice_provider_queue_length",
+        "sluice_provider_queue_depth",
+    );
+    std::fs::write(&bogus, text).unwrap();
+    let (ok, out) = run(Command::new(&check).arg(&bogus).arg(&file)).await;
+    assert!(!ok, "a bogus metric must fail the check: {out}");
+    assert!(out.contains("sluice_provider_queue_depth"), "{out}");
+}
+
+/// R-OP2: the JSON readout — live numbers where there is state, an
+/// explicit "unknown" where there is none, evidence for the breaker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn providers_readout_is_live_and_honest() {
+    let b = busy(&["--log-format", "json"]).await;
+    let (code, body) = b.sluice.admin_get("/v1/providers").await;
+    assert_eq!(code, 200);
+    let all: Value = serde_json::from_str(&body).unwrap();
+    let list = all["providers"].as_array().unwrap();
+    let find = |name: &str| list.iter().find(|p| p["name"] == name).cloned().unwrap();
+    let unused = find("unused");
+    assert_eq!(unused["live"], false);
+    assert_eq!(unused["rate_rps"], "unknown");
+    assert_eq!(unused["breaker"]["state"], "unknown");
+    assert_eq!(unused["ceiling_rps"], 7.0);
+    let plain = find("plain");
+    assert!(plain["rate_rps"].as_f64().unwrap() > 0.0);
+    assert_eq!(plain["ceiling_rps"], 50.0);
+    assert_eq!(plain["last_backoff"]["reason"], "throttled");
+    assert!(plain["throttle_point_rps"].is_f64());
+    assert_eq!(
+        plain["baseline_ttfb_ms"], "unknown",
+        "too few samples for a baseline"
+    );
+    assert_eq!(plain["hold"], "none");
+    let (code, body) = b.sluice.admin_get("/v1/providers/dead").await;
+    assert_eq!(code, 200);
+    let dead: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(dead["breaker"]["state"], "open");
+    assert!(dead["breaker"]["open_remaining_ms"].as_u64().unwrap() <= 5000);
+    let ev = dead["breaker"]["evidence"].as_array().unwrap();
+    assert_eq!(ev[0]["from"], "closed");
+    assert_eq!(ev[0]["to"], "open");
+    let (code, _) = b.sluice.admin_get("/v1/providers/nope.example").await;
+    assert_eq!(code, 404);
+    assert_eq!(b.sluice.admin_get("/readyz").await.0, 200);
+    assert_eq!(b.sluice.admin_get("/healthz").await.0, 200);
+    // --log-format json: every line is a JSON object; breaker transitions
+    // and back-offs each have their line.
+    let log = b.sluice.log();
+    let lines: Vec<Value> = log
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    let msg = |m: &str| lines.iter().filter(|l| l["fields"]["message"] == m).count();
+    assert!(msg("breaker transition") >= 1);
+    assert!(msg("rate cut") >= 1);
+}
+
+/// R-OP1: a real Prometheus server scrapes sluice while traffic flows, and
+/// its query API returns the per-provider rate and breaker series.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_prometheus_scrapes_sluice() {
+    let b = busy(&[]).await;
+    let dir = TempDir::new("prometheus");
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    std::fs::write(
+        dir.join("prometheus.yml"),
+        format!(
+            "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: sluice\n    \
+             static_configs:\n      - targets: ['{}']\n",
+            b.sluice.admin
+        ),
+    )
+    .unwrap();
+    let mut prometheus = Command::new("prometheus")
+        .arg(format!(
+            "--config.file={}",
+            dir.join("prometheus.yml").display()
+        ))
+        .arg(format!(
+            "--storage.tsdb.path={}",
+            dir.join("data").display()
+        ))
+        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("prometheus (Debian's package) is installed");
+    // Traffic while it scrapes.
+    let traffic = {
+        let proxy = b.sluice.proxy_url();
+        let url = format!("http://127.0.0.50:{}/ok", b._sims[0].addr.port());
+        tokio::spawn(async move {
+            python(
+                &proxy,
+                "import sys, time, requests\nend = time.monotonic() + 6\n\
+                 while time.monotonic() < end: requests.get(sys.argv[1], timeout=10)",
+                &[&url],
+            )
+            .await
+        })
+    };
+    let query = |q: &str| {
+        let url = format!("http://127.0.0.1:{port}/api/v1/query?query={q}");
+        async move {
+            let out = Command::new("curl")
+                .args(["-sS", "--noproxy", "*", "--max-time", "5"])
+                .arg(url)
+                .output()
+                .await
+                .unwrap();
+            serde_json::from_slice::<Value>(&out.stdout).unwrap_or(Value::Null)
+        }
+    };
+    let started = Instant::now();
+    let mut found = (Value::Null, Value::Null);
+    while started.elapsed() < Duration::from_secs(60) {
+        let rate = query("sluice_provider_rate_rps").await;
+        let breaker = query("sluice_provider_breaker_state").await;
+        let has = |v: &Value, provider: &str| {
+            v["data"]["result"]
+                .as_array()
+                .is_some_and(|r| r.iter().any(|s| s["metric"]["provider"] == provider))
+        };
+        if has(&rate, "plain") && has(&breaker, "dead") {
+            found = (rate, breaker);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    traffic.await.unwrap();
+    let _ = prometheus.kill().await;
+    let (rate, breaker) = found;
+    assert!(
+        !rate.is_null(),
+        "Prometheus never returned sluice_provider_rate_rps for plain"
+    );
+    let dead = breaker["data"]["result"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["metric"]["provider"] == "dead")
+        .unwrap()
+        .clone();
+    // Open (2), or half-open (1) once its 5 s reset timeout has passed.
+    let state = dead["value"][1].as_str().unwrap();
+    assert!(
+        state == "2" || state == "1",
+        "the dead provider's breaker is not closed: {dead}"
+    );
+}
+
+/// R-SF4: secrets in the path, the query, headers, the body and the proxy
+/// credentials leave no trace in the logs (text and JSON, at debug level),
+/// the metrics, the readout, the evidence or the store's files.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn secrets_leave_no_trace() {
+    let sim = Sim::start("127.0.0.53").await;
+    let dead_port = {
+        let l = std::net::TcpListener::bind("127.0.0.54:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let secrets = [
+        "PathSecret7f3a",
+        "QuerySecret91bd",
+        "HeaderSecret55ce",
+        "BodySecret0a2e",
+        "CredSecret77d1",
+    ];
+    let config = "[destinations]\nallow = [\"127.0.0.0/8\"]\n\
+                  [auth]\ncredentials = [\"collector-a:CredSecret77d1\"]\n\
+                  [providers.dead]\nhosts = [\"127.0.0.54\"]\nbreaker_min_calls = 4\n\
+                  [limits]\nsave_interval = \"200ms\"\n";
+    for args in [&[][..], &["--log-format", "json"][..]] {
+        let s = Sluice::start_with(TempDir::new("secrets"), config, args);
+        let proxy = format!("http://collector-a:CredSecret77d1@{}", s.proxy);
+        let headers = [
+            "-H",
+            "Authorization: Bearer HeaderSecret55ce",
+            "-H",
+            "Cookie: c=HeaderSecret55ce",
+        ];
+        let body = ["--data", "password=BodySecret0a2e"];
+        for path in [
+            "/ra/1/PathSecret7f3a?token=QuerySecret91bd",
+            "/status/404/PathSecret7f3a?token=QuerySecret91bd",
+            "/reset?token=QuerySecret91bd",
+        ] {
+            let mut a: Vec<&str> = headers.to_vec();
+            a.extend(body);
+            curl(
+                &proxy,
+                &a,
+                &format!("http://127.0.0.53:{}{path}", sim.addr.port()),
+                T,
+            )
+            .await;
+        }
+        // Wrong credentials, and a dead provider's transitions, too.
+        curl(
+            &format!("http://collector-a:CredSecret77d1x@{}", s.proxy),
+            &[],
+            &sim.url("http", "/ok"),
+            T,
+        )
+        .await;
+        for _ in 0..12 {
+            curl(
+                &proxy,
+                &headers,
+                &format!("http://127.0.0.54:{dead_port}/PathSecret7f3a?q=QuerySecret91bd"),
+                T,
+            )
+            .await;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let mut seen = vec![("log".to_string(), s.log())];
+        for path in [
+            "/metrics",
+            "/v1/providers",
+            "/v1/providers/dead",
+            "/v1/providers/127.0.0.53",
+        ] {
+            seen.push((path.to_string(), s.admin_get(path).await.1));
+        }
+        let (status, dir) = s.terminate();
+        assert!(status.success());
+        for file in walk(&dir.join("state")) {
+            let bytes = std::fs::read(&file).unwrap_or_default();
+            seen.push((
+                file.display().to_string(),
+                String::from_utf8_lossy(&bytes).into_owned(),
+            ));
+        }
+        assert!(seen
+            .iter()
+            .any(|(w, t)| w == "/v1/providers/dead" && t.contains("failure_rate")));
+        for (where_, text) in &seen {
+            for secret in secrets {
+                assert!(
+                    !text.contains(secret),
+                    "{secret} found in {where_} ({args:?})"
+                );
+            }
+        }
+    }
+}
+
+fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
