@@ -10,7 +10,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::breaker::{BreakerShared, BreakerSnapshot, CircuitOpen, Permit, State, TransitionSink};
+use crate::breaker::{
+    BreakerShared, BreakerSnapshot, CallPermit, CircuitOpen, State, TransitionSink,
+};
 use crate::bulkhead::BulkheadShared;
 use crate::error::BoxError;
 use crate::events::EventSink;
@@ -169,20 +171,13 @@ impl ProviderPolicy {
     /// one pacing slot is taken. Report how the connection went with
     /// [`TunnelAdmission::connected`].
     pub async fn admit_tunnel(&self) -> Result<TunnelAdmission, BoxError> {
-        let (permit, transition) = self.breaker.lock().try_acquire(Instant::now());
-        if let Some(t) = transition {
-            self.breaker.publish(t);
-        }
-        let permit = permit.map_err(|retry_after| CircuitOpen { retry_after })?;
-        let mut admission = TunnelAdmission {
-            breaker: self.breaker.clone(),
-            permit: Some(permit),
-        };
-        if let Err(e) = self.pacer.acquire().await {
-            admission.finish(None);
-            return Err(e);
-        }
-        Ok(admission)
+        let permit = self
+            .breaker
+            .acquire()
+            .map_err(|retry_after| CircuitOpen { retry_after })?;
+        // If pacing refuses, the permit is dropped: it counts for nothing.
+        self.pacer.acquire().await?;
+        Ok(TunnelAdmission { permit })
     }
 
     /// A readout at `now`.
@@ -202,38 +197,12 @@ impl ProviderPolicy {
 /// without a verdict counts for nothing.
 #[derive(Debug)]
 pub struct TunnelAdmission {
-    breaker: Arc<BreakerShared>,
-    permit: Option<Permit>,
+    permit: CallPermit,
 }
 
 impl TunnelAdmission {
     /// The tunnel's upstream connection was made (`true`) or failed.
-    pub fn connected(mut self, ok: bool) {
-        self.finish(Some(!ok));
-    }
-
-    fn finish(&mut self, failure: Option<bool>) {
-        let Some(permit) = self.permit.take() else {
-            return;
-        };
-        let transition = {
-            let mut b = self.breaker.lock();
-            match failure {
-                Some(f) => b.record(permit, f, Instant::now()),
-                None => {
-                    b.release(permit);
-                    None
-                }
-            }
-        };
-        if let Some(t) = transition {
-            self.breaker.publish(t);
-        }
-    }
-}
-
-impl Drop for TunnelAdmission {
-    fn drop(&mut self) {
-        self.finish(None);
+    pub fn connected(self, ok: bool) {
+        self.permit.finish(Some(!ok));
     }
 }

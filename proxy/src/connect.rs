@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use http::uri::{Authority, Scheme};
-use http::{Method, Request, Response, StatusCode};
+use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -29,7 +29,7 @@ use crate::auth::Identity;
 use crate::body::{full, ResBody};
 use crate::config::normalise_host;
 use crate::edge::{self, Refusal};
-use crate::forward::{forward, oversize_head, Target};
+use crate::forward::{tunnelled, Target};
 use crate::server::App;
 use crate::tls::intercept;
 
@@ -125,31 +125,13 @@ where
     T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let header_timeout = app.config().limits.header_read_timeout;
-    let max_head = app.config().limits.max_header_bytes;
-    let service = service_fn(move |mut req: Request<Incoming>| {
-        let app = app.clone();
-        let target = Target {
-            scheme: Scheme::HTTP,
-            authority: authority.clone(),
-        };
-        let identity = identity.clone();
-        async move {
-            if req.method() == Method::CONNECT {
-                return Ok::<_, std::convert::Infallible>(
-                    Refusal::new(
-                        StatusCode::BAD_REQUEST,
-                        "http_request_error",
-                        "CONNECT inside a tunnel",
-                    )
-                    .into_response(),
-                );
-            }
-            if let Some(resp) = oversize_head(req.headers(), max_head) {
-                return Ok(resp);
-            }
-            req.extensions_mut().insert(identity);
-            Ok(forward(app, req, target).await)
-        }
+    let target = Target {
+        scheme: Scheme::HTTP,
+        authority,
+    };
+    let service = service_fn(move |req: Request<Incoming>| {
+        let (app, target, identity) = (app.clone(), target.clone(), identity.clone());
+        async move { Ok::<_, std::convert::Infallible>(tunnelled(app, req, target, identity).await) }
     });
     let conn = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())

@@ -14,6 +14,7 @@ use sluice_policy::retry::retryable_method;
 use sluice_policy::{outcome, BoxError};
 use tower::ServiceExt;
 
+use crate::auth::Identity;
 use crate::body::{collect_limited, IdleTimeout, ProxyBody, ResBody};
 use crate::config::normalise_host;
 use crate::edge::{self, Refusal};
@@ -97,6 +98,30 @@ impl Target {
             authority: uri.authority().cloned()?,
         })
     }
+}
+
+/// A request that arrived inside a CONNECT tunnel (plain or intercepted):
+/// checked like any request, tagged with the tunnel's identity, then
+/// forwarded to the tunnel's target.
+pub async fn tunnelled(
+    app: Arc<App>,
+    mut req: Request<Incoming>,
+    target: Target,
+    identity: Identity,
+) -> Response<ResBody> {
+    if req.method() == http::Method::CONNECT {
+        return Refusal::new(
+            StatusCode::BAD_REQUEST,
+            "http_request_error",
+            "CONNECT inside a tunnel",
+        )
+        .into_response();
+    }
+    if let Some(resp) = oversize_head(req.headers(), app.config().limits.max_header_bytes) {
+        return resp;
+    }
+    req.extensions_mut().insert(identity);
+    forward(app, req, target).await
 }
 
 /// Forwards `req` to `target` through the provider's stack and returns

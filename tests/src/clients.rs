@@ -149,3 +149,42 @@ fetch(process.argv[1], { dispatcher })
         .parse()
         .expect("a status")
 }
+
+/// Naive collectors: `clients` Python threads, each sending GETs to `url`
+/// back to back for `secs` seconds with no backoff of their own. Prints
+/// (returns) what they saw, status → count.
+pub async fn naive_clients(
+    proxy: &str,
+    url: &str,
+    clients: u32,
+    secs: u32,
+    env: &[(&str, &str)],
+) -> String {
+    const SCRIPT: &str = r#"
+import sys, threading, time, requests
+url, clients, secs = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+deadline = time.monotonic() + secs
+counts = {}
+lock = threading.Lock()
+def run():
+    s = requests.Session()
+    while time.monotonic() < deadline:
+        try:
+            code = s.get(url, timeout=30).status_code
+        except Exception as e:
+            code = type(e).__name__
+        with lock:
+            counts[code] = counts.get(code, 0) + 1
+threads = [threading.Thread(target=run) for _ in range(clients)]
+for t in threads: t.start()
+for t in threads: t.join()
+print(" ".join(f"{k}={v}" for k, v in sorted(counts.items(), key=str)))
+"#;
+    python_env(
+        proxy,
+        SCRIPT,
+        &[url, &clients.to_string(), &secs.to_string()],
+        env,
+    )
+    .await
+}

@@ -44,6 +44,35 @@ pub struct Hit {
     pub version: http::Version,
 }
 
+/// Provider-side figures over a window (see [`Sim::figures`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Figures {
+    /// Requests accepted (200).
+    pub accepted: usize,
+    /// Requests throttled (429).
+    pub throttled: usize,
+    /// All requests seen.
+    pub attempts: usize,
+    /// Accepted per second as a share of the hidden limit.
+    pub goodput: f64,
+    /// 429s as a share of attempts.
+    pub throttled_share: f64,
+}
+
+impl std::fmt::Display for Figures {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} accepted ({:.1} % of the limit), {} of {} attempts 429 ({:.2} %)",
+            self.accepted,
+            self.goodput * 100.0,
+            self.throttled,
+            self.attempts,
+            self.throttled_share * 100.0
+        )
+    }
+}
+
 #[derive(Debug)]
 struct Bucket {
     rate: f64,
@@ -142,6 +171,27 @@ impl Sim {
             .filter(|h| h.path.starts_with(prefix))
             .cloned()
             .collect()
+    }
+
+    /// What the provider saw on `path` between `from` and `to` seconds
+    /// after the first request there, against its hidden `limit`.
+    pub fn figures(&self, path: &str, from: u64, to: u64, limit: f64) -> Figures {
+        let hits = self.hits(path);
+        let start = hits.first().expect("the provider saw requests").at;
+        let (a, b) = (
+            start + Duration::from_secs(from),
+            start + Duration::from_secs(to),
+        );
+        let window: Vec<_> = hits.iter().filter(|h| h.at >= a && h.at < b).collect();
+        let accepted = window.iter().filter(|h| h.status == 200).count();
+        let throttled = window.iter().filter(|h| h.status == 429).count();
+        Figures {
+            accepted,
+            throttled,
+            attempts: window.len(),
+            goodput: accepted as f64 / (to - from) as f64 / limit,
+            throttled_share: throttled as f64 / window.len().max(1) as f64,
+        }
     }
 
     /// `http://addr` or `https://addr` base URL.

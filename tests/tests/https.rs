@@ -7,7 +7,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use sluice_tests::clients::{curl, python_env, undici};
+use sluice_tests::clients::{curl, naive_clients, python_env, undici};
 use sluice_tests::harness::{Sluice, TempDir};
 use sluice_tests::pki::TestCa;
 use sluice_tests::sim::Sim;
@@ -264,27 +264,6 @@ async fn ca_key_is_private_and_never_logged() {
     }
 }
 
-const NAIVE_CLIENTS: &str = r#"
-import sys, threading, time, requests
-url, clients, secs = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
-deadline = time.monotonic() + secs
-counts = {}
-lock = threading.Lock()
-def run():
-    s = requests.Session()
-    while time.monotonic() < deadline:
-        try:
-            code = s.get(url, timeout=30).status_code
-        except Exception as e:
-            code = type(e).__name__
-        with lock:
-            counts[code] = counts.get(code, 0) + 1
-threads = [threading.Thread(target=run) for _ in range(clients)]
-for t in threads: t.start()
-for t in threads: t.join()
-print(" ".join(f"{k}={v}" for k, v in sorted(counts.items(), key=str)))
-"#;
-
 /// The hidden-limit scenario over HTTPS: 8 naive clients, 20 req/s, 30 s;
 /// over the last 15 s the provider accepts ≥ 85 % of its limit with ≤ 5 %
 /// 429s — per-request pacing inside TLS.
@@ -295,32 +274,21 @@ async fn naive_clients_over_https_are_paced_to_the_hidden_limit() {
     let sim = &s.sims[0];
     sim.set_limit(LIMIT, 10.0);
     let ca = s.cacert();
-    let clients = python_env(
+    let clients = naive_clients(
         &s.sluice.proxy_url(),
-        NAIVE_CLIENTS,
-        &[&sim.url("https", "/limited"), "8", "30"],
+        &sim.url("https", "/limited"),
+        8,
+        30,
         &[("REQUESTS_CA_BUNDLE", &ca)],
     )
     .await;
-    let hits = sim.hits("/limited");
-    let start = hits.first().expect("the provider saw requests").at;
-    let (from, to) = (
-        start + Duration::from_secs(15),
-        start + Duration::from_secs(30),
-    );
-    let window: Vec<_> = hits.iter().filter(|h| h.at >= from && h.at < to).collect();
-    let accepted = window.iter().filter(|h| h.status == 200).count();
-    let throttled = window.iter().filter(|h| h.status == 429).count();
-    let goodput = accepted as f64 / 15.0 / LIMIT;
-    let share = throttled as f64 / window.len().max(1) as f64;
+    let f = sim.figures("/limited", 15, 30, LIMIT);
     println!(
-        "hidden limit {LIMIT} req/s, 8 naive clients, 30 s over HTTPS (intercepted); last 15 s at the provider: \
-         {accepted} accepted ({:.1} % of the limit), {throttled} of {} attempts 429 ({:.2} %); clients saw: {}",
-        goodput * 100.0,
-        window.len(),
-        share * 100.0,
+        "hidden limit {LIMIT} req/s, 8 naive clients, 30 s over HTTPS (intercepted); \
+         last 15 s at the provider: {f}; clients saw: {}",
         clients.trim()
     );
+    let (goodput, share) = (f.goodput, f.throttled_share);
     assert!(goodput >= 0.85, "goodput {:.1} % < 85 %", goodput * 100.0);
     assert!(share <= 0.05, "429 share {:.2} % > 5 %", share * 100.0);
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 use sluice_tests::clients::{curl, python};
-use sluice_tests::harness::{Sluice, TempDir};
+use sluice_tests::harness::{walk, Sluice, TempDir};
 use sluice_tests::pki::TestCa;
 use sluice_tests::sim::Sim;
 use tokio::process::Command;
@@ -397,17 +397,4 @@ async fn secrets_leave_no_trace() {
             }
         }
     }
-}
-
-fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        let p = e.path();
-        if p.is_dir() {
-            out.extend(walk(&p));
-        } else {
-            out.push(p);
-        }
-    }
-    out
 }

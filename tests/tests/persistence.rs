@@ -4,28 +4,12 @@
 use std::time::Duration;
 
 use serde_json::Value;
-use sluice_tests::clients::{curl, python};
-use sluice_tests::harness::Sluice;
+use sluice_tests::clients::{curl, naive_clients};
+use sluice_tests::harness::{walk, Sluice};
 use sluice_tests::sim::Sim;
 use tokio::time::Instant;
 
 const T: Duration = Duration::from_secs(20);
-
-const NAIVE_CLIENTS: &str = r#"
-import sys, threading, time, requests
-url, clients, secs = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
-deadline = time.monotonic() + secs
-def run():
-    s = requests.Session()
-    while time.monotonic() < deadline:
-        try:
-            s.get(url, timeout=30)
-        except Exception:
-            pass
-threads = [threading.Thread(target=run) for _ in range(clients)]
-for t in threads: t.start()
-for t in threads: t.join()
-"#;
 
 fn config(sim: &Sim, extra: &str) -> String {
     format!(
@@ -44,12 +28,7 @@ async fn provider(s: &Sluice, name: &str) -> Value {
 /// Teaches sluice the provider's rate: naive clients against a hidden limit
 /// of 20 req/s until the learned rate is well above the cold start of 5.
 async fn learn(s: &Sluice, sim: &Sim) -> f64 {
-    python(
-        &s.proxy_url(),
-        NAIVE_CLIENTS,
-        &[&sim.url("http", "/limited"), "8", "10"],
-    )
-    .await;
+    naive_clients(&s.proxy_url(), &sim.url("http", "/limited"), 8, 10, &[]).await;
     let p = provider(s, "learn").await;
     let rate = p["rate_rps"].as_f64().unwrap();
     assert!(
@@ -214,19 +193,6 @@ async fn corrupt_store_means_a_cold_start() {
         .filter_map(Result::ok)
         .any(|e| e.file_name().to_string_lossy().starts_with("store.broken-"));
     assert!(moved_aside);
-}
-
-fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        let p = e.path();
-        if p.is_dir() {
-            out.extend(walk(&p));
-        } else {
-            out.push(p);
-        }
-    }
-    out
 }
 
 /// R-OP5: SIGHUP changes provider settings without losing learned state;

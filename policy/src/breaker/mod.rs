@@ -126,6 +126,19 @@ impl BreakerShared {
             .collect()
     }
 
+    /// Asks for a permit now, publishing the Open → HalfOpen transition if
+    /// the reset timeout has passed. `Err` is the time until a probe may go.
+    pub fn acquire(self: &Arc<Self>) -> Result<CallPermit, std::time::Duration> {
+        let (permit, transition) = self.lock().try_acquire(Instant::now());
+        if let Some(t) = transition {
+            self.publish(t);
+        }
+        permit.map(|permit| CallPermit {
+            shared: self.clone(),
+            permit: Some(permit),
+        })
+    }
+
     /// A readout at `now` (moving Open → HalfOpen if due, and publishing
     /// that).
     pub fn snapshot(&self, now: Instant) -> BreakerSnapshot {
@@ -138,5 +151,47 @@ impl BreakerShared {
             self.publish(t);
         }
         snap
+    }
+}
+
+/// A call the breaker let through. [`CallPermit::finish`] records how it
+/// went; dropped without a verdict (refused further down, or its client
+/// went away) it counts for nothing and gives a half-open probe slot back.
+#[derive(Debug)]
+pub struct CallPermit {
+    shared: Arc<BreakerShared>,
+    permit: Option<Permit>,
+}
+
+impl CallPermit {
+    /// Records the call: `Some(true)` a failure or throttle, `Some(false)`
+    /// a success, `None` nothing (it never reached the provider).
+    pub fn finish(mut self, failure: Option<bool>) {
+        self.complete(failure);
+    }
+
+    fn complete(&mut self, failure: Option<bool>) {
+        let Some(permit) = self.permit.take() else {
+            return;
+        };
+        let transition = {
+            let mut b = self.shared.lock();
+            match failure {
+                Some(f) => b.record(permit, f, Instant::now()),
+                None => {
+                    b.release(permit);
+                    None
+                }
+            }
+        };
+        if let Some(t) = transition {
+            self.shared.publish(t);
+        }
+    }
+}
+
+impl Drop for CallPermit {
+    fn drop(&mut self) {
+        self.complete(None);
     }
 }

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use http::uri::{Authority, Scheme};
-use http::{Method, Request, StatusCode};
+use http::Request;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -14,8 +14,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::CertAuthority;
 use crate::auth::Identity;
-use crate::edge::Refusal;
-use crate::forward::{forward, oversize_head, Target};
+use crate::forward::{tunnelled, Target};
 use crate::server::App;
 
 /// Picks the leaf for a handshake: the SNI name, or the CONNECT host when
@@ -95,31 +94,13 @@ pub async fn intercept<T>(
             return;
         }
     };
-    let max_head = app.config().limits.max_header_bytes;
-    let service = service_fn(move |mut req: Request<Incoming>| {
-        let app = app.clone();
-        let target = Target {
-            scheme: Scheme::HTTPS,
-            authority: authority.clone(),
-        };
-        let identity = identity.clone();
-        async move {
-            if req.method() == Method::CONNECT {
-                return Ok::<_, std::convert::Infallible>(
-                    Refusal::new(
-                        StatusCode::BAD_REQUEST,
-                        "http_request_error",
-                        "CONNECT inside a tunnel",
-                    )
-                    .into_response(),
-                );
-            }
-            if let Some(resp) = oversize_head(req.headers(), max_head) {
-                return Ok(resp);
-            }
-            req.extensions_mut().insert(identity);
-            Ok(forward(app, req, target).await)
-        }
+    let target = Target {
+        scheme: Scheme::HTTPS,
+        authority,
+    };
+    let service = service_fn(move |req: Request<Incoming>| {
+        let (app, target, identity) = (app.clone(), target.clone(), identity.clone());
+        async move { Ok::<_, std::convert::Infallible>(tunnelled(app, req, target, identity).await) }
     });
     let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
     if let Err(e) = builder.serve_connection(TokioIo::new(tls), service).await {
