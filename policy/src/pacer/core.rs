@@ -21,7 +21,7 @@ pub const BASELINE_ALPHA: f64 = 0.05;
 pub const SOFT_THROTTLE_SLACK: Duration = Duration::from_millis(100);
 
 /// A place in the waiting room.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Ticket(u64);
 
 /// What a waiter should do now.
@@ -256,6 +256,11 @@ impl PacerCore {
             return Admission::Go;
         }
         Admission::WaitUntil(at)
+    }
+
+    /// The ticket at the head of the queue.
+    pub fn head(&self) -> Option<Ticket> {
+        self.waiting.first().copied()
     }
 
     /// A waiter left without being admitted (its client went away).

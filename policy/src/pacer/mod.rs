@@ -21,11 +21,12 @@ pub mod gcra;
 mod layer;
 mod service;
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use std::time::Duration;
 
-use tokio::sync::watch;
+use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
 
 pub use self::aimd::{Backoff, BackoffReason};
@@ -42,9 +43,11 @@ use crate::settings::ProviderSettings;
 pub struct PacerShared {
     /// The decision state; held only for short, non-blocking sections.
     core: Mutex<PacerCore>,
-    /// Bumped whenever a hold or rate change may move waiters' slots, or
-    /// the head of the queue left.
+    /// Bumped when a hold or a rate change may move every waiter's slot.
     changed: watch::Sender<()>,
+    /// One wake-up per waiter: when the head leaves, only the new head is
+    /// woken (not the whole queue — no thundering herd on each admission).
+    waiters: Mutex<HashMap<Ticket, Arc<Notify>>>,
     /// Where pacing events go.
     events: Option<EventSink>,
 }
@@ -60,6 +63,7 @@ impl PacerShared {
         Arc::new(PacerShared {
             core: Mutex::new(PacerCore::new(settings)),
             changed: watch::Sender::new(()),
+            waiters: Mutex::new(HashMap::new()),
             events,
         })
     }
@@ -93,9 +97,25 @@ impl PacerShared {
         self.core.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Wakes waiters so that they re-check their slot.
+    /// Wakes every waiter so that it re-checks its slot (a hold or a rate
+    /// change).
     pub fn notify(&self) {
         self.changed.send_replace(());
+    }
+
+    fn waiters(&self) -> MutexGuard<'_, HashMap<Ticket, Arc<Notify>>> {
+        self.waiters.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// `ticket` left the queue: forget its wake-up and wake the new head.
+    fn left(&self, ticket: Ticket) {
+        let head = self.lock().head();
+        let mut waiters = self.waiters();
+        waiters.remove(&ticket);
+        if let Some(n) = head.and_then(|h| waiters.get(&h)) {
+            // Stored if the head is not waiting right now: never lost.
+            n.notify_one();
+        }
     }
 
     /// A readout at `now`.
@@ -118,6 +138,8 @@ impl PacerShared {
                 }
             }
         };
+        let wake = Arc::new(Notify::new());
+        self.waiters().insert(ticket, wake.clone());
         // If this future is dropped while waiting, leave the queue so that
         // those behind are not stuck behind a ghost.
         let mut guard = TicketGuard {
@@ -132,8 +154,7 @@ impl PacerShared {
             match admission {
                 Admission::Go => {
                     guard.ticket = None;
-                    // The next waiter is now at the head.
-                    self.notify();
+                    self.left(ticket);
                     emit(
                         &self.events,
                         Event::PacingWait(now.saturating_duration_since(arrived)),
@@ -142,13 +163,14 @@ impl PacerShared {
                 }
                 Admission::Refuse(wait) => {
                     guard.ticket = None;
-                    self.notify();
+                    self.left(ticket);
                     emit(&self.events, Event::Shed(Refusal::WaitTooLong));
                     return Err(RateLimited::new(Refusal::WaitTooLong, wait).into());
                 }
                 Admission::WaitUntil(at) => {
                     tokio::select! {
                         _ = tokio::time::sleep_until(at) => {}
+                        _ = wake.notified() => {}
                         _ = changed.changed() => {}
                     }
                 }
@@ -174,9 +196,8 @@ struct TicketGuard<'a> {
 impl Drop for TicketGuard<'_> {
     fn drop(&mut self) {
         if let Some(ticket) = self.ticket.take() {
-            if self.shared.lock().cancel(ticket) {
-                self.shared.notify();
-            }
+            self.shared.lock().cancel(ticket);
+            self.shared.left(ticket);
         }
     }
 }
