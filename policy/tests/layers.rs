@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use http::{Method, Request, Response, StatusCode};
 use sluice_policy::breaker::{BreakerLayer, CircuitOpen, Reason, State, Transition};
+use sluice_policy::bulkhead::{BulkheadFull, BulkheadLayer};
 use sluice_policy::error::{Upstream, UpstreamKind};
 use sluice_policy::events::Event;
 use sluice_policy::pacer::{PacerLayer, RateLimited, Refusal};
@@ -676,4 +677,140 @@ mod budget_stop {
             });
         }
     }
+}
+
+// ------------------------------------------------------------- bulkhead
+
+/// R-BH1: at most `max_in_flight` attempts at once; those beyond wait in a
+/// bounded queue and are refused past `max_queue_len` or `max_queue_wait`.
+#[tokio::test(start_paused = true)]
+async fn bulkhead_caps_attempts_in_flight() {
+    let settings = ProviderSettings {
+        max_in_flight: 2,
+        max_queue_len: 1,
+        max_queue_wait: Duration::from_secs(3),
+        ..fixed_rate(1000.0)
+    };
+    let (policy, _) = policy(settings);
+    let provider = Provider::new(|_| Reply {
+        delay: Duration::from_secs(2),
+        ..status(200)
+    });
+    let svc = BulkheadLayer::new(policy.bulkhead.clone()).layer(provider.clone());
+    let t0 = Instant::now();
+    let a = tokio::spawn(svc.clone().oneshot(get("a")));
+    let b = tokio::spawn(svc.clone().oneshot(get("b")));
+    sleep(Duration::from_millis(1)).await;
+    assert_eq!(policy.bulkhead.in_flight(), 2);
+    // The third waits for a permit; the fourth finds the queue full.
+    let c = tokio::spawn(svc.clone().oneshot(get("c")));
+    sleep(Duration::from_millis(1)).await;
+    assert_eq!(policy.bulkhead.waiting(), 1);
+    let err = svc.clone().oneshot(get("d")).await.unwrap_err();
+    assert!(err.is::<BulkheadFull>(), "{err}");
+    a.await.unwrap().unwrap();
+    b.await.unwrap().unwrap();
+    c.await.unwrap().unwrap();
+    let seen = provider.arrivals();
+    assert_eq!(seen.len(), 3);
+    // c went when a permit came back, 2 s in.
+    assert_eq!(seen[2].0 - t0, Duration::from_secs(2));
+    assert_eq!(policy.bulkhead.in_flight(), 0);
+}
+
+/// R-BH1: a wait longer than `max_queue_wait` is refused.
+#[tokio::test(start_paused = true)]
+async fn bulkhead_wait_is_bounded() {
+    let settings = ProviderSettings {
+        max_in_flight: 1,
+        max_queue_wait: Duration::from_secs(1),
+        ..fixed_rate(1000.0)
+    };
+    let (policy, _) = policy(settings);
+    let provider = Provider::new(|_| Reply {
+        delay: Duration::from_secs(60),
+        ..status(200)
+    });
+    let svc = BulkheadLayer::new(policy.bulkhead.clone()).layer(provider.clone());
+    let _hung = tokio::spawn(svc.clone().oneshot(get("a")));
+    sleep(Duration::from_millis(1)).await;
+    let t = Instant::now();
+    let err = svc.clone().oneshot(get("b")).await.unwrap_err();
+    assert!(err.is::<BulkheadFull>());
+    assert_eq!(Instant::now() - t, Duration::from_secs(1));
+}
+
+/// R-CB1: with `breaker_wait_for_probe`, a request arriving while the
+/// breaker is open waits for the half-open probe (within the queue wait)
+/// instead of failing fast.
+#[tokio::test(start_paused = true)]
+async fn breaker_can_wait_for_the_probe() {
+    let settings = ProviderSettings {
+        breaker_wait_for_probe: true,
+        max_queue_wait: Duration::from_secs(10),
+        ..breaker_settings()
+    };
+    let (policy, evidence) = policy(settings);
+    let provider = Provider::new(|n| if n < 4 { status(500) } else { status(200) });
+    let mut svc = BreakerLayer::new(policy.breaker.clone()).layer(provider.clone());
+    for _ in 0..4 {
+        svc.ready().await.unwrap().call(get("x")).await.unwrap();
+    }
+    assert_eq!(evidence.lock().unwrap().len(), 1, "open");
+    let t = Instant::now();
+    let resp = svc.ready().await.unwrap().call(get("waits")).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(
+        Instant::now() - t,
+        Duration::from_secs(5),
+        "waited for half-open"
+    );
+    assert_eq!(provider.arrivals().len(), 5);
+}
+
+// --------------------------------------------------------- soft throttle
+
+/// R-AI1: a time-to-first-byte well above the learned baseline is a soft
+/// throttle: the rate is cut, though every answer was a 200.
+#[tokio::test(start_paused = true)]
+async fn slow_responses_are_a_soft_throttle() {
+    let events: Arc<Mutex<Vec<Event>>> = Arc::default();
+    let sink = events.clone();
+    let policy = ProviderPolicy::new(
+        "provider.test",
+        fixed_rate(50.0),
+        PolicyOptions {
+            events: Some(Arc::new(move |e: &Event| {
+                sink.lock().unwrap().push(e.clone())
+            })),
+            ..PolicyOptions::default()
+        },
+    )
+    .unwrap();
+    // 30 fast answers teach a 20 ms baseline, then one takes 2 s.
+    let provider = Provider::new(|n| Reply {
+        delay: Duration::from_millis(if n < 30 { 20 } else { 2000 }),
+        ..status(200)
+    });
+    let svc = stack(&policy, &provider);
+    for i in 0..31 {
+        svc.clone().oneshot(get(i.to_string())).await.unwrap();
+    }
+    let snap = policy.snapshot(Instant::now());
+    let baseline = snap.pacer.baseline_ttfb.expect("a baseline");
+    assert!(baseline < Duration::from_millis(200), "{baseline:?}");
+    let cut = snap
+        .pacer
+        .last_backoff
+        .expect("a soft throttle cut the rate");
+    assert_eq!(
+        cut.reason,
+        sluice_policy::pacer::BackoffReason::SoftThrottle
+    );
+    assert!(snap.pacer.rate_rps < 50.0);
+    assert!(events
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|e| matches!(e, Event::Backoff(b) if b.reason == sluice_policy::pacer::BackoffReason::SoftThrottle)));
 }

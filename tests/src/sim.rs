@@ -16,6 +16,8 @@
 //! * `/reset` — closes the connection without an answer.
 //! * `/echo` — 200 with the request body and a header listing request
 //!   header names.
+//! * `/stall` — 200 whose body sends one chunk (`partial`) and then
+//!   nothing, forever.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -24,6 +26,7 @@ use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
+use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
@@ -200,7 +203,29 @@ impl Sim {
     }
 }
 
-type Body = Full<Bytes>;
+type Body = BoxBody<Bytes, std::io::Error>;
+
+/// A body that sends one chunk and then stalls forever.
+struct Stall(bool);
+
+impl http_body::Body for Stall {
+    type Data = Bytes;
+    type Error = std::io::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, std::io::Error>>> {
+        if self.0 {
+            // Never ready again, and never woken: a provider that stalls.
+            return std::task::Poll::Pending;
+        }
+        self.0 = true;
+        std::task::Poll::Ready(Some(Ok(http_body::Frame::data(Bytes::from_static(
+            b"partial",
+        )))))
+    }
+}
 
 async fn answer(
     state: Arc<Mutex<State>>,
@@ -222,7 +247,7 @@ async fn answer(
             *c
         };
         let status = match parts.as_slice() {
-            ["ok"] | ["echo"] => 200,
+            ["ok"] | ["echo"] | ["stall"] => 200,
             ["status", code] => code.parse().unwrap_or(400),
             ["limited"] => {
                 let ok = match st.bucket.as_mut() {
@@ -303,7 +328,12 @@ async fn answer(
     if !delay.is_zero() {
         tokio::time::sleep(delay).await;
     }
-    let mut resp = Response::new(Full::new(body));
+    let body: Body = if parts.as_slice() == ["stall"] {
+        Stall(false).boxed()
+    } else {
+        Full::new(body).map_err(|e| match e {}).boxed()
+    };
+    let mut resp = Response::new(body);
     *resp.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_REQUEST);
     if let Some(ra) = retry_after {
         resp.headers_mut()

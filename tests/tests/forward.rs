@@ -497,3 +497,33 @@ async fn resets_and_hangs_get_proxy_status() {
         .contains("error=http_response_timeout"));
     assert_eq!(sim.hits("/hang").len(), 2, "a timeout is retried");
 }
+
+/// R-TO1: a provider that stalls mid-body is cut after the idle-body
+/// timeout; the client gets what was sent and a closed transfer — it is not
+/// held until its own timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_body_is_cut_by_the_idle_timeout() {
+    let sim = Sim::start("127.0.0.16").await;
+    let sluice = Sluice::start(&allow_loopback("[limits]\nbody_idle_timeout = \"1s\"\n"));
+    let r = curl(
+        &sluice.proxy_url(),
+        &[],
+        &sim.url("http", "/stall"),
+        Duration::from_secs(15),
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body, "partial");
+    assert!(
+        !r.stderr.contains("timed out"),
+        "cut by sluice, not by curl: {}",
+        r.stderr
+    );
+    assert!(!r.stderr.is_empty(), "curl saw the transfer end early");
+    assert_eq!(
+        curl(&sluice.proxy_url(), &[], &sim.url("http", "/ok"), T)
+            .await
+            .status,
+        200
+    );
+}
