@@ -1,16 +1,19 @@
-//! `CONNECT` tunnels (R-PX2, tunnel half).
+//! `CONNECT` tunnels (R-PX2).
 //!
-//! sluice answers `200` and then looks at the first bytes the client sends
-//! through the tunnel:
+//! What sluice does with a tunnel depends on the provider and on the first
+//! bytes the client sends through it:
 //!
-//! * plain HTTP (Node's undici tunnels even `http://` targets): the tunnel
-//!   is served as an HTTP connection, and every request in it goes through
-//!   the provider's stack exactly like an absolute-form request;
+//! * plain HTTP (Node's undici tunnels even `http://` targets): served as
+//!   an HTTP connection, every request in it through the provider's stack
+//!   exactly like an absolute-form request;
 //! * TLS, for a provider with `intercept` on (the default once sluice has
 //!   its CA): sluice terminates it ([`crate::tls`]) and every request
 //!   inside goes through the stack;
-//! * anything else: a raw tunnel, paced once per CONNECT — sluice cannot
-//!   see the requests inside, and says so in the log.
+//! * TLS with interception off: a raw tunnel. It is paced once per CONNECT
+//!   and connected before sluice answers `200`, so a refused or unreachable
+//!   target gets a `502` with `Proxy-Status`; sluice cannot see the
+//!   requests inside, and says so in the log and in
+//!   `sluice_provider_request_visibility`.
 
 use std::io;
 use std::pin::Pin;
@@ -30,29 +33,41 @@ use crate::body::{full, ResBody};
 use crate::config::normalise_host;
 use crate::edge::{self, Refusal};
 use crate::forward::{tunnelled, Target};
+use crate::providers::Provider;
 use crate::server::App;
 use crate::tls::intercept;
+use crate::upstream;
+use sluice_policy::error::{Upstream, UpstreamKind};
+use sluice_policy::BoxError;
 
 /// The first byte of a TLS record carrying a handshake.
 const TLS_HANDSHAKE: u8 = 0x16;
 
 /// Answers a CONNECT: checks the target, then tunnels after the upgrade.
-pub fn connect(app: Arc<App>, req: Request<Incoming>, identity: Identity) -> Response<ResBody> {
-    let Some(authority) = req.uri().authority().cloned() else {
-        return Refusal::new(
+///
+/// With interception, sluice answers for each request inside, so it says
+/// `200` at once. Without it (`intercept = false`, or no CA), sluice can
+/// only answer for the connection: it takes the tunnel's pacing slot and
+/// connects first, so an unreachable or refused target gets a real answer
+/// (`502` with `Proxy-Status`) instead of a tunnel that closes.
+pub async fn connect(
+    app: Arc<App>,
+    req: Request<Incoming>,
+    identity: Identity,
+) -> Response<ResBody> {
+    let bad_target = || {
+        Refusal::new(
             StatusCode::BAD_REQUEST,
             "http_request_error",
             "CONNECT needs host:port",
         )
-        .into_response();
+        .into_response()
+    };
+    let Some(authority) = req.uri().authority().cloned() else {
+        return bad_target();
     };
     let Some(port) = authority.port_u16() else {
-        return Refusal::new(
-            StatusCode::BAD_REQUEST,
-            "http_request_error",
-            "CONNECT needs host:port",
-        )
-        .into_response();
+        return bad_target();
     };
     if !app.config().destinations.connect_ports.contains(&port) {
         return Refusal::new(
@@ -70,19 +85,85 @@ pub fn connect(app: Arc<App>, req: Request<Incoming>, identity: Identity) -> Res
         )
         .into_response();
     }
+    let host = normalise_host(authority.host());
+    let provider = app.providers.get(&host);
+    let intercepting = app.ca.is_some() && provider.intercept();
+    let upstream = if intercepting {
+        None
+    } else {
+        match open_raw(&app, &provider, &host, port).await {
+            Ok(stream) => Some(stream),
+            Err(refusal) => return refusal,
+        }
+    };
+    drop(provider);
     let tracker = app.shutdown.tracker();
     tokio::spawn(async move {
         let _tracked = tracker;
         match hyper::upgrade::on(req).await {
-            Ok(upgraded) => tunnel(app, TokioIo::new(upgraded), authority, identity).await,
+            Ok(upgraded) => {
+                tunnel(app, TokioIo::new(upgraded), authority, identity, upstream).await
+            }
             Err(e) => tracing::debug!(error = %e, "CONNECT upgrade failed"),
         }
     });
     Response::new(full(""))
 }
 
-async fn tunnel<T>(app: Arc<App>, mut io: T, authority: Authority, identity: Identity)
-where
+/// Takes one pacing slot for a raw tunnel and connects to its target.
+async fn open_raw(
+    app: &App,
+    provider: &Provider,
+    host: &str,
+    port: u16,
+) -> Result<TcpStream, Response<ResBody>> {
+    let refuse = |e: &BoxError| {
+        let r = edge::refusal(e);
+        tracing::info!(provider = %provider.name, error = r.error, "CONNECT refused");
+        r.into_response()
+    };
+    let admission = provider
+        .policy
+        .admit_tunnel()
+        .await
+        .map_err(|e| refuse(&e))?;
+    let addrs = match app.guard.resolve(host, port).await {
+        Ok(a) => a,
+        Err(e) => {
+            // The guard's verdict or DNS: not the provider's doing.
+            drop(admission);
+            let kind = upstream::kind_of(&e);
+            return Err(refuse(&Upstream::new(kind, e).into()));
+        }
+    };
+    let connected =
+        tokio::time::timeout(app.config().connect_timeout, TcpStream::connect(&addrs[..])).await;
+    match connected {
+        Ok(Ok(stream)) => {
+            admission.connected(true);
+            Ok(stream)
+        }
+        Ok(Err(e)) => {
+            admission.connected(false);
+            let kind = upstream::kind_of(&e);
+            Err(refuse(&Upstream::new(kind, e).into()))
+        }
+        Err(_) => {
+            admission.connected(false);
+            Err(refuse(
+                &Upstream::new(UpstreamKind::ConnectionTimeout, "connect timed out").into(),
+            ))
+        }
+    }
+}
+
+async fn tunnel<T>(
+    app: Arc<App>,
+    mut io: T,
+    authority: Authority,
+    identity: Identity,
+    upstream: Option<TcpStream>,
+) where
     T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let mut first = vec![0u8; 4096];
@@ -93,29 +174,35 @@ where
         _ => return,
     };
     first.truncate(n);
-    if first[0] == TLS_HANDSHAKE {
-        let provider = app.providers.get(&normalise_host(authority.host()));
-        let label = app.metrics.label(&provider.name);
-        match (&app.ca, provider.intercept()) {
-            (Some(ca), true) => {
-                app.metrics.tunnel(&label, "intercepted");
-                let (ca, name) = (ca.clone(), provider.name.clone());
-                drop(provider);
-                intercept(app, ca, Prefixed::new(first, io), authority, identity, name).await;
-            }
-            _ => {
-                app.metrics.tunnel(&label, "raw");
-                provider.saw_raw_tunnel();
-                drop(provider);
-                raw_tunnel(app, io, first, authority).await;
+    let provider = app.providers.get(&normalise_host(authority.host()));
+    let label = app.metrics.label(&provider.name);
+    match (first[0] == TLS_HANDSHAKE, &app.ca, upstream) {
+        // Plain HTTP inside the tunnel: served through the stack whatever
+        // the provider's interception (a pre-opened connection is unused).
+        (false, _, _) => {
+            app.metrics.tunnel(&label, "plain_http");
+            drop(provider);
+            serve_plain(app, Prefixed::new(first, io), authority, identity).await;
+        }
+        (true, _, Some(mut upstream)) => {
+            app.metrics.tunnel(&label, "raw");
+            provider.saw_raw_tunnel();
+            tracing::info!(
+                provider = %provider.name,
+                "raw CONNECT tunnel: per-request visibility lost for this provider"
+            );
+            drop(provider);
+            if upstream.write_all(&first).await.is_ok() {
+                let _ = tokio::io::copy_bidirectional(&mut io, &mut upstream).await;
             }
         }
-    } else {
-        let provider = app.providers.get(&normalise_host(authority.host()));
-        app.metrics
-            .tunnel(&app.metrics.label(&provider.name), "plain_http");
-        drop(provider);
-        serve_plain(app, Prefixed::new(first, io), authority, identity).await;
+        (true, Some(ca), None) => {
+            app.metrics.tunnel(&label, "intercepted");
+            let (ca, name) = (ca.clone(), provider.name.clone());
+            drop(provider);
+            intercept(app, ca, Prefixed::new(first, io), authority, identity, name).await;
+        }
+        (true, None, None) => {}
     }
 }
 
@@ -140,53 +227,6 @@ where
     if let Err(e) = conn.await {
         tracing::debug!(error = %e, "tunnelled HTTP connection ended with an error");
     }
-}
-
-/// A tunnel sluice does not look inside: one pacing slot per CONNECT.
-async fn raw_tunnel<T>(app: Arc<App>, mut io: T, first: Vec<u8>, authority: Authority)
-where
-    T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-{
-    let host = normalise_host(authority.host());
-    let port = authority.port_u16().unwrap_or(443);
-    let provider = app.providers.get(&host);
-    let admission = match provider.policy.admit_tunnel().await {
-        Ok(a) => a,
-        Err(e) => {
-            let r = edge::refusal(&e);
-            tracing::info!(provider = %provider.name, error = r.error, "tunnel refused");
-            return;
-        }
-    };
-    tracing::info!(
-        provider = %provider.name,
-        "raw CONNECT tunnel: per-request visibility lost for this provider"
-    );
-    let addrs = match app.guard.resolve(&host, port).await {
-        Ok(a) => a,
-        Err(e) => {
-            tracing::info!(provider = %provider.name, error = %e, "tunnel destination refused");
-            return;
-        }
-    };
-    let connected =
-        tokio::time::timeout(app.config().connect_timeout, TcpStream::connect(&addrs[..])).await;
-    let mut upstream = match connected {
-        Ok(Ok(s)) => {
-            admission.connected(true);
-            s
-        }
-        _ => {
-            admission.connected(false);
-            tracing::info!(provider = %provider.name, "tunnel connect failed");
-            return;
-        }
-    };
-    drop(provider);
-    if upstream.write_all(&first).await.is_err() {
-        return;
-    }
-    let _ = tokio::io::copy_bidirectional(&mut io, &mut upstream).await;
 }
 
 /// A stream that first yields bytes already read from it.

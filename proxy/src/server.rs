@@ -348,7 +348,7 @@ async fn handle(app: Arc<App>, mut req: Request<Incoming>) -> Response<ResBody> 
         }
     };
     if req.method() == Method::CONNECT {
-        return connect::connect(app, req, identity);
+        return connect::connect(app, req, identity).await;
     }
     match Target::of(req.uri()) {
         Some(target) => {

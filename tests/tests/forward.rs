@@ -527,3 +527,23 @@ async fn a_stalled_body_is_cut_by_the_idle_timeout() {
         200
     );
 }
+
+/// R-PX2, R-PX4: with interception off, a CONNECT to a target that refuses
+/// gets a real answer — 502 with `Proxy-Status` — not a tunnel that closes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raw_connect_to_a_dead_target_gets_502() {
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.17:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let sluice = Sluice::start(&allow_loopback(&format!(
+        "connect_ports = [{port}]\n[providers.raw]\nhosts = [\"127.0.0.17\"]\nintercept = false\n"
+    )));
+    let answer = raw(
+        sluice.proxy,
+        format!("CONNECT 127.0.0.17:{port} HTTP/1.1\r\nHost: 127.0.0.17:{port}\r\n\r\n").as_bytes(),
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 502"), "{answer}");
+    assert!(answer.contains("error=connection_refused"), "{answer}");
+}
