@@ -14,7 +14,8 @@
 //! 2. after a cut, recovers quickly to a settle point just under `limit`
 //!    (95 %), closing half the gap per window;
 //! 3. stays at the settle point for a long stable stretch
-//!    ([`PROBE_AFTER`] windows) before it probes upward;
+//!    ([`PROBE_AFTER`] windows and [`PROBE_AFTER_ADMITTED`] requests)
+//!    before it probes upward;
 //! 4. probes gently (1 % of `limit` per window), doubling the step every
 //!    [`PROBE_DOUBLING`] windows without a throttle, so that a raised limit
 //!    is found within a minute or so, while a limit that has not moved
@@ -40,6 +41,10 @@ use tokio::time::Instant;
 pub const SETTLE: f64 = 0.95;
 /// Windows at the settle point before probing upward.
 pub const PROBE_AFTER: u32 = 20;
+/// …and requests admitted there: a slow provider (a few requests a
+/// second) waits longer, so that one probe's overshoot stays a small share
+/// of what it sent.
+pub const PROBE_AFTER_ADMITTED: u64 = 200;
 /// First probe step, as a share of the known limit per window.
 pub const PROBE_STEP: f64 = 0.01;
 /// The probe step doubles after this many windows without a throttle.
@@ -110,6 +115,10 @@ pub struct Aimd {
     window_clean: bool,
     /// Clean, saturated windows spent at or above the settle point.
     plateau: u32,
+    /// Requests admitted during those windows.
+    plateau_admitted: u64,
+    /// Windows spent probing above the settle point.
+    probing: u32,
     /// When the rate was last cut; responses to earlier sends are ignored.
     last_decrease: Option<Instant>,
 }
@@ -129,6 +138,8 @@ impl Aimd {
             window_admitted: 0,
             window_clean: true,
             plateau: 0,
+            plateau_admitted: 0,
+            probing: 0,
             last_decrease: None,
         }
     }
@@ -193,32 +204,35 @@ impl Aimd {
         let saturated =
             f64::from(self.window_admitted) >= SATURATION * self.rate * elapsed.as_secs_f64();
         let grow = self.window_clean && saturated;
+        let admitted = self.window_admitted;
         self.window_start = Some(now);
         self.window_admitted = 0;
         self.window_clean = true;
         if grow {
-            self.increase()
+            self.increase(admitted)
         } else {
             false
         }
     }
 
-    fn increase(&mut self) -> bool {
+    fn increase(&mut self, admitted: u32) -> bool {
         let before = self.rate;
         let next = match self.limit {
             None => self.rate * (1.0 + SLOW_START_GROWTH),
             Some(limit) => {
                 let settle = limit * SETTLE;
                 if self.rate < settle {
-                    self.plateau = 0;
+                    self.reset_plateau();
                     let step = ((settle - self.rate) * RECOVER_SHARE).max(limit * RECOVER_MIN_STEP);
                     (self.rate + step).min(settle)
                 } else {
                     self.plateau += 1;
-                    if self.plateau <= PROBE_AFTER {
+                    self.plateau_admitted += u64::from(admitted);
+                    if self.plateau <= PROBE_AFTER || self.plateau_admitted < PROBE_AFTER_ADMITTED {
                         self.rate
                     } else {
-                        let k = (self.plateau - PROBE_AFTER - 1) / PROBE_DOUBLING;
+                        let k = self.probing / PROBE_DOUBLING;
+                        self.probing += 1;
                         let step = limit * PROBE_STEP * f64::from(1u32 << k.min(16));
                         self.rate + step
                     }
@@ -227,6 +241,12 @@ impl Aimd {
         };
         self.rate = next.min(self.ceiling).max(self.rate);
         self.rate > before
+    }
+
+    fn reset_plateau(&mut self) {
+        self.plateau = 0;
+        self.plateau_admitted = 0;
+        self.probing = 0;
     }
 
     /// The provider pushed back on a request sent at `sent_at`. Returns the
@@ -251,7 +271,7 @@ impl Aimd {
             self.decrease
         };
         self.limit = Some(from);
-        self.plateau = 0;
+        self.reset_plateau();
         self.last_decrease = Some(now);
         self.rate = (from * factor).max(self.floor).min(from);
         Some(Backoff {
@@ -307,13 +327,21 @@ mod tests {
         // one window spoiled by the throttle, then four to recover
         assert!(windows <= 5, "recovers fast: {windows} windows");
         assert!((a.rate() - settle).abs() < 1e-9, "{}", a.rate());
-        saturate(&mut a, &mut t, PROBE_AFTER);
+        // It waits at the settle point for PROBE_AFTER windows and
+        // PROBE_AFTER_ADMITTED requests, then probes.
+        let mut windows = 0;
+        let mut admitted = 0.0;
+        while a.rate() <= settle + 1e-9 && windows < 1000 {
+            admitted += a.rate().ceil() + 1.0;
+            saturate(&mut a, &mut t, 1);
+            windows += 1;
+        }
+        assert!(a.rate() > settle, "then probes");
+        assert!(windows > PROBE_AFTER, "waited {windows} windows");
         assert!(
-            (a.rate() - before * SETTLE).abs() < 1e-9,
-            "waits before probing"
+            admitted >= PROBE_AFTER_ADMITTED as f64,
+            "waited for {admitted} requests"
         );
-        saturate(&mut a, &mut t, 1);
-        assert!(a.rate() > before * SETTLE, "then probes");
     }
 
     #[test]
