@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use http::{Method, Request, Response, StatusCode};
 use sluice_policy::breaker::{BreakerLayer, CircuitOpen, Reason, State, Transition};
-use sluice_policy::bulkhead::{BulkheadFull, BulkheadLayer};
+use sluice_policy::bulkhead::{BulkheadFull, BulkheadLayer, InFlight};
 use sluice_policy::error::{Upstream, UpstreamKind};
 use sluice_policy::events::Event;
 use sluice_policy::pacer::{PacerLayer, RateLimited, Refusal};
@@ -715,6 +715,29 @@ async fn bulkhead_caps_attempts_in_flight() {
     assert_eq!(seen.len(), 3);
     // c went when a permit came back, 2 s in.
     assert_eq!(seen[2].0 - t0, Duration::from_secs(2));
+    assert_eq!(policy.bulkhead.in_flight(), 0);
+}
+
+/// R-BH1: an attempt stays in flight while its response is held (the
+/// proxy keeps it in the body it streams), and no longer.
+#[tokio::test(start_paused = true)]
+async fn the_permit_lives_with_the_response() {
+    let settings = ProviderSettings {
+        max_in_flight: 1,
+        ..fixed_rate(1000.0)
+    };
+    let (policy, _) = policy(settings);
+    let provider = Provider::new(|_| status(200));
+    let svc = BulkheadLayer::new(policy.bulkhead.clone()).layer(provider.clone());
+    let mut resp = svc.clone().oneshot(get("a")).await.unwrap();
+    assert_eq!(policy.bulkhead.in_flight(), 1, "the body is still to come");
+    let held = resp
+        .extensions_mut()
+        .remove::<InFlight>()
+        .expect("the permit");
+    drop(resp);
+    assert_eq!(policy.bulkhead.in_flight(), 1, "moved, still held");
+    drop(held);
     assert_eq!(policy.bulkhead.in_flight(), 0);
 }
 

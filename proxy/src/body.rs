@@ -11,6 +11,7 @@ use http_body::{Body, Frame, SizeHint};
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
+use sluice_policy::bulkhead::InFlight;
 use sluice_policy::retry::ReplayBody;
 use sluice_policy::BoxError;
 use tokio::time::Sleep;
@@ -85,20 +86,25 @@ pub struct BodyIdle(pub Duration);
 
 /// Cuts a body that sends nothing for `idle` (R-TO1's idle-body timeout),
 /// so a provider that stalls mid-body cannot hold a client forever.
+///
+/// It also holds the attempt's bulkhead permit, so the attempt counts as in
+/// flight until its body is done (R-BH1).
 #[derive(Debug)]
 pub struct IdleTimeout<B> {
     inner: B,
     idle: Duration,
     sleep: Pin<Box<Sleep>>,
+    _in_flight: Option<InFlight>,
 }
 
 impl<B> IdleTimeout<B> {
-    /// Wraps `inner`.
-    pub fn new(inner: B, idle: Duration) -> Self {
+    /// Wraps `inner`, holding `in_flight` until the body is dropped.
+    pub fn new(inner: B, idle: Duration, in_flight: Option<InFlight>) -> Self {
         IdleTimeout {
             inner,
             idle,
             sleep: Box::pin(tokio::time::sleep(idle)),
+            _in_flight: in_flight,
         }
     }
 }

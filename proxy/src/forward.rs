@@ -9,6 +9,7 @@ use http::uri::{Authority, Scheme};
 use http::{Request, Response, StatusCode, Uri};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
+use sluice_policy::bulkhead::InFlight;
 use sluice_policy::error::{self, BulkheadFull, CircuitOpen, RateLimited, RunStopped};
 use sluice_policy::retry::retryable_method;
 use sluice_policy::{outcome, BoxError};
@@ -227,7 +228,9 @@ pub async fn forward(app: Arc<App>, req: Request<Incoming>, target: Target) -> R
             // The client's connection is HTTP/1.1 whatever the upstream spoke.
             parts.version = http::Version::HTTP_11;
             tracing::debug!(provider = %provider.name, %method, status = parts.status.as_u16(), elapsed_ms, "forwarded");
-            let body = IdleTimeout::new(body, app.config().limits.body_idle_timeout).boxed();
+            let in_flight = parts.extensions.remove::<InFlight>();
+            let body =
+                IdleTimeout::new(body, app.config().limits.body_idle_timeout, in_flight).boxed();
             Response::from_parts(parts, body)
         }
         Err(e) => {

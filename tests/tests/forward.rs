@@ -498,20 +498,35 @@ async fn resets_and_hangs_get_proxy_status() {
     assert_eq!(sim.hits("/hang").len(), 2, "a timeout is retried");
 }
 
-/// R-TO1: a provider that stalls mid-body is cut after the idle-body
-/// timeout; the client gets what was sent and a closed transfer — it is not
-/// held until its own timeout.
+/// R-TO1, R-BH1: a provider that stalls mid-body is cut after the
+/// idle-body timeout; the client gets what was sent and a closed transfer —
+/// it is not held until its own timeout — and while the body streams the
+/// attempt counts as in flight.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_body_is_cut_by_the_idle_timeout() {
     let sim = Sim::start("127.0.0.16").await;
-    let sluice = Sluice::start(&allow_loopback("[limits]\nbody_idle_timeout = \"1s\"\n"));
-    let r = curl(
-        &sluice.proxy_url(),
-        &[],
-        &sim.url("http", "/stall"),
-        Duration::from_secs(15),
-    )
-    .await;
+    let sluice = Sluice::start(&allow_loopback(
+        "[limits]\nbody_idle_timeout = \"2s\"\n[providers.staller]\nhosts = [\"127.0.0.16\"]\n",
+    ));
+    let (proxy, url) = (sluice.proxy_url(), sim.url("http", "/stall"));
+    let stalled =
+        tokio::spawn(async move { curl(&proxy, &[], &url, Duration::from_secs(15)).await });
+    let in_flight = || async {
+        let (_, body) = sluice.admin_get("/v1/providers/staller").await;
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+        v["queue"]["in_flight"].as_u64()
+    };
+    let started = Instant::now();
+    let mut seen = None;
+    while started.elapsed() < Duration::from_secs(10) && !stalled.is_finished() {
+        seen = in_flight().await;
+        if seen == Some(1) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(seen, Some(1), "in flight while the body streams");
+    let r = stalled.await.unwrap();
     assert_eq!(r.status, 200);
     assert_eq!(r.body, "partial");
     assert!(
@@ -520,6 +535,7 @@ async fn a_stalled_body_is_cut_by_the_idle_timeout() {
         r.stderr
     );
     assert!(!r.stderr.is_empty(), "curl saw the transfer end early");
+    assert_eq!(in_flight().await, Some(0), "released when the body ended");
     assert_eq!(
         curl(&sluice.proxy_url(), &[], &sim.url("http", "/ok"), T)
             .await

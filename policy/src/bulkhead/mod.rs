@@ -11,6 +11,11 @@
 //! `ConcurrencyLimit` waits in `poll_ready` without a bound, which would
 //! let a hung provider queue requests forever.
 //!
+//! A permit is held for the whole attempt: until the response head for
+//! errors and answers that are dropped, and — when the caller moves the
+//! response's [`InFlight`] extension into the body it streams — until the
+//! body is done, so a slow download counts as in flight.
+//!
 //! The bulkhead also stamps each response with its time-to-first-byte
 //! ([`Ttfb`](crate::pacer::Ttfb)) measured from the moment the permit was
 //! held, so that waiting inside sluice never reads as a slow provider.
@@ -30,6 +35,14 @@ use tower::{Layer, Service, ServiceExt};
 use crate::error::BoxError;
 use crate::pacer::Ttfb;
 use crate::settings::ProviderSettings;
+
+/// An attempt's bulkhead permit, carried in the response's extensions.
+/// It is released when the last clone is dropped: move it into the
+/// response body to keep the attempt in flight while the body streams.
+#[derive(Debug, Clone)]
+pub struct InFlight {
+    _permit: Arc<tokio::sync::OwnedSemaphorePermit>,
+}
 
 /// The bulkhead refused: too many attempts in flight and waiting.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -184,8 +197,9 @@ where
             let mut resp = inner.oneshot(req).await.map_err(Into::into)?;
             resp.extensions_mut().insert(Ttfb(start.elapsed()));
             crate::outcome::stamp(&mut resp, std::time::SystemTime::now());
-            // The permit covers the attempt up to its response head.
-            drop(permit);
+            resp.extensions_mut().insert(InFlight {
+                _permit: Arc::new(permit),
+            });
             Ok(resp)
         })
     }
