@@ -215,6 +215,7 @@ where
     let target = Target {
         scheme: Scheme::HTTP,
         authority,
+        absolute: false,
     };
     let service = service_fn(move |req: Request<Incoming>| {
         let (app, target, identity) = (app.clone(), target.clone(), identity.clone());

@@ -87,16 +87,25 @@ pub fn oversize_head(headers: &HeaderMap, limit: usize) -> Option<Response<ResBo
 pub struct Target {
     /// `http` or `https`.
     pub scheme: Scheme,
-    /// `host[:port]`.
+    /// `host[:port]`, never with userinfo.
     pub authority: Authority,
+    /// From the request-target itself (absolute-form), so its authority
+    /// replaces any `Host` the client sent (RFC 9112 §3.2.2). Inside a
+    /// tunnel the client's `Host` stands.
+    pub absolute: bool,
 }
 
 impl Target {
-    /// The target of an absolute-form request.
+    /// The target of an absolute-form request. Userinfo
+    /// (`http://user:pass@host/`) is dropped: it must never reach a `Host`
+    /// header, a log or the provider.
     pub fn of(uri: &Uri) -> Option<Target> {
+        let authority = uri.authority()?;
+        let bare = authority.as_str().rsplit('@').next().unwrap_or_default();
         Some(Target {
             scheme: uri.scheme().cloned()?,
-            authority: uri.authority().cloned()?,
+            authority: bare.parse().ok()?,
+            absolute: true,
         })
     }
 }
@@ -178,7 +187,7 @@ pub async fn forward(app: Arc<App>, req: Request<Incoming>, target: Target) -> R
     };
     strip_hop_by_hop(&mut parts.headers);
     add_via(&mut parts.headers);
-    if !parts.headers.contains_key(header::HOST) {
+    if target.absolute || !parts.headers.contains_key(header::HOST) {
         if let Ok(v) = HeaderValue::from_str(target.authority.as_str()) {
             parts.headers.insert(header::HOST, v);
         }
@@ -262,6 +271,14 @@ fn final_outcome<R>(result: &Result<Response<R>, BoxError>) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn targets_drop_userinfo() {
+        let t = Target::of(&"http://user:secret@api.test:8080/x".parse().unwrap()).unwrap();
+        assert_eq!(t.authority.as_str(), "api.test:8080");
+        assert!(t.absolute);
+        assert!(Target::of(&"/relative".parse().unwrap()).is_none());
+    }
 
     #[test]
     fn hop_by_hop_and_connection_named_headers_go() {

@@ -14,8 +14,9 @@
 //! * `/slow/{ms}` — 200 after a delay.
 //! * `/hang` — never answers.
 //! * `/reset` — closes the connection without an answer.
-//! * `/echo` — 200 with the request body and a header listing request
-//!   header names.
+//! * `/echo` — 200 with the request body, a header listing request header
+//!   names (`x-seen-headers`) and one with the `Host` it got
+//!   (`x-seen-host`).
 //! * `/stall` — 200 whose body sends one chunk (`partial`) and then
 //!   nothing, forever.
 
@@ -234,6 +235,12 @@ async fn answer(
     let path = req.uri().path().to_string();
     let version = req.version();
     let header_names: Vec<String> = req.headers().keys().map(|k| k.to_string()).collect();
+    let host = req
+        .headers()
+        .get(http::header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or("")
+        .to_string();
     let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
     let now = Instant::now();
     let mut delay = Duration::ZERO;
@@ -341,6 +348,9 @@ async fn answer(
     }
     if let Ok(v) = header_names.join(",").parse() {
         resp.headers_mut().insert("x-seen-headers", v);
+    }
+    if let Ok(v) = host.parse() {
+        resp.headers_mut().insert("x-seen-host", v);
     }
     Ok::<_, std::io::Error>(resp)
 }

@@ -472,6 +472,16 @@ async fn bodies_pass_through_and_hop_by_hop_headers_do_not() {
     let seen = r.header("x-seen-headers").unwrap();
     assert!(!seen.contains("x-private-hop"), "{seen}");
     assert!(seen.contains("via"), "{seen}");
+    // RFC 9112 §3.2.2: the absolute-form target's authority replaces the
+    // client's Host.
+    let r = curl(
+        &sluice.proxy_url(),
+        &["-H", "Host: elsewhere.test"],
+        &sim.url("http", "/echo"),
+        T,
+    )
+    .await;
+    assert_eq!(r.header("x-seen-host"), Some(sim.addr.to_string()));
 }
 
 /// R-PX4, R-TO1: a provider that resets the connection gets 502

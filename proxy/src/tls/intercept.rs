@@ -97,6 +97,7 @@ pub async fn intercept<T>(
     let target = Target {
         scheme: Scheme::HTTPS,
         authority,
+        absolute: false,
     };
     let service = service_fn(move |req: Request<Incoming>| {
         let (app, target, identity) = (app.clone(), target.clone(), identity.clone());
