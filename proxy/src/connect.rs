@@ -175,7 +175,7 @@ async fn tunnel<T>(
     };
     first.truncate(n);
     let provider = app.providers.get(&normalise_host(authority.host()));
-    let label = app.metrics.label(&provider.name);
+    let label = provider.label.clone();
     match (first[0] == TLS_HANDSHAKE, &app.ca, upstream) {
         // Plain HTTP inside the tunnel: served through the stack whatever
         // the provider's interception (a pre-opened connection is unused).

@@ -195,10 +195,10 @@ pub async fn forward(app: Arc<App>, req: Request<Incoming>, target: Target) -> R
     parts.version = http::Version::HTTP_11;
 
     let provider = app.providers.get(&host);
-    let settings = provider.policy.settings();
     let body = if http_body::Body::is_end_stream(&body) {
         ProxyBody::Empty
     } else {
+        let settings = provider.policy.settings();
         let declared = parts
             .headers
             .get(header::CONTENT_LENGTH)
@@ -227,8 +227,7 @@ pub async fn forward(app: Arc<App>, req: Request<Incoming>, target: Target) -> R
     let req = Request::from_parts(parts, body);
     let result = provider.service.clone().oneshot(req).await;
     let elapsed_ms = started.elapsed().as_millis() as u64;
-    app.metrics
-        .request(&app.metrics.label(&provider.name), final_outcome(&result));
+    app.metrics.request(&provider.label, final_outcome(&result));
     match result {
         Ok(resp) => {
             let (mut parts, body) = resp.into_parts();

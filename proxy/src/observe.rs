@@ -22,6 +22,10 @@ pub struct Observe {
 }
 
 impl Observer for Observe {
+    fn label(&self, name: &str) -> String {
+        self.metrics.label(name)
+    }
+
     fn sinks(&self, name: &str) -> (EventSink, TransitionSink) {
         let label = self.metrics.label(name);
         self.metrics.init_provider(&label);

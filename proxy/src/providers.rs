@@ -35,12 +35,16 @@ pub const OVERFLOW: &str = "_overflow";
 pub trait Observer: Send + Sync {
     /// Sinks for the provider `name`.
     fn sinks(&self, name: &str) -> (EventSink, TransitionSink);
+    /// The provider's label in metrics.
+    fn label(&self, name: &str) -> String;
 }
 
 /// One provider: its policy state and its stack.
 pub struct Provider {
     /// Its name.
     pub name: String,
+    /// Its label in metrics (its name, or `_other` beyond the label cap).
+    pub label: String,
     /// Its shared policy state.
     pub policy: Arc<ProviderPolicy>,
     /// Its stack, cheap to clone per request.
@@ -212,8 +216,13 @@ impl Providers {
             policy.restore(&k.state);
         }
         let service = provider_stack(&policy, self.upstream.clone());
+        let label = self
+            .observer
+            .as_ref()
+            .map_or_else(|| name.to_string(), |o| o.label(name));
         let p = Provider {
             name: name.to_string(),
+            label,
             policy,
             service,
             intercept: AtomicBool::new(intercept),

@@ -238,6 +238,18 @@ impl PacerCore {
         Ok(ticket)
     }
 
+    /// The fast path: with nobody waiting and the slot due, a request is
+    /// admitted at once, without a ticket. `false`: it must queue.
+    pub fn try_admit(&mut self, now: Instant) -> bool {
+        self.last_seen = Some(now);
+        if !self.waiting.is_empty() || self.slot(now, 0) > now {
+            return false;
+        }
+        self.gcra.admit(now);
+        self.aimd.on_admit(now);
+        true
+    }
+
     /// Asks whether `ticket`, which may wait until `deadline`, may go now.
     /// Waiters are admitted strictly in arrival order (R-GC2); holds and
     /// rate changes apply to them as they stand.

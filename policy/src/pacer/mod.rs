@@ -130,6 +130,11 @@ impl PacerShared {
         let arrived = now;
         let (ticket, deadline) = {
             let mut core = self.lock();
+            if core.try_admit(now) {
+                drop(core);
+                emit(&self.events, Event::PacingWait(Duration::ZERO));
+                return Ok(now);
+            }
             match core.enqueue(now) {
                 Ok(t) => (t, core.deadline(now)),
                 Err((refusal, wait)) => {

@@ -1,0 +1,101 @@
+//! What passing through sluice costs, against the same origin without it,
+//! in one run.
+//!
+//! `cargo run --release -p sluice-tests --bin bench_overhead`
+//! (build the proxy first: `cargo build --release -p sluice`)
+//!
+//! A fast origin (the provider simulator's `/ok`) on loopback; `CONNS`
+//! keep-alive HTTP/1.1 connections send requests back to back for
+//! `SECS` seconds, first straight to the origin, then through the real
+//! `sluice` binary (its pacer's start rate and ceiling set far above what
+//! the machine can do, so only the proxy's own work is measured).
+//! Printed: requests per second and latency percentiles, and the ratios.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::Request;
+use http_body_util::{BodyExt, Empty};
+use hyper_util::rt::TokioIo;
+use sluice_tests::harness::Sluice;
+use sluice_tests::sim::Sim;
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+const CONNS: usize = 32;
+const SECS: u64 = 5;
+
+struct Run {
+    rps: f64,
+    p50: Duration,
+    p99: Duration,
+}
+
+async fn load(connect_to: std::net::SocketAddr, uri: String) -> Run {
+    let end = Instant::now() + Duration::from_secs(SECS);
+    let mut tasks = Vec::new();
+    for _ in 0..CONNS {
+        let uri = uri.clone();
+        tasks.push(tokio::spawn(async move {
+            let stream = TcpStream::connect(connect_to).await.expect("connect");
+            stream.set_nodelay(true).unwrap();
+            let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+                .await
+                .expect("handshake");
+            tokio::spawn(conn);
+            let mut latencies = Vec::new();
+            while Instant::now() < end {
+                let req = Request::get(uri.as_str())
+                    .header("host", "bench")
+                    .body(Empty::<Bytes>::new())
+                    .unwrap();
+                let t = Instant::now();
+                let resp = send.send_request(req).await.expect("request");
+                assert_eq!(resp.status(), 200);
+                resp.into_body().collect().await.expect("body");
+                latencies.push(t.elapsed());
+            }
+            latencies
+        }));
+    }
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.unwrap());
+    }
+    all.sort();
+    let pct = |p: f64| all[((all.len() as f64 * p) as usize).min(all.len() - 1)];
+    Run {
+        rps: all.len() as f64 / SECS as f64,
+        p50: pct(0.50),
+        p99: pct(0.99),
+    }
+}
+
+#[tokio::main]
+async fn main() {
+    let sim = Sim::start("127.0.0.60").await;
+    let sluice = Sluice::start(
+        "[destinations]\nallow = [\"127.0.0.0/8\"]\n\
+         [defaults]\nceiling_rps = 1000000.0\nstart_rps = 999999.0\nburst = 1000\n\
+         max_in_flight = 10000\nmax_queue_len = 10000\n",
+    );
+    let direct = load(sim.addr, "/ok".to_string()).await;
+    let proxied = load(sluice.proxy, sim.url("http", "/ok")).await;
+    let row = |name: &str, r: &Run| {
+        println!(
+            "{name:<14} {:>9.0} req/s   p50 {:>7.3} ms   p99 {:>7.3} ms",
+            r.rps,
+            r.p50.as_secs_f64() * 1e3,
+            r.p99.as_secs_f64() * 1e3
+        )
+    };
+    println!("{CONNS} keep-alive connections, {SECS} s each, loopback, one machine");
+    row("direct", &direct);
+    row("through sluice", &proxied);
+    println!(
+        "through sluice: {:.2}× the direct throughput, p50 +{:.3} ms, p99 +{:.3} ms",
+        proxied.rps / direct.rps,
+        (proxied.p50.as_secs_f64() - direct.p50.as_secs_f64()) * 1e3,
+        (proxied.p99.as_secs_f64() - direct.p99.as_secs_f64()) * 1e3
+    );
+}
