@@ -268,7 +268,8 @@ impl Providers {
                     name.clone(),
                     Kept {
                         state: p.policy.learned(now),
-                        at: now,
+                        // Its age counts from its last use, not its eviction.
+                        at: p.last_used(self.epoch),
                     },
                 );
                 false
@@ -285,16 +286,24 @@ impl Providers {
         all
     }
 
-    /// Learned state of live providers and of those kept since eviction.
-    pub fn learned(&self) -> Vec<(String, LearnedState)> {
+    /// Learned state of live providers and of those kept since eviction,
+    /// each with its age: the time since the provider was last used, which
+    /// is what the staleness guard measures (R-PS1).
+    pub fn learned(&self) -> Vec<(String, LearnedState, Duration)> {
         let now = Instant::now();
         let mut out: Vec<_> = self
             .all()
             .iter()
-            .map(|p| (p.name.clone(), p.policy.learned(now)))
+            .map(|p| {
+                let age = now.saturating_duration_since(p.last_used(self.epoch));
+                (p.name.clone(), p.policy.learned(now), age)
+            })
             .collect();
         let kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
-        out.extend(kept.iter().map(|(n, k)| (n.clone(), k.state)));
+        out.extend(
+            kept.iter()
+                .map(|(n, k)| (n.clone(), k.state, now.saturating_duration_since(k.at))),
+        );
         out
     }
 

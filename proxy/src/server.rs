@@ -215,8 +215,8 @@ fn restore(providers: &Providers, store: &Store, metrics: &Metrics, max_age: Dur
 /// Saves every provider's learned state and flushes the store.
 fn save(app: &App) {
     let Some(store) = &app.store else { return };
-    for (name, state) in app.providers.learned() {
-        if let Err(e) = store.save_learned(&name, &LearnedRecord::of(&state)) {
+    for (name, state, age) in app.providers.learned() {
+        if let Err(e) = store.save_learned(&name, &LearnedRecord::of(&state, age)) {
             app.metrics.store_errors.inc();
             tracing::error!(provider = %name, error = %e, "learned state not saved");
         }

@@ -44,7 +44,8 @@ fn unix_ms(t: SystemTime) -> u64 {
 pub struct LearnedRecord {
     /// Format version.
     pub v: u32,
-    /// When it was saved (wall clock, ms since the epoch).
+    /// When it was last true — the provider's last use (wall clock, ms
+    /// since the epoch).
     pub saved_at_unix_ms: u64,
     /// The learned rate.
     pub rate_rps: f64,
@@ -59,11 +60,12 @@ pub struct LearnedRecord {
 }
 
 impl LearnedRecord {
-    /// A record of `state`, saved now.
-    pub fn of(state: &LearnedState) -> Self {
+    /// A record of `state`, last true `age` ago (the provider's last use):
+    /// re-saving an idle provider's state does not make it younger.
+    pub fn of(state: &LearnedState, age: Duration) -> Self {
         LearnedRecord {
             v: VERSION,
-            saved_at_unix_ms: unix_ms_now(),
+            saved_at_unix_ms: unix_ms_now().saturating_sub(age.as_millis() as u64),
             rate_rps: state.rate_rps,
             limit_rps: state.limit_rps,
             baseline_ms: state.baseline.map(|b| b.as_secs_f64() * 1000.0),
@@ -309,8 +311,13 @@ mod tests {
                 breaker: State::Closed,
                 open_remaining: None,
             };
-            s.save_learned("api.test", &LearnedRecord::of(&state))
+            s.save_learned("api.test", &LearnedRecord::of(&state, Duration::ZERO))
                 .unwrap();
+            let old = LearnedRecord::of(&state, Duration::from_secs(600));
+            assert!(
+                old.age() >= Duration::from_secs(600),
+                "age kept across saves"
+            );
             for i in 0..(EVIDENCE_PER_PROVIDER + 5) {
                 let r = EvidenceRecord {
                     at_unix_ms: i as u64,
