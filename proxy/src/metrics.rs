@@ -272,6 +272,13 @@ impl Metrics {
         for result in ["ok", "rejected"] {
             m.reloads.with_label_values(&[result]);
         }
+        let build = IntGaugeVec::new(
+            Opts::new("build_info", "sluice's version (always 1)"),
+            &["version"],
+        )
+        .expect("valid metric");
+        build.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
+        m.registry.register(Box::new(build)).expect("unique metric");
         m.store_cold_starts.with_label_values(&["unreadable"]);
         m
     }

@@ -136,6 +136,7 @@ async fn scrape_passes_promtool_and_the_dashboard_matches_it() {
         "sluice_interception_failures_total{provider=\"secure\"} 1",
         "sluice_requests_total{outcome=\"circuit_open\",provider=\"dead\"} 1",
         "sluice_config_reloads_total{result=\"ok\"} 1",
+        "sluice_build_info{version=",
     ] {
         assert!(scrape.contains(series), "missing {series}\n{scrape}");
     }
