@@ -837,3 +837,21 @@ async fn slow_responses_are_a_soft_throttle() {
         .iter()
         .any(|e| matches!(e, Event::Backoff(b) if b.reason == sluice_policy::pacer::BackoffReason::SoftThrottle)));
 }
+
+/// R-RB1: a method the config opts in is retried like an idempotent one.
+#[tokio::test(start_paused = true)]
+async fn opted_in_methods_are_retried() {
+    let settings = ProviderSettings {
+        retry_methods: vec![Method::POST],
+        ..ProviderSettings::default()
+    };
+    let (policy, _) = policy(settings);
+    let provider = Provider::new(|n| if n == 0 { status(503) } else { status(200) });
+    let svc = stack(&policy, &provider);
+    let mut post = get("body kept for replay");
+    *post.method_mut() = Method::POST;
+    assert_eq!(svc.oneshot(post).await.unwrap().status(), 200);
+    let seen = provider.arrivals();
+    assert_eq!(seen.len(), 2);
+    assert_eq!(seen[1].1, "body kept for replay", "the same body, replayed");
+}

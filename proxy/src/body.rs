@@ -149,3 +149,19 @@ pub async fn collect_limited(body: Incoming, limit: usize) -> Result<Bytes, BoxE
     let limited = http_body_util::Limited::new(body, limit);
     Ok(limited.collect().await?.to_bytes())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_kept_bodies_replay() {
+        assert!(ProxyBody::Empty.try_clone().is_some());
+        let whole = ProxyBody::Whole(Some(Bytes::from_static(b"abc")));
+        match whole.try_clone() {
+            Some(ProxyBody::Whole(Some(b))) => assert_eq!(&b[..], b"abc"),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(whole.size_hint().exact(), Some(3));
+    }
+}

@@ -573,3 +573,36 @@ async fn raw_connect_to_a_dead_target_gets_502() {
     assert!(answer.starts_with("HTTP/1.1 502"), "{answer}");
     assert!(answer.contains("error=connection_refused"), "{answer}");
 }
+
+/// R-RB1, R-PX1: a PUT whose body fits the replay limit is retried with
+/// the same body; one larger than the limit streams and is sent once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_bodies_within_the_replay_limit_are_retried() {
+    let sim = Sim::start("127.0.0.18").await;
+    let sluice = Sluice::start(&allow_loopback("[defaults]\nreplay_limit = 1024\n"));
+    let small = "x".repeat(512);
+    let r = curl(
+        &sluice.proxy_url(),
+        &["-X", "PUT", "--data-binary", &small],
+        &sim.url("http", "/fail503/1/small"),
+        T,
+    )
+    .await;
+    assert_eq!(r.status, 200, "retried");
+    assert_eq!(sim.hits("/fail503/1/small").len(), 2);
+    let dir = TempDir::new("big");
+    std::fs::write(dir.join("big"), "y".repeat(4096)).unwrap();
+    let big = format!("@{}", dir.join("big").display());
+    let r = curl(
+        &sluice.proxy_url(),
+        &["-X", "PUT", "--data-binary", &big],
+        &sim.url("http", "/fail503/1/big"),
+        T,
+    )
+    .await;
+    assert_eq!(
+        r.status, 503,
+        "streamed, so not retried: the provider's answer comes back"
+    );
+    assert_eq!(sim.hits("/fail503/1/big").len(), 1);
+}
