@@ -566,10 +566,19 @@ impl Config {
             return Err(err("admin", "must differ from listen"));
         }
         if let Some(ca) = &self.extra_ca {
-            if !ca.is_file() {
+            let pem = std::fs::read(ca).map_err(|e| {
+                err(
+                    "upstream.extra_ca",
+                    format!("cannot read {}: {e}", ca.display()),
+                )
+            })?;
+            let certs = rustls_pemfile::certs(&mut pem.as_slice())
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| err("upstream.extra_ca", format!("{}: {e}", ca.display())))?;
+            if certs.is_empty() {
                 return Err(err(
                     "upstream.extra_ca",
-                    format!("{} is not a readable file", ca.display()),
+                    format!("{} holds no PEM certificate", ca.display()),
                 ));
             }
         }
@@ -683,6 +692,15 @@ mod tests {
                 "[providers.a]\nhosts = [\"a.test\"]\n[providers.b]\nhosts = [\"A.test\"]\n",
                 "providers.b.hosts",
             ),
+            (
+                "[upstream]\nextra_ca = \"/nonexistent/ca.pem\"\n",
+                "upstream.extra_ca",
+            ),
+            (
+                "[upstream]\nextra_ca = \"/etc/hostname\"\n",
+                "upstream.extra_ca",
+            ),
+            ("[tls]\nca_cert = \"/x.crt\"\n", "tls.ca_key"),
         ];
         for (text, key) in cases {
             let e = Config::from_toml(text).unwrap_err();
