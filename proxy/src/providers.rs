@@ -239,10 +239,25 @@ impl Providers {
     /// still younger than `state_max_age`. `age` is how old it already is.
     pub fn keep(&self, name: &str, state: LearnedState, age: Duration) {
         let at = Instant::now().checked_sub(age).unwrap_or_else(Instant::now);
-        self.kept
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(name.to_string(), Kept { state, at });
+        let mut kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
+        kept.insert(name.to_string(), Kept { state, at });
+        self.bound_kept(&mut kept);
+    }
+
+    /// Kept states are bounded too (4 × `max_providers`): a crawl over many
+    /// hosts must not grow memory for the staleness window. The oldest go.
+    fn bound_kept(&self, kept: &mut HashMap<String, Kept>) {
+        let max = self.rules().limits.max_providers.saturating_mul(4);
+        while kept.len() > max {
+            let oldest = kept
+                .iter()
+                .min_by_key(|(_, k)| k.at)
+                .map(|(n, _)| n.clone());
+            match oldest {
+                Some(n) => kept.remove(&n),
+                None => break,
+            };
+        }
     }
 
     /// Evicts providers idle for `provider_idle`, keeping what they learned.
@@ -272,6 +287,7 @@ impl Providers {
                         at: p.last_used(self.epoch),
                     },
                 );
+                self.bound_kept(&mut kept);
                 false
             } else {
                 true
@@ -388,6 +404,18 @@ mod tests {
         assert_eq!(t.get("c.test").name, OVERFLOW);
         // Named providers are never folded.
         assert_eq!(t.get("x.named.test").name, "named");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn kept_state_is_bounded_oldest_first() {
+        let t = table("[limits]\nmax_providers = 1\n");
+        let state = t.get("seed.test").policy.learned(Instant::now());
+        for i in 0..10u64 {
+            t.keep(&format!("h{i}.test"), state, Duration::from_secs(100 - i));
+        }
+        let kept = t.kept.lock().unwrap();
+        assert_eq!(kept.len(), 4);
+        assert!(kept.contains_key("h9.test") && !kept.contains_key("h0.test"));
     }
 
     #[tokio::test(start_paused = true)]

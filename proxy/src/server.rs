@@ -291,11 +291,24 @@ pub fn ca_paths(config: &Config) -> CaPaths {
     }
 }
 
+/// Every 30 s: evicts idle providers and prunes stale learned state from
+/// the store, so neither grows with every host ever seen.
 async fn sweep(app: Arc<App>) {
     let mut tick = tokio::time::interval(Duration::from_secs(30));
     loop {
         tick.tick().await;
         app.providers.sweep();
+        if let Some(store) = app.store.clone() {
+            let max_age = app.config().limits.state_max_age;
+            let metrics = app.metrics.clone();
+            let _ = tokio::task::spawn_blocking(move || {
+                if let Err(e) = store.prune_learned(max_age) {
+                    metrics.store_errors.inc();
+                    tracing::error!(error = %e, "pruning stale learned state failed");
+                }
+            })
+            .await;
+        }
     }
 }
 

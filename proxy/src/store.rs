@@ -241,6 +241,22 @@ impl Store {
             .collect()
     }
 
+    /// Deletes learned states older than `max_age`: they would be
+    /// discarded at start anyway, and the tree must not grow with every
+    /// host ever seen.
+    pub fn prune_learned(&self, max_age: Duration) -> Result<usize, String> {
+        let mut removed = 0;
+        for (name, record) in self.load_learned() {
+            if record.age() >= max_age {
+                self.learned
+                    .remove(name.as_bytes())
+                    .map_err(|e| e.to_string())?;
+                removed += 1;
+            }
+        }
+        Ok(removed)
+    }
+
     /// Appends a transition to a provider's evidence log, keeps the log
     /// bounded, and flushes (so it survives `kill -9`).
     pub fn append_evidence(&self, provider: &str, record: &EvidenceRecord) -> Result<(), String> {
@@ -337,6 +353,9 @@ mod tests {
         let s = Store::open(&d, &m).unwrap();
         let learned = s.load_learned();
         assert_eq!(learned.len(), 1);
+        assert_eq!(s.prune_learned(Duration::from_secs(3600)).unwrap(), 0);
+        assert_eq!(s.prune_learned(Duration::ZERO).unwrap(), 1);
+        assert!(s.load_learned().is_empty());
         assert_eq!(learned[0].1.state().rate_rps, 12.5);
         let ev = s.evidence("api.test");
         assert_eq!(ev.len(), EVIDENCE_PER_PROVIDER);
