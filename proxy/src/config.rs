@@ -628,6 +628,7 @@ fn key_at(text: &str, offset: usize) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     #[test]
     fn empty_config_is_safe_defaults() {
@@ -725,5 +726,34 @@ mod tests {
         assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
         assert!(parse_duration("-1s").is_err());
         assert!(parse_duration("s").is_err());
+    }
+
+    proptest::proptest! {
+        /// Bad input gets an error naming a key, never a panic (R-SF3).
+        #[test]
+        fn any_text_is_a_config_or_an_error(text in ".{0,200}") {
+            if let Err(e) = Config::from_toml(&text) {
+                proptest::prop_assert!(!e.key.is_empty());
+            }
+        }
+
+        #[test]
+        fn any_value_for_a_known_key_is_handled(
+            key in proptest::sample::select(vec![
+                "ceiling_rps", "start_rps", "floor_rps", "burst", "max_queue_wait",
+                "max_queue_len", "attempt_timeout", "breaker_failure_ratio", "retry_ratio",
+                "retry_base", "retry_cap", "decrease_factor", "soft_throttle_factor",
+            ]),
+            value in prop_oneof![
+                proptest::num::f64::ANY.prop_map(|f| format!("{f:?}")),
+                proptest::num::i64::ANY.prop_map(|i| i.to_string()),
+                "[a-z0-9. ]{0,12}".prop_map(|s| format!("{s:?}")),
+            ],
+        ) {
+            let text = format!("[defaults]\n{key} = {value}\n");
+            if let Err(e) = Config::from_toml(&text) {
+                proptest::prop_assert!(e.key.starts_with("defaults") || e.key == "config", "{e}");
+            }
+        }
     }
 }
