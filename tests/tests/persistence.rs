@@ -56,7 +56,7 @@ async fn first_rate_after_restart(s: &Sluice, sim: &Sim) -> (f64, bool) {
 async fn learned_rate_survives_restarts_until_stale() {
     let sim = Sim::start("127.0.0.40").await;
     sim.set_limit(20.0, 10.0);
-    let cfg = config(&sim, "state_max_age = \"4s\"");
+    let cfg = config(&sim, "state_max_age = \"8s\"");
     let s = Sluice::start(&cfg);
     let learned = learn(&s, &sim).await;
 
@@ -108,9 +108,9 @@ async fn learned_rate_survives_restarts_until_stale() {
     assert!(restored, "restored after kill -9");
     assert!(rate > 10.0, "restored {rate} after kill -9");
 
-    // Older than state_max_age (4 s): discarded, a cold start.
+    // Older than state_max_age (8 s): discarded, a cold start.
     let (_, dir) = s.terminate();
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    tokio::time::sleep(Duration::from_secs(9)).await;
     let s = Sluice::start_in(dir, &cfg);
     let (rate, restored) = first_rate_after_restart(&s, &sim).await;
     assert!(!restored, "stale state must not be restored");
