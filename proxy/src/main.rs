@@ -127,7 +127,21 @@ fn main() -> ExitCode {
     }
 }
 
+/// The system trust bundles `sluice ca` looks for (Debian/Ubuntu/Alpine,
+/// then Fedora/RHEL).
+const SYSTEM_BUNDLES: [&str; 2] = [
+    "/etc/ssl/certs/ca-certificates.crt",
+    "/etc/pki/tls/certs/ca-bundle.crt",
+];
+
 /// `sluice ca`: the CA path and the lines that make collectors trust it.
+///
+/// `SSL_CERT_FILE`, `REQUESTS_CA_BUNDLE` and `CURL_CA_BUNDLE` *replace* a
+/// client's trust store, so they get a bundle — the system's roots plus
+/// sluice's CA (`<dir of ca.crt>/ca-bundle.pem`) — and a collector keeps
+/// trusting hosts it reaches without sluice, or through a tunnel sluice
+/// does not intercept. Node's `NODE_EXTRA_CA_CERTS` adds to its roots, so
+/// it gets the CA alone.
 fn print_ca(config: &config::Config) -> ExitCode {
     let paths = server::ca_paths(config);
     let ca = match tls::CertAuthority::load_or_create(paths, 1) {
@@ -139,15 +153,36 @@ fn print_ca(config: &config::Config) -> ExitCode {
     };
     let cert =
         std::fs::canonicalize(ca.cert_path()).unwrap_or_else(|_| ca.cert_path().to_path_buf());
-    let cert = cert.display();
+    let bundle = SYSTEM_BUNDLES
+        .iter()
+        .find_map(|system| std::fs::read(system).ok())
+        .and_then(|mut roots| {
+            let own = std::fs::read(&cert).ok()?;
+            roots.push(b'\n');
+            roots.extend_from_slice(&own);
+            let path = cert.with_file_name("ca-bundle.pem");
+            std::fs::write(&path, roots).ok()?;
+            Some(path)
+        });
     println!("# sluice's interception CA certificate:");
-    println!("# {cert}");
-    println!("# Trust it in collectors (these replace the default bundle for");
-    println!("# OpenSSL, Python requests and curl; Node adds it to its own):");
-    println!("export SSL_CERT_FILE={cert}");
-    println!("export REQUESTS_CA_BUNDLE={cert}");
-    println!("export CURL_CA_BUNDLE={cert}");
-    println!("export NODE_EXTRA_CA_CERTS={cert}");
+    println!("# {}", cert.display());
+    let replacing = match &bundle {
+        Some(b) => {
+            println!(
+                "# For OpenSSL, Python requests and curl: the system's roots plus sluice's CA:"
+            );
+            b.clone()
+        }
+        None => {
+            println!("# No system trust bundle found: these make clients trust sluice's CA only.");
+            cert.clone()
+        }
+    };
+    println!("export SSL_CERT_FILE={}", replacing.display());
+    println!("export REQUESTS_CA_BUNDLE={}", replacing.display());
+    println!("export CURL_CA_BUNDLE={}", replacing.display());
+    println!("# Node adds this to its own roots:");
+    println!("export NODE_EXTRA_CA_CERTS={}", cert.display());
     ExitCode::SUCCESS
 }
 

@@ -135,14 +135,29 @@ fn ca_prints_the_certificate_and_environment() {
     );
     let text = String::from_utf8_lossy(&out.stdout);
     let cert = std::fs::canonicalize(dir.join("ca.crt")).unwrap();
-    for var in [
-        "SSL_CERT_FILE",
-        "REQUESTS_CA_BUNDLE",
-        "NODE_EXTRA_CA_CERTS",
-        "CURL_CA_BUNDLE",
-    ] {
+    assert!(
+        text.contains(&format!("export NODE_EXTRA_CA_CERTS={}", cert.display())),
+        "{text}"
+    );
+    // The replacing variables get the system roots plus sluice's CA, where
+    // the system has a bundle.
+    let system = std::path::Path::new("/etc/ssl/certs/ca-certificates.crt");
+    let replacing = if system.exists() {
+        let bundle = dir.join("ca-bundle.pem");
+        let text = std::fs::read_to_string(&bundle).unwrap();
+        let own = std::fs::read_to_string(&cert).unwrap();
+        assert!(text.contains(own.trim()), "the bundle holds sluice's CA");
         assert!(
-            text.contains(&format!("export {var}={}", cert.display())),
+            text.matches("BEGIN CERTIFICATE").count() > 10,
+            "and the system roots"
+        );
+        bundle
+    } else {
+        cert.clone()
+    };
+    for var in ["SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"] {
+        assert!(
+            text.contains(&format!("export {var}={}", replacing.display())),
             "{var} missing:\n{text}"
         );
     }

@@ -77,11 +77,23 @@ async fn curl_https_retry_after_is_absorbed() {
 }
 
 /// The same with Python requests, trusting sluice through
-/// `REQUESTS_CA_BUNDLE`.
+/// `REQUESTS_CA_BUNDLE` as `sluice ca` prints it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_https_retry_after_is_absorbed() {
     let s = Setup::new(&["127.0.0.23"], "").await;
-    let ca = s.cacert();
+    // The documented flow: `sluice ca` prints what to export.
+    let out = std::process::Command::new(sluice_tests::harness::binary())
+        .arg("--state-dir")
+        .arg(s.sluice.dir.join("state"))
+        .arg("ca")
+        .output()
+        .unwrap();
+    let printed = String::from_utf8_lossy(&out.stdout);
+    let ca = printed
+        .lines()
+        .find_map(|l| l.strip_prefix("export REQUESTS_CA_BUNDLE="))
+        .expect("sluice ca prints REQUESTS_CA_BUNDLE")
+        .to_string();
     let out = python_env(
         &s.sluice.proxy_url(),
         "import sys, requests\nprint(requests.get(sys.argv[1], timeout=20).status_code)",
