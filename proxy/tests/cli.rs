@@ -6,6 +6,17 @@ use std::time::Duration;
 
 const BIN: &str = env!("CARGO_BIN_EXE_sluice");
 
+/// Runs sluice with `args`; asserts it succeeded; returns stdout.
+fn run_ok(args: &[&std::ffi::OsStr]) -> String {
+    let out = Command::new(BIN).args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 fn temp(name: &str, text: &str) -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!("sluice-cli-{}-{name}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -17,17 +28,8 @@ fn temp(name: &str, text: &str) -> std::path::PathBuf {
 #[test]
 fn check_config_accepts_the_documented_example() {
     let example = concat!(env!("CARGO_MANIFEST_DIR"), "/../sluice.example.toml");
-    let out = Command::new(BIN)
-        .arg("--check-config")
-        .arg(example)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(String::from_utf8_lossy(&out.stdout).contains("ok"));
+    let out = run_ok(&["--check-config".as_ref(), example.as_ref()]);
+    assert!(out.contains("ok"));
 }
 
 #[test]
@@ -122,18 +124,7 @@ fn ca_prints_the_certificate_and_environment() {
     use std::os::unix::fs::PermissionsExt;
     let dir = std::env::temp_dir().join(format!("sluice-cli-{}-ca", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let out = Command::new(BIN)
-        .arg("--state-dir")
-        .arg(&dir)
-        .arg("ca")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = run_ok(&["--state-dir".as_ref(), dir.as_os_str(), "ca".as_ref()]);
     let cert = std::fs::canonicalize(dir.join("ca.crt")).unwrap();
     assert!(
         text.contains(&format!("export NODE_EXTRA_CA_CERTS={}", cert.display())),
@@ -170,13 +161,7 @@ fn ca_prints_the_certificate_and_environment() {
     assert_eq!(mode, 0o600);
     // A second run keeps the same CA.
     let before = std::fs::read(dir.join("ca.crt")).unwrap();
-    let again = Command::new(BIN)
-        .arg("--state-dir")
-        .arg(&dir)
-        .arg("ca")
-        .output()
-        .unwrap();
-    assert!(again.status.success());
+    run_ok(&["--state-dir".as_ref(), dir.as_os_str(), "ca".as_ref()]);
     assert_eq!(std::fs::read(dir.join("ca.crt")).unwrap(), before);
     let _ = std::fs::remove_dir_all(&dir);
 }

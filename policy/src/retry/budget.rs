@@ -3,9 +3,10 @@
 //! The algorithm is Linkerd's and tower's `TpsBudget`: every request
 //! deposits, every retry withdraws, deposits expire after a TTL, and a
 //! small reserve (`min_per_sec × ttl`) lets a quiet provider still retry.
-//! It is written again here for two reasons: `TpsBudget` reads
-//! `std::time::Instant` itself (so paused time cannot drive it), and it has
-//! no accessor for its balance, which metrics and breaker evidence need.
+//! It is written again here for two reasons: `TpsBudget` reads the
+//! standard library's monotonic clock itself (so tokio's paused time cannot
+//! drive it), and it has no accessor for its balance, which metrics and
+//! breaker evidence need.
 
 use std::time::Duration;
 
