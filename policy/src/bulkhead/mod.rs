@@ -20,46 +20,29 @@
 //! ([`Ttfb`](crate::pacer::Ttfb)) measured from the moment the permit was
 //! held, so that waiting inside sluice never reads as a slow provider.
 
-use std::future::Future;
-use std::pin::Pin;
+mod error;
+mod layer;
+mod service;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
 use std::time::Duration;
 
-use http::{Request, Response};
 use tokio::sync::Semaphore;
-use tokio::time::Instant;
-use tower::{Layer, Service, ServiceExt};
 
-use crate::error::BoxError;
-use crate::pacer::Ttfb;
+pub use self::error::BulkheadFull;
+pub use self::layer::BulkheadLayer;
+pub use self::service::{Bulkhead, InFlight};
 use crate::settings::ProviderSettings;
-
-/// An attempt's bulkhead permit, carried in the response's extensions.
-/// It is released when the last clone is dropped: move it into the
-/// response body to keep the attempt in flight while the body streams.
-#[derive(Debug, Clone)]
-pub struct InFlight {
-    _permit: Arc<tokio::sync::OwnedSemaphorePermit>,
-}
-
-/// The bulkhead refused: too many attempts in flight and waiting.
-#[derive(Debug, Clone, thiserror::Error)]
-#[error("too many requests in flight to this provider")]
-pub struct BulkheadFull {
-    /// A suggestion for when to come back.
-    pub retry_after: Duration,
-}
 
 /// One provider's permits, shared by all its services.
 #[derive(Debug)]
 pub struct BulkheadShared {
-    permits: Arc<Semaphore>,
+    pub(crate) permits: Arc<Semaphore>,
     /// Permits the semaphore was built or resized to.
     size: Mutex<usize>,
-    waiting: AtomicUsize,
-    limits: Mutex<(usize, Duration)>,
+    pub(crate) waiting: AtomicUsize,
+    pub(crate) limits: Mutex<(usize, Duration)>,
 }
 
 impl BulkheadShared {
@@ -106,101 +89,5 @@ impl BulkheadShared {
     /// Requests waiting for a permit now.
     pub fn waiting(&self) -> usize {
         self.waiting.load(Ordering::Relaxed)
-    }
-}
-
-/// Applies a provider's bulkhead. Cloning shares the permits.
-#[derive(Debug, Clone)]
-pub struct BulkheadLayer {
-    shared: Arc<BulkheadShared>,
-}
-
-impl BulkheadLayer {
-    /// A layer over the given shared permits.
-    pub fn new(shared: Arc<BulkheadShared>) -> Self {
-        BulkheadLayer { shared }
-    }
-}
-
-impl<S> Layer<S> for BulkheadLayer {
-    type Service = Bulkhead<S>;
-
-    fn layer(&self, inner: S) -> Bulkhead<S> {
-        Bulkhead {
-            inner,
-            shared: self.shared.clone(),
-        }
-    }
-}
-
-/// The service of [`BulkheadLayer`].
-#[derive(Debug, Clone)]
-pub struct Bulkhead<S> {
-    inner: S,
-    shared: Arc<BulkheadShared>,
-}
-
-struct Waiting<'a>(&'a AtomicUsize);
-
-impl Drop for Waiting<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
-impl<S, B, R> Service<Request<B>> for Bulkhead<S>
-where
-    S: Service<Request<B>, Response = Response<R>> + Clone + Send + 'static,
-    S::Error: Into<BoxError>,
-    S::Future: Send + 'static,
-    B: Send + 'static,
-    R: Send + 'static,
-{
-    type Response = Response<R>;
-    type Error = BoxError;
-    type Future = Pin<Box<dyn Future<Output = Result<Response<R>, BoxError>> + Send + 'static>>;
-
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, req: Request<B>) -> Self::Future {
-        let inner = self.inner.clone();
-        let shared = self.shared.clone();
-        Box::pin(async move {
-            let (max_waiting, max_wait) = *shared.limits.lock().unwrap_or_else(|p| p.into_inner());
-            let permit = match shared.permits.clone().try_acquire_owned() {
-                Ok(p) => p,
-                Err(_) => {
-                    if shared.waiting.fetch_add(1, Ordering::Relaxed) >= max_waiting {
-                        shared.waiting.fetch_sub(1, Ordering::Relaxed);
-                        return Err(BulkheadFull {
-                            retry_after: Duration::from_secs(1),
-                        }
-                        .into());
-                    }
-                    let _waiting = Waiting(&shared.waiting);
-                    match tokio::time::timeout(max_wait, shared.permits.clone().acquire_owned())
-                        .await
-                    {
-                        Ok(Ok(p)) => p,
-                        _ => {
-                            return Err(BulkheadFull {
-                                retry_after: Duration::from_secs(1),
-                            }
-                            .into())
-                        }
-                    }
-                }
-            };
-            let start = Instant::now();
-            let mut resp = inner.oneshot(req).await.map_err(Into::into)?;
-            resp.extensions_mut().insert(Ttfb(start.elapsed()));
-            crate::outcome::stamp(&mut resp, std::time::SystemTime::now());
-            resp.extensions_mut().insert(InFlight {
-                _permit: Arc::new(permit),
-            });
-            Ok(resp)
-        })
     }
 }

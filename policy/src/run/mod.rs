@@ -17,16 +17,15 @@
 //! unchanged. A run travels with each request as a [`RunHandle`] in the
 //! request's extensions.
 
-use std::future::Future;
-use std::pin::Pin;
+mod error;
+mod layer;
+
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::task::{Context, Poll};
 
-use http::{Request, Response};
 use tokio::time::Instant;
-use tower::{Layer, Service, ServiceExt};
 
-use crate::error::BoxError;
+pub use self::error::RunStopped;
+pub use self::layer::{RunGate, RunLayer};
 
 /// Why a run stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -194,62 +193,6 @@ impl RunHandle {
     /// pressure it saw). The first reason is kept.
     pub fn stop(&self, reason: StopReason) {
         self.lock().stopped.get_or_insert(reason);
-    }
-}
-
-/// A run's envelope refused an attempt. Nothing was sent.
-#[derive(Debug, Clone, thiserror::Error)]
-#[error("run stopped: {}", reason.label())]
-pub struct RunStopped {
-    /// Why.
-    pub reason: StopReason,
-}
-
-/// Checks the run envelope of each attempt (first or retry) before it
-/// starts.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct RunLayer;
-
-impl<S> Layer<S> for RunLayer {
-    type Service = RunGate<S>;
-
-    fn layer(&self, inner: S) -> RunGate<S> {
-        RunGate { inner }
-    }
-}
-
-/// The service of [`RunLayer`].
-#[derive(Debug, Clone)]
-pub struct RunGate<S> {
-    inner: S,
-}
-
-impl<S, B, R> Service<Request<B>> for RunGate<S>
-where
-    S: Service<Request<B>, Response = Response<R>> + Clone + Send + 'static,
-    S::Error: Into<BoxError>,
-    S::Future: Send + 'static,
-    B: Send + 'static,
-    R: Send + 'static,
-{
-    type Response = Response<R>;
-    type Error = BoxError;
-    type Future = Pin<Box<dyn Future<Output = Result<Response<R>, BoxError>> + Send + 'static>>;
-
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, req: Request<B>) -> Self::Future {
-        let checked = match req.extensions().get::<RunHandle>() {
-            Some(run) => run.check_attempt(Instant::now()),
-            None => Ok(()),
-        };
-        let inner = self.inner.clone();
-        Box::pin(async move {
-            checked.map_err(|reason| RunStopped { reason })?;
-            inner.oneshot(req).await.map_err(Into::into)
-        })
     }
 }
 

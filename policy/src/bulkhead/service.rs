@@ -1,0 +1,101 @@
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use http::{Request, Response};
+use tokio::time::Instant;
+use tower::{Service, ServiceExt};
+
+use super::{BulkheadFull, BulkheadShared};
+use crate::error::BoxError;
+use crate::pacer::Ttfb;
+
+/// An attempt's bulkhead permit, carried in the response's extensions.
+/// It is released when the last clone is dropped: move it into the
+/// response body to keep the attempt in flight while the body streams.
+#[derive(Debug, Clone)]
+pub struct InFlight {
+    _permit: Arc<tokio::sync::OwnedSemaphorePermit>,
+}
+
+/// The service of [`BulkheadLayer`].
+#[derive(Debug, Clone)]
+pub struct Bulkhead<S> {
+    inner: S,
+    shared: Arc<BulkheadShared>,
+}
+
+impl<S> Bulkhead<S> {
+    /// Wraps `inner` with the shared permits.
+    pub fn new(inner: S, shared: Arc<BulkheadShared>) -> Self {
+        Bulkhead { inner, shared }
+    }
+}
+
+struct Waiting<'a>(&'a AtomicUsize);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl<S, B, R> Service<Request<B>> for Bulkhead<S>
+where
+    S: Service<Request<B>, Response = Response<R>> + Clone + Send + 'static,
+    S::Error: Into<BoxError>,
+    S::Future: Send + 'static,
+    B: Send + 'static,
+    R: Send + 'static,
+{
+    type Response = Response<R>;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<R>, BoxError>> + Send + 'static>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        let inner = self.inner.clone();
+        let shared = self.shared.clone();
+        Box::pin(async move {
+            let (max_waiting, max_wait) = *shared.limits.lock().unwrap_or_else(|p| p.into_inner());
+            let permit = match shared.permits.clone().try_acquire_owned() {
+                Ok(p) => p,
+                Err(_) => {
+                    if shared.waiting.fetch_add(1, Ordering::Relaxed) >= max_waiting {
+                        shared.waiting.fetch_sub(1, Ordering::Relaxed);
+                        return Err(BulkheadFull {
+                            retry_after: Duration::from_secs(1),
+                        }
+                        .into());
+                    }
+                    let _waiting = Waiting(&shared.waiting);
+                    match tokio::time::timeout(max_wait, shared.permits.clone().acquire_owned())
+                        .await
+                    {
+                        Ok(Ok(p)) => p,
+                        _ => {
+                            return Err(BulkheadFull {
+                                retry_after: Duration::from_secs(1),
+                            }
+                            .into())
+                        }
+                    }
+                }
+            };
+            let start = Instant::now();
+            let mut resp = inner.oneshot(req).await.map_err(Into::into)?;
+            resp.extensions_mut().insert(Ttfb(start.elapsed()));
+            crate::outcome::stamp(&mut resp, std::time::SystemTime::now());
+            resp.extensions_mut().insert(InFlight {
+                _permit: Arc::new(permit),
+            });
+            Ok(resp)
+        })
+    }
+}
