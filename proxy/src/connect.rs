@@ -212,6 +212,7 @@ where
     T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let header_timeout = app.config().limits.header_read_timeout;
+    let mut tracker = app.shutdown.tracker();
     let target = Target {
         scheme: Scheme::HTTP,
         authority,
@@ -225,7 +226,17 @@ where
         .timer(TokioTimer::new())
         .header_read_timeout(header_timeout)
         .serve_connection(TokioIo::new(io), service);
-    if let Err(e) = conn.await {
+    tokio::pin!(conn);
+    // On SIGTERM: finish the request in flight, then close — an idle
+    // keep-alive tunnel must not hold the shutdown for the whole grace.
+    let result = tokio::select! {
+        r = conn.as_mut() => r,
+        _ = tracker.stopping() => {
+            conn.as_mut().graceful_shutdown();
+            conn.await
+        }
+    };
+    if let Err(e) = result {
         tracing::debug!(error = %e, "tunnelled HTTP connection ended with an error");
     }
 }

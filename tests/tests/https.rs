@@ -339,3 +339,45 @@ async fn a_client_rejecting_the_interception_is_reported() {
     assert!(line.contains("intercept = false"), "{line}");
     assert!(s.sims[0].hits("/").is_empty());
 }
+
+/// R-OP3: SIGTERM does not wait out the grace period for an idle
+/// keep-alive tunnel: intercepted connections are closed gracefully once
+/// nothing is in flight.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_closes_idle_intercepted_tunnels() {
+    use tokio::io::AsyncBufReadExt;
+    let s = Setup::new(&["127.0.0.34"], "[limits]\nshutdown_grace = \"30s\"\n").await;
+    let ca = s.cacert();
+    // A collector that keeps its pooled connection (and so the tunnel) open.
+    let mut cmd = tokio::process::Command::new("python3");
+    cmd.arg("-c")
+        .arg(
+            "import sys, time, requests\ns = requests.Session()\n\
+             print(s.get(sys.argv[1], timeout=10).status_code, flush=True)\ntime.sleep(60)",
+        )
+        .arg(s.sims[0].url("https", "/ok"))
+        .env("REQUESTS_CA_BUNDLE", &ca)
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    sluice_tests::clients::with_proxy(&mut cmd, &s.sluice.proxy_url());
+    let mut collector = cmd.spawn().unwrap();
+    let mut lines = tokio::io::BufReader::new(collector.stdout.take().unwrap()).lines();
+    let first = tokio::time::timeout(T, lines.next_line())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(first.as_deref(), Some("200"));
+    let Setup { sluice, sims, _dir } = s;
+    let asked = Instant::now();
+    let (status, _state) = tokio::task::spawn_blocking(move || sluice.terminate())
+        .await
+        .unwrap();
+    let took = asked.elapsed();
+    assert!(status.success());
+    assert!(
+        took < Duration::from_secs(15),
+        "waited {took:?} of the 30 s grace for an idle tunnel"
+    );
+    drop(sims);
+    let _ = collector.kill().await;
+}

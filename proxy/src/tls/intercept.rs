@@ -99,12 +99,24 @@ pub async fn intercept<T>(
         authority,
         absolute: false,
     };
+    let mut tracker = app.shutdown.tracker();
     let service = service_fn(move |req: Request<Incoming>| {
         let (app, target, identity) = (app.clone(), target.clone(), identity.clone());
         async move { Ok::<_, std::convert::Infallible>(tunnelled(app, req, target, identity).await) }
     });
     let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-    if let Err(e) = builder.serve_connection(TokioIo::new(tls), service).await {
+    let conn = builder.serve_connection(TokioIo::new(tls), service);
+    tokio::pin!(conn);
+    // On SIGTERM: finish what is in flight, then close (HTTP/2 GOAWAY,
+    // HTTP/1.1 after the current response).
+    let result = tokio::select! {
+        r = conn.as_mut() => r,
+        _ = tracker.stopping() => {
+            conn.as_mut().graceful_shutdown();
+            conn.await
+        }
+    };
+    if let Err(e) = result {
         tracing::debug!(error = %e, "intercepted connection ended with an error");
     }
 }
