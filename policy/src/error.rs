@@ -18,6 +18,11 @@ pub use crate::run::RunStopped;
 /// The error type between layers (tower's convention).
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
+/// The future every policy layer returns: the layers wait (for a slot, a
+/// permit, a probe) inside it, so it is an `async` block, boxed.
+pub type BoxFuture<T> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<T, BoxError>> + Send + 'static>>;
+
 /// Whose fault an error is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fault {

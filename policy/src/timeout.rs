@@ -6,8 +6,6 @@
 //! tower's `Elapsed`, which the breaker and the retry policy count as a
 //! timeout.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -16,7 +14,7 @@ use std::time::Duration;
 use tower::timeout::error::Elapsed;
 use tower::{Layer, Service};
 
-use crate::error::BoxError;
+use crate::error::{BoxError, BoxFuture};
 
 /// A duration that can be changed while services read it.
 #[derive(Debug, Default)]
@@ -80,7 +78,7 @@ where
 {
     type Response = S::Response;
     type Error = BoxError;
-    type Future = Pin<Box<dyn Future<Output = Result<S::Response, BoxError>> + Send + 'static>>;
+    type Future = BoxFuture<S::Response>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
         self.inner.poll_ready(cx).map_err(Into::into)

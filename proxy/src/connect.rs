@@ -229,13 +229,9 @@ where
     tokio::pin!(conn);
     // On SIGTERM: finish the request in flight, then close — an idle
     // keep-alive tunnel must not hold the shutdown for the whole grace.
-    let result = tokio::select! {
-        r = conn.as_mut() => r,
-        _ = tracker.stopping() => {
-            conn.as_mut().graceful_shutdown();
-            conn.await
-        }
-    };
+    let result = tracker
+        .serve(conn.as_mut(), |c| c.graceful_shutdown())
+        .await;
     if let Err(e) = result {
         tracing::debug!(error = %e, "tunnelled HTTP connection ended with an error");
     }

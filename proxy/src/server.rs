@@ -1,7 +1,9 @@
 //! Listeners, connections and graceful shutdown (R-OP3).
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -102,6 +104,22 @@ impl Tracker {
     /// Resolves when shutdown begins.
     pub async fn stopping(&mut self) {
         let _ = self.rx.wait_for(|stop| *stop).await;
+    }
+
+    /// Drives a connection to its end; if shutdown begins first, asks it
+    /// to close gracefully (`close`: the connection's `graceful_shutdown`)
+    /// and lets what is in flight finish.
+    pub async fn serve<F, O>(&mut self, mut conn: Pin<&mut F>, close: impl FnOnce(Pin<&mut F>)) -> O
+    where
+        F: Future<Output = O>,
+    {
+        tokio::select! {
+            out = conn.as_mut() => out,
+            _ = self.stopping() => {
+                close(conn.as_mut());
+                conn.await
+            }
+        }
     }
 }
 
@@ -327,13 +345,9 @@ async fn serve_connection(app: Arc<App>, stream: TcpStream, peer: SocketAddr) {
         .serve_connection(TokioIo::new(stream), service)
         .with_upgrades();
     tokio::pin!(conn);
-    let result = tokio::select! {
-        r = conn.as_mut() => r,
-        _ = tracker.stopping() => {
-            conn.as_mut().graceful_shutdown();
-            conn.await
-        }
-    };
+    let result = tracker
+        .serve(conn.as_mut(), |c| c.graceful_shutdown())
+        .await;
     if let Err(e) = result {
         tracing::debug!(%peer, error = %e, "client connection ended with an error");
     }

@@ -1,5 +1,3 @@
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::SystemTime;
@@ -8,7 +6,7 @@ use http::{Request, Response};
 use tower::{Service, ServiceExt};
 
 use super::{BreakerShared, CircuitOpen};
-use crate::error::BoxError;
+use crate::error::{BoxError, BoxFuture};
 use crate::outcome::{self, Outcome};
 
 /// Fails fast while the provider's circuit is open; counts outcomes.
@@ -28,7 +26,7 @@ where
 {
     type Response = Response<R>;
     type Error = BoxError;
-    type Future = Pin<Box<dyn Future<Output = Result<Response<R>, BoxError>> + Send + 'static>>;
+    type Future = BoxFuture<Response<R>>;
 
     fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
         Poll::Ready(Ok(()))

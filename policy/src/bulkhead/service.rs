@@ -1,5 +1,3 @@
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -10,7 +8,7 @@ use tokio::time::Instant;
 use tower::{Service, ServiceExt};
 
 use super::{BulkheadFull, BulkheadShared};
-use crate::error::BoxError;
+use crate::error::{BoxError, BoxFuture};
 use crate::pacer::Ttfb;
 
 /// An attempt's bulkhead permit, carried in the response's extensions.
@@ -53,7 +51,7 @@ where
 {
     type Response = Response<R>;
     type Error = BoxError;
-    type Future = Pin<Box<dyn Future<Output = Result<Response<R>, BoxError>> + Send + 'static>>;
+    type Future = BoxFuture<Response<R>>;
 
     fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
         Poll::Ready(Ok(()))

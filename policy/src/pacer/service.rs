@@ -1,5 +1,3 @@
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
@@ -8,7 +6,7 @@ use http::{Request, Response};
 use tower::{Service, ServiceExt};
 
 use super::PacerShared;
-use crate::error::BoxError;
+use crate::error::{BoxError, BoxFuture};
 use crate::outcome::{self, Outcome};
 
 /// Time from dispatch (after the bulkhead permit) to the response head,
@@ -18,8 +16,7 @@ use crate::outcome::{self, Outcome};
 pub struct Ttfb(pub Duration);
 
 /// The pacer's future.
-pub type ResponseFuture<R> =
-    Pin<Box<dyn Future<Output = Result<Response<R>, BoxError>> + Send + 'static>>;
+pub type ResponseFuture<R> = BoxFuture<Response<R>>;
 
 /// Waits for the provider's pacing slot, sends, and feeds what came back
 /// into the provider's AIMD controller and hold.

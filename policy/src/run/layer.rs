@@ -1,5 +1,3 @@
-use std::future::Future;
-use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use http::{Request, Response};
@@ -7,7 +5,7 @@ use tokio::time::Instant;
 use tower::{Layer, Service, ServiceExt};
 
 use super::{RunHandle, RunStopped};
-use crate::error::BoxError;
+use crate::error::{BoxError, BoxFuture};
 
 /// Checks the run envelope of each attempt (first or retry) before it
 /// starts.
@@ -38,7 +36,7 @@ where
 {
     type Response = Response<R>;
     type Error = BoxError;
-    type Future = Pin<Box<dyn Future<Output = Result<Response<R>, BoxError>> + Send + 'static>>;
+    type Future = BoxFuture<Response<R>>;
 
     fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
         Poll::Ready(Ok(()))

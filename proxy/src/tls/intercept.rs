@@ -109,13 +109,9 @@ pub async fn intercept<T>(
     tokio::pin!(conn);
     // On SIGTERM: finish what is in flight, then close (HTTP/2 GOAWAY,
     // HTTP/1.1 after the current response).
-    let result = tokio::select! {
-        r = conn.as_mut() => r,
-        _ = tracker.stopping() => {
-            conn.as_mut().graceful_shutdown();
-            conn.await
-        }
-    };
+    let result = tracker
+        .serve(conn.as_mut(), |c| c.graceful_shutdown())
+        .await;
     if let Err(e) = result {
         tracing::debug!(error = %e, "intercepted connection ended with an error");
     }
