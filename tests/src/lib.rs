@@ -1,9 +1,12 @@
 //! Test support for sluice's end-to-end tests: a provider simulator, a
 //! harness that runs the real `sluice` binary, and real clients (curl,
-//! Python requests) configured only by environment.
+//! Python requests) configured only by environment; and simulated providers
+//! and in-client pacers on the paused clock for the pacer's bench and
+//! convergence tests.
 #![forbid(unsafe_code)]
 
 pub mod clients;
 pub mod harness;
+pub mod model;
 pub mod pki;
 pub mod sim;

@@ -1,31 +1,46 @@
 //! Rate-based AIMD: learn how fast a provider lets us go.
 //!
-//! The rate starts low (R-AI3), grows while a window of saturated successes
-//! passes with no sign of pressure, and is cut multiplicatively on a 429, a
-//! 503, a timeout or a soft throttle (R-AI1). It never crosses the owner's
-//! ceiling (R-AI2), and no error ever raises it (R-AI4).
+//! The rate starts low (R-AI3), grows while a window of saturated, clean
+//! answers passes, and is cut multiplicatively when the provider pushes
+//! back (R-AI1). It never crosses the owner's ceiling (R-AI2), and no error
+//! ever raises it (R-AI4): growth happens only when a clean answer closes a
+//! window.
 //!
-//! A throttle costs more than the one 429: with a `Retry-After` hold the
-//! provider's whole capacity for the hold is lost. So the controller does
-//! not saw-tooth around the limit like plain AIMD does. It remembers the
-//! rate at which throttling began (`limit`) and:
+//! **Throttle or noise (R-SG3).** A 429, a 503 with `Retry-After` and a
+//! sustained shift of latency are throttles and cut at once. A bare 503 or
+//! a timeout is *ambiguous*: real providers answer a few percent of
+//! requests that way whatever the load. Such an error cuts only when the
+//! recent errors are significantly above the provider's learned error
+//! baseline ([`ErrorTally`]), and the cut is a [`Trial`]: if the errors go
+//! on at the lower rate about as often as before, the cut bought nothing —
+//! the remembered limit is put back and the rate recovers at the next clean
+//! window; if they stop, the cut stands. Other 5xx and connect errors never
+//! cut; at the baseline they do not even stop growth.
+//!
+//! **Settling.** A throttle costs more than the one 429: with a
+//! `Retry-After` hold the provider's whole capacity for the hold is lost.
+//! So the controller does not saw-tooth around the limit like plain AIMD.
+//! It remembers the rate at which throttling began (`limit`) and:
 //!
 //! 1. before any throttle, grows by half per window (slow start);
 //! 2. after a cut, recovers quickly to a settle point just under `limit`
 //!    (95 %), closing half the gap per window;
-//! 3. stays at the settle point for a long stable stretch
-//!    ([`PROBE_AFTER`] windows and [`PROBE_AFTER_ADMITTED`] requests)
-//!    before it probes upward;
-//! 4. probes gently (1 % of `limit` per window), doubling the step every
-//!    [`PROBE_DOUBLING`] windows without a throttle, so that a raised limit
-//!    is found within a minute or so, while a limit that has not moved
-//!    costs only the few 429s of one brief overshoot.
+//! 3. waits there [`PROBE_AFTER`] windows and [`PROBE_AFTER_ADMITTED`]
+//!    requests — the second bound keeps a failed probe to one overshoot in
+//!    a few hundred requests however slow the provider;
+//! 4. probes: the step starts at [`PROBE_STEP`] of `limit` and doubles with
+//!    every clean window, so a doubled limit is reached in about six
+//!    windows, while a limit that has not moved stops the probe at its
+//!    first throttle and the rate drops straight back to the settle point:
+//!    one brief overshoot.
 //!
-//! A throttle seen near the known limit (a probe that went too far) is cut
-//! by [`PROBE_DECREASE`] only; one far below it (the limit has dropped) by
-//! the full `decrease_factor` (AWS's β = 0.7). Only one cut is made per
-//! congestion epoch: responses to requests sent before the last cut say
-//! nothing new (as TCP's fast recovery ignores losses from the old window).
+//! When the settle point itself is throttled the remembered limit was too
+//! high; the new one is the lower of 90 % of the rate and what the provider
+//! actually delivered over the last window (the accepted rate of a drained
+//! token bucket is its refill rate), never below the plain cut. Only one
+//! cut is made per congestion epoch: answers to requests sent before the
+//! last cut say nothing new (as TCP's fast recovery ignores losses from the
+//! old window).
 //!
 //! Growth only happens when demand reached the pace (the window's
 //! admissions were at least [`SATURATION`] of the rate): a collector that
@@ -33,22 +48,32 @@
 //! rate does not creep up to the ceiling while unused (RFC 7661's reasoning
 //! for application-limited TCP).
 
+use std::collections::VecDeque;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::signals::{
+    poisson_below, poisson_tail, Attribution, ErrorTally, LatencyWatch, NOISE_MAX,
+};
+
 /// Settle point as a share of the rate at which throttling began.
 pub const SETTLE: f64 = 0.95;
-/// Windows at the settle point before probing upward.
-pub const PROBE_AFTER: u32 = 20;
-/// …and requests admitted there: a slow provider (a few requests a
-/// second) waits longer, so that one probe's overshoot stays a small share
-/// of what it sent.
-pub const PROBE_AFTER_ADMITTED: u64 = 200;
-/// First probe step, as a share of the known limit per window.
-pub const PROBE_STEP: f64 = 0.01;
-/// The probe step doubles after this many windows without a throttle.
-pub const PROBE_DOUBLING: u32 = 5;
+/// Clean, saturated windows at the settle point before probing upward.
+pub const PROBE_AFTER: u32 = 8;
+/// …and requests admitted there: a failed probe costs about one throttled
+/// request, so this bounds its share (≈ 0.3 %) on slow providers too.
+pub const PROBE_AFTER_ADMITTED: u64 = 300;
+/// First probe step, as a share of the known limit; it doubles with every
+/// clean probe window.
+pub const PROBE_STEP: f64 = 0.02;
+/// A probe throttled before its last clean rate passed this share of the
+/// limit found the limit where it was.
+pub const PROBE_HELD: f64 = 1.1;
+/// A whole clean window at this multiple of the limit proves it moved:
+/// the controller forgets it and grows as from a cold start. (A token
+/// bucket whose burst is half a second of traffic cannot hide that much.)
+pub const PROBE_FOUND: f64 = 1.5;
 /// Cut applied to a throttle near the known limit.
 pub const PROBE_DECREASE: f64 = 0.9;
 /// Growth per window before the first throttle.
@@ -59,23 +84,60 @@ pub const RECOVER_SHARE: f64 = 0.5;
 pub const RECOVER_MIN_STEP: f64 = 0.05;
 /// Demand must reach this share of the pace for a window to count.
 pub const SATURATION: f64 = 0.8;
+/// Errors a trial needs at the lower rate to call the cut noise.
+pub const TRIAL_NOISE_ERRORS: f64 = 3.0;
+/// A trial expects this many errors, at the share seen before the cut,
+/// before an absence of errors confirms the cut.
+pub const TRIAL_EXPECTED_ERRORS: f64 = 6.0;
+/// Bounds on the answers a trial waits for.
+pub const TRIAL_MIN_ANSWERS: f64 = 50.0;
+/// See [`TRIAL_MIN_ANSWERS`].
+pub const TRIAL_MAX_ANSWERS: f64 = 3000.0;
+/// A trial's verdicts are made at this significance: it has few errors to
+/// go by, and a wrong verdict is corrected by the next trial or probe.
+pub const TRIAL_SIGNIFICANCE: f64 = 0.01;
+/// A trial still undecided after this long confirms its cut.
+pub const TRIAL_MAX_AGE: Duration = Duration::from_secs(30);
 
 /// Why the rate was cut.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BackoffReason {
-    /// 429 or 503.
+    /// 429 Too Many Requests.
     Throttled,
-    /// Time-to-first-byte well above the learned baseline, or a timeout.
-    SoftThrottle,
+    /// 503 with `Retry-After`: the provider named its pressure.
+    UnavailableRetryAfter,
+    /// A bare 503, significantly above the learned error baseline.
+    Unavailable,
+    /// The time-to-first-byte distribution shifted above its baseline.
+    Latency,
+    /// Attempts timed out (sluice's timeout or a 408), above the baseline.
+    Timeout,
 }
 
 impl BackoffReason {
+    /// Every reason, for metrics created at zero.
+    pub const ALL: [BackoffReason; 5] = [
+        BackoffReason::Throttled,
+        BackoffReason::UnavailableRetryAfter,
+        BackoffReason::Unavailable,
+        BackoffReason::Latency,
+        BackoffReason::Timeout,
+    ];
+
     /// A bounded label for metrics and logs.
     pub fn label(self) -> &'static str {
         match self {
             BackoffReason::Throttled => "throttled",
-            BackoffReason::SoftThrottle => "soft_throttle",
+            BackoffReason::UnavailableRetryAfter => "unavailable_retry_after",
+            BackoffReason::Unavailable => "unavailable",
+            BackoffReason::Latency => "latency",
+            BackoffReason::Timeout => "timeout",
         }
+    }
+
+    /// Whether the signal may be noise (its cut is a [`Trial`]).
+    pub fn ambiguous(self) -> bool {
+        matches!(self, BackoffReason::Unavailable | BackoffReason::Timeout)
     }
 }
 
@@ -92,6 +154,98 @@ pub struct Backoff {
     pub to_rps: f64,
 }
 
+/// A cut made on ambiguous evidence, waiting for its verdict.
+#[derive(Debug, Clone, Copy)]
+struct Trial {
+    /// The rate before the cut.
+    from: f64,
+    /// The remembered limit before the cut.
+    prev_limit: Option<f64>,
+    /// That limit rested on ambiguous evidence only.
+    prev_weak: bool,
+    /// When the cut was made; answers to earlier sends are not evidence.
+    cut_at: Instant,
+    /// The error share before the cut.
+    pre_share: f64,
+    /// `pre_share` was measured at the rate cut from (enough answers
+    /// there); only then can the errors after be judged the same.
+    pre_measured: bool,
+    /// Answers to requests sent since the cut.
+    answers: f64,
+    /// Ambiguous errors among them.
+    errors: f64,
+}
+
+/// What a trial concluded.
+enum Verdict {
+    /// Not yet.
+    Open,
+    /// The errors stopped at the lower rate: the cut stands.
+    Confirmed,
+    /// The errors went on as before: the cut is undone.
+    Noise,
+    /// The errors fell with the rate but go on: the cut was right and not
+    /// enough; cut again, judging the next cut against this share.
+    StillThrottled(f64),
+}
+
+impl Trial {
+    fn answers_needed(&self) -> f64 {
+        (TRIAL_EXPECTED_ERRORS / self.pre_share.max(1e-9))
+            .clamp(TRIAL_MIN_ANSWERS, TRIAL_MAX_ANSWERS)
+    }
+
+    /// The verdict after an answer; `error`: that answer was an error.
+    fn verdict(&self, now: Instant, error: bool) -> Verdict {
+        let share = self.errors / self.answers.max(1.0);
+        if error && self.errors >= 2.0 {
+            // More errors than noise can be, significantly more than before
+            // the cut (the provider throttles harder), or significantly
+            // fewer (the rate matters): either way it still pushes back.
+            let expected = self.pre_share * self.answers;
+            if poisson_tail(self.errors, NOISE_MAX * self.answers) < TRIAL_SIGNIFICANCE
+                || poisson_tail(self.errors, expected) < TRIAL_SIGNIFICANCE
+                || poisson_below(self.errors, expected) < TRIAL_SIGNIFICANCE
+            {
+                return Verdict::StillThrottled(share);
+            }
+            if self.errors >= TRIAL_NOISE_ERRORS && share <= NOISE_MAX {
+                // Without a share measured at the old rate, errors going on
+                // at the lower one are pressure, not proven noise.
+                return if self.pre_measured {
+                    Verdict::Noise
+                } else {
+                    Verdict::StillThrottled(share)
+                };
+            }
+        }
+        if self.answers >= self.answers_needed()
+            || now.saturating_duration_since(self.cut_at) >= TRIAL_MAX_AGE
+        {
+            return Verdict::Confirmed;
+        }
+        Verdict::Open
+    }
+}
+
+/// A probe above the settle point.
+#[derive(Debug, Clone, Copy)]
+struct Probe {
+    /// Clean windows probed so far (the step is `PROBE_STEP · 2^k`).
+    windows: u32,
+    /// The highest rate a whole window went clean at.
+    clean_rate: f64,
+}
+
+/// What one answer did to the rate.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Change {
+    /// The rate grew.
+    pub increased: bool,
+    /// The rate was cut.
+    pub backoff: Option<Backoff>,
+}
+
 /// The AIMD controller's state.
 #[derive(Debug, Clone)]
 pub struct Aimd {
@@ -103,25 +257,53 @@ pub struct Aimd {
     floor: f64,
     /// Multiplicative decrease far below the known limit.
     decrease: f64,
-    /// How long one success window lasts.
+    /// How long one window lasts.
     window: Duration,
+    /// Time-to-first-byte over its baseline × this is a latency shift.
+    latency_factor: f64,
     /// The rate at which the provider last throttled us.
     limit: Option<f64>,
+    /// `limit` rests on one ambiguous signal only: probe it sooner.
+    limit_weak: bool,
+    /// In slow start, the rate at which a first ambiguous error came: that
+    /// one cuts (R-AI1) without setting a limit, since one error on a cold
+    /// provider cannot tell a throttle from noise; the next significant
+    /// one sets the limit.
+    suspect: Option<f64>,
     /// When the current window began (at its first event).
     window_start: Option<Instant>,
     /// Admissions in the current window.
     window_admitted: u32,
-    /// No failure or throttle in the current window.
-    window_clean: bool,
+    /// Clean answers in the current window.
+    window_delivered: u32,
+    /// The rate was cut during the current window.
+    window_cut: bool,
+    /// Clean answers per second over the last closed window.
+    delivered: Option<f64>,
     /// Clean, saturated windows spent at or above the settle point.
     plateau: u32,
     /// Requests admitted during those windows.
     plateau_admitted: u64,
-    /// Windows spent probing above the settle point.
-    probing: u32,
-    /// When the rate was last cut; responses to earlier sends are ignored.
+    /// A probe in progress.
+    probe: Option<Probe>,
+    /// A rate to return to at the next clean window (a cut undone).
+    recover_to: Option<f64>,
+    /// When the rate was last cut; answers to earlier sends are ignored.
     last_decrease: Option<Instant>,
+    /// Ambiguous errors and their baseline.
+    errors: ErrorTally,
+    /// Time-to-first-byte and its baseline.
+    latency: LatencyWatch,
+    /// A cut on ambiguous evidence awaiting its verdict.
+    trial: Option<Trial>,
+    /// Recent rate changes (when, the rate before), oldest first: an answer
+    /// is evidence about the rate its request was *sent* at.
+    changes: VecDeque<(Instant, f64)>,
 }
+
+/// Rate changes remembered to date answers by their send rate (a few
+/// seconds' worth at one change per window).
+const CHANGES_KEPT: usize = 16;
 
 impl Aimd {
     /// A controller starting at `start` (clamped into `[floor, ceiling]`).
@@ -133,14 +315,43 @@ impl Aimd {
             floor,
             decrease,
             window,
+            latency_factor: 3.0,
             limit: None,
+            limit_weak: false,
+            suspect: None,
             window_start: None,
             window_admitted: 0,
-            window_clean: true,
+            window_delivered: 0,
+            window_cut: false,
+            delivered: None,
             plateau: 0,
             plateau_admitted: 0,
-            probing: 0,
+            probe: None,
+            recover_to: None,
             last_decrease: None,
+            errors: ErrorTally::default(),
+            latency: LatencyWatch::default(),
+            trial: None,
+            changes: VecDeque::new(),
+        }
+    }
+
+    /// The rate that was in force at `sent_at`.
+    fn rate_at(&self, sent_at: Instant) -> f64 {
+        self.changes
+            .iter()
+            .find(|(at, _)| *at > sent_at)
+            .map_or(self.rate, |(_, before)| *before)
+    }
+
+    /// Sets the rate at `now`, remembering the change.
+    fn set_rate(&mut self, now: Instant, rate: f64) {
+        if rate != self.rate {
+            if self.changes.len() == CHANGES_KEPT {
+                self.changes.pop_front();
+            }
+            self.changes.push_back((now, self.rate));
+            self.rate = rate;
         }
     }
 
@@ -164,8 +375,22 @@ impl Aimd {
         self.limit
     }
 
-    /// Changes the bounds (config reload); the rate and the remembered
-    /// limit are clamped to them.
+    /// The learned share of errors unrelated to load.
+    pub fn error_baseline(&self) -> Option<f64> {
+        self.errors.baseline()
+    }
+
+    /// The learned time-to-first-byte baseline (lower quartile).
+    pub fn latency_baseline(&self) -> Option<Duration> {
+        self.latency.baseline()
+    }
+
+    /// Whether a cut on ambiguous evidence awaits its verdict.
+    pub fn in_trial(&self) -> bool {
+        self.trial.is_some()
+    }
+
+    /// Changes the bounds (config reload); the rate is clamped to them.
     pub fn set_bounds(&mut self, floor: f64, ceiling: f64, decrease: f64, window: Duration) {
         self.ceiling = ceiling;
         self.floor = floor.min(ceiling);
@@ -174,12 +399,21 @@ impl Aimd {
         self.rate = self.rate.clamp(self.floor, self.ceiling);
     }
 
-    /// Restores a learned rate and limit (clamped to the bounds, R-AI2).
-    pub fn restore(&mut self, rate: f64, limit: Option<f64>) {
+    /// Sets the latency-shift factor.
+    pub fn set_latency_factor(&mut self, factor: f64) {
+        self.latency_factor = factor;
+    }
+
+    /// Restores a learned rate, limit and latency baseline (clamped to the
+    /// bounds, R-AI2).
+    pub fn restore(&mut self, rate: f64, limit: Option<f64>, latency: Option<Duration>) {
         if rate.is_finite() && rate > 0.0 {
             self.rate = rate.clamp(self.floor, self.ceiling);
         }
         self.limit = limit.filter(|l| l.is_finite() && *l > 0.0);
+        if let Some(b) = latency {
+            self.latency.restore(b);
+        }
     }
 
     /// A request was admitted at `now`.
@@ -188,98 +422,348 @@ impl Aimd {
         self.window_admitted = self.window_admitted.saturating_add(1);
     }
 
-    /// A response that is not a success, a throttle or a client error
-    /// (5xx, connect error): no cut, but the window does not count.
-    pub fn on_failure(&mut self) {
-        self.window_clean = false;
+    fn new_epoch(&self, sent_at: Instant) -> bool {
+        self.last_decrease.is_none_or(|cut| sent_at >= cut)
     }
 
-    /// A success arrived at `now`. Returns true if the rate grew.
-    pub fn on_success(&mut self, now: Instant) -> bool {
-        let start = *self.window_start.get_or_insert(now);
-        let elapsed = now.saturating_duration_since(start);
-        if elapsed < self.window {
-            return false;
+    /// A clean answer — a success, or a client error such as a 404, which
+    /// is the provider working normally — to a request sent at `sent_at`.
+    /// It may close the window, and so grow the rate or, on a latency
+    /// shift, cut it.
+    pub fn on_clean(&mut self, sent_at: Instant, now: Instant, ttfb: Option<Duration>) -> Change {
+        self.errors
+            .record(false, Attribution::Noise, self.rate_at(sent_at));
+        self.window_delivered = self.window_delivered.saturating_add(1);
+        if self.new_epoch(sent_at) {
+            if let Some(t) = ttfb {
+                self.latency.observe(t);
+            }
         }
-        let saturated =
-            f64::from(self.window_admitted) >= SATURATION * self.rate * elapsed.as_secs_f64();
-        let grow = self.window_clean && saturated;
-        let admitted = self.window_admitted;
-        self.window_start = Some(now);
-        self.window_admitted = 0;
-        self.window_clean = true;
-        if grow {
-            self.increase(admitted)
+        self.trial_answer(sent_at, false, now);
+        self.close_window(now)
+    }
+
+    /// A server error other than a bare 503 (500, 502, 504…) or a failed
+    /// connection: never a cut; counted against the error baseline.
+    pub fn on_error(&mut self, sent_at: Instant, now: Instant) {
+        let kind = if !self.new_epoch(sent_at) {
+            Attribution::Throttle
+        } else if self.trial.is_none() && self.errors.evidence(self.rate).noise() {
+            Attribution::Noise
         } else {
-            false
-        }
+            Attribution::Unknown
+        };
+        self.errors.record(true, kind, self.rate_at(sent_at));
+        self.trial_answer(sent_at, true, now);
     }
 
-    fn increase(&mut self, admitted: u32) -> bool {
-        let before = self.rate;
-        let next = match self.limit {
-            None => self.rate * (1.0 + SLOW_START_GROWTH),
-            Some(limit) => {
-                let settle = limit * SETTLE;
-                if self.rate < settle {
-                    self.reset_plateau();
-                    let step = ((settle - self.rate) * RECOVER_SHARE).max(limit * RECOVER_MIN_STEP);
-                    (self.rate + step).min(settle)
-                } else {
-                    self.plateau += 1;
-                    self.plateau_admitted += u64::from(admitted);
-                    if self.plateau <= PROBE_AFTER || self.plateau_admitted < PROBE_AFTER_ADMITTED {
-                        self.rate
-                    } else {
-                        let k = self.probing / PROBE_DOUBLING;
-                        self.probing += 1;
-                        let step = limit * PROBE_STEP * f64::from(1u32 << k.min(16));
-                        self.rate + step
-                    }
+    /// An ambiguous pressure signal (a bare 503, a timeout) for a request
+    /// sent at `sent_at`: a cut, on trial, if the recent errors are
+    /// significantly above the baseline.
+    pub fn on_ambiguous(
+        &mut self,
+        sent_at: Instant,
+        now: Instant,
+        reason: BackoffReason,
+    ) -> Option<Backoff> {
+        if !self.new_epoch(sent_at) {
+            // An echo of the throttle already acted on.
+            self.errors
+                .record(true, Attribution::Throttle, self.rate_at(sent_at));
+            return None;
+        }
+        if self.limit.is_none() && self.trial.is_none() {
+            // Slow start: few answers yet, at rates that change every
+            // window. Only errors that clearly rise with the rate, or are
+            // more than any noise, set a limit; otherwise the first such
+            // error cuts (R-AI1) and growth goes on, and later ones wait
+            // for evidence.
+            let evidence = self.errors.evidence(self.rate);
+            let throttle = evidence.rises == Some(true) || self.errors.beyond_noise();
+            if std::env::var("AIMD_DEBUG").is_ok() { eprintln!("slow-start error at {:.1}: {:?} beyond {} {:?}", self.rate, evidence, self.errors.beyond_noise(), self.errors); }
+            if !throttle {
+                if evidence.noise() {
+                    self.errors
+                    .record(true, Attribution::Noise, self.rate_at(sent_at));
+                    return None;
+                }
+                self.errors
+                    .record(true, Attribution::Unknown, self.rate_at(sent_at));
+                if self.suspect.is_some() {
+                    return None;
+                }
+                let from = self.rate;
+                let backoff = self.cut(now, reason);
+                self.limit = None;
+                self.suspect = Some(from);
+                return Some(backoff);
+            }
+        }
+        let (pre_share, pre_measured) = match self.trial.as_mut() {
+            Some(trial) => {
+                trial.answers += 1.0;
+                trial.errors += 1.0;
+                // Held out of the baseline until the verdict.
+                self.errors
+                    .record(true, Attribution::Unknown, self.rate_at(sent_at));
+                match self.settle_trial(now, true) {
+                    Some(share) => (share, true),
+                    None => return None,
                 }
             }
+            None => {
+                if !self.errors.significant(self.rate) {
+                    self.errors
+                        .record(true, Attribution::Noise, self.rate_at(sent_at));
+                    return None;
+                }
+                // Kept out of the baseline until a trial says it was noise.
+                self.errors
+                    .record(true, Attribution::Unknown, self.rate_at(sent_at));
+                let near = self.errors.share_near(self.rate);
+                let base = self.errors.baseline().unwrap_or(0.0);
+                (
+                    near.unwrap_or_else(|| self.errors.share_recent()).max(base),
+                    near.is_some(),
+                )
+            }
         };
-        self.rate = next.min(self.ceiling).max(self.rate);
-        self.rate > before
+        let prev_limit = self.limit;
+        let prev_weak = self.limit_weak;
+        let from = self.rate;
+        let backoff = self.cut(now, reason);
+        if self.limit != prev_limit {
+            // A limit moved on ambiguous evidence alone.
+            self.limit_weak = true;
+        }
+        self.trial = Some(Trial {
+            from,
+            prev_limit,
+            prev_weak,
+            cut_at: now,
+            pre_share,
+            pre_measured,
+            answers: 0.0,
+            errors: 0.0,
+        });
+        Some(backoff)
     }
 
-    fn reset_plateau(&mut self) {
-        self.plateau = 0;
-        self.plateau_admitted = 0;
-        self.probing = 0;
-    }
-
-    /// The provider pushed back on a request sent at `sent_at`. Returns the
-    /// cut if one was made (at most one per congestion epoch).
-    ///
-    /// The rate after is never above the rate before (R-AI4).
+    /// The provider pushed back unambiguously (429, 503 with `Retry-After`)
+    /// on a request sent at `sent_at`. Returns the cut if one was made (at
+    /// most one per congestion epoch). The rate after is never above the
+    /// rate before (R-AI4).
     pub fn on_throttle(
         &mut self,
         sent_at: Instant,
         now: Instant,
         reason: BackoffReason,
     ) -> Option<Backoff> {
-        self.window_clean = false;
-        if self.last_decrease.is_some_and(|cut| sent_at < cut) {
+        self.window_cut = true;
+        let fresh = self.new_epoch(sent_at);
+        self.errors
+            .record(true, Attribution::Throttle, self.rate_at(sent_at));
+        if !fresh {
             return None;
         }
-        let from = self.rate;
-        let near_limit = self.limit.is_some_and(|limit| from >= limit * 0.9);
-        let factor = if near_limit {
-            PROBE_DECREASE.max(self.decrease)
-        } else {
-            self.decrease
+        // Whatever a trial was weighing, this is pressure.
+        self.trial = None;
+        let backoff = self.cut(now, reason);
+        self.limit_weak = false;
+        Some(backoff)
+    }
+
+    /// Counts an answer towards an open trial and acts on a verdict other
+    /// than a cut.
+    fn trial_answer(&mut self, sent_at: Instant, error: bool, now: Instant) {
+        let Some(trial) = self.trial.as_mut() else {
+            return;
         };
-        self.limit = Some(from);
+        if sent_at < trial.cut_at {
+            return;
+        }
+        trial.answers += 1.0;
+        if error {
+            trial.errors += 1.0;
+        }
+        // Plain 5xx are evidence for the trial, but only an ambiguous
+        // pressure signal cuts: a verdict to cut again waits for one.
+        if !error {
+            let _ = self.settle_trial(now, false);
+        }
+    }
+
+    /// Applies a trial's verdict. Returns `Some(share)` when the provider
+    /// still throttles and the caller should cut again.
+    fn settle_trial(&mut self, now: Instant, error: bool) -> Option<f64> {
+        let trial = self.trial?;
+        let v = trial.verdict(now, error);
+        if std::env::var("AIMD_DEBUG").is_ok() && !matches!(v, Verdict::Open) {
+            eprintln!("verdict {} at rate {:.1}: {:?}", match v { Verdict::Open => "open", Verdict::Confirmed => "confirmed", Verdict::Noise => "noise", Verdict::StillThrottled(_) => "still" }, self.rate, trial);
+        }
+        match v {
+            Verdict::Open => None,
+            Verdict::Confirmed => {
+                self.trial = None;
+                None
+            }
+            Verdict::StillThrottled(share) => {
+                self.trial = None;
+                Some(share)
+            }
+            Verdict::Noise => {
+                // The cut bought nothing: put the limit back and return to
+                // the old rate at the next clean window (never on this
+                // error — R-AI4).
+                self.trial = None;
+                // A limit that rested on ambiguous errors alone goes too:
+                // they now look like this noise.
+                self.limit = trial.prev_limit.filter(|_| !trial.prev_weak);
+                self.limit_weak = false;
+                self.recover_to = Some(self.recover_to.unwrap_or(0.0).max(trial.from));
+                self.reset_plateau();
+                // The trigger and the errors held out were noise after all.
+                self.errors.add_noise(trial.errors + 1.0, trial.answers + 1.0);
+                None
+            }
+        }
+    }
+
+    /// Closes the window if it has run its length: judges latency, grows.
+    fn close_window(&mut self, now: Instant) -> Change {
+        let start = *self.window_start.get_or_insert(now);
+        let elapsed = now.saturating_duration_since(start);
+        if elapsed < self.window {
+            return Change::default();
+        }
+        let secs = elapsed.as_secs_f64();
+        let saturated = f64::from(self.window_admitted) >= SATURATION * self.rate * secs;
+        let clean = !self.window_cut && !self.errors.window_spoiled();
+        let admitted = self.window_admitted;
+        self.delivered = Some(f64::from(self.window_delivered) / secs);
+        self.errors.roll();
+        self.window_start = Some(now);
+        self.window_admitted = 0;
+        self.window_delivered = 0;
+        self.window_cut = false;
+        if self.latency.judge(self.latency_factor).is_some() {
+            let backoff = self.cut(now, BackoffReason::Latency);
+            self.trial = None;
+            self.limit_weak = false;
+            return Change {
+                increased: false,
+                backoff: Some(backoff),
+            };
+        }
+        Change {
+            increased: clean && saturated && self.increase(admitted, now),
+            backoff: None,
+        }
+    }
+
+    fn increase(&mut self, admitted: u32, now: Instant) -> bool {
+        let before = self.rate;
+        if let Some(to) = self.recover_to.take() {
+            if to > self.rate {
+                self.set_rate(now, to.min(self.ceiling));
+                return true;
+            }
+        }
+        let next = match self.limit {
+            None => self.rate * (1.0 + SLOW_START_GROWTH),
+            Some(limit) => {
+                let settle = limit * SETTLE;
+                if self.rate > limit * PROBE_FOUND {
+                    // A whole clean window clearly past the limit: it has
+                    // moved. Find the new one as from a cold start.
+                    self.limit = None;
+                    self.reset_plateau();
+                    self.rate * (1.0 + SLOW_START_GROWTH)
+                } else if let Some(probe) = self.probe.as_mut() {
+                    probe.clean_rate = probe.clean_rate.max(self.rate);
+                    let k = probe.windows.min(16);
+                    probe.windows += 1;
+                    self.rate + limit * PROBE_STEP * f64::from(1u32 << k)
+                } else if self.rate < settle {
+                    self.reset_plateau();
+                    let step = ((settle - self.rate) * RECOVER_SHARE).max(limit * RECOVER_MIN_STEP);
+                    (self.rate + step).min(settle)
+                } else {
+                    self.plateau += 1;
+                    self.plateau_admitted += u64::from(admitted);
+                    if self.trial.is_some()
+                        || self.plateau < PROBE_AFTER
+                        || (!self.limit_weak && self.plateau_admitted < PROBE_AFTER_ADMITTED)
+                    {
+                        self.rate
+                    } else {
+                        self.probe = Some(Probe {
+                            windows: 1,
+                            clean_rate: self.rate,
+                        });
+                        self.rate + limit * PROBE_STEP
+                    }
+                }
+            }
+        };
+        self.set_rate(now, next.min(self.ceiling).max(self.rate));
+        self.rate > before
+    }
+
+    fn reset_plateau(&mut self) {
+        self.plateau = 0;
+        self.plateau_admitted = 0;
+        self.probe = None;
+    }
+
+    /// Cuts the rate now and moves the remembered limit.
+    fn cut(&mut self, now: Instant, reason: BackoffReason) -> Backoff {
+        let from = self.rate;
+        let delivered = self.delivered.unwrap_or(f64::INFINITY);
+        let (limit, to) = match (self.limit, self.probe) {
+            // Slow start: throttling began at this rate, or at what the
+            // provider delivered if that was less.
+            (None, _) => (
+                delivered.min(from).max(from * self.decrease),
+                from * self.decrease,
+            ),
+            // A probe that was throttled before it got clearly past the
+            // limit: the limit held; straight back to the settle point.
+            (Some(limit), Some(probe)) if probe.clean_rate <= limit * PROBE_HELD => {
+                // Met twice at the same rate: no longer a guess.
+                self.limit_weak = false;
+                (limit, limit * SETTLE)
+            }
+            // A probe that found room: the limit lies past the old one, no
+            // higher than the last clean rate nor than what the provider
+            // delivered (a burst allowance can make a window look clean).
+            (Some(limit), Some(probe)) => {
+                let l = probe.clean_rate.min(delivered).max(limit);
+                (l, (l * SETTLE).min(from * PROBE_DECREASE))
+            }
+            // Throttled at the settle point: the limit was too high.
+            (Some(limit), None) if from >= limit * PROBE_DECREASE => {
+                let l = (from * PROBE_DECREASE)
+                    .min(delivered)
+                    .max(from * self.decrease);
+                (l, l * SETTLE)
+            }
+            // Far below it: the limit has dropped.
+            (Some(_), None) => (from, from * self.decrease),
+        };
+        self.limit = Some(limit);
         self.reset_plateau();
+        self.recover_to = None;
         self.last_decrease = Some(now);
-        self.rate = (from * factor).max(self.floor).min(from);
-        Some(Backoff {
+        self.window_cut = true;
+        self.latency.clear();
+        self.set_rate(now, to.min(from).max(self.floor).min(from));
+        Backoff {
             at: now,
             reason,
             from_rps: from,
             to_rps: self.rate,
-        })
+        }
     }
 }
 
@@ -289,42 +773,58 @@ mod tests {
 
     const W: Duration = Duration::from_secs(1);
 
-    /// Runs `secs` saturated, clean windows.
-    fn saturate(a: &mut Aimd, t: &mut Instant, secs: u32) {
+    /// Runs `secs` saturated windows whose answers are clean, except every
+    /// `error_every`-th, which is a bare 503 (0 = none).
+    fn run(a: &mut Aimd, t: &mut Instant, secs: u32, error_every: u32) -> u32 {
+        let mut cuts = 0;
+        let mut i = 0u32;
         for _ in 0..secs {
-            let n = (a.rate() * 1.0).ceil() as u32 + 1;
-            for i in 0..n {
-                a.on_admit(*t + W * i / n);
+            let n = a.rate().ceil() as u32 + 1;
+            for j in 0..n {
+                let at = *t + W * j / n;
+                a.on_admit(at);
+                i += 1;
+                if error_every > 0 && i % error_every == 0 {
+                    cuts += u32::from(
+                        a.on_ambiguous(at, at, BackoffReason::Unavailable)
+                            .is_some(),
+                    );
+                } else {
+                    a.on_clean(at, at, Some(Duration::from_millis(40)));
+                }
             }
             *t += W;
-            a.on_success(*t);
+            a.on_clean(*t, *t, Some(Duration::from_millis(40)));
         }
+        cuts
+    }
+
+    fn saturate(a: &mut Aimd, t: &mut Instant, secs: u32) {
+        run(a, t, secs, 0);
     }
 
     #[test]
     fn slow_start_then_cut_then_settle_under_the_limit() {
         let mut t = Instant::now();
         let mut a = Aimd::new(2.0, 0.1, 100.0, 0.7, W);
-        a.on_admit(t);
-        a.on_success(t);
-        saturate(&mut a, &mut t, 3);
+        saturate(&mut a, &mut t, 4);
         assert!(a.rate() > 5.0, "grew: {}", a.rate());
         let before = a.rate();
         let cut = a.on_throttle(t, t, BackoffReason::Throttled).unwrap();
         assert_eq!(cut.from_rps, before);
         assert!((a.rate() - before * 0.7).abs() < 1e-9);
-        assert_eq!(a.limit(), Some(before));
+        let limit = a.limit().unwrap();
+        assert!(limit <= before && limit >= before * 0.7, "{limit}");
         // a second throttle from the same epoch changes nothing
         assert!(a
             .on_throttle(t - Duration::from_millis(1), t, BackoffReason::Throttled)
             .is_none());
-        let settle = before * SETTLE;
+        let settle = limit * SETTLE;
         let mut windows = 0;
-        while a.rate() < settle {
+        while a.rate() < settle - 1e-9 {
             saturate(&mut a, &mut t, 1);
             windows += 1;
         }
-        // one window spoiled by the throttle, then four to recover
         assert!(windows <= 5, "recovers fast: {windows} windows");
         assert!((a.rate() - settle).abs() < 1e-9, "{}", a.rate());
         // It waits at the settle point for PROBE_AFTER windows and
@@ -337,11 +837,32 @@ mod tests {
             windows += 1;
         }
         assert!(a.rate() > settle, "then probes");
-        assert!(windows > PROBE_AFTER, "waited {windows} windows");
+        assert!(windows >= PROBE_AFTER, "waited {windows} windows");
         assert!(
             admitted >= PROBE_AFTER_ADMITTED as f64,
             "waited for {admitted} requests"
         );
+        // A probe throttled near the limit goes straight back to settle.
+        saturate(&mut a, &mut t, 1);
+        a.on_throttle(t, t, BackoffReason::Throttled).unwrap();
+        assert!((a.rate() - settle).abs() < 1e-9, "{}", a.rate());
+        assert_eq!(a.limit(), Some(limit), "the limit held");
+    }
+
+    #[test]
+    fn a_probe_doubles_its_step_and_finds_a_doubled_limit() {
+        let mut t = Instant::now();
+        let mut a = Aimd::new(5.0, 0.1, 1000.0, 0.7, W);
+        a.restore(19.0, Some(20.0), None);
+        // Wait, then probe: within 8 probing windows the rate passes 40.
+        let mut windows = 0;
+        while a.rate() < 40.0 && windows < 100 {
+            saturate(&mut a, &mut t, 1);
+            windows += 1;
+        }
+        assert!(a.rate() >= 40.0);
+        let waited = PROBE_AFTER.max((PROBE_AFTER_ADMITTED / 20) as u32);
+        assert!(windows <= waited + 8, "{windows} windows");
     }
 
     #[test]
@@ -351,7 +872,7 @@ mod tests {
         for _ in 0..30 {
             a.on_admit(t);
             t += W;
-            a.on_success(t);
+            a.on_clean(t, t, None);
         }
         assert_eq!(a.rate(), 2.0);
     }
@@ -367,5 +888,34 @@ mod tests {
             a.on_throttle(t, t, BackoffReason::Throttled);
         }
         assert_eq!(a.rate(), 0.5);
+    }
+
+    /// R-SG3: random 503s at a steady share are noise: after the first
+    /// cuts are tried and undone, the rate grows to the ceiling.
+    #[test]
+    fn random_503s_do_not_hold_the_rate_down() {
+        let mut t = Instant::now();
+        let mut a = Aimd::new(5.0, 0.1, 500.0, 0.7, W);
+        let cuts = run(&mut a, &mut t, 60, 33);
+        assert_eq!(a.rate(), 500.0, "after {cuts} cuts");
+        assert!(a.limit().is_none(), "noise is not a throttle point");
+        let p = a.error_baseline().unwrap();
+        assert!((0.015..0.05).contains(&p), "baseline {p}");
+    }
+
+    /// R-SG3 (the seeds' scenario): a cold provider's first 503 cuts.
+    #[test]
+    fn a_first_503_cuts() {
+        let mut t = Instant::now();
+        let mut a = Aimd::new(5.0, 0.1, 50.0, 0.7, W);
+        saturate(&mut a, &mut t, 2);
+        let before = a.rate();
+        let cut = a.on_ambiguous(t, t, BackoffReason::Unavailable).unwrap();
+        assert!(cut.to_rps < before);
+        assert!(a.in_trial());
+        // No further errors at the lower rate: the cut is confirmed.
+        saturate(&mut a, &mut t, 20);
+        assert!(!a.in_trial());
+        assert!(a.limit().is_some());
     }
 }

@@ -1,5 +1,5 @@
-//! The pacer's whole decision state for one provider: GCRA + AIMD + hold +
-//! the FIFO waiting room + the latency baseline. Pure: every method takes
+//! The pacer's whole decision state for one provider: GCRA + AIMD (with its
+//! error and latency baselines) + hold + the FIFO waiting room. Pure: every method takes
 //! `now`.
 
 use std::collections::BTreeSet;
@@ -11,14 +11,6 @@ use super::aimd::{Aimd, Backoff, BackoffReason};
 use super::gcra::{interval_of, Gcra};
 use crate::outcome::Outcome;
 use crate::settings::ProviderSettings;
-
-/// Samples of time-to-first-byte needed before soft throttles are judged.
-pub const BASELINE_MIN_SAMPLES: u32 = 20;
-/// Weight of a new sample in the baseline's moving average.
-pub const BASELINE_ALPHA: f64 = 0.05;
-/// A soft throttle also needs this much absolute slowdown, so that a 1 ms
-/// baseline does not make every 4 ms response a throttle.
-pub const SOFT_THROTTLE_SLACK: Duration = Duration::from_millis(100);
 
 /// A place in the waiting room.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -45,38 +37,6 @@ pub enum Refusal {
     WaitTooLong,
 }
 
-/// The time-to-first-byte baseline (an exponentially weighted average).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Baseline {
-    /// The average, in seconds, once there is one.
-    mean: Option<f64>,
-    /// Samples seen (saturating).
-    samples: u32,
-}
-
-impl Baseline {
-    /// The learned baseline, once enough samples were seen.
-    pub fn get(&self) -> Option<Duration> {
-        (self.samples >= BASELINE_MIN_SAMPLES)
-            .then(|| self.mean.map(Duration::from_secs_f64))
-            .flatten()
-    }
-
-    fn observe(&mut self, ttfb: Duration) {
-        let x = ttfb.as_secs_f64();
-        self.mean = Some(match self.mean {
-            None => x,
-            Some(m) => m + BASELINE_ALPHA * (x - m),
-        });
-        self.samples = self.samples.saturating_add(1);
-    }
-
-    fn restore(&mut self, baseline: Duration) {
-        self.mean = Some(baseline.as_secs_f64());
-        self.samples = BASELINE_MIN_SAMPLES;
-    }
-}
-
 /// One provider's pacer state.
 #[derive(Debug)]
 pub struct PacerCore {
@@ -90,8 +50,6 @@ pub struct PacerCore {
     next_ticket: u64,
     max_queue_len: usize,
     max_queue_wait: Duration,
-    soft_throttle_factor: f64,
-    baseline: Baseline,
     last_backoff: Option<Backoff>,
     /// When anything last happened, for idle eviction.
     last_seen: Option<Instant>,
@@ -114,8 +72,15 @@ pub struct PacerSnapshot {
     pub hold_remaining: Option<Duration>,
     /// Requests waiting for a slot.
     pub queue_len: usize,
-    /// Learned time-to-first-byte baseline, once known.
+    /// Learned time-to-first-byte baseline (the lower quartile of recent
+    /// answers), once known.
     pub baseline_ttfb: Option<Duration>,
+    /// Learned share of errors unrelated to load (bare 503s, other 5xx,
+    /// timeouts, connect errors), once known.
+    pub error_baseline: Option<f64>,
+    /// A cut on ambiguous evidence (a bare 503, a timeout) awaits its
+    /// verdict: kept if the errors stop at the lower rate, undone if not.
+    pub on_trial: bool,
     /// The last cut of the rate.
     pub last_backoff: Option<Backoff>,
 }
@@ -142,23 +107,23 @@ impl PacerCore {
     /// A cold pacer for these settings (validated by the caller).
     pub fn new(settings: &ProviderSettings) -> Self {
         let start = settings.start_rate();
+        let mut aimd = Aimd::new(
+            start,
+            settings.floor_rate(),
+            settings.ceiling_rps,
+            settings.decrease_factor,
+            settings.increase_window,
+        );
+        aimd.set_latency_factor(settings.soft_throttle_factor);
         PacerCore {
             gcra: Gcra::new(interval_of(start), settings.burst),
-            aimd: Aimd::new(
-                start,
-                settings.floor_rate(),
-                settings.ceiling_rps,
-                settings.decrease_factor,
-                settings.increase_window,
-            ),
+            aimd,
             start_rps: start,
             hold_until: None,
             waiting: BTreeSet::new(),
             next_ticket: 0,
             max_queue_len: settings.max_queue_len,
             max_queue_wait: settings.max_queue_wait,
-            soft_throttle_factor: settings.soft_throttle_factor,
-            baseline: Baseline::default(),
             last_backoff: None,
             last_seen: None,
         }
@@ -177,17 +142,15 @@ impl PacerCore {
         self.gcra.set_burst(settings.burst);
         self.max_queue_len = settings.max_queue_len;
         self.max_queue_wait = settings.max_queue_wait;
-        self.soft_throttle_factor = settings.soft_throttle_factor;
+        self.aimd
+            .set_latency_factor(settings.soft_throttle_factor);
         self.sync_interval();
     }
 
     /// Restores learned state (R-PS1): rate and limit clamped to the
     /// ceiling, baseline as saved.
     pub fn restore(&mut self, rate_rps: f64, limit_rps: Option<f64>, baseline: Option<Duration>) {
-        self.aimd.restore(rate_rps, limit_rps);
-        if let Some(b) = baseline {
-            self.baseline.restore(b);
-        }
+        self.aimd.restore(rate_rps, limit_rps, baseline);
         self.sync_interval();
     }
 
@@ -297,54 +260,56 @@ impl PacerCore {
     ) -> Feedback {
         self.last_seen = Some(now);
         let mut fb = Feedback::default();
-        match outcome {
-            // A client error says nothing about the provider's capacity:
-            // it neither grows the rate (R-AI4) nor cuts it.
-            Outcome::ClientError { .. } => {}
-            Outcome::Success => {
-                let soft = ttfb.is_some_and(|t| self.is_soft_throttle(t));
-                if let Some(t) = ttfb {
-                    self.baseline.observe(t);
-                }
-                if soft {
-                    fb.backoff = self
-                        .aimd
-                        .on_throttle(sent_at, now, BackoffReason::SoftThrottle);
-                } else {
-                    fb.increased = self.aimd.on_success(now);
-                }
+        match *outcome {
+            // A client error (404 for a deleted record, 400 for a bad id)
+            // is the provider working normally: a clean answer for the rate,
+            // like a success (but never retried, never a breaker failure).
+            Outcome::Success | Outcome::ClientError { .. } => {
+                let change = self.aimd.on_clean(sent_at, now, ttfb);
+                fb.increased = change.increased;
+                fb.backoff = change.backoff;
             }
-            Outcome::Throttled { retry_after, .. } => {
+            // A bare 503 may be noise: weighed against the error baseline.
+            Outcome::Throttled {
+                status: 503,
+                retry_after: None,
+            } => {
+                fb.backoff = self
+                    .aimd
+                    .on_ambiguous(sent_at, now, BackoffReason::Unavailable);
+            }
+            Outcome::Throttled {
+                status,
+                retry_after,
+            } => {
                 if let Some(wait) = retry_after {
-                    let until = now + *wait;
+                    let until = now + wait;
                     if self.hold_until.is_none_or(|h| h < until) {
                         self.hold_until = Some(until);
                         fb.hold_until = Some(until);
                     }
                 }
-                fb.backoff = self
-                    .aimd
-                    .on_throttle(sent_at, now, BackoffReason::Throttled);
+                let reason = if status == 503 {
+                    BackoffReason::UnavailableRetryAfter
+                } else {
+                    BackoffReason::Throttled
+                };
+                fb.backoff = self.aimd.on_throttle(sent_at, now, reason);
             }
             Outcome::Timeout => {
                 fb.backoff = self
                     .aimd
-                    .on_throttle(sent_at, now, BackoffReason::SoftThrottle);
+                    .on_ambiguous(sent_at, now, BackoffReason::Timeout);
             }
-            Outcome::ServerError { .. } | Outcome::ConnectError => self.aimd.on_failure(),
+            Outcome::ServerError { .. } | Outcome::ConnectError => {
+                self.aimd.on_error(sent_at, now);
+            }
         }
         if fb.backoff.is_some() {
             self.last_backoff = fb.backoff;
         }
         self.sync_interval();
         fb
-    }
-
-    fn is_soft_throttle(&self, ttfb: Duration) -> bool {
-        self.baseline.get().is_some_and(|base| {
-            ttfb.as_secs_f64() > base.as_secs_f64() * self.soft_throttle_factor
-                && ttfb > base + SOFT_THROTTLE_SLACK
-        })
     }
 
     /// The earliest instant a new request arriving at `now` could be sent.
@@ -363,7 +328,9 @@ impl PacerCore {
             limit_rps: self.aimd.limit(),
             hold_remaining: self.hold_until.filter(|h| *h > now).map(|h| h - now),
             queue_len: self.waiting.len(),
-            baseline_ttfb: self.baseline.get(),
+            baseline_ttfb: self.aimd.latency_baseline(),
+            error_baseline: self.aimd.error_baseline(),
+            on_trial: self.aimd.in_trial(),
             last_backoff: self.last_backoff,
         }
     }

@@ -18,6 +18,7 @@ pub mod aimd;
 pub mod core;
 mod error;
 pub mod gcra;
+pub mod signals;
 mod layer;
 mod service;
 

@@ -3,341 +3,106 @@
 //!
 //! `cargo run --release -p sluice-tests --bin bench_pacers`
 //!
-//! Each contender gates 24 naive clients (no backoff of their own) sending
-//! to a provider with a hidden token-bucket limit (burst = limit / 2, 40 ms
-//! latency, 429 without `Retry-After` when over). The run is tokio's paused
-//! clock: exact and repeatable, no sockets. Measured at the provider over
-//! the last half of each phase: goodput (accepted per second / limit) and
-//! the share of attempts that were 429.
+//! The providers and contenders are `sluice_tests::model` (paused clock:
+//! exact and repeatable, no sockets): sluice's pacer, a re-implementation
+//! of the AWS SDKs' adaptive retry limiter and one of Scrapy's
+//! AutoThrottle, each gating 24 naive clients. Measured at the provider.
 //!
-//! Contenders:
-//! * **sluice** — `sluice_policy`'s pacer (GCRA + AIMD), the exact code the
-//!   proxy runs;
-//! * **AWS adaptive** — a re-implementation of the AWS SDKs' adaptive retry
-//!   mode's client rate limiter, after botocore's `retries/adaptive.py`:
-//!   CUBIC with C = 0.4 and β = 0.7, a token bucket with a 0.5 req/s floor
-//!   and a capacity of one second, the response rate smoothed (0.8) over
-//!   0.5 s buckets, off until the first throttle, every throttled response
-//!   cutting to β × min(measured rate, current rate), and the new rate
-//!   capped at 2 × the measured rate;
-//! * **AutoThrottle** — Scrapy's AutoThrottle (start delay 5 s, target
-//!   concurrency 1, delay = max(latency / target, (delay + latency /
-//!   target) / 2), non-200 answers never shorten the delay).
+//! 1. Hidden limits (token bucket, burst = limit / 2, 429 over it), steady,
+//!    halving and doubling: goodput and 429 share over the last half of
+//!    240 s phases; for the doublings also goodput over 15–45 s after the
+//!    change (R-SG2).
+//! 2. The same with a bare 503 over the limit (R-SG3).
+//! 3. Noise (R-SG3): a fast provider answering 1, 3 or 5 % bare 503s at
+//!    random, or 10 / 30 % of requests 300–500 ms heavier: successes over
+//!    60 s from a cold start, as a share of the same contender's clean run.
+//!    The owner's ceiling is 200 req/s; the provider takes 1,000.
+//! 4. A provider that never refuses but queues past 20 req/s: goodput and
+//!    median latency over the last half of 240 s.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use sluice_policy::pacer::PacerShared;
-use sluice_policy::{Outcome, ProviderSettings};
+use sluice_policy::ProviderSettings;
+use sluice_tests::model::{
+    paused_runtime, run, Aws, AutoThrottle, Behaviour, Figures, Gate, Provider, Scenario, Sluice,
+};
 use tokio::time::Instant;
 
-const LATENCY: Duration = Duration::from_millis(40);
 const CLIENTS: usize = 24;
 const PHASE: Duration = Duration::from_secs(240);
 
-/// The provider's hidden limit.
-struct Provider {
-    rate: f64,
-    burst: f64,
-    tokens: f64,
-    last: Instant,
-    log: Vec<(Instant, bool)>,
-}
-
-impl Provider {
-    fn set(&mut self, rate: f64) {
-        self.rate = rate;
-        self.burst = (rate / 2.0).ceil().max(2.0);
-        self.tokens = self.tokens.min(self.burst);
-    }
-
-    fn take(&mut self, now: Instant) -> bool {
-        let dt = now.saturating_duration_since(self.last).as_secs_f64();
-        self.last = now;
-        self.tokens = (self.tokens + dt * self.rate).min(self.burst);
-        let ok = self.tokens >= 1.0;
-        if ok {
-            self.tokens -= 1.0;
-        }
-        self.log.push((now, ok));
-        ok
+fn scenario(behaviour: Behaviour, phases: &[f64], phase: Duration) -> Scenario {
+    Scenario {
+        behaviour,
+        phases: phases.to_vec(),
+        phase,
+        clients: CLIENTS,
+        seed: 0,
     }
 }
 
-/// A client-side gate: wait before sending, learn from the answer.
-trait Gate: Send + Sync + 'static {
-    fn before_send(self: Arc<Self>) -> impl std::future::Future<Output = Instant> + Send;
-    fn on_response(&self, sent_at: Instant, throttled: bool, latency: Duration);
-}
-
-// ------------------------------------------------------------------ sluice
-
-struct Sluice(Arc<PacerShared>);
-
-impl Gate for Sluice {
-    async fn before_send(self: Arc<Self>) -> Instant {
-        loop {
-            match self.0.acquire().await {
-                Ok(at) => return at,
-                // Refused (queue wait): a naive client just asks again.
-                Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
-            }
-        }
+/// Runs one contender, returning the provider and the start instant.
+fn play(who: usize, s: &Scenario, ceiling: f64) -> (Provider, Instant) {
+    fn go<G: Gate>(gate: Arc<G>, s: &Scenario) -> (Provider, Instant) {
+        paused_runtime().block_on(run(gate, s))
     }
-    fn on_response(&self, sent_at: Instant, throttled: bool, latency: Duration) {
-        let outcome = if throttled {
-            Outcome::Throttled {
-                status: 429,
-                retry_after: None,
-            }
-        } else {
-            Outcome::Success
-        };
-        self.0.feedback(Some(outcome), sent_at, Some(latency));
+    match who {
+        0 => go(Sluice::new(&ProviderSettings::with_ceiling(ceiling)), s),
+        1 => go(Aws::new(), s),
+        _ => go(AutoThrottle::new(), s),
     }
 }
 
-// ------------------------------------------------------------ AWS adaptive
-
-struct Cubic {
-    w_max: f64,
-    k: f64,
-    last_fail: f64,
+/// Figures of each contender over the last half of the last phase, and
+/// (for more than one phase) over 15–45 s after the last change.
+fn limits(s: &Scenario, ceiling: f64) -> Vec<(Figures, Figures)> {
+    let last = *s.phases.last().unwrap();
+    (0..3)
+        .map(|who| {
+            let (p, start) = play(who, s, ceiling);
+            let end = start + s.phase * s.phases.len() as u32;
+            let change = end - s.phase;
+            (
+                p.figures(end - s.phase / 2, end, last),
+                p.figures(
+                    change + Duration::from_secs(15),
+                    change + Duration::from_secs(45),
+                    last,
+                ),
+            )
+        })
+        .collect()
 }
 
-impl Cubic {
-    const C: f64 = 0.4;
-    const BETA: f64 = 0.7;
-    fn zero_point(w_max: f64) -> f64 {
-        (w_max * (1.0 - Self::BETA) / Self::C).cbrt()
-    }
-    fn success(&self, t: f64) -> f64 {
-        Self::C * (t - self.last_fail - self.k).powi(3) + self.w_max
-    }
-    fn error(&mut self, rate: f64, t: f64) -> f64 {
-        self.w_max = rate;
-        self.k = Self::zero_point(rate);
-        self.last_fail = t;
-        rate * Self::BETA
-    }
+fn cell(f: &Figures) -> String {
+    format!(
+        "{:6.1} % / {:6.2} %",
+        f.goodput * 100.0,
+        f.refused_share * 100.0
+    )
 }
 
-struct AwsState {
-    epoch: Instant,
-    enabled: bool,
-    cubic: Cubic,
-    // token bucket
-    fill_rate: f64,
-    max_rate: f64,
-    capacity: f64,
-    max_capacity: f64,
-    last_refill: Option<f64>,
-    // rate clocker
-    measured: f64,
-    last_bucket: f64,
-    count: f64,
-}
-
-impl AwsState {
-    fn t(&self, now: Instant) -> f64 {
-        now.saturating_duration_since(self.epoch).as_secs_f64()
-    }
-    fn refill(&mut self, t: f64) {
-        if let Some(last) = self.last_refill {
-            self.capacity = (self.capacity + (t - last) * self.fill_rate).min(self.max_capacity);
-        }
-        self.last_refill = Some(t);
-    }
-    fn set_max_rate(&mut self, value: f64, t: f64) {
-        self.refill(t);
-        self.fill_rate = value.max(0.5);
-        self.max_capacity = if value >= 1.0 { value.ceil() } else { 1.0 };
-        self.capacity = self.capacity.min(self.max_capacity);
-        self.max_rate = value;
-    }
-    fn record(&mut self, t: f64) -> f64 {
-        let bucket = (t * 2.0).floor() / 2.0;
-        self.count += 1.0;
-        if bucket > self.last_bucket {
-            let current = self.count / (bucket - self.last_bucket);
-            self.measured = current * 0.8 + self.measured * 0.2;
-            self.count = 0.0;
-            self.last_bucket = bucket;
-        }
-        self.measured
-    }
-}
-
-struct Aws(Mutex<AwsState>);
-
-impl Aws {
-    fn new() -> Self {
-        let epoch = Instant::now();
-        let mut s = AwsState {
-            epoch,
-            enabled: false,
-            cubic: Cubic {
-                w_max: 0.5,
-                k: Cubic::zero_point(0.5),
-                last_fail: 0.0,
-            },
-            fill_rate: 0.5,
-            max_rate: 0.5,
-            capacity: 0.0,
-            max_capacity: 1.0,
-            last_refill: None,
-            measured: 0.0,
-            last_bucket: 0.0,
-            count: 0.0,
-        };
-        s.set_max_rate(1.0, 0.0);
-        Aws(Mutex::new(s))
-    }
-}
-
-impl Gate for Aws {
-    async fn before_send(self: Arc<Self>) -> Instant {
-        loop {
-            let wait = {
-                let mut s = self.0.lock().unwrap();
-                let now = Instant::now();
-                if !s.enabled {
-                    return now;
-                }
-                let t = s.t(now);
-                s.refill(t);
-                if s.capacity >= 1.0 {
-                    s.capacity -= 1.0;
-                    return now;
-                }
-                (1.0 - s.capacity) / s.fill_rate
-            };
-            tokio::time::sleep(Duration::from_secs_f64(wait)).await;
-        }
-    }
-    fn on_response(&self, _sent_at: Instant, throttled: bool, _latency: Duration) {
-        let mut s = self.0.lock().unwrap();
-        let t = s.t(Instant::now());
-        let measured = s.record(t);
-        let new_rate = if !throttled {
-            s.cubic.success(t)
-        } else {
-            let rate = if s.enabled {
-                measured.min(s.max_rate)
-            } else {
-                measured
-            };
-            s.enabled = true;
-            s.cubic.error(rate, t)
-        };
-        s.set_max_rate(new_rate.min(2.0 * measured), t);
-    }
-}
-
-// ------------------------------------------------------------ AutoThrottle
-
-struct AutoThrottleState {
-    delay: f64,
-    next: Instant,
-}
-
-struct AutoThrottle(Mutex<AutoThrottleState>);
-
-impl AutoThrottle {
-    const START_DELAY: f64 = 5.0;
-    const MAX_DELAY: f64 = 60.0;
-    const TARGET_CONCURRENCY: f64 = 1.0;
-}
-
-impl Gate for AutoThrottle {
-    async fn before_send(self: Arc<Self>) -> Instant {
-        let at = {
-            let mut s = self.0.lock().unwrap();
-            let at = s.next.max(Instant::now());
-            s.next = at + Duration::from_secs_f64(s.delay);
-            at
-        };
-        tokio::time::sleep_until(at).await;
-        at
-    }
-    fn on_response(&self, _sent_at: Instant, throttled: bool, latency: Duration) {
-        let mut s = self.0.lock().unwrap();
-        let target = latency.as_secs_f64() / Self::TARGET_CONCURRENCY;
-        let new = ((s.delay + target) / 2.0).max(target).min(Self::MAX_DELAY);
-        // Non-200 answers never shorten the delay.
-        if throttled && new <= s.delay {
-            return;
-        }
-        s.delay = new;
-    }
-}
-
-// ------------------------------------------------------------------ runner
-
-struct Figures {
-    goodput: f64,
-    throttled: f64,
-}
-
-async fn run<G: Gate>(gate: Arc<G>, phases: &[f64]) -> Figures {
-    let start = Instant::now();
-    let provider = Arc::new(Mutex::new(Provider {
-        rate: 0.0,
-        burst: 0.0,
-        tokens: 0.0,
-        last: start,
-        log: Vec::new(),
-    }));
-    {
-        let mut p = provider.lock().unwrap();
-        p.set(phases[0]);
-        p.tokens = p.burst;
-    }
-    let end = start + PHASE * phases.len() as u32;
-    let mut clients = Vec::new();
-    for _ in 0..CLIENTS {
-        let (gate, provider) = (gate.clone(), provider.clone());
-        clients.push(tokio::spawn(async move {
-            while Instant::now() < end {
-                let sent_at = gate.clone().before_send().await;
-                let ok = provider.lock().unwrap().take(Instant::now());
-                tokio::time::sleep(LATENCY).await;
-                gate.on_response(sent_at, !ok, LATENCY);
-            }
-        }));
-    }
-    for (i, limit) in phases.iter().enumerate().skip(1) {
-        tokio::time::sleep_until(start + PHASE * i as u32).await;
-        provider.lock().unwrap().set(*limit);
-    }
-    for c in clients {
-        c.await.unwrap();
-    }
-    let limit = *phases.last().unwrap();
-    let p = provider.lock().unwrap();
-    let from = end - PHASE / 2;
-    let seen: Vec<_> = p
-        .log
-        .iter()
-        .filter(|(t, _)| *t >= from && *t < end)
-        .collect();
-    let ok = seen.iter().filter(|(_, ok)| *ok).count();
-    Figures {
-        goodput: ok as f64 / (PHASE / 2).as_secs_f64() / limit,
-        throttled: (seen.len() - ok) as f64 / seen.len().max(1) as f64,
-    }
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
-        .unwrap()
-}
+const NAMES: [&str; 3] = ["sluice", "AWS adaptive", "AutoThrottle"];
 
 fn main() {
-    let scenarios: [(&str, &[f64]); 9] = [
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("trace") {
+        return trace(&args[1..]);
+    }
+    if args.first().map(String::as_str) == Some("sweep") {
+        return sweep();
+    }
+    println!(
+        "1. hidden token-bucket limit, 429 over it; {CLIENTS} naive clients, 40 ms latency; \
+         goodput / 429 share over the last half of {} s phases",
+        PHASE.as_secs()
+    );
+    println!(
+        "{:<16} | {:>22} | {:>22} | {:>22}",
+        "limit", NAMES[0], NAMES[1], NAMES[2]
+    );
+    let table: [(&str, &[f64]); 9] = [
         ("5 req/s", &[5.0]),
         ("20 req/s", &[20.0]),
         ("100 req/s", &[100.0]),
@@ -348,53 +113,29 @@ fn main() {
         ("20 → 40 req/s", &[20.0, 40.0]),
         ("100 → 200 req/s", &[100.0, 200.0]),
     ];
-    println!(
-        "hidden token-bucket limit, {CLIENTS} naive clients, {} ms latency; last half of {} s phases",
-        LATENCY.as_millis(),
-        PHASE.as_secs()
-    );
-    println!(
-        "{:<16} | {:>22} | {:>22} | {:>22}",
-        "limit", "sluice goodput / 429", "AWS adaptive", "AutoThrottle"
-    );
     let mut sums = [(0.0, 0.0); 3];
-    for (name, phases) in scenarios {
+    let mut doublings = Vec::new();
+    for (name, phases) in table {
         let max = phases.iter().cloned().fold(0.0, f64::max);
         // sluice gets the owner's ceiling an operator would set: well above
         // the limit (4×), since the limit is what it must discover.
-        let settings = ProviderSettings::with_ceiling(max * 4.0);
-        let figures = [
-            runtime().block_on(run(Arc::new(Sluice(PacerShared::new(&settings))), phases)),
-            runtime().block_on(run(Arc::new(Aws::new()), phases)),
-            runtime().block_on(run(
-                Arc::new(AutoThrottle(Mutex::new(AutoThrottleState {
-                    delay: AutoThrottle::START_DELAY,
-                    next: Instant::now(),
-                }))),
-                phases,
-            )),
-        ];
-        let cell = |f: &Figures| {
-            format!(
-                "{:6.1} % / {:6.2} %",
-                f.goodput * 100.0,
-                f.throttled * 100.0
-            )
-        };
+        let figs = limits(&scenario(Behaviour::Bucket { over: 429 }, phases, PHASE), max * 4.0);
         println!(
             "{name:<16} | {:>22} | {:>22} | {:>22}",
-            cell(&figures[0]),
-            cell(&figures[1]),
-            cell(&figures[2])
+            cell(&figs[0].0),
+            cell(&figs[1].0),
+            cell(&figs[2].0)
         );
-        for (s, f) in sums.iter_mut().zip(&figures) {
-            s.0 += f.goodput / 9.0;
-            s.1 += f.throttled / 9.0;
+        for (s, f) in sums.iter_mut().zip(&figs) {
+            s.0 += f.0.goodput / 9.0;
+            s.1 += f.0.refused_share / 9.0;
+        }
+        if phases.len() == 2 && phases[1] > phases[0] {
+            doublings.push((name, figs));
         }
     }
-    let names = ["sluice", "AWS adaptive", "AutoThrottle"];
     println!();
-    for (n, (g, t)) in names.iter().zip(sums) {
+    for (n, (g, t)) in NAMES.iter().zip(sums) {
         println!(
             "{n:<13} mean goodput {:5.1} %, mean 429 share {:6.2} %",
             g * 100.0,
@@ -402,11 +143,226 @@ fn main() {
         );
     }
     let (sg, st) = sums[0];
-    for (n, (g, t)) in names.iter().zip(sums).skip(1) {
+    for (n, (g, t)) in NAMES.iter().zip(sums).skip(1) {
         println!(
             "sluice vs {n}: goodput × {:.2}, 429 share ÷ {:.1}",
             sg / g,
             t / st.max(1e-9)
         );
+    }
+    println!("\nfinding a raised limit: goodput / 429 share over 15–45 s after the limit doubled");
+    for (name, figs) in doublings {
+        println!(
+            "{name:<16} | {:>22} | {:>22} | {:>22}",
+            cell(&figs[0].1),
+            cell(&figs[1].1),
+            cell(&figs[2].1)
+        );
+    }
+
+    println!("\n2. the same limit answered with a bare 503 (no Retry-After): goodput / 503 share");
+    for (name, phases) in [
+        ("5 req/s", &[5.0][..]),
+        ("20 req/s", &[20.0]),
+        ("100 req/s", &[100.0]),
+        ("20 → 10 req/s", &[20.0, 10.0]),
+        ("20 → 40 req/s", &[20.0, 40.0]),
+    ] {
+        let max = phases.iter().cloned().fold(0.0, f64::max);
+        let figs = limits(&scenario(Behaviour::Bucket { over: 503 }, phases, PHASE), max * 4.0);
+        println!(
+            "{name:<16} | {:>22} | {:>22} | {:>22}",
+            cell(&figs[0].0),
+            cell(&figs[1].0),
+            cell(&figs[2].0)
+        );
+    }
+
+    const NOISE_RUN: Duration = Duration::from_secs(60);
+    const CEILING: f64 = 200.0;
+    println!(
+        "\n3. noise unrelated to load: successes/s over {} s from a cold start, and the share of \
+         the same contender's clean run (ceiling {CEILING} req/s, provider takes 1000)",
+        NOISE_RUN.as_secs()
+    );
+    let clean: Vec<f64> = (0..3)
+        .map(|who| {
+            let s = scenario(Behaviour::Noise { share: 0.0 }, &[1000.0], NOISE_RUN);
+            let (p, start) = play(who, &s, CEILING);
+            p.figures(start, start + NOISE_RUN, 1000.0).ok_per_sec
+        })
+        .collect();
+    println!(
+        "{:<22} | {:>16} | {:>16} | {:>16}",
+        "provider", NAMES[0], NAMES[1], NAMES[2]
+    );
+    println!(
+        "{:<22} | {:>9.1} (1.00) | {:>9.1} (1.00) | {:>9.1} (1.00)",
+        "clean", clean[0], clean[1], clean[2]
+    );
+    let noisy: [(&str, Behaviour); 5] = [
+        ("1 % random 503", Behaviour::Noise { share: 0.01 }),
+        ("3 % random 503", Behaviour::Noise { share: 0.03 }),
+        ("5 % random 503", Behaviour::Noise { share: 0.05 }),
+        (
+            "10 % +300–500 ms",
+            Behaviour::Heavy {
+                share: 0.10,
+                min_ms: 300,
+                max_ms: 500,
+            },
+        ),
+        (
+            "30 % +300–500 ms",
+            Behaviour::Heavy {
+                share: 0.30,
+                min_ms: 300,
+                max_ms: 500,
+            },
+        ),
+    ];
+    for (name, behaviour) in noisy {
+        let s = scenario(behaviour, &[1000.0], NOISE_RUN);
+        let cells: Vec<String> = (0..3)
+            .map(|who| {
+                let (p, start) = play(who, &s, CEILING);
+                let ok = p.figures(start, start + NOISE_RUN, 1000.0).ok_per_sec;
+                format!("{ok:>9.1} ({:.2})", ok / clean[who])
+            })
+            .collect();
+        println!(
+            "{name:<22} | {:>16} | {:>16} | {:>16}",
+            cells[0], cells[1], cells[2]
+        );
+    }
+
+    println!(
+        "\n4. a provider that queues past 20 req/s and never refuses: goodput / median latency \
+         over the last half of {} s",
+        PHASE.as_secs()
+    );
+    let s = scenario(Behaviour::Queue, &[20.0], PHASE);
+    let cells: Vec<String> = (0..3)
+        .map(|who| {
+            let (p, start) = play(who, &s, 80.0);
+            let end = start + PHASE;
+            let f = p.figures(end - PHASE / 2, end, 20.0);
+            format!(
+                "{:5.1} % / {:>7.0} ms",
+                f.goodput * 100.0,
+                f.median_latency.as_secs_f64() * 1000.0
+            )
+        })
+        .collect();
+    println!(
+        "{:<16} | {:>22} | {:>22} | {:>22}",
+        "20 req/s", cells[0], cells[1], cells[2]
+    );
+}
+
+/// `bench_pacers trace BEHAVIOUR LIMIT [LIMIT…]`: sluice alone, one line per
+/// second (rate, remembered limit, answers) — to see how it got there.
+fn trace(args: &[String]) {
+    let behaviour = match args[0].as_str() {
+        "429" => Behaviour::Bucket { over: 429 },
+        "503" => Behaviour::Bucket { over: 503 },
+        "queue" => Behaviour::Queue,
+        s if s.starts_with("noise") => Behaviour::Noise {
+            share: s[5..].parse::<f64>().unwrap() / 100.0,
+        },
+        s if s.starts_with("heavy") => Behaviour::Heavy {
+            share: s[5..].parse::<f64>().unwrap() / 100.0,
+            min_ms: 300,
+            max_ms: 500,
+        },
+        other => panic!("unknown behaviour {other}"),
+    };
+    let phases: Vec<f64> = args[1..].iter().map(|a| a.parse().unwrap()).collect();
+    let secs: u64 = std::env::var("PHASE").ok().and_then(|s| s.parse().ok()).unwrap_or(60);
+    let ceiling: f64 = std::env::var("CEILING")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(phases.iter().cloned().fold(0.0, f64::max) * 4.0);
+    let mut s = scenario(behaviour, &phases, Duration::from_secs(secs));
+    s.seed = std::env::var("SEED").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
+    paused_runtime().block_on(async {
+        let gate = Sluice::new(&ProviderSettings::with_ceiling(ceiling));
+        let g = gate.clone();
+        let start = Instant::now();
+        let total = secs * phases.len() as u64;
+        let watcher = tokio::spawn(async move {
+            for t in 0..total {
+                tokio::time::sleep_until(start + Duration::from_secs(t + 1)).await;
+                let snap = g.0.snapshot(Instant::now());
+                println!(
+                    "t={:>4}s rate {:>8.2} limit {:>8} backoff {:>24} err_base {:>6} lat_base {:>8} trial {}",
+                    t + 1,
+                    snap.rate_rps,
+                    snap.limit_rps.map_or("-".into(), |l| format!("{l:.2}")),
+                    snap.last_backoff.map_or("-".into(), |b| format!("{}@{:.1}", b.reason.label(), (b.at - start).as_secs_f64())),
+                    snap.error_baseline.map_or("-".into(), |e| format!("{:.3}", e)),
+                    snap.baseline_ttfb.map_or("-".into(), |b| format!("{:?}", b)),
+                    snap.on_trial,
+                );
+            }
+        });
+        let (p, start) = run(gate, &s).await;
+        watcher.await.unwrap();
+        for t in 0..total {
+            let f = p.figures(
+                start + Duration::from_secs(t),
+                start + Duration::from_secs(t + 1),
+                1.0,
+            );
+            print!("{}:{}/{} ", t + 1, f.ok_per_sec, f.attempts);
+        }
+        println!();
+    });
+}
+
+/// `bench_pacers sweep`: sluice alone over 20 seeds of the random
+/// scenarios — the spread behind the single-seed table.
+fn sweep() {
+    const SEEDS: u64 = 20;
+    let cases: [(&str, Behaviour, &[f64], u64, f64); 7] = [
+        ("noise 1 %", Behaviour::Noise { share: 0.01 }, &[1000.0], 60, 200.0),
+        ("noise 3 %", Behaviour::Noise { share: 0.03 }, &[1000.0], 60, 200.0),
+        ("noise 5 %", Behaviour::Noise { share: 0.05 }, &[1000.0], 60, 200.0),
+        ("heavy 10 %", Behaviour::Heavy { share: 0.1, min_ms: 300, max_ms: 500 }, &[1000.0], 60, 200.0),
+        ("heavy 30 %", Behaviour::Heavy { share: 0.3, min_ms: 300, max_ms: 500 }, &[1000.0], 60, 200.0),
+        ("noise 3 % 30 s", Behaviour::Noise { share: 0.03 }, &[1000.0], 30, 200.0),
+        ("clean 30 s", Behaviour::Noise { share: 0.0 }, &[1000.0], 30, 200.0),
+    ];
+    let clean60 = {
+        let s = scenario(Behaviour::Noise { share: 0.0 }, &[1000.0], Duration::from_secs(60));
+        let (p, start) = play(0, &s, 200.0);
+        p.figures(start, start + Duration::from_secs(60), 1.0).ok_per_sec
+    };
+    for (name, behaviour, phases, secs, ceiling) in cases {
+        let mut v = Vec::new();
+        for seed in 0..SEEDS {
+            let mut s = scenario(behaviour, phases, Duration::from_secs(secs));
+            s.seed = seed;
+            let (p, start) = play(0, &s, ceiling);
+            v.push(p.figures(start, start + Duration::from_secs(secs), 1.0).ok_per_sec / clean60);
+            if std::env::var("SWEEP_SEEDS").is_ok() {
+                println!("  seed {seed}: {:.2}", v[v.len() - 1]);
+            }
+        }
+        v.sort_by(f64::total_cmp);
+        println!("{name:<16} share of clean (60 s): min {:.2} median {:.2} max {:.2}", v[0], v[v.len() / 2], v[v.len() - 1]);
+    }
+    for (name, over, limit) in [("503 over 5", 503, 5.0), ("503 over 20", 503, 20.0), ("503 over 100", 503, 100.0), ("429 over 5", 429, 5.0), ("429 over 20", 429, 20.0)] {
+        let mut worst: (f64, f64) = (f64::MAX, 0.0);
+        for seed in 0..5 {
+            let mut s = scenario(Behaviour::Bucket { over }, &[limit], PHASE);
+            s.seed = seed;
+            s.clients = 20 + seed as usize;
+            let (p, start) = play(0, &s, limit * 4.0);
+            let end = start + PHASE;
+            let f = p.figures(end - PHASE / 2, end, limit);
+            worst = (worst.0.min(f.goodput), worst.1.max(f.refused_share));
+        }
+        println!("{name:<16} worst of 5: goodput {:.1} %, refused {:.2} %", worst.0 * 100.0, worst.1 * 100.0);
     }
 }

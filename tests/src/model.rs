@@ -1,0 +1,506 @@
+//! Simulated providers and client-side pacers on tokio's paused clock: the
+//! ground on which sluice's pacer is compared with the in-client pacers
+//! users know (the bench `bench_pacers`) and held to its bounds (the
+//! `convergence` tests).
+//!
+//! Exact and repeatable: no sockets, no wall clock, and the only randomness
+//! is a seeded generator, so a scenario gives the same figures on every run
+//! and machine. Each scenario gates naive clients (no backoff of their own)
+//! with one contender and measures at the provider — the side that counts.
+//!
+//! Contenders:
+//! * [`Sluice`] — `sluice_policy`'s pacer (GCRA + AIMD), the exact code the
+//!   proxy runs;
+//! * [`Aws`] — a re-implementation of the AWS SDKs' adaptive retry mode's
+//!   client rate limiter, after botocore's `retries/adaptive.py`: CUBIC with
+//!   C = 0.4 and β = 0.7, a token bucket with a 0.5 req/s floor and a
+//!   capacity of one second, the response rate smoothed (0.8) over 0.5 s
+//!   buckets, off until the first throttle, every throttled response
+//!   cutting to β × min(measured rate, current rate), and the new rate
+//!   capped at 2 × the measured rate;
+//! * [`AutoThrottle`] — Scrapy's AutoThrottle (start delay 5 s, target
+//!   concurrency 1, delay = max(latency / target, (delay + latency /
+//!   target) / 2), non-200 answers never shorten the delay).
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use sluice_policy::pacer::PacerShared;
+use sluice_policy::{Outcome, ProviderSettings};
+use tokio::time::Instant;
+
+/// Every simulated answer's base latency.
+pub const LATENCY: Duration = Duration::from_millis(40);
+
+/// How a simulated provider behaves.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Behaviour {
+    /// A hidden token bucket (burst = limit / 2, at least 2): over it, this
+    /// status without `Retry-After` (429, or a bare 503).
+    Bucket {
+        /// The status over the limit.
+        over: u16,
+    },
+    /// No limit worth the name (a token bucket at the limit given, set far
+    /// above demand), but this share of answers is a bare 503 at random,
+    /// whatever the load.
+    Noise {
+        /// Share of random 503s.
+        share: f64,
+    },
+    /// Like `Noise`, but this share of requests is heavier: `extra` more
+    /// latency, uniformly between the two bounds, whatever the load.
+    Heavy {
+        /// Share of heavy requests.
+        share: f64,
+        /// Least extra latency, ms.
+        min_ms: u64,
+        /// Most extra latency, ms.
+        max_ms: u64,
+    },
+    /// A provider that never refuses but serves at most `limit` requests a
+    /// second, in arrival order: pushed past it, every answer slows down.
+    Queue,
+}
+
+/// One answer the provider gave.
+#[derive(Debug, Clone, Copy)]
+pub struct Answer {
+    /// When the request arrived.
+    pub at: Instant,
+    /// The status.
+    pub status: u16,
+    /// Time to the answer.
+    pub latency: Duration,
+}
+
+/// A simulated provider.
+#[derive(Debug)]
+pub struct Provider {
+    behaviour: Behaviour,
+    limit: f64,
+    burst: f64,
+    tokens: f64,
+    last: Instant,
+    /// When the queue's server is next free.
+    free_at: Instant,
+    rng: u64,
+    log: Vec<Answer>,
+}
+
+impl Provider {
+    /// A provider with this behaviour and limit, starting full at `now`;
+    /// `seed` picks its random answers.
+    pub fn new(behaviour: Behaviour, limit: f64, now: Instant, seed: u64) -> Self {
+        let mut p = Provider {
+            behaviour,
+            limit,
+            burst: 0.0,
+            tokens: 0.0,
+            last: now,
+            free_at: now,
+            rng: 0x9E37_79B9_7F4A_7C15 ^ seed.wrapping_mul(0xD1B5_4A32_D192_ED03),
+            log: Vec::new(),
+        };
+        p.set_limit(limit);
+        p.tokens = p.burst;
+        p
+    }
+
+    /// Moves the hidden limit.
+    pub fn set_limit(&mut self, limit: f64) {
+        self.limit = limit;
+        self.burst = (limit / 2.0).ceil().max(2.0);
+        self.tokens = self.tokens.min(self.burst);
+    }
+
+    /// A uniform number in [0, 1) (xorshift64*: seeded, repeatable).
+    fn uniform(&mut self) -> f64 {
+        let mut x = self.rng;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.rng = x;
+        (x.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// Answers a request arriving at `now`.
+    pub fn answer(&mut self, now: Instant) -> Answer {
+        let dt = now.saturating_duration_since(self.last).as_secs_f64();
+        self.last = now;
+        self.tokens = (self.tokens + dt * self.limit).min(self.burst);
+        let took = self.tokens >= 1.0;
+        if took {
+            self.tokens -= 1.0;
+        }
+        let (status, latency) = match self.behaviour {
+            Behaviour::Bucket { over } => (if took { 200 } else { over }, LATENCY),
+            Behaviour::Noise { share } => {
+                let noisy = self.uniform() < share;
+                (if took && !noisy { 200 } else { 503 }, LATENCY)
+            }
+            Behaviour::Heavy {
+                share,
+                min_ms,
+                max_ms,
+            } => {
+                let extra = if self.uniform() < share {
+                    let span = (max_ms - min_ms) as f64;
+                    Duration::from_millis(min_ms + (self.uniform() * span) as u64)
+                } else {
+                    Duration::ZERO
+                };
+                (if took { 200 } else { 429 }, LATENCY + extra)
+            }
+            Behaviour::Queue => {
+                let start = self.free_at.max(now);
+                self.free_at = start + Duration::from_secs_f64(1.0 / self.limit);
+                (200, LATENCY + (self.free_at - now))
+            }
+        };
+        let a = Answer {
+            at: now,
+            status,
+            latency,
+        };
+        self.log.push(a);
+        a
+    }
+
+    /// Figures over `[from, to)` against `limit`.
+    pub fn figures(&self, from: Instant, to: Instant, limit: f64) -> Figures {
+        let seen: Vec<_> = self
+            .log
+            .iter()
+            .filter(|a| a.at >= from && a.at < to)
+            .collect();
+        let ok = seen.iter().filter(|a| a.status == 200).count();
+        let mut lat: Vec<_> = seen.iter().map(|a| a.latency).collect();
+        lat.sort();
+        let secs = (to - from).as_secs_f64();
+        Figures {
+            ok_per_sec: ok as f64 / secs,
+            goodput: ok as f64 / secs / limit,
+            refused_share: (seen.len() - ok) as f64 / seen.len().max(1) as f64,
+            attempts: seen.len(),
+            median_latency: lat.get(lat.len() / 2).copied().unwrap_or_default(),
+        }
+    }
+}
+
+/// What the provider saw over a span.
+#[derive(Debug, Clone, Copy)]
+pub struct Figures {
+    /// Successes per second.
+    pub ok_per_sec: f64,
+    /// Successes per second as a share of the limit.
+    pub goodput: f64,
+    /// Share of attempts answered other than 200 (429, 503).
+    pub refused_share: f64,
+    /// Attempts seen.
+    pub attempts: usize,
+    /// Median time to the answer.
+    pub median_latency: Duration,
+}
+
+/// A client-side gate: wait before sending, learn from the answer.
+pub trait Gate: Send + Sync + 'static {
+    /// Waits for the request's turn; returns when it was let go.
+    fn before_send(self: Arc<Self>) -> impl std::future::Future<Output = Instant> + Send;
+    /// Learns from the answer to a request let go at `sent_at`.
+    fn on_response(&self, sent_at: Instant, status: u16, latency: Duration);
+}
+
+// ------------------------------------------------------------------ sluice
+
+/// sluice's pacer.
+#[derive(Debug)]
+pub struct Sluice(pub Arc<PacerShared>);
+
+impl Sluice {
+    /// A cold pacer with these settings.
+    pub fn new(settings: &ProviderSettings) -> Arc<Self> {
+        Arc::new(Sluice(PacerShared::new(settings)))
+    }
+}
+
+impl Gate for Sluice {
+    async fn before_send(self: Arc<Self>) -> Instant {
+        loop {
+            match self.0.acquire().await {
+                Ok(at) => return at,
+                // Refused (queue wait): a naive client just asks again.
+                Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+            }
+        }
+    }
+    fn on_response(&self, sent_at: Instant, status: u16, latency: Duration) {
+        let outcome = Outcome::of(
+            http::StatusCode::from_u16(status).expect("a status"),
+            &http::HeaderMap::new(),
+            std::time::SystemTime::now(),
+        );
+        self.0.feedback(Some(outcome), sent_at, Some(latency));
+    }
+}
+
+// ------------------------------------------------------------ AWS adaptive
+
+struct Cubic {
+    w_max: f64,
+    k: f64,
+    last_fail: f64,
+}
+
+impl Cubic {
+    const C: f64 = 0.4;
+    const BETA: f64 = 0.7;
+    fn zero_point(w_max: f64) -> f64 {
+        (w_max * (1.0 - Self::BETA) / Self::C).cbrt()
+    }
+    fn success(&self, t: f64) -> f64 {
+        Self::C * (t - self.last_fail - self.k).powi(3) + self.w_max
+    }
+    fn error(&mut self, rate: f64, t: f64) -> f64 {
+        self.w_max = rate;
+        self.k = Self::zero_point(rate);
+        self.last_fail = t;
+        rate * Self::BETA
+    }
+}
+
+struct AwsState {
+    epoch: Instant,
+    enabled: bool,
+    cubic: Cubic,
+    // token bucket
+    fill_rate: f64,
+    max_rate: f64,
+    capacity: f64,
+    max_capacity: f64,
+    last_refill: Option<f64>,
+    // rate clocker
+    measured: f64,
+    last_bucket: f64,
+    count: f64,
+}
+
+impl AwsState {
+    fn t(&self, now: Instant) -> f64 {
+        now.saturating_duration_since(self.epoch).as_secs_f64()
+    }
+    fn refill(&mut self, t: f64) {
+        if let Some(last) = self.last_refill {
+            self.capacity = (self.capacity + (t - last) * self.fill_rate).min(self.max_capacity);
+        }
+        self.last_refill = Some(t);
+    }
+    fn set_max_rate(&mut self, value: f64, t: f64) {
+        self.refill(t);
+        self.fill_rate = value.max(0.5);
+        self.max_capacity = if value >= 1.0 { value.ceil() } else { 1.0 };
+        self.capacity = self.capacity.min(self.max_capacity);
+        self.max_rate = value;
+    }
+    fn record(&mut self, t: f64) -> f64 {
+        let bucket = (t * 2.0).floor() / 2.0;
+        self.count += 1.0;
+        if bucket > self.last_bucket {
+            let current = self.count / (bucket - self.last_bucket);
+            self.measured = current * 0.8 + self.measured * 0.2;
+            self.count = 0.0;
+            self.last_bucket = bucket;
+        }
+        self.measured
+    }
+}
+
+/// The AWS SDKs' adaptive rate limiter.
+pub struct Aws(Mutex<AwsState>);
+
+impl std::fmt::Debug for Aws {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Aws")
+    }
+}
+
+impl Aws {
+    /// A fresh limiter (off until the first throttle).
+    pub fn new() -> Arc<Self> {
+        let epoch = Instant::now();
+        let mut s = AwsState {
+            epoch,
+            enabled: false,
+            cubic: Cubic {
+                w_max: 0.5,
+                k: Cubic::zero_point(0.5),
+                last_fail: 0.0,
+            },
+            fill_rate: 0.5,
+            max_rate: 0.5,
+            capacity: 0.0,
+            max_capacity: 1.0,
+            last_refill: None,
+            measured: 0.0,
+            last_bucket: 0.0,
+            count: 0.0,
+        };
+        s.set_max_rate(1.0, 0.0);
+        Arc::new(Aws(Mutex::new(s)))
+    }
+}
+
+impl Gate for Aws {
+    async fn before_send(self: Arc<Self>) -> Instant {
+        loop {
+            let wait = {
+                let mut s = self.0.lock().unwrap();
+                let now = Instant::now();
+                if !s.enabled {
+                    return now;
+                }
+                let t = s.t(now);
+                s.refill(t);
+                if s.capacity >= 1.0 {
+                    s.capacity -= 1.0;
+                    return now;
+                }
+                (1.0 - s.capacity) / s.fill_rate
+            };
+            tokio::time::sleep(Duration::from_secs_f64(wait)).await;
+        }
+    }
+    fn on_response(&self, _sent_at: Instant, status: u16, _latency: Duration) {
+        // botocore counts 429 and 503 among throttling errors.
+        let throttled = status == 429 || status == 503;
+        let mut s = self.0.lock().unwrap();
+        let t = s.t(Instant::now());
+        let measured = s.record(t);
+        let new_rate = if !throttled {
+            s.cubic.success(t)
+        } else {
+            let rate = if s.enabled {
+                measured.min(s.max_rate)
+            } else {
+                measured
+            };
+            s.enabled = true;
+            s.cubic.error(rate, t)
+        };
+        s.set_max_rate(new_rate.min(2.0 * measured), t);
+    }
+}
+
+// ------------------------------------------------------------ AutoThrottle
+
+#[derive(Debug)]
+struct AutoThrottleState {
+    delay: f64,
+    next: Instant,
+}
+
+/// Scrapy's AutoThrottle.
+#[derive(Debug)]
+pub struct AutoThrottle(Mutex<AutoThrottleState>);
+
+impl AutoThrottle {
+    const START_DELAY: f64 = 5.0;
+    const MAX_DELAY: f64 = 60.0;
+    const TARGET_CONCURRENCY: f64 = 1.0;
+
+    /// A fresh throttle at its start delay.
+    pub fn new() -> Arc<Self> {
+        Arc::new(AutoThrottle(Mutex::new(AutoThrottleState {
+            delay: Self::START_DELAY,
+            next: Instant::now(),
+        })))
+    }
+}
+
+impl Gate for AutoThrottle {
+    async fn before_send(self: Arc<Self>) -> Instant {
+        let at = {
+            let mut s = self.0.lock().unwrap();
+            let at = s.next.max(Instant::now());
+            s.next = at + Duration::from_secs_f64(s.delay);
+            at
+        };
+        tokio::time::sleep_until(at).await;
+        at
+    }
+    fn on_response(&self, _sent_at: Instant, status: u16, latency: Duration) {
+        let mut s = self.0.lock().unwrap();
+        let target = latency.as_secs_f64() / Self::TARGET_CONCURRENCY;
+        let new = ((s.delay + target) / 2.0).max(target).min(Self::MAX_DELAY);
+        // Non-200 answers never shorten the delay.
+        if status != 200 && new <= s.delay {
+            return;
+        }
+        s.delay = new;
+    }
+}
+
+// ------------------------------------------------------------------ runner
+
+/// One scenario: a behaviour, the hidden limit of each phase, and how long
+/// each phase lasts.
+#[derive(Debug, Clone)]
+pub struct Scenario {
+    /// How the provider behaves.
+    pub behaviour: Behaviour,
+    /// The hidden limit of each phase, in order.
+    pub phases: Vec<f64>,
+    /// Each phase's length.
+    pub phase: Duration,
+    /// Naive clients sending back to back.
+    pub clients: usize,
+    /// Seeds the provider's random answers.
+    pub seed: u64,
+}
+
+/// Runs `scenario` with `gate` on the paused clock (the caller's runtime
+/// must be paused) and returns the provider and the instant it started.
+pub async fn run<G: Gate>(gate: Arc<G>, scenario: &Scenario) -> (Provider, Instant) {
+    let start = Instant::now();
+    let provider = Arc::new(Mutex::new(Provider::new(
+        scenario.behaviour,
+        scenario.phases[0],
+        start,
+        scenario.seed,
+    )));
+    let end = start + scenario.phase * scenario.phases.len() as u32;
+    let mut clients = Vec::new();
+    for _ in 0..scenario.clients {
+        let (gate, provider) = (gate.clone(), provider.clone());
+        clients.push(tokio::spawn(async move {
+            // Bounded: every loop ends at `end` on the paused clock.
+            while Instant::now() < end {
+                let sent_at = gate.clone().before_send().await;
+                let a = provider.lock().unwrap().answer(Instant::now());
+                tokio::time::sleep(a.latency).await;
+                gate.on_response(sent_at, a.status, a.latency);
+            }
+        }));
+    }
+    for (i, limit) in scenario.phases.iter().enumerate().skip(1) {
+        tokio::time::sleep_until(start + scenario.phase * i as u32).await;
+        provider.lock().unwrap().set_limit(*limit);
+    }
+    for c in clients {
+        c.await.expect("a client");
+    }
+    let p = std::mem::replace(
+        &mut *provider.lock().unwrap(),
+        Provider::new(Behaviour::Queue, 1.0, start, 0),
+    );
+    (p, start)
+}
+
+/// A current-thread runtime on the paused clock.
+pub fn paused_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .expect("a runtime")
+}
