@@ -56,7 +56,7 @@ pub const RATE_AT_MIN_ANSWERS: f64 = 20.0;
 /// would see a false alarm every minute or so.
 pub const SIGNIFICANCE: f64 = 0.001;
 /// Time-to-first-byte samples kept for the latency judgement.
-pub const LATENCY_SAMPLES: usize = 64;
+pub const LATENCY_SAMPLES: usize = 32;
 /// Samples needed before the quartile is judged.
 pub const LATENCY_MIN_SAMPLES: usize = 16;
 /// Samples needed before the latency baseline is used.
@@ -223,10 +223,7 @@ impl ErrorTally {
         }
         let rises = (low.answers >= RATE_BELOW_MIN_ANSWERS
             && high.answers >= RATE_AT_MIN_ANSWERS)
-            .then(|| {
-            let p = ((low.errors + 0.5) / (low.answers + 1.0)).min(NOISE_MAX);
-            poisson_tail(high.errors, p * high.answers) < SIGNIFICANCE
-        });
+            .then(|| rate_test(low, high) < SIGNIFICANCE);
         let above_baseline = self.baseline().map(|p| {
             let n = self.cur.answers + self.prev.answers + 1.0;
             let k = self.cur.errors + self.prev.errors + 1.0;
@@ -301,6 +298,48 @@ impl Evidence {
     }
 }
 
+/// The p-value of "errors are more frequent in `high` than in `low`":
+/// the conditional test for two Poisson rates — given all the errors seen,
+/// how likely are at least this many to have fallen on the high side if
+/// both sides shared one rate? Neither side's rate is taken as known, so a
+/// few lucky error-free answers at a low rate prove nothing.
+pub fn rate_test(low: Count, high: Count) -> f64 {
+    let k = (low.errors + high.errors).round();
+    let x = high.errors.round();
+    let n = low.answers + high.answers;
+    if x <= 0.0 || n <= 0.0 {
+        return 1.0;
+    }
+    binomial_tail(x as u64, k as u64, high.answers / n)
+}
+
+/// P(X ≥ x) for X ~ Binomial(n, q).
+pub fn binomial_tail(x: u64, n: u64, q: f64) -> f64 {
+    if x == 0 {
+        return 1.0;
+    }
+    if x > n || q <= 0.0 {
+        return 0.0;
+    }
+    if q >= 1.0 {
+        return 1.0;
+    }
+    if n > 200 {
+        let mu = n as f64 * q;
+        let z = (x as f64 - 0.5 - mu) / (mu * (1.0 - q)).sqrt();
+        return 0.5 * erfc(z / std::f64::consts::SQRT_2);
+    }
+    // Sum the pmf from x up, in log space for the binomial coefficient.
+    let (lq, lp) = (q.ln(), (1.0 - q).ln());
+    let mut total = 0.0;
+    let mut log_choose: f64 = (0..x).map(|i| ((n - i) as f64 / (i + 1) as f64).ln()).sum();
+    for i in x..=n {
+        total += (log_choose + i as f64 * lq + (n - i) as f64 * lp).exp();
+        log_choose += ((n - i) as f64 / (i + 1) as f64).ln();
+    }
+    total.min(1.0)
+}
+
 /// P(K ≤ k) for K ~ Poisson(mu).
 pub fn poisson_below(k: f64, mu: f64) -> f64 {
     1.0 - poisson_tail(k.floor() + 1.0, mu)
@@ -363,7 +402,16 @@ pub struct LatencyWatch {
     baseline: Option<f64>,
     /// Samples behind the baseline (saturating).
     baseline_samples: u32,
+    /// The quartile that last made a shift, and windows judged since: a
+    /// provider that queues keeps answering slowly for a while after the
+    /// rate was cut (its backlog drains first), so a further shift counts
+    /// only if it is worse, or has lasted [`LATENCY_PATIENCE`] windows.
+    last_shift: Option<(f64, u32)>,
 }
+
+/// Windows a shift must persist after a latency cut before it cuts again
+/// (unless it grows worse).
+pub const LATENCY_PATIENCE: u32 = 5;
 
 impl LatencyWatch {
     /// Records one answer's time-to-first-byte.
@@ -417,9 +465,21 @@ impl LatencyWatch {
         self.fresh = 0;
         if let Some(base) = self.baseline().map(|b| b.as_secs_f64()) {
             if q > base * factor && q > base + LATENCY_SLACK.as_secs_f64() {
-                return Some(Duration::from_secs_f64(q));
+                let shift = match self.last_shift.as_mut() {
+                    Some((q0, windows)) => {
+                        *windows += 1;
+                        q > *q0 * 1.25 || *windows >= LATENCY_PATIENCE
+                    }
+                    None => true,
+                };
+                if shift {
+                    self.last_shift = Some((q, 0));
+                    return Some(Duration::from_secs_f64(q));
+                }
+                return None;
             }
         }
+        self.last_shift = None;
         self.baseline = Some(match self.baseline {
             None => q,
             Some(b) if q < b => b + LATENCY_ALPHA_DOWN * (q - b),
@@ -478,6 +538,24 @@ mod tests {
         }
         assert!(t.significant(100.0), "20 % errors over a 3 % baseline");
         assert!(t.window_spoiled());
+    }
+
+    #[test]
+    fn binomial_tail_matches_known_values() {
+        assert_eq!(binomial_tail(0, 5, 0.5), 1.0);
+        assert!((binomial_tail(5, 5, 0.5) - 1.0 / 32.0).abs() < 1e-12);
+        assert!((binomial_tail(4, 5, 0.5) - 6.0 / 32.0).abs() < 1e-12);
+        let exact = binomial_tail(120, 200, 0.5);
+        let approx = binomial_tail(120, 201, 0.5);
+        assert!((exact - approx).abs() < 0.01, "{exact} {approx}");
+        // Four errors in 29 answers against none in 50: not proof.
+        let low = Count { answers: 50.0, errors: 0.0 };
+        let high = Count { answers: 29.0, errors: 4.0 };
+        assert!(rate_test(low, high) > SIGNIFICANCE);
+        // Five in 30 against none in 300: proof.
+        let low = Count { answers: 300.0, errors: 0.0 };
+        let high = Count { answers: 30.0, errors: 5.0 };
+        assert!(rate_test(low, high) < SIGNIFICANCE);
     }
 
     #[test]

@@ -30,6 +30,10 @@ use sluice_tests::model::{
 use tokio::time::Instant;
 
 const CLIENTS: usize = 24;
+/// Clients in the noise scenarios: enough that the owner's ceiling, not the
+/// clients' own latency, bounds the clean run (30 % of requests 400 ms
+/// slower would otherwise cap 24 clients below it).
+const NOISE_CLIENTS: usize = 64;
 const PHASE: Duration = Duration::from_secs(240);
 
 fn scenario(behaviour: Behaviour, phases: &[f64], phase: Duration) -> Scenario {
@@ -182,12 +186,14 @@ fn main() {
     const CEILING: f64 = 200.0;
     println!(
         "\n3. noise unrelated to load: successes/s over {} s from a cold start, and the share of \
-         the same contender's clean run (ceiling {CEILING} req/s, provider takes 1000)",
+         the same contender's clean run ({NOISE_CLIENTS} clients, ceiling {CEILING} req/s, \
+         provider takes 1000)",
         NOISE_RUN.as_secs()
     );
     let clean: Vec<f64> = (0..3)
         .map(|who| {
-            let s = scenario(Behaviour::Noise { share: 0.0 }, &[1000.0], NOISE_RUN);
+            let mut s = scenario(Behaviour::Noise { share: 0.0 }, &[1000.0], NOISE_RUN);
+            s.clients = NOISE_CLIENTS;
             let (p, start) = play(who, &s, CEILING);
             p.figures(start, start + NOISE_RUN, 1000.0).ok_per_sec
         })
@@ -222,7 +228,8 @@ fn main() {
         ),
     ];
     for (name, behaviour) in noisy {
-        let s = scenario(behaviour, &[1000.0], NOISE_RUN);
+        let mut s = scenario(behaviour, &[1000.0], NOISE_RUN);
+        s.clients = NOISE_CLIENTS;
         let cells: Vec<String> = (0..3)
             .map(|who| {
                 let (p, start) = play(who, &s, CEILING);
@@ -284,6 +291,7 @@ fn trace(args: &[String]) {
         .and_then(|s| s.parse().ok())
         .unwrap_or(phases.iter().cloned().fold(0.0, f64::max) * 4.0);
     let mut s = scenario(behaviour, &phases, Duration::from_secs(secs));
+    s.clients = std::env::var("CLIENTS").ok().and_then(|v| v.parse().ok()).unwrap_or(CLIENTS);
     s.seed = std::env::var("SEED").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
     paused_runtime().block_on(async {
         let gate = Sluice::new(&ProviderSettings::with_ceiling(ceiling));
@@ -334,7 +342,8 @@ fn sweep() {
         ("clean 30 s", Behaviour::Noise { share: 0.0 }, &[1000.0], 30, 200.0),
     ];
     let clean60 = {
-        let s = scenario(Behaviour::Noise { share: 0.0 }, &[1000.0], Duration::from_secs(60));
+        let mut s = scenario(Behaviour::Noise { share: 0.0 }, &[1000.0], Duration::from_secs(60));
+        s.clients = NOISE_CLIENTS;
         let (p, start) = play(0, &s, 200.0);
         p.figures(start, start + Duration::from_secs(60), 1.0).ok_per_sec
     };
@@ -343,6 +352,7 @@ fn sweep() {
         for seed in 0..SEEDS {
             let mut s = scenario(behaviour, phases, Duration::from_secs(secs));
             s.seed = seed;
+            s.clients = NOISE_CLIENTS;
             let (p, start) = play(0, &s, ceiling);
             v.push(p.figures(start, start + Duration::from_secs(secs), 1.0).ok_per_sec / clean60);
             if std::env::var("SWEEP_SEEDS").is_ok() {
