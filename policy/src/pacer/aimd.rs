@@ -170,6 +170,8 @@ struct Trial {
     /// `pre_share` was measured at the rate cut from (enough answers
     /// there); only then can the errors after be judged the same.
     pre_measured: bool,
+    /// The error baseline (noise) when the cut was made, 0 if none.
+    base_share: f64,
     /// Answers to requests sent since the cut.
     answers: f64,
     /// Ambiguous errors among them.
@@ -222,7 +224,16 @@ impl Trial {
         if self.answers >= self.answers_needed()
             || now.saturating_duration_since(self.cut_at) >= TRIAL_MAX_AGE
         {
-            return Verdict::Confirmed;
+            // The errors stopped (none beyond the baseline's): the cut
+            // stands. Errors that went on, neither noise nor stopped: still
+            // throttled.
+            let quiet = self.errors <= 1.0
+                || poisson_tail(self.errors, self.base_share * self.answers) >= TRIAL_SIGNIFICANCE;
+            return if quiet {
+                Verdict::Confirmed
+            } else {
+                Verdict::StillThrottled(share)
+            };
         }
         Verdict::Open
     }
@@ -296,6 +307,11 @@ pub struct Aimd {
     latency: LatencyWatch,
     /// A cut on ambiguous evidence awaiting its verdict.
     trial: Option<Trial>,
+    /// A trial confirmed that this provider's bare 503s are throttles
+    /// (they stopped when the rate came down), and none found them to be
+    /// noise: such a provider's 503s are then taken as it means them, like
+    /// 429s — unless errors demonstrably do not rise with the rate.
+    unavailable_throttles: bool,
     /// Recent rate changes (when, the rate before), oldest first: an answer
     /// is evidence about the rate its request was *sent* at.
     changes: VecDeque<(Instant, f64)>,
@@ -333,6 +349,7 @@ impl Aimd {
             latency: LatencyWatch::default(),
             trial: None,
             changes: VecDeque::new(),
+            unavailable_throttles: false,
         }
     }
 
@@ -472,6 +489,19 @@ impl Aimd {
                 .record(true, Attribution::Throttle, self.rate_at(sent_at));
             return None;
         }
+        if self.unavailable_throttles
+            && self.trial.is_none()
+            && self.limit.is_some()
+            && self.errors.baseline().is_none()
+            && self.errors.evidence(self.rate).rises != Some(false)
+        {
+            self.errors
+                .record(true, Attribution::Throttle, self.rate_at(sent_at));
+            self.window_cut = true;
+            let backoff = self.cut(now, reason);
+            self.limit_weak = false;
+            return Some(backoff);
+        }
         if self.limit.is_none() && self.trial.is_none() {
             // Slow start: few answers yet, at rates that change every
             // window. Only errors that clearly rise with the rate, or are
@@ -543,6 +573,7 @@ impl Aimd {
             cut_at: now,
             pre_share,
             pre_measured,
+            base_share: self.errors.baseline().unwrap_or(0.0),
             answers: 0.0,
             errors: 0.0,
         });
@@ -604,7 +635,10 @@ impl Aimd {
         match v {
             Verdict::Open => None,
             Verdict::Confirmed => {
+                // The errors stopped at the lower rate: as good as a 429.
                 self.trial = None;
+                self.limit_weak = false;
+                self.unavailable_throttles = true;
                 None
             }
             Verdict::StillThrottled(share) => {
@@ -616,6 +650,7 @@ impl Aimd {
                 // the old rate at the next clean window (never on this
                 // error — R-AI4).
                 self.trial = None;
+                self.unavailable_throttles = false;
                 // A limit that rested on ambiguous errors alone goes too:
                 // they now look like this noise.
                 self.limit = trial.prev_limit.filter(|_| !trial.prev_weak);
@@ -730,13 +765,14 @@ impl Aimd {
             // A probe that was throttled before it got clearly past the
             // limit: the limit held; straight back to the settle point.
             (Some(limit), Some(probe)) if probe.clean_rate <= limit * PROBE_HELD => {
-                // Met twice at the same rate: no longer a guess.
+                // Met twice near the same rate: no longer a guess.
                 self.limit_weak = false;
                 (limit, limit * SETTLE)
             }
-            // A probe that found room: the limit lies past the old one, no
-            // higher than the last clean rate nor than what the provider
-            // delivered (a burst allowance can make a window look clean).
+            // A probe that went clean well past the limit before it was
+            // throttled: the limit lies past the old one, though no higher
+            // than the last clean rate nor than what the provider delivered
+            // (a burst allowance can make a window look clean).
             (Some(limit), Some(probe)) => {
                 let l = probe.clean_rate.min(delivered).max(limit);
                 (l, (l * SETTLE).min(from * PROBE_DECREASE))
