@@ -793,15 +793,20 @@ async fn breaker_can_wait_for_the_probe() {
 
 // --------------------------------------------------------- soft throttle
 
-/// R-AI1: a time-to-first-byte well above the learned baseline is a soft
-/// throttle: the rate is cut, though every answer was a 200.
+/// R-AI1, R-SG3: a soft throttle is a sustained shift of the latency
+/// distribution, never one slow request. 40 fast answers teach a 20 ms
+/// baseline; one 2 s answer cuts nothing; then every answer slows to 2 s
+/// (a provider queueing) and the rate is cut, with reason `latency`.
 #[tokio::test(start_paused = true)]
-async fn slow_responses_are_a_soft_throttle() {
+async fn a_sustained_latency_shift_is_a_soft_throttle_one_slow_answer_is_not() {
     let events: Arc<Mutex<Vec<Event>>> = Arc::default();
     let sink = events.clone();
+    // Windows of a second: latency is judged as each one closes.
+    let mut settings = ProviderSettings::with_ceiling(500.0);
+    settings.start_rps = Some(50.0);
     let policy = ProviderPolicy::new(
         "provider.test",
-        fixed_rate(50.0),
+        settings,
         PolicyOptions {
             events: Some(Arc::new(move |e: &Event| {
                 sink.lock().unwrap().push(e.clone())
@@ -810,32 +815,38 @@ async fn slow_responses_are_a_soft_throttle() {
         },
     )
     .unwrap();
-    // 30 fast answers teach a 20 ms baseline, then one takes 2 s.
     let provider = Provider::new(|n| Reply {
-        delay: Duration::from_millis(if n < 30 { 20 } else { 2000 }),
+        delay: Duration::from_millis(if n < 40 || n == 41 { 20 } else { 2000 }),
         ..status(200)
     });
     let svc = stack(&policy, &provider);
-    for i in 0..31 {
+    for i in 0..42 {
         svc.clone().oneshot(get(i.to_string())).await.unwrap();
     }
     let snap = policy.snapshot(Instant::now());
     let baseline = snap.pacer.baseline_ttfb.expect("a baseline");
     assert!(baseline < Duration::from_millis(200), "{baseline:?}");
+    assert_eq!(snap.pacer.last_backoff, None, "one slow answer is not a throttle");
+    // Now every answer is slow: concurrent requests, as a collector sends.
+    let mut batch = Vec::new();
+    for i in 0..40 {
+        batch.push(tokio::spawn(svc.clone().oneshot(get(format!("slow{i}")))));
+    }
+    for b in batch {
+        b.await.unwrap().unwrap();
+    }
+    let snap = policy.snapshot(Instant::now());
     let cut = snap
         .pacer
         .last_backoff
-        .expect("a soft throttle cut the rate");
-    assert_eq!(
-        cut.reason,
-        sluice_policy::pacer::BackoffReason::SoftThrottle
-    );
-    assert!(snap.pacer.rate_rps < 50.0);
+        .expect("a sustained shift cut the rate");
+    assert_eq!(cut.reason, sluice_policy::pacer::BackoffReason::Latency);
+    assert!(cut.to_rps < cut.from_rps);
     assert!(events
         .lock()
         .unwrap()
         .iter()
-        .any(|e| matches!(e, Event::Backoff(b) if b.reason == sluice_policy::pacer::BackoffReason::SoftThrottle)));
+        .any(|e| matches!(e, Event::Backoff(b) if b.reason == sluice_policy::pacer::BackoffReason::Latency)));
 }
 
 /// R-RB1: a method the config opts in is retried like an idempotent one.

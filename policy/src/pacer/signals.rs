@@ -109,6 +109,9 @@ pub struct ErrorTally {
     /// Decaying sums of every answer and error, throttles included: the
     /// share before a cut, for a trial to compare against.
     all: Count,
+    /// Every answer and error of this window and the last, whatever they
+    /// are attributed to.
+    recent: [Count; 2],
     /// Decaying answers and errors per rate band (the rate in force when
     /// the answer came), baseline answers only.
     by_rate: BTreeMap<i32, Count>,
@@ -123,6 +126,7 @@ impl ErrorTally {
     /// Counts one answer, at the rate in force.
     pub fn record(&mut self, error: bool, kind: Attribution, rate: f64) {
         self.all.add(error);
+        self.recent[1].add(error);
         let by_rate = self.by_rate.entry(band(rate)).or_default();
         match kind {
             Attribution::Noise => {
@@ -167,6 +171,7 @@ impl ErrorTally {
             c.answers >= 0.5
         });
         self.prev = std::mem::take(&mut self.cur);
+        self.recent = [self.recent[1], Count::default()];
     }
 
     /// The learned share of errors unrelated to load, once enough answers
@@ -238,8 +243,8 @@ impl ErrorTally {
     /// Whether the errors of this window and the last, one more included,
     /// are significantly more than any noise (more than [`NOISE_MAX`]).
     pub fn beyond_noise(&self) -> bool {
-        let n = self.cur.answers + self.prev.answers + 1.0;
-        let k = self.cur.errors + self.prev.errors + 1.0;
+        let n = self.recent[0].answers + self.recent[1].answers + 1.0;
+        let k = self.recent[0].errors + self.recent[1].errors + 1.0;
         poisson_tail(k, NOISE_MAX * n) < SIGNIFICANCE
     }
 
@@ -572,7 +577,8 @@ mod tests {
             noise.roll();
             throttle.roll();
         }
-        assert!(!noise.significant(100.0));
+        assert_eq!(noise.evidence(100.0).rises, Some(false));
+        assert_eq!(throttle.evidence(100.0).rises, Some(true));
         assert!(throttle.significant(100.0));
     }
 
