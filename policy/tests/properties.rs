@@ -2,7 +2,10 @@
 //!
 //! R-AI2: the rate never exceeds the ceiling, whatever the outcomes.
 //! R-AI3: a cold start is below the ceiling.
-//! R-AI4: no error outcome ever shortens the delay.
+//! R-AI4: no error outcome ever shortens the delay. (A client error such as
+//! a 404 is not one: it is the provider answering normally, a clean answer
+//! for the rate — issue 8 — and it is held to its own property: it never
+//! cuts the rate.)
 //! (R-GC1, no burst after idle, is proven in `pacer::gcra`; R-RN3, a budget
 //! stop never touching pacer or breaker, in `layers.rs`.)
 
@@ -31,7 +34,9 @@ fn outcome() -> impl Strategy<Value = Outcome> {
 }
 
 fn error_outcome() -> impl Strategy<Value = Outcome> {
-    outcome().prop_filter("an error", |o| *o != Outcome::Success)
+    outcome().prop_filter("an error", |o| {
+        !matches!(o, Outcome::Success | Outcome::ClientError { .. })
+    })
 }
 
 /// One step of history: time passes, a request is admitted (if it may go),
@@ -141,5 +146,29 @@ proptest! {
         prop_assert!(after.interval >= before.interval, "{error:?}: {:?} < {:?}", after.interval, before.interval);
         prop_assert!(after.rate_rps <= before.rate_rps);
         prop_assert!(core.next_slot(now) >= slot_before, "{error:?} moved the next slot earlier");
+    }
+
+    /// A client error (404, 400…) never cuts the rate: it says nothing
+    /// about the provider's capacity.
+    #[test]
+    fn client_errors_never_cut_the_rate(
+        settings in settings(),
+        history in proptest::collection::vec(step(), 0..200),
+        status in (400u16..500).prop_filter("not 408/429", |s| *s != 408 && *s != 429),
+        lag_ms in 0u64..5_000,
+        ttfb_ms in 0u64..5_000,
+    ) {
+        let (mut core, now) = replay(&settings, &history);
+        let before = core.snapshot(now);
+        let sent_at = now.checked_sub(Duration::from_millis(lag_ms)).unwrap_or(now);
+        let fb = core.on_outcome(&Outcome::ClientError { status }, sent_at, Some(Duration::from_millis(ttfb_ms)), now);
+        let after = core.snapshot(now);
+        // Only a latency shift judged as a window closes may cut on a clean
+        // answer; a 404 alone never does.
+        if fb.backoff.is_none() {
+            prop_assert!(after.rate_rps >= before.rate_rps);
+        } else {
+            prop_assert_eq!(fb.backoff.unwrap().reason, sluice_policy::pacer::BackoffReason::Latency);
+        }
     }
 }

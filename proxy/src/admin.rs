@@ -201,6 +201,8 @@ fn provider_json(app: &App, p: &Provider, with_evidence: bool) -> Value {
         "start_rps": s.pacer.start_rps,
         "throttle_point_rps": s.pacer.limit_rps.map_or_else(unknown, |l| json!(l)),
         "baseline_ttfb_ms": s.pacer.baseline_ttfb.map_or_else(unknown, |b| json!(ms(b))),
+        "error_baseline": s.pacer.error_baseline.map_or_else(unknown, |e| json!(e)),
+        "cut_on_trial": s.pacer.on_trial,
         "last_backoff": s.pacer.last_backoff.map_or_else(unknown, |b| json!({
             "at_unix_ms": unix_ms(b.at, now),
             "ago_ms": now.saturating_duration_since(b.at).as_millis() as u64,
@@ -242,6 +244,8 @@ fn unknown_json(app: &App, name: &str, with_evidence: bool) -> Value {
         "start_rps": settings.as_ref().map_or_else(|| json!("unknown"), |s| json!(s.start_rate())),
         "throttle_point_rps": "unknown",
         "baseline_ttfb_ms": "unknown",
+        "error_baseline": "unknown",
+        "cut_on_trial": "unknown",
         "last_backoff": "unknown",
         "hold": "unknown",
         "queue": "unknown",

@@ -36,6 +36,9 @@ pub struct Metrics {
     ceiling: GaugeVec,
     start: GaugeVec,
     limit: GaugeVec,
+    error_baseline: GaugeVec,
+    latency_baseline: GaugeVec,
+    on_trial: IntGaugeVec,
     queue: IntGaugeVec,
     in_flight: IntGaugeVec,
     breaker_state: IntGaugeVec,
@@ -153,6 +156,24 @@ impl Metrics {
                 &r,
                 "provider_throttle_point_rps",
                 "Rate at which throttling last began (absent until it has)",
+                p,
+            ),
+            error_baseline: gauge(
+                &r,
+                "provider_error_baseline_ratio",
+                "Learned share of answers that are errors whatever the rate (noise; absent until learned)",
+                p,
+            ),
+            latency_baseline: gauge(
+                &r,
+                "provider_latency_baseline_seconds",
+                "Learned time-to-first-byte baseline, lower quartile (absent until learned)",
+                p,
+            ),
+            on_trial: int_gauge(
+                &r,
+                "provider_cut_on_trial",
+                "1 while a cut made on a bare 503 or a timeout awaits its verdict (noise or throttle)",
                 p,
             ),
             queue: int_gauge(
@@ -287,8 +308,8 @@ impl Metrics {
     /// `increase()` see them from the start rather than from the first
     /// event (the label combinations are fixed and few).
     pub fn init_provider(&self, label: &str) {
-        for reason in ["throttled", "soft_throttle"] {
-            self.backoffs.with_label_values(&[label, reason]);
+        for reason in sluice_policy::pacer::BackoffReason::ALL {
+            self.backoffs.with_label_values(&[label, reason.label()]);
         }
         self.holds.with_label_values(&[label]);
         self.hold_seconds.with_label_values(&[label]);
@@ -383,10 +404,13 @@ impl Metrics {
             &self.start,
             &self.limit,
             &self.hold,
+            &self.error_baseline,
+            &self.latency_baseline,
         ] {
             g.reset();
         }
         for g in [
+            &self.on_trial,
             &self.queue,
             &self.in_flight,
             &self.breaker_state,
@@ -409,6 +433,17 @@ impl Metrics {
             if let Some(limit) = s.pacer.limit_rps {
                 self.limit.with_label_values(&l).set(limit);
             }
+            if let Some(e) = s.pacer.error_baseline {
+                self.error_baseline.with_label_values(&l).set(e);
+            }
+            if let Some(b) = s.pacer.baseline_ttfb {
+                self.latency_baseline
+                    .with_label_values(&l)
+                    .set(b.as_secs_f64());
+            }
+            self.on_trial
+                .with_label_values(&l)
+                .set(i64::from(s.pacer.on_trial));
             self.hold
                 .with_label_values(&l)
                 .set(s.pacer.hold_remaining.map_or(0.0, |h| h.as_secs_f64()));

@@ -7,6 +7,14 @@
 //! * `/status/{code}` — that status.
 //! * `/limited` — a hidden token bucket (see [`Sim::set_limit`]): 200 while
 //!   it has tokens, else 429 without `Retry-After`.
+//! * `/limited503` — the same bucket, answering a bare 503 (no
+//!   `Retry-After`) when over it.
+//! * `/limited-ra/{secs}` — the same bucket, answering 429 with
+//!   `Retry-After: {secs}` when over it.
+//! * `/noise/{permille}` — 200, except that this many requests in a
+//!   thousand, at random, get a bare 503.
+//! * `/heavy/{percent}/{ms}` — 200, this many requests in a hundred, at
+//!   random, `ms` slower.
 //! * `/ra/{secs}/{key}` — the first request for this path gets 429 with
 //!   `Retry-After: {secs}` (delta-seconds); later ones 200.
 //! * `/ra-date/{secs}/{key}` — the same with an HTTP-date.
@@ -53,13 +61,13 @@ pub struct Hit {
 pub struct Figures {
     /// Requests accepted (200).
     pub accepted: usize,
-    /// Requests throttled (429).
+    /// Requests refused (429 or 503).
     pub throttled: usize,
     /// All requests seen.
     pub attempts: usize,
     /// Accepted per second as a share of the hidden limit.
     pub goodput: f64,
-    /// 429s as a share of attempts.
+    /// 429s and 503s as a share of attempts.
     pub throttled_share: f64,
 }
 
@@ -67,7 +75,7 @@ impl std::fmt::Display for Figures {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} accepted ({:.1} % of the limit), {} of {} attempts 429 ({:.2} %)",
+            "{} accepted ({:.1} % of the limit), {} of {} attempts refused ({:.2} %)",
             self.accepted,
             self.goodput * 100.0,
             self.throttled,
@@ -90,6 +98,39 @@ struct State {
     hits: Vec<Hit>,
     counts: HashMap<String, u32>,
     bucket: Option<Bucket>,
+    /// xorshift64 state for the random paths (seeded: repeatable).
+    rng: u64,
+}
+
+impl State {
+    fn uniform(&mut self) -> f64 {
+        if self.rng == 0 {
+            self.rng = 0x9E37_79B9_7F4A_7C15;
+        }
+        let mut x = self.rng;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.rng = x;
+        (x >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    fn take(&mut self, now: Instant) -> bool {
+        match self.bucket.as_mut() {
+            Some(b) => {
+                let dt = now.saturating_duration_since(b.last).as_secs_f64();
+                b.last = now;
+                b.tokens = (b.tokens + dt * b.rate).min(b.burst);
+                if b.tokens >= 1.0 {
+                    b.tokens -= 1.0;
+                    true
+                } else {
+                    false
+                }
+            }
+            None => true,
+        }
+    }
 }
 
 /// A running simulator; stops when dropped.
@@ -188,7 +229,10 @@ impl Sim {
         );
         let window: Vec<_> = hits.iter().filter(|h| h.at >= a && h.at < b).collect();
         let accepted = window.iter().filter(|h| h.status == 200).count();
-        let throttled = window.iter().filter(|h| h.status == 429).count();
+        let throttled = window
+            .iter()
+            .filter(|h| h.status == 429 || h.status == 503)
+            .count();
         Figures {
             accepted,
             throttled,
@@ -257,25 +301,41 @@ async fn answer(
             ["ok"] | ["echo"] | ["stall"] => 200,
             ["status", code] => code.parse().unwrap_or(400),
             ["limited"] => {
-                let ok = match st.bucket.as_mut() {
-                    Some(b) => {
-                        let dt = now.saturating_duration_since(b.last).as_secs_f64();
-                        b.last = now;
-                        b.tokens = (b.tokens + dt * b.rate).min(b.burst);
-                        if b.tokens >= 1.0 {
-                            b.tokens -= 1.0;
-                            true
-                        } else {
-                            false
-                        }
-                    }
-                    None => true,
-                };
-                if ok {
+                if st.take(now) {
                     200
                 } else {
                     429
                 }
+            }
+            ["limited503"] => {
+                if st.take(now) {
+                    200
+                } else {
+                    503
+                }
+            }
+            ["limited-ra", secs] => {
+                if st.take(now) {
+                    200
+                } else {
+                    retry_after = Some(secs.to_string());
+                    429
+                }
+            }
+            ["noise", permille] => {
+                let share = permille.parse::<f64>().unwrap_or(0.0) / 1000.0;
+                if st.uniform() < share {
+                    503
+                } else {
+                    200
+                }
+            }
+            ["heavy", percent, ms] => {
+                let share = percent.parse::<f64>().unwrap_or(0.0) / 100.0;
+                if st.uniform() < share {
+                    delay = Duration::from_millis(ms.parse().unwrap_or(0));
+                }
+                200
             }
             ["ra", secs, ..] if n == 1 => {
                 retry_after = Some(secs.to_string());

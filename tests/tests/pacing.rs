@@ -32,3 +32,101 @@ async fn naive_clients_are_paced_to_the_hidden_limit() {
     assert!(goodput >= 0.85, "goodput {:.1} % < 85 %", goodput * 100.0);
     assert!(share <= 0.05, "429 share {:.2} % > 5 %", share * 100.0);
 }
+
+/// R-SG3: a provider that throttles with bare 503s (no `Retry-After`) over
+/// a hidden 20 req/s limit is paced as one answering 429: 8 naive clients,
+/// 30 s; over the last 15 s ≥ 95 % of the limit and ≤ 1 % 503s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provider_throttling_with_bare_503s_is_paced_to_its_limit() {
+    const LIMIT: f64 = 20.0;
+    let sim = Sim::start("127.0.0.13").await;
+    sim.set_limit(LIMIT, 10.0);
+    let sluice = Sluice::start("[destinations]\nallow = [\"127.0.0.0/8\"]\n");
+    let clients = naive_clients(
+        &sluice.proxy_url(),
+        &sim.url("http", "/limited503"),
+        8,
+        30,
+        &[],
+    )
+    .await;
+    let f = sim.figures("/limited503", 15, 30, LIMIT);
+    println!(
+        "hidden limit {LIMIT} req/s answered with bare 503s, 8 naive clients, 30 s; \
+         last 15 s at the provider: {f}; clients saw: {}",
+        clients.trim()
+    );
+    assert!(f.goodput >= 0.95, "goodput {:.1} % < 95 %", f.goodput * 100.0);
+    assert!(
+        f.throttled_share <= 0.01,
+        "503 share {:.2} % > 1 %",
+        f.throttled_share * 100.0
+    );
+}
+
+/// Issue 8 (slow providers): a 5 req/s limit answering 429 with
+/// `Retry-After: 1`. 8 naive clients for 60 s; over the second half ≤ 0.5 %
+/// of the attempts the provider saw were 429s, and it got ≥ 90 % of its
+/// limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_provider_with_retry_after_sees_almost_no_429s() {
+    const LIMIT: f64 = 5.0;
+    let sim = Sim::start("127.0.0.14").await;
+    sim.set_limit(LIMIT, 3.0);
+    let sluice = Sluice::start("[destinations]\nallow = [\"127.0.0.0/8\"]\n");
+    let clients = naive_clients(
+        &sluice.proxy_url(),
+        &sim.url("http", "/limited-ra/1"),
+        8,
+        60,
+        &[],
+    )
+    .await;
+    let f = sim.figures("/limited-ra/1", 30, 60, LIMIT);
+    println!(
+        "hidden limit {LIMIT} req/s, 429 with Retry-After: 1, 8 naive clients, 60 s; \
+         second half at the provider: {f}; clients saw: {}",
+        clients.trim()
+    );
+    assert!(f.goodput >= 0.9, "goodput {:.1} % < 90 %", f.goodput * 100.0);
+    assert!(
+        f.throttled_share <= 0.005,
+        "429 share {:.2} % > 0.5 %",
+        f.throttled_share * 100.0
+    );
+}
+
+/// Issue 8: answers that say nothing about pressure are not silence. A
+/// provider answering 404 to everything (a collector probing ids) grows the
+/// rate as one answering 200: 4 naive clients on each, at once, for 12 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn not_found_answers_grow_the_rate_like_successes() {
+    let ok = Sim::start("127.0.0.15").await;
+    let missing = Sim::start("127.0.0.16").await;
+    let sluice = Sluice::start("[destinations]\nallow = [\"127.0.0.0/8\"]\n");
+    let proxy = sluice.proxy_url();
+    let (ok_url, missing_url) = (ok.url("http", "/ok"), missing.url("http", "/no-such-record"));
+    let (a, b) = tokio::join!(
+        naive_clients(&proxy, &ok_url, 4, 12, &[]),
+        naive_clients(&proxy, &missing_url, 4, 12, &[]),
+    );
+    println!("200s: {}; 404s: {}", a.trim(), b.trim());
+    let (_, body) = sluice.admin_get("/v1/providers").await;
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let rate = |ip: &str| {
+        v["providers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"].as_str().is_some_and(|n| n.starts_with(ip)))
+            .and_then(|p| p["rate_rps"].as_f64())
+            .unwrap_or_else(|| panic!("no rate for {ip} in {body}"))
+    };
+    let (r_ok, r_missing) = (rate("127.0.0.15"), rate("127.0.0.16"));
+    println!("rate after 12 s: 200s {r_ok:.1} req/s, 404s {r_missing:.1} req/s (start 5)");
+    assert!(r_ok > 10.0, "the 200 provider grew: {r_ok}");
+    assert!(
+        r_missing >= 0.8 * r_ok,
+        "404s grew the rate to {r_missing:.1}, 200s to {r_ok:.1}"
+    );
+}

@@ -335,3 +335,34 @@ impl PacerCore {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Drives a core with saturating demand for `secs` windows, every
+    /// answer `outcome`; returns the rate reached.
+    fn drive(outcome: Outcome, secs: u32) -> f64 {
+        let settings = ProviderSettings::with_ceiling(1000.0);
+        let mut core = PacerCore::new(&settings);
+        let mut now = Instant::now();
+        let end = now + Duration::from_secs(u64::from(secs));
+        while now < end {
+            if core.try_admit(now) {
+                core.on_outcome(&outcome, now, Some(Duration::from_millis(30)), now);
+            }
+            now += Duration::from_millis(5);
+        }
+        core.rate()
+    }
+
+    /// Issue 8: a provider answering 404 (a collector probing ids) grows
+    /// the rate as one answering 200 does.
+    #[test]
+    fn not_found_grows_the_rate_like_ok() {
+        let ok = drive(Outcome::Success, 10);
+        let not_found = drive(Outcome::ClientError { status: 404 }, 10);
+        assert!(ok > 20.0, "{ok}");
+        assert_eq!(not_found, ok);
+    }
+}
