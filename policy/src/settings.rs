@@ -14,7 +14,7 @@
 //! | `burst` | 1 | strict spacing: GCRA tolerance 0, a request never rides on idle credit (R-GC1) |
 //! | `decrease_factor` | 0.7 | the AWS SDKs' adaptive retry mode (CUBIC β = 0.7) |
 //! | `increase_window` | 1 s | AIMD evaluates successes once per second, like the AWS SDK's per-second measured rate |
-//! | `soft_throttle_factor` | 3 | a time-to-first-byte three times the learned baseline is a provider slowing us down (Scrapy AutoThrottle adjusts on latency too) |
+//! | `soft_throttle_factor` | 3 | a lower quartile of time-to-first-byte three times its learned baseline is a provider slowing us down (Scrapy AutoThrottle adjusts on latency too); the quartile, not one answer, so heavy requests are not a throttle (R-SG3) |
 //! | `max_queue_wait` | 15 s | a request that would wait longer is refused at once with `Retry-After`; shorter than common 30 s client timeouts |
 //! | `max_queue_len` | 256 | the per-provider waiting room; beyond it refuse, never grow memory |
 //! | `max_retry_after_wait` | 10 s | a longer `Retry-After` goes back to the client instead of holding its connection |
@@ -63,7 +63,8 @@ pub struct ProviderSettings {
     pub decrease_factor: f64,
     /// How often AIMD considers an increase.
     pub increase_window: Duration,
-    /// Time-to-first-byte over `baseline × factor` is a soft throttle.
+    /// The lower quartile of recent time-to-first-byte over `baseline ×
+    /// factor` is a soft throttle.
     pub soft_throttle_factor: f64,
     /// The longest a request may wait for its pacing slot or bulkhead permit.
     pub max_queue_wait: Duration,

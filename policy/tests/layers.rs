@@ -826,7 +826,10 @@ async fn a_sustained_latency_shift_is_a_soft_throttle_one_slow_answer_is_not() {
     let snap = policy.snapshot(Instant::now());
     let baseline = snap.pacer.baseline_ttfb.expect("a baseline");
     assert!(baseline < Duration::from_millis(200), "{baseline:?}");
-    assert_eq!(snap.pacer.last_backoff, None, "one slow answer is not a throttle");
+    assert_eq!(
+        snap.pacer.last_backoff, None,
+        "one slow answer is not a throttle"
+    );
     // Now every answer is slow: concurrent requests, as a collector sends.
     let mut batch = Vec::new();
     for i in 0..40 {

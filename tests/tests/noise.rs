@@ -23,11 +23,7 @@ async fn run(sluice: &Sluice, sim: &Sim, path: &str) -> (usize, String) {
         &[],
     )
     .await;
-    let ok = sim
-        .hits(path)
-        .iter()
-        .filter(|h| h.status == 200)
-        .count();
+    let ok = sim.hits(path).iter().filter(|h| h.status == 200).count();
     (ok, out.trim().to_string())
 }
 
@@ -43,13 +39,24 @@ async fn random_errors_and_heavy_requests_keep_the_throughput() {
     let clean_sim = Sim::start("127.0.0.31").await;
     let (clean, out) = run(&sluice, &clean_sim, "/ok").await;
     println!("clean: {clean} successes in {SECS} s (clients saw {out})");
-    assert!(clean as f64 >= 30.0 * f64::from(SECS), "the clean run went too slowly: {clean}");
+    assert!(
+        clean as f64 >= 30.0 * f64::from(SECS),
+        "the clean run went too slowly: {clean}"
+    );
     let cases = [
         ("127.0.0.32", "/noise/10", "1 % random 503"),
         ("127.0.0.33", "/noise/30", "3 % random 503"),
         ("127.0.0.34", "/noise/50", "5 % random 503"),
-        ("127.0.0.35", "/heavy/10/400", "10 % of requests 400 ms slower"),
-        ("127.0.0.36", "/heavy/30/400", "30 % of requests 400 ms slower"),
+        (
+            "127.0.0.35",
+            "/heavy/10/400",
+            "10 % of requests 400 ms slower",
+        ),
+        (
+            "127.0.0.36",
+            "/heavy/30/400",
+            "30 % of requests 400 ms slower",
+        ),
     ];
     let mut failures = Vec::new();
     for (ip, path, name) in cases {
@@ -63,5 +70,8 @@ async fn random_errors_and_heavy_requests_keep_the_throughput() {
     }
     let (_, providers) = sluice.admin_get("/v1/providers").await;
     println!("{providers}");
-    assert!(failures.is_empty(), "below 0.8 of the clean run: {failures:?}");
+    assert!(
+        failures.is_empty(),
+        "below 0.8 of the clean run: {failures:?}"
+    );
 }

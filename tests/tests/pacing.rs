@@ -56,7 +56,11 @@ async fn a_provider_throttling_with_bare_503s_is_paced_to_its_limit() {
          last 15 s at the provider: {f}; clients saw: {}",
         clients.trim()
     );
-    assert!(f.goodput >= 0.95, "goodput {:.1} % < 95 %", f.goodput * 100.0);
+    assert!(
+        f.goodput >= 0.95,
+        "goodput {:.1} % < 95 %",
+        f.goodput * 100.0
+    );
     assert!(
         f.throttled_share <= 0.01,
         "503 share {:.2} % > 1 %",
@@ -88,7 +92,11 @@ async fn a_slow_provider_with_retry_after_sees_almost_no_429s() {
          second half at the provider: {f}; clients saw: {}",
         clients.trim()
     );
-    assert!(f.goodput >= 0.9, "goodput {:.1} % < 90 %", f.goodput * 100.0);
+    assert!(
+        f.goodput >= 0.9,
+        "goodput {:.1} % < 90 %",
+        f.goodput * 100.0
+    );
     assert!(
         f.throttled_share <= 0.005,
         "429 share {:.2} % > 0.5 %",
@@ -105,7 +113,10 @@ async fn not_found_answers_grow_the_rate_like_successes() {
     let missing = Sim::start("127.0.0.16").await;
     let sluice = Sluice::start("[destinations]\nallow = [\"127.0.0.0/8\"]\n");
     let proxy = sluice.proxy_url();
-    let (ok_url, missing_url) = (ok.url("http", "/ok"), missing.url("http", "/no-such-record"));
+    let (ok_url, missing_url) = (
+        ok.url("http", "/ok"),
+        missing.url("http", "/no-such-record"),
+    );
     let (a, b) = tokio::join!(
         naive_clients(&proxy, &ok_url, 4, 12, &[]),
         naive_clients(&proxy, &missing_url, 4, 12, &[]),

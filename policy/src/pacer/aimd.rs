@@ -517,7 +517,7 @@ impl Aimd {
             if !throttle {
                 if evidence.noise() {
                     self.errors
-                    .record(true, Attribution::Noise, self.rate_at(sent_at));
+                        .record(true, Attribution::Noise, self.rate_at(sent_at));
                     return None;
                 }
                 self.errors
@@ -657,7 +657,8 @@ impl Aimd {
                 self.recover_to = Some(self.recover_to.unwrap_or(0.0).max(trial.from));
                 self.reset_plateau();
                 // The trigger and the errors held out were noise after all.
-                self.errors.add_noise(trial.errors + 1.0, trial.answers + 1.0);
+                self.errors
+                    .add_noise(trial.errors + 1.0, trial.answers + 1.0);
                 None
             }
         }
@@ -820,10 +821,7 @@ mod tests {
                 a.on_admit(at);
                 i += 1;
                 if error_every > 0 && i % error_every == 0 {
-                    cuts += u32::from(
-                        a.on_ambiguous(at, at, BackoffReason::Unavailable)
-                            .is_some(),
-                    );
+                    cuts += u32::from(a.on_ambiguous(at, at, BackoffReason::Unavailable).is_some());
                 } else {
                     a.on_clean(at, at, Some(Duration::from_millis(40)));
                 }
@@ -947,7 +945,10 @@ mod tests {
         let before = a.rate();
         let cut = a.on_ambiguous(t, t, BackoffReason::Unavailable).unwrap();
         assert!(cut.to_rps < before);
-        assert!(a.limit().is_none(), "one error on a cold provider proves nothing");
+        assert!(
+            a.limit().is_none(),
+            "one error on a cold provider proves nothing"
+        );
         // Every other answer a 503: more than any noise.
         let cuts = run(&mut a, &mut t, 3, 2);
         assert!(cuts >= 1);

@@ -1,6 +1,6 @@
-//! The pacer's whole decision state for one provider: GCRA + AIMD (with its
-//! error and latency baselines) + hold + the FIFO waiting room. Pure: every method takes
-//! `now`.
+//! The pacer's whole decision state for one provider: GCRA + AIMD (with
+//! its error and latency baselines) + hold + the FIFO waiting room. Pure:
+//! every method takes `now`.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -142,8 +142,7 @@ impl PacerCore {
         self.gcra.set_burst(settings.burst);
         self.max_queue_len = settings.max_queue_len;
         self.max_queue_wait = settings.max_queue_wait;
-        self.aimd
-            .set_latency_factor(settings.soft_throttle_factor);
+        self.aimd.set_latency_factor(settings.soft_throttle_factor);
         self.sync_interval();
     }
 
@@ -297,9 +296,7 @@ impl PacerCore {
                 fb.backoff = self.aimd.on_throttle(sent_at, now, reason);
             }
             Outcome::Timeout => {
-                fb.backoff = self
-                    .aimd
-                    .on_ambiguous(sent_at, now, BackoffReason::Timeout);
+                fb.backoff = self.aimd.on_ambiguous(sent_at, now, BackoffReason::Timeout);
             }
             Outcome::ServerError { .. } | Outcome::ConnectError => {
                 self.aimd.on_error(sent_at, now);

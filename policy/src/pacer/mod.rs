@@ -4,7 +4,8 @@
 //! Why a pacer and not a retry loop: a collector that only backs off after
 //! a 429 has already spent the provider's patience. The pacer spaces
 //! requests *before* they are sent, at a rate it learns from the provider's
-//! answers ([`aimd`]), with GCRA's exact spacing ([`gcra`]). A provider's
+//! answers ([`aimd`], which tells a throttle from noise with [`signals`]),
+//! with GCRA's exact spacing ([`gcra`]). A provider's
 //! `Retry-After` holds every request — queued ones included — until the
 //! instant it named, and nothing later (R-RA1). A request that could not be
 //! sent within `max_queue_wait` is refused at once with the wait it would
@@ -18,9 +19,9 @@ pub mod aimd;
 pub mod core;
 mod error;
 pub mod gcra;
-pub mod signals;
 mod layer;
 mod service;
+pub mod signals;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};

@@ -226,8 +226,7 @@ impl ErrorTally {
             side.answers += c.answers;
             side.errors += c.errors;
         }
-        let rises = (low.answers >= RATE_BELOW_MIN_ANSWERS
-            && high.answers >= RATE_AT_MIN_ANSWERS)
+        let rises = (low.answers >= RATE_BELOW_MIN_ANSWERS && high.answers >= RATE_AT_MIN_ANSWERS)
             .then(|| rate_test(low, high) < SIGNIFICANCE);
         let above_baseline = self.baseline().map(|p| {
             let n = self.cur.answers + self.prev.answers + 1.0;
@@ -378,15 +377,17 @@ pub fn poisson_tail(k: f64, mu: f64) -> f64 {
 fn erfc(x: f64) -> f64 {
     let z = x.abs();
     let t = 1.0 / (1.0 + 0.5 * z);
-    let r = t * (-z * z - 1.265_512_23
-        + t * (1.000_023_68
-            + t * (0.374_091_96
-                + t * (0.096_784_18
-                    + t * (-0.186_288_06
-                        + t * (0.278_868_07
-                            + t * (-1.135_203_98
-                                + t * (1.488_515_87 + t * (-0.822_152_23 + t * 0.170_872_77)))))))))
-        .exp();
+    let r = t
+        * (-z * z - 1.265_512_23
+            + t * (1.000_023_68
+                + t * (0.374_091_96
+                    + t * (0.096_784_18
+                        + t * (-0.186_288_06
+                            + t * (0.278_868_07
+                                + t * (-1.135_203_98
+                                    + t * (1.488_515_87
+                                        + t * (-0.822_152_23 + t * 0.170_872_77)))))))))
+            .exp();
     if x >= 0.0 {
         r
     } else {
@@ -554,12 +555,24 @@ mod tests {
         let approx = binomial_tail(120, 201, 0.5);
         assert!((exact - approx).abs() < 0.01, "{exact} {approx}");
         // Four errors in 29 answers against none in 50: not proof.
-        let low = Count { answers: 50.0, errors: 0.0 };
-        let high = Count { answers: 29.0, errors: 4.0 };
+        let low = Count {
+            answers: 50.0,
+            errors: 0.0,
+        };
+        let high = Count {
+            answers: 29.0,
+            errors: 4.0,
+        };
         assert!(rate_test(low, high) > SIGNIFICANCE);
         // Five in 30 against none in 300: proof.
-        let low = Count { answers: 300.0, errors: 0.0 };
-        let high = Count { answers: 30.0, errors: 5.0 };
+        let low = Count {
+            answers: 300.0,
+            errors: 0.0,
+        };
+        let high = Count {
+            answers: 30.0,
+            errors: 5.0,
+        };
         assert!(rate_test(low, high) < SIGNIFICANCE);
     }
 

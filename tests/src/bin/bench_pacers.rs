@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use sluice_policy::ProviderSettings;
 use sluice_tests::model::{
-    paused_runtime, run, Aws, AutoThrottle, Behaviour, Figures, Gate, Provider, Scenario, Sluice,
+    paused_runtime, run, AutoThrottle, Aws, Behaviour, Figures, Gate, Provider, Scenario, Sluice,
 };
 use tokio::time::Instant;
 
@@ -123,7 +123,10 @@ fn main() {
         let max = phases.iter().cloned().fold(0.0, f64::max);
         // sluice gets the owner's ceiling an operator would set: well above
         // the limit (4×), since the limit is what it must discover.
-        let figs = limits(&scenario(Behaviour::Bucket { over: 429 }, phases, PHASE), max * 4.0);
+        let figs = limits(
+            &scenario(Behaviour::Bucket { over: 429 }, phases, PHASE),
+            max * 4.0,
+        );
         println!(
             "{name:<16} | {:>22} | {:>22} | {:>22}",
             cell(&figs[0].0),
@@ -173,7 +176,10 @@ fn main() {
         ("20 → 40 req/s", &[20.0, 40.0]),
     ] {
         let max = phases.iter().cloned().fold(0.0, f64::max);
-        let figs = limits(&scenario(Behaviour::Bucket { over: 503 }, phases, PHASE), max * 4.0);
+        let figs = limits(
+            &scenario(Behaviour::Bucket { over: 503 }, phases, PHASE),
+            max * 4.0,
+        );
         println!(
             "{name:<16} | {:>22} | {:>22} | {:>22}",
             cell(&figs[0].0),
@@ -285,14 +291,23 @@ fn trace(args: &[String]) {
         other => panic!("unknown behaviour {other}"),
     };
     let phases: Vec<f64> = args[1..].iter().map(|a| a.parse().unwrap()).collect();
-    let secs: u64 = std::env::var("PHASE").ok().and_then(|s| s.parse().ok()).unwrap_or(60);
+    let secs: u64 = std::env::var("PHASE")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(60);
     let ceiling: f64 = std::env::var("CEILING")
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(phases.iter().cloned().fold(0.0, f64::max) * 4.0);
     let mut s = scenario(behaviour, &phases, Duration::from_secs(secs));
-    s.clients = std::env::var("CLIENTS").ok().and_then(|v| v.parse().ok()).unwrap_or(CLIENTS);
-    s.seed = std::env::var("SEED").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
+    s.clients = std::env::var("CLIENTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(CLIENTS);
+    s.seed = std::env::var("SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
     paused_runtime().block_on(async {
         let gate = Sluice::new(&ProviderSettings::with_ceiling(ceiling));
         let g = gate.clone();
@@ -333,19 +348,74 @@ fn trace(args: &[String]) {
 fn sweep() {
     const SEEDS: u64 = 20;
     let cases: [(&str, Behaviour, &[f64], u64, f64); 7] = [
-        ("noise 1 %", Behaviour::Noise { share: 0.01 }, &[1000.0], 60, 200.0),
-        ("noise 3 %", Behaviour::Noise { share: 0.03 }, &[1000.0], 60, 200.0),
-        ("noise 5 %", Behaviour::Noise { share: 0.05 }, &[1000.0], 60, 200.0),
-        ("heavy 10 %", Behaviour::Heavy { share: 0.1, min_ms: 300, max_ms: 500 }, &[1000.0], 60, 200.0),
-        ("heavy 30 %", Behaviour::Heavy { share: 0.3, min_ms: 300, max_ms: 500 }, &[1000.0], 60, 200.0),
-        ("noise 3 % 30 s", Behaviour::Noise { share: 0.03 }, &[1000.0], 30, 200.0),
-        ("clean 30 s", Behaviour::Noise { share: 0.0 }, &[1000.0], 30, 200.0),
+        (
+            "noise 1 %",
+            Behaviour::Noise { share: 0.01 },
+            &[1000.0],
+            60,
+            200.0,
+        ),
+        (
+            "noise 3 %",
+            Behaviour::Noise { share: 0.03 },
+            &[1000.0],
+            60,
+            200.0,
+        ),
+        (
+            "noise 5 %",
+            Behaviour::Noise { share: 0.05 },
+            &[1000.0],
+            60,
+            200.0,
+        ),
+        (
+            "heavy 10 %",
+            Behaviour::Heavy {
+                share: 0.1,
+                min_ms: 300,
+                max_ms: 500,
+            },
+            &[1000.0],
+            60,
+            200.0,
+        ),
+        (
+            "heavy 30 %",
+            Behaviour::Heavy {
+                share: 0.3,
+                min_ms: 300,
+                max_ms: 500,
+            },
+            &[1000.0],
+            60,
+            200.0,
+        ),
+        (
+            "noise 3 % 30 s",
+            Behaviour::Noise { share: 0.03 },
+            &[1000.0],
+            30,
+            200.0,
+        ),
+        (
+            "clean 30 s",
+            Behaviour::Noise { share: 0.0 },
+            &[1000.0],
+            30,
+            200.0,
+        ),
     ];
     let clean60 = {
-        let mut s = scenario(Behaviour::Noise { share: 0.0 }, &[1000.0], Duration::from_secs(60));
+        let mut s = scenario(
+            Behaviour::Noise { share: 0.0 },
+            &[1000.0],
+            Duration::from_secs(60),
+        );
         s.clients = NOISE_CLIENTS;
         let (p, start) = play(0, &s, 200.0);
-        p.figures(start, start + Duration::from_secs(60), 1.0).ok_per_sec
+        p.figures(start, start + Duration::from_secs(60), 1.0)
+            .ok_per_sec
     };
     for (name, behaviour, phases, secs, ceiling) in cases {
         let mut v = Vec::new();
@@ -354,15 +424,30 @@ fn sweep() {
             s.seed = seed;
             s.clients = NOISE_CLIENTS;
             let (p, start) = play(0, &s, ceiling);
-            v.push(p.figures(start, start + Duration::from_secs(secs), 1.0).ok_per_sec / clean60);
+            v.push(
+                p.figures(start, start + Duration::from_secs(secs), 1.0)
+                    .ok_per_sec
+                    / clean60,
+            );
             if std::env::var("SWEEP_SEEDS").is_ok() {
                 println!("  seed {seed}: {:.2}", v[v.len() - 1]);
             }
         }
         v.sort_by(f64::total_cmp);
-        println!("{name:<16} share of clean (60 s): min {:.2} median {:.2} max {:.2}", v[0], v[v.len() / 2], v[v.len() - 1]);
+        println!(
+            "{name:<16} share of clean (60 s): min {:.2} median {:.2} max {:.2}",
+            v[0],
+            v[v.len() / 2],
+            v[v.len() - 1]
+        );
     }
-    for (name, over, limit) in [("503 over 5", 503, 5.0), ("503 over 20", 503, 20.0), ("503 over 100", 503, 100.0), ("429 over 5", 429, 5.0), ("429 over 20", 429, 20.0)] {
+    for (name, over, limit) in [
+        ("503 over 5", 503, 5.0),
+        ("503 over 20", 503, 20.0),
+        ("503 over 100", 503, 100.0),
+        ("429 over 5", 429, 5.0),
+        ("429 over 20", 429, 20.0),
+    ] {
         let mut worst: (f64, f64) = (f64::MAX, 0.0);
         for seed in 0..5 {
             let mut s = scenario(Behaviour::Bucket { over }, &[limit], PHASE);
@@ -373,6 +458,10 @@ fn sweep() {
             let f = p.figures(end - PHASE / 2, end, limit);
             worst = (worst.0.min(f.goodput), worst.1.max(f.refused_share));
         }
-        println!("{name:<16} worst of 5: goodput {:.1} %, refused {:.2} %", worst.0 * 100.0, worst.1 * 100.0);
+        println!(
+            "{name:<16} worst of 5: goodput {:.1} %, refused {:.2} %",
+            worst.0 * 100.0,
+            worst.1 * 100.0
+        );
     }
 }
