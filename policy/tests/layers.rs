@@ -830,13 +830,18 @@ async fn a_sustained_latency_shift_is_a_soft_throttle_one_slow_answer_is_not() {
         snap.pacer.last_backoff, None,
         "one slow answer is not a throttle"
     );
-    // Now every answer is slow: concurrent requests, as a collector sends.
-    let mut batch = Vec::new();
-    for i in 0..40 {
-        batch.push(tokio::spawn(svc.clone().oneshot(get(format!("slow{i}")))));
-    }
-    for b in batch {
-        b.await.unwrap().unwrap();
+    // Now every answer is slow: concurrent requests, as a collector sends,
+    // for a few seconds (latency is judged as each second's window closes).
+    for round in 0..3 {
+        let mut batch = Vec::new();
+        for i in 0..40 {
+            batch.push(tokio::spawn(
+                svc.clone().oneshot(get(format!("slow{round}-{i}"))),
+            ));
+        }
+        for b in batch {
+            b.await.unwrap().unwrap();
+        }
     }
     let snap = policy.snapshot(Instant::now());
     let cut = snap

@@ -321,6 +321,9 @@ pub struct Aimd {
 /// Bare-503 cuts taken without a trial after one confirmed them.
 const TRUSTED_THROTTLES: u8 = 4;
 
+/// Clean answers a window needs to measure what the provider delivered.
+const DELIVERED_MIN_ANSWERS: u32 = 10;
+
 /// Rate changes remembered to date answers by their send rate (a few
 /// seconds' worth at one change per window).
 const CHANGES_KEPT: usize = 16;
@@ -675,7 +678,9 @@ impl Aimd {
         let saturated = f64::from(self.window_admitted) >= SATURATION * self.rate * secs;
         let clean = !self.window_cut && !self.errors.window_spoiled();
         let admitted = self.window_admitted;
-        self.delivered = Some(f64::from(self.window_delivered) / secs);
+        // A window of a few answers is too coarse a measure of delivery.
+        self.delivered = (self.window_delivered >= DELIVERED_MIN_ANSWERS)
+            .then(|| f64::from(self.window_delivered) / secs);
         self.errors.roll();
         self.window_start = Some(now);
         self.window_admitted = 0;
@@ -774,7 +779,9 @@ impl Aimd {
             // than the last clean rate nor than what the provider delivered
             // (a burst allowance can make a window look clean).
             (Some(limit), Some(probe)) => {
-                let l = probe.clean_rate.min(delivered).max(limit);
+                // Without a delivery measure, no further than a held probe.
+                let proven = self.delivered.unwrap_or(limit * PROBE_HELD);
+                let l = probe.clean_rate.min(proven).max(limit);
                 (l, (l * SETTLE).min(from * PROBE_DECREASE))
             }
             // Throttled at the settle point: the limit was too high.

@@ -441,6 +441,32 @@ fn sweep() {
             v[v.len() - 1]
         );
     }
+    for (from, to) in [(5.0, 10.0), (20.0, 40.0), (100.0, 200.0)] {
+        // The change at ten different points of the probe cycle.
+        let mut v = Vec::new();
+        for k in 0..10u64 {
+            let phase = Duration::from_secs(200 + 7 * k);
+            let s = scenario(Behaviour::Bucket { over: 429 }, &[from, to], phase);
+            let (p, start) = play(0, &s, to * 4.0);
+            let change = start + phase;
+            v.push(
+                p.figures(
+                    change + Duration::from_secs(15),
+                    change + Duration::from_secs(45),
+                    to,
+                )
+                .goodput,
+            );
+        }
+        v.sort_by(f64::total_cmp);
+        println!(
+            "doubling {from} → {to}: goodput 15–45 s after the change, 10 phases: \
+             min {:.2} median {:.2} max {:.2}",
+            v[0],
+            v[v.len() / 2],
+            v[v.len() - 1]
+        );
+    }
     for (name, over, limit) in [
         ("503 over 5", 503, 5.0),
         ("503 over 20", 503, 20.0),
