@@ -15,6 +15,9 @@
 //!   thousand, at random, get a bare 503.
 //! * `/heavy/{percent}/{ms}` — 200, this many requests in a hundred, at
 //!   random, `ms` slower.
+//! * `/queue/{rps}` — a provider that never refuses but serves `rps`
+//!   requests a second, in arrival order: pushed past that, every answer
+//!   waits its turn (the wait is recorded in [`Hit::delay`]).
 //! * `/ra/{secs}/{key}` — the first request for this path gets 429 with
 //!   `Retry-After: {secs}` (delta-seconds); later ones 200.
 //! * `/ra-date/{secs}/{key}` — the same with an HTTP-date.
@@ -54,6 +57,8 @@ pub struct Hit {
     pub status: u16,
     /// The HTTP version it arrived with.
     pub version: http::Version,
+    /// How long the simulator held the answer back.
+    pub delay: Duration,
 }
 
 /// Provider-side figures over a window (see [`Sim::figures`]).
@@ -100,6 +105,8 @@ struct State {
     bucket: Option<Bucket>,
     /// xorshift64 state for the random paths (seeded: repeatable).
     rng: u64,
+    /// When `/queue`'s server is next free.
+    queue_free: Option<Instant>,
 }
 
 impl State {
@@ -330,6 +337,14 @@ async fn answer(
                     200
                 }
             }
+            ["queue", rps] => {
+                let rps: f64 = rps.parse().unwrap_or(1.0);
+                let start = st.queue_free.map_or(now, |f| f.max(now));
+                let free = start + Duration::from_secs_f64(1.0 / rps.max(0.001));
+                st.queue_free = Some(free);
+                delay = free - now;
+                200
+            }
             ["heavy", percent, ms] => {
                 let share = percent.parse::<f64>().unwrap_or(0.0) / 100.0;
                 if st.uniform() < share {
@@ -369,6 +384,7 @@ async fn answer(
             path: path.clone(),
             status,
             version,
+            delay,
         });
         status
     };
