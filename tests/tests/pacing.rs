@@ -3,7 +3,36 @@
 
 use sluice_tests::clients::naive_clients;
 use sluice_tests::harness::Sluice;
-use sluice_tests::sim::Sim;
+use sluice_tests::sim::{Figures, Sim};
+
+/// A provider on `ip` whose `path` has a hidden limit (`limit` req/s, a
+/// burst of `burst`), `clients` naive clients on it through a fresh sluice
+/// for `secs`; the provider's figures over the second half, and what the
+/// clients saw.
+async fn limited_run(
+    ip: &str,
+    path: &str,
+    (limit, burst): (f64, f64),
+    clients: u32,
+    secs: u32,
+) -> (Figures, String) {
+    let sim = Sim::start(ip).await;
+    sim.set_limit(limit, burst);
+    let sluice = Sluice::start("[destinations]\nallow = [\"127.0.0.0/8\"]\n");
+    let seen = naive_clients(
+        &sluice.proxy_url(),
+        &sim.url("http", path),
+        clients,
+        secs,
+        &[],
+    )
+    .await;
+    let half = u64::from(secs) / 2;
+    (
+        sim.figures(path, half, 2 * half, limit),
+        seen.trim().to_string(),
+    )
+}
 
 /// 8 naive clients (no backoff of their own) for 30 s against a hidden
 /// limit of 20 req/s: over the last 15 s the provider accepts ≥ 85 % of its
@@ -11,22 +40,10 @@ use sluice_tests::sim::Sim;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn naive_clients_are_paced_to_the_hidden_limit() {
     const LIMIT: f64 = 20.0;
-    let sim = Sim::start("127.0.0.12").await;
-    sim.set_limit(LIMIT, 10.0);
-    let sluice = Sluice::start("[destinations]\nallow = [\"127.0.0.0/8\"]\n");
-    let clients = naive_clients(
-        &sluice.proxy_url(),
-        &sim.url("http", "/limited"),
-        8,
-        30,
-        &[],
-    )
-    .await;
-    let f = sim.figures("/limited", 15, 30, LIMIT);
+    let (f, clients) = limited_run("127.0.0.12", "/limited", (LIMIT, 10.0), 8, 30).await;
     println!(
         "hidden limit {LIMIT} req/s, 8 naive clients, 30 s over plain HTTP; \
-         last 15 s at the provider: {f}; clients saw: {}",
-        clients.trim()
+         last 15 s at the provider: {f}; clients saw: {clients}"
     );
     let (goodput, share) = (f.goodput, f.throttled_share);
     assert!(goodput >= 0.85, "goodput {:.1} % < 85 %", goodput * 100.0);
@@ -39,22 +56,10 @@ async fn naive_clients_are_paced_to_the_hidden_limit() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_provider_throttling_with_bare_503s_is_paced_to_its_limit() {
     const LIMIT: f64 = 20.0;
-    let sim = Sim::start("127.0.0.13").await;
-    sim.set_limit(LIMIT, 10.0);
-    let sluice = Sluice::start("[destinations]\nallow = [\"127.0.0.0/8\"]\n");
-    let clients = naive_clients(
-        &sluice.proxy_url(),
-        &sim.url("http", "/limited503"),
-        8,
-        30,
-        &[],
-    )
-    .await;
-    let f = sim.figures("/limited503", 15, 30, LIMIT);
+    let (f, clients) = limited_run("127.0.0.13", "/limited503", (LIMIT, 10.0), 8, 30).await;
     println!(
         "hidden limit {LIMIT} req/s answered with bare 503s, 8 naive clients, 30 s; \
-         last 15 s at the provider: {f}; clients saw: {}",
-        clients.trim()
+         last 15 s at the provider: {f}; clients saw: {clients}"
     );
     assert!(
         f.goodput >= 0.95,
@@ -75,22 +80,10 @@ async fn a_provider_throttling_with_bare_503s_is_paced_to_its_limit() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_provider_with_retry_after_sees_almost_no_429s() {
     const LIMIT: f64 = 5.0;
-    let sim = Sim::start("127.0.0.14").await;
-    sim.set_limit(LIMIT, 3.0);
-    let sluice = Sluice::start("[destinations]\nallow = [\"127.0.0.0/8\"]\n");
-    let clients = naive_clients(
-        &sluice.proxy_url(),
-        &sim.url("http", "/limited-ra/1"),
-        8,
-        60,
-        &[],
-    )
-    .await;
-    let f = sim.figures("/limited-ra/1", 30, 60, LIMIT);
+    let (f, clients) = limited_run("127.0.0.14", "/limited-ra/1", (LIMIT, 3.0), 8, 60).await;
     println!(
         "hidden limit {LIMIT} req/s, 429 with Retry-After: 1, 8 naive clients, 60 s; \
-         second half at the provider: {f}; clients saw: {}",
-        clients.trim()
+         second half at the provider: {f}; clients saw: {clients}"
     );
     assert!(
         f.goodput >= 0.9,
@@ -179,7 +172,11 @@ async fn a_provider_that_slows_down_past_its_limit_is_paced_to_it() {
          median wait in its queue {median:?}; clients saw: {}; {providers}",
         clients.trim()
     );
-    assert!(f.goodput >= 0.75, "served {:.1} % of capacity", f.goodput * 100.0);
+    assert!(
+        f.goodput >= 0.75,
+        "served {:.1} % of capacity",
+        f.goodput * 100.0
+    );
     assert!(
         median <= std::time::Duration::from_millis(300),
         "median wait {median:?}: the queue was not kept short (unpaced: ~800 ms)"

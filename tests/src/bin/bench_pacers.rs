@@ -89,6 +89,25 @@ fn cell(f: &Figures) -> String {
 
 const NAMES: [&str; 3] = ["sluice", "AWS adaptive", "AutoThrottle"];
 
+/// Runs every contender on a hidden limit answering `over` beyond it and
+/// prints their last-half figures as one row.
+fn limit_row(name: &str, over: u16, phases: &[f64]) -> Vec<(Figures, Figures)> {
+    let max = phases.iter().cloned().fold(0.0, f64::max);
+    // sluice gets the owner's ceiling an operator would set: well above
+    // the limit (4×), since the limit is what it must discover.
+    let figs = limits(
+        &scenario(Behaviour::Bucket { over }, phases, PHASE),
+        max * 4.0,
+    );
+    println!(
+        "{name:<16} | {:>22} | {:>22} | {:>22}",
+        cell(&figs[0].0),
+        cell(&figs[1].0),
+        cell(&figs[2].0)
+    );
+    figs
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.first().map(String::as_str) == Some("trace") {
@@ -120,19 +139,7 @@ fn main() {
     let mut sums = [(0.0, 0.0); 3];
     let mut doublings = Vec::new();
     for (name, phases) in table {
-        let max = phases.iter().cloned().fold(0.0, f64::max);
-        // sluice gets the owner's ceiling an operator would set: well above
-        // the limit (4×), since the limit is what it must discover.
-        let figs = limits(
-            &scenario(Behaviour::Bucket { over: 429 }, phases, PHASE),
-            max * 4.0,
-        );
-        println!(
-            "{name:<16} | {:>22} | {:>22} | {:>22}",
-            cell(&figs[0].0),
-            cell(&figs[1].0),
-            cell(&figs[2].0)
-        );
+        let figs = limit_row(name, 429, phases);
         for (s, f) in sums.iter_mut().zip(&figs) {
             s.0 += f.0.goodput / 9.0;
             s.1 += f.0.refused_share / 9.0;
@@ -175,17 +182,7 @@ fn main() {
         ("20 → 10 req/s", &[20.0, 10.0]),
         ("20 → 40 req/s", &[20.0, 40.0]),
     ] {
-        let max = phases.iter().cloned().fold(0.0, f64::max);
-        let figs = limits(
-            &scenario(Behaviour::Bucket { over: 503 }, phases, PHASE),
-            max * 4.0,
-        );
-        println!(
-            "{name:<16} | {:>22} | {:>22} | {:>22}",
-            cell(&figs[0].0),
-            cell(&figs[1].0),
-            cell(&figs[2].0)
-        );
+        limit_row(name, 503, phases);
     }
 
     const NOISE_RUN: Duration = Duration::from_secs(60);
