@@ -19,7 +19,7 @@ pub struct InFlight {
     _permit: Arc<tokio::sync::OwnedSemaphorePermit>,
 }
 
-/// The service of [`BulkheadLayer`].
+/// The service of [`BulkheadLayer`](super::BulkheadLayer).
 #[derive(Debug, Clone)]
 pub struct Bulkhead<S> {
     inner: S,

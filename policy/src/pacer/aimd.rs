@@ -10,12 +10,15 @@
 //! sustained shift of latency are throttles and cut at once. A bare 503 or
 //! a timeout is *ambiguous*: real providers answer a few percent of
 //! requests that way whatever the load. Such an error cuts only when the
-//! recent errors are significantly above the provider's learned error
-//! baseline ([`ErrorTally`]), and the cut is a [`Trial`]: if the errors go
-//! on at the lower rate about as often as before, the cut bought nothing —
-//! the remembered limit is put back and the rate recovers at the next clean
-//! window; if they stop, the cut stands. Other 5xx and connect errors never
-//! cut; at the baseline they do not even stop growth.
+//! errors rise with the rate or are significantly above the provider's
+//! learned error baseline ([`ErrorTally`]), and the cut is a trial: if the
+//! errors go on at the lower rate about as often as before, the cut bought
+//! nothing — the remembered limit is put back and the rate recovers at the
+//! next clean window; if they stop, the cut stands, and the provider's next
+//! few bare 503s are taken as it means them, like 429s. A cold provider's
+//! first such error cuts without setting a limit (one error proves
+//! nothing). Other 5xx and connect errors never cut; within the baseline
+//! they do not even stop growth. A 404 is a clean answer.
 //!
 //! **Settling.** A throttle costs more than the one 429: with a
 //! `Retry-After` hold the provider's whole capacity for the hold is lost.
@@ -34,10 +37,13 @@
 //!    first throttle and the rate drops straight back to the settle point:
 //!    one brief overshoot.
 //!
-//! When the settle point itself is throttled the remembered limit was too
-//! high; the new one is the lower of 90 % of the rate and what the provider
-//! actually delivered over the last window (the accepted rate of a drained
-//! token bucket is its refill rate), never below the plain cut. Only one
+//! A probe throttled further out moves the limit to what it proved clean
+//! and delivered; a whole clean window at [`PROBE_FOUND`] × the limit drops
+//! the limit altogether (slow start again). When the settle point itself
+//! is throttled the remembered limit was too high; the new one is the
+//! lower of 90 % of the rate and what the provider actually delivered over
+//! the last window (the accepted rate of a drained token bucket is its
+//! refill rate), never below the plain cut. Only one
 //! cut is made per congestion epoch: answers to requests sent before the
 //! last cut say nothing new (as TCP's fast recovery ignores losses from the
 //! old window).
@@ -135,7 +141,7 @@ impl BackoffReason {
         }
     }
 
-    /// Whether the signal may be noise (its cut is a [`Trial`]).
+    /// Whether the signal may be noise (its cut goes on trial).
     pub fn ambiguous(self) -> bool {
         matches!(self, BackoffReason::Unavailable | BackoffReason::Timeout)
     }
@@ -482,8 +488,17 @@ impl Aimd {
     }
 
     /// An ambiguous pressure signal (a bare 503, a timeout) for a request
-    /// sent at `sent_at`: a cut, on trial, if the recent errors are
-    /// significantly above the baseline.
+    /// sent at `sent_at`. In order:
+    ///
+    /// 1. an echo of a cut already made (sent before it) changes nothing;
+    /// 2. a provider whose bare 503s a trial confirmed as throttles gets
+    ///    its next few cut on like 429s;
+    /// 3. in slow start, only errors that rise with the rate or exceed any
+    ///    noise set a limit; the first other one cuts without setting one;
+    /// 4. during a trial the error is evidence for its verdict — a verdict
+    ///    of "still throttled" cuts again;
+    /// 5. otherwise an error significantly above what noise explains cuts,
+    ///    and that cut goes on trial.
     pub fn on_ambiguous(
         &mut self,
         sent_at: Instant,

@@ -27,7 +27,7 @@
 //!   limit delays every request, and the quartile moves.
 //!
 //! Whether a cut on ambiguous evidence was right is settled afterwards by a
-//! [`Trial`] (see `aimd`): a cut that bought no fewer errors at the lower
+//! trial (see `aimd`): a cut that bought no fewer errors at the lower
 //! rate is undone.
 
 use std::collections::{BTreeMap, VecDeque};
