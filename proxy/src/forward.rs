@@ -81,6 +81,20 @@ pub fn oversize_head(headers: &HeaderMap, limit: usize) -> Option<Response<ResBo
     None
 }
 
+/// `authority` without the port when it is `scheme`'s default (`host:443`
+/// for https is `host`).
+fn without_default_port(scheme: &Scheme, authority: &Authority) -> Authority {
+    let default = if *scheme == Scheme::HTTPS { 443 } else { 80 };
+    match authority.port_u16() {
+        Some(p) if p == default => authority
+            .as_str()
+            .rsplit_once(':')
+            .and_then(|(host, _)| host.parse().ok())
+            .unwrap_or_else(|| authority.clone()),
+        _ => authority.clone(),
+    }
+}
+
 /// Where a request goes: from its absolute-form URI, or from the CONNECT
 /// tunnel it arrived through.
 #[derive(Debug, Clone)]
@@ -169,9 +183,14 @@ pub async fn forward(app: Arc<App>, req: Request<Incoming>, target: Target) -> R
         .path_and_query()
         .map_or("/", |p| p.as_str())
         .to_string();
+    // The authority travels in the URI only, without the scheme's default
+    // port: hyper-util writes it as `Host` over HTTP/1.1 and as
+    // `:authority` over HTTP/2, where a `Host` header beside it is a
+    // duplicate that servers such as nginx refuse (RFC 9113 §8.3.1).
+    let authority = without_default_port(&target.scheme, &target.authority);
     parts.uri = match Uri::builder()
         .scheme(target.scheme.clone())
-        .authority(target.authority.clone())
+        .authority(authority.clone())
         .path_and_query(path)
         .build()
     {
@@ -187,10 +206,23 @@ pub async fn forward(app: Arc<App>, req: Request<Incoming>, target: Target) -> R
     };
     strip_hop_by_hop(&mut parts.headers);
     add_via(&mut parts.headers);
-    if target.absolute || !parts.headers.contains_key(header::HOST) {
-        if let Ok(v) = HeaderValue::from_str(target.authority.as_str()) {
-            parts.headers.insert(header::HOST, v);
-        }
+    // An absolute-form target's authority replaces the client's `Host`
+    // (RFC 9112 §3.2.2); inside a tunnel a `Host` naming the target itself
+    // is the same authority, written again by the client. Either way it
+    // goes, and hyper-util writes the URI's. A tunnelled `Host` naming
+    // something else (virtual hosting) stands.
+    let redundant = parts.headers.get(header::HOST).is_some_and(|h| {
+        h.to_str()
+            .ok()
+            .and_then(|h| h.parse::<Authority>().ok())
+            .is_some_and(|h| {
+                without_default_port(&target.scheme, &h)
+                    .as_str()
+                    .eq_ignore_ascii_case(authority.as_str())
+            })
+    });
+    if target.absolute || redundant {
+        parts.headers.remove(header::HOST);
     }
     parts.version = http::Version::HTTP_11;
 
@@ -270,6 +302,35 @@ fn final_outcome<R>(result: &Result<Response<R>, BoxError>) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn default_ports_are_dropped_from_the_authority() {
+        let a = |s: &str| s.parse::<Authority>().unwrap();
+        assert_eq!(
+            without_default_port(&Scheme::HTTPS, &a("h.test:443")).as_str(),
+            "h.test"
+        );
+        assert_eq!(
+            without_default_port(&Scheme::HTTP, &a("h.test:80")).as_str(),
+            "h.test"
+        );
+        assert_eq!(
+            without_default_port(&Scheme::HTTPS, &a("h.test:8443")).as_str(),
+            "h.test:8443"
+        );
+        assert_eq!(
+            without_default_port(&Scheme::HTTP, &a("h.test:443")).as_str(),
+            "h.test:443"
+        );
+        assert_eq!(
+            without_default_port(&Scheme::HTTPS, &a("[::1]:443")).as_str(),
+            "[::1]"
+        );
+        assert_eq!(
+            without_default_port(&Scheme::HTTPS, &a("h.test")).as_str(),
+            "h.test"
+        );
+    }
 
     #[test]
     fn targets_drop_userinfo() {

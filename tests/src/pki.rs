@@ -33,6 +33,17 @@ impl TestCa {
         }
     }
 
+    /// A leaf for these names (hosts or IPs) as PEM: (certificate, key) —
+    /// for servers that read files, such as nginx.
+    pub fn leaf_pem(&self, names: &[&str]) -> (String, String) {
+        let key = KeyPair::generate().unwrap();
+        let params =
+            CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
+                .unwrap();
+        let cert = params.signed_by(&key, &self.issuer).unwrap();
+        (cert.pem(), key.serialize_pem())
+    }
+
     /// A rustls server config with a leaf for these names (hosts or IPs),
     /// offering h2 and http/1.1.
     pub fn server_config(&self, names: &[&str]) -> Arc<rustls::ServerConfig> {
