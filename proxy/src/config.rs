@@ -462,7 +462,13 @@ impl Config {
                     })
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let connect_ports = raw.destinations.connect_ports.unwrap_or_else(|| vec![443]);
+        // 80 too: Node's undici tunnels even `http://` targets with
+        // `CONNECT host:80`, and plain HTTP inside a tunnel goes through the
+        // provider's stack like any request (R-SF2).
+        let connect_ports = raw
+            .destinations
+            .connect_ports
+            .unwrap_or_else(|| vec![443, 80]);
         if connect_ports.contains(&0) {
             return Err(err("destinations.connect_ports", "0 is not a port"));
         }

@@ -158,16 +158,24 @@ impl Drop for Sim {
 impl Sim {
     /// Starts a plain-HTTP simulator on `ip` (a loopback address), port 0.
     pub async fn start(ip: &str) -> Sim {
-        Sim::start_inner(ip, None).await
+        Sim::start_inner(ip, 0, None).await
+    }
+
+    /// Starts a plain-HTTP simulator on `ip:port` (port 80 needs root, as
+    /// the tests run).
+    pub async fn start_on(ip: &str, port: u16) -> Sim {
+        Sim::start_inner(ip, port, None).await
     }
 
     /// Starts an HTTPS simulator with this server config.
     pub async fn start_tls(ip: &str, tls: Arc<rustls::ServerConfig>) -> Sim {
-        Sim::start_inner(ip, Some(tokio_rustls::TlsAcceptor::from(tls))).await
+        Sim::start_inner(ip, 0, Some(tokio_rustls::TlsAcceptor::from(tls))).await
     }
 
-    async fn start_inner(ip: &str, tls: Option<tokio_rustls::TlsAcceptor>) -> Sim {
-        let listener = TcpListener::bind((ip, 0)).await.expect("bind simulator");
+    async fn start_inner(ip: &str, port: u16, tls: Option<tokio_rustls::TlsAcceptor>) -> Sim {
+        let listener = TcpListener::bind((ip, port))
+            .await
+            .expect("bind simulator");
         let addr = listener.local_addr().unwrap();
         let state: Arc<Mutex<State>> = Arc::default();
         let st = state.clone();

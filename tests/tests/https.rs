@@ -149,6 +149,21 @@ async fn undici_plain_http_through_its_tunnel() {
     );
 }
 
+/// R-SF2, R-PX2 (issue 9, defect 1): on the *default* `connect_ports`, a
+/// Node collector fetching an `http://` URL on port 80 — which undici
+/// tunnels with `CONNECT host:80` — is served (was 403), through the
+/// provider's stack (a 429 with `Retry-After: 1` is absorbed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn undici_http_on_port_80_works_on_the_default_config() {
+    let sim = Sim::start_on("127.0.0.42", 80).await;
+    let sluice = Sluice::start("[destinations]\nallow = [\"127.0.0.0/8\"]\n");
+    let url = "http://127.0.0.42/ra/1/node80";
+    let status = undici(&sluice.proxy_url(), url, &[]).await;
+    assert_eq!(status, 200);
+    let hits = sim.hits("/ra/1/node80");
+    assert_eq!(hits.len(), 2, "the 429 was seen inside the tunnel and retried");
+}
+
 /// R-ST1 over HTTPS: one provider held by a long `Retry-After`, the other
 /// unaffected.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
