@@ -643,7 +643,7 @@ mod tests {
         assert_eq!(c.admin.to_string(), "127.0.0.1:9901");
         assert_eq!(c.state_dir, PathBuf::from("./sluice-state"));
         assert!(c.destinations.allow.is_empty());
-        assert_eq!(c.destinations.connect_ports, [443]);
+        assert_eq!(c.destinations.connect_ports, [443, 80]);
         assert_eq!(c.defaults.ceiling_rps, 50.0);
     }
 

@@ -173,9 +173,7 @@ impl Sim {
     }
 
     async fn start_inner(ip: &str, port: u16, tls: Option<tokio_rustls::TlsAcceptor>) -> Sim {
-        let listener = TcpListener::bind((ip, port))
-            .await
-            .expect("bind simulator");
+        let listener = TcpListener::bind((ip, port)).await.expect("bind simulator");
         let addr = listener.local_addr().unwrap();
         let state: Arc<Mutex<State>> = Arc::default();
         let st = state.clone();

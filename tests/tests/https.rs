@@ -161,7 +161,11 @@ async fn undici_http_on_port_80_works_on_the_default_config() {
     let status = undici(&sluice.proxy_url(), url, &[]).await;
     assert_eq!(status, 200);
     let hits = sim.hits("/ra/1/node80");
-    assert_eq!(hits.len(), 2, "the 429 was seen inside the tunnel and retried");
+    assert_eq!(
+        hits.len(),
+        2,
+        "the 429 was seen inside the tunnel and retried"
+    );
 }
 
 /// R-ST1 over HTTPS: one provider held by a long `Retry-After`, the other
