@@ -81,6 +81,36 @@ pub fn oversize_head(headers: &HeaderMap, limit: usize) -> Option<Response<ResBo
     None
 }
 
+/// A request no provider should see: a target port of 0 or above 65535,
+/// refused before any DNS look-up or connect (it used to reach the
+/// connector and come back as a 502 blaming the provider). Counted and
+/// logged without the request's data; the connection is closed.
+fn malformed<B>(app: &App, _req: &Request<B>, target: &Target) -> Option<Response<ResBody>> {
+    let (reason, details) = if invalid_port(&target.authority) {
+        ("invalid_port", "the target's port must be 1 to 65535")
+    } else {
+        return None;
+    };
+    app.metrics.bad_request(reason);
+    tracing::warn!(reason, "malformed request refused");
+    let mut resp =
+        Refusal::new(StatusCode::BAD_REQUEST, "http_request_error", details).into_response();
+    resp.headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    Some(resp)
+}
+
+/// A port is written but is not 1 to 65535.
+fn invalid_port(authority: &Authority) -> bool {
+    let s = authority.as_str();
+    // After an IPv6 literal's closing bracket, if any.
+    let tail = s.rsplit_once(']').map_or(s, |(_, t)| t);
+    match tail.rsplit_once(':') {
+        Some((_, port)) => !matches!(port.parse::<u16>(), Ok(p) if p != 0),
+        None => false,
+    }
+}
+
 /// `authority` without the port when it is `scheme`'s default (`host:443`
 /// for https is `host`).
 fn without_default_port(scheme: &Scheme, authority: &Authority) -> Authority {
@@ -152,6 +182,9 @@ pub async fn tunnelled(
 /// the answer — the provider's, or sluice's own refusal.
 pub async fn forward(app: Arc<App>, req: Request<Incoming>, target: Target) -> Response<ResBody> {
     let started = Instant::now();
+    if let Some(refusal) = malformed(&app, &req, &target) {
+        return refusal;
+    }
     if target.scheme != Scheme::HTTP && target.scheme != Scheme::HTTPS {
         return Refusal::new(
             StatusCode::BAD_REQUEST,
@@ -302,6 +335,23 @@ fn final_outcome<R>(result: &Result<Response<R>, BoxError>) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn invalid_ports() {
+        let a = |s: &str| s.parse::<Authority>().unwrap();
+        for bad in [
+            "h.test:0",
+            "h.test:65536",
+            "h.test:70000",
+            "[::1]:0",
+            "h.test:",
+        ] {
+            assert!(invalid_port(&a(bad)), "{bad}");
+        }
+        for good in ["h.test", "h.test:1", "h.test:65535", "[::1]", "[::1]:443"] {
+            assert!(!invalid_port(&a(good)), "{good}");
+        }
+    }
 
     #[test]
     fn default_ports_are_dropped_from_the_authority() {

@@ -62,6 +62,9 @@ pub struct Metrics {
     pub store_cold_starts: IntCounterVec,
     /// Store reads or writes that failed.
     pub store_errors: IntCounter,
+    /// Requests refused as malformed before reaching any provider, by a
+    /// bounded reason.
+    bad_requests: IntCounterVec,
     /// Providers whose learned state was restored.
     pub state_restored: IntCounter,
     /// Config reloads, by result.
@@ -101,6 +104,9 @@ fn histogram(r: &Registry, name: &str, help: &str, buckets: Vec<f64>) -> Histogr
     r.register(Box::new(h.clone())).expect("unique metric");
     h
 }
+
+/// The reasons `sluice_bad_requests_total` counts.
+pub const BAD_REQUEST_REASONS: [&str; 1] = ["invalid_port"];
 
 impl Metrics {
     /// Registers every metric; at most `max_labels` provider labels.
@@ -276,6 +282,12 @@ impl Metrics {
                 &["reason"],
             ),
             store_errors: plain_counter("store_errors_total", "Store reads or writes that failed"),
+            bad_requests: counter(
+                &r,
+                "bad_requests_total",
+                "Requests refused as malformed before any provider saw them, by reason",
+                &["reason"],
+            ),
             state_restored: plain_counter(
                 "state_restored_total",
                 "Providers whose learned state was restored",
@@ -301,6 +313,9 @@ impl Metrics {
         build.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
         m.registry.register(Box::new(build)).expect("unique metric");
         m.store_cold_starts.with_label_values(&["unreadable"]);
+        for reason in BAD_REQUEST_REASONS {
+            m.bad_requests.with_label_values(&[reason]);
+        }
         m
     }
 
@@ -349,6 +364,12 @@ impl Metrics {
     /// Counts a tunnel.
     pub fn tunnel(&self, label: &str, mode: &str) {
         self.tunnels.with_label_values(&[label, mode]).inc();
+    }
+
+    /// Counts a request refused as malformed (`reason` is one of
+    /// [`BAD_REQUEST_REASONS`]).
+    pub fn bad_request(&self, reason: &'static str) {
+        self.bad_requests.with_label_values(&[reason]).inc();
     }
 
     /// Counts a client rejecting the interception.

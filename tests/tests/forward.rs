@@ -484,6 +484,37 @@ async fn bodies_pass_through_and_hop_by_hop_headers_do_not() {
     assert_eq!(r.header("x-seen-host"), Some(sim.addr.to_string()));
 }
 
+/// R-SF3 (issue 9, defect 4): an absolute-form target with port 0 or a
+/// port above 65535 is refused with 400 before any DNS look-up or connect
+/// (it used to be tried and come back 502 `connection_refused` or
+/// `dns_error`, blaming the provider), and counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn targets_with_an_invalid_port_are_refused_before_any_connect() {
+    let sluice = Sluice::start(&allow_loopback(""));
+    for target in [
+        "http://127.0.0.45:0/ok",
+        "http://127.0.0.45:65536/ok",
+        "http://127.0.0.45:70000/ok",
+        "http://no-such-host.invalid:0/ok",
+    ] {
+        let a = raw(
+            sluice.proxy,
+            format!("GET {target} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes(),
+        )
+        .await;
+        assert!(a.starts_with("HTTP/1.1 400"), "{target}: {a}");
+        assert!(
+            a.contains("proxy-status: sluice; error=http_request_error"),
+            "{target}: {a}"
+        );
+    }
+    let (_, metrics) = sluice.admin_get("/metrics").await;
+    assert!(
+        metrics.contains("sluice_bad_requests_total{reason=\"invalid_port\"} 4"),
+        "{metrics}"
+    );
+}
+
 /// R-PX4, R-TO1: a provider that resets the connection gets 502
 /// `connection_terminated`; one that hangs gets 504 `http_response_timeout`
 /// after the attempt timeout (and its retries).
