@@ -54,6 +54,10 @@ pub enum UpstreamKind {
     Protocol,
     /// The destination is forbidden by sluice's destination policy.
     Prohibited,
+    /// The client's request body failed while it was being sent (a
+    /// malformed chunk, the client gone): the client's fault, never the
+    /// provider's.
+    ClientBody,
 }
 
 impl UpstreamKind {
@@ -136,7 +140,7 @@ pub fn info(err: &BoxError) -> ErrorInfo {
         };
     }
     if let Some(e) = err.downcast_ref::<Upstream>() {
-        let client = matches!(e.kind, UpstreamKind::Prohibited);
+        let client = matches!(e.kind, UpstreamKind::Prohibited | UpstreamKind::ClientBody);
         return ErrorInfo {
             fault: if client {
                 Fault::Client

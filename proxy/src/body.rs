@@ -24,6 +24,13 @@ pub fn full(text: impl Into<Bytes>) -> ResBody {
     Full::new(text.into()).map_err(|e| match e {}).boxed()
 }
 
+/// The client's request body failed while sluice streamed it upstream (a
+/// malformed chunk, a client that went away): marked so that the failure
+/// is classified as the client's, never the provider's (R-SF3).
+#[derive(Debug, thiserror::Error)]
+#[error("client request body: {0}")]
+pub struct ClientBodyError(#[source] pub hyper::Error);
+
 /// A request body on its way upstream (R-PX1): streamed as it comes, or —
 /// only when a retry may need it and it fits the replay limit — kept whole
 /// so that it can be sent again.
@@ -58,7 +65,9 @@ impl Body for ProxyBody {
         match self.get_mut() {
             ProxyBody::Empty => Poll::Ready(None),
             ProxyBody::Whole(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
-            ProxyBody::Stream(s) => Pin::new(s).poll_frame(cx).map_err(Into::into),
+            ProxyBody::Stream(s) => Pin::new(s)
+                .poll_frame(cx)
+                .map_err(|e| ClientBodyError(e).into()),
         }
     }
 

@@ -162,6 +162,11 @@ pub fn refusal(err: &BoxError) -> Refusal {
                 "destination_ip_prohibited",
                 "destination address not allowed",
             ),
+            UpstreamKind::ClientBody => (
+                StatusCode::BAD_REQUEST,
+                "http_request_error",
+                "the request body was malformed or cut short",
+            ),
         };
         return Refusal::new(status, error, details);
     }

@@ -24,7 +24,7 @@ use sluice_policy::error::{Upstream as UpstreamError, UpstreamKind};
 use sluice_policy::BoxError;
 use tower::Service;
 
-use crate::body::ProxyBody;
+use crate::body::{ClientBodyError, ProxyBody};
 use crate::guard::{Guard, GuardError, GuardedConnector};
 
 /// A TLS config for upstream connections: web roots + the extra CA.
@@ -114,6 +114,9 @@ pub fn kind_of(err: &(dyn std::error::Error + 'static)) -> UpstreamKind {
     let mut saw_connect = false;
     let mut io_kinds = Vec::new();
     while let Some(e) = next.pop() {
+        if e.downcast_ref::<ClientBodyError>().is_some() {
+            return UpstreamKind::ClientBody;
+        }
         if let Some(g) = e.downcast_ref::<GuardError>() {
             return match g {
                 GuardError::Prohibited(_) => UpstreamKind::Prohibited,

@@ -484,6 +484,38 @@ async fn bodies_pass_through_and_hop_by_hop_headers_do_not() {
     assert_eq!(r.header("x-seen-host"), Some(sim.addr.to_string()));
 }
 
+/// R-SF3 (issue 9, defect 3): a request body with a malformed chunk is
+/// the client's fault: 400 with `Proxy-Status: http_request_error` (it was
+/// 502, blaming the provider), not retried, and never a failure for the
+/// provider's breaker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_chunked_body_is_the_clients_fault() {
+    let sim = Sim::start("127.0.0.46").await;
+    let sluice = Sluice::start(&allow_loopback(""));
+    let target = sim.url("http", "/echo");
+    for _ in 0..3 {
+        let a = raw(
+            sluice.proxy,
+            format!(
+                "POST {target} HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n\
+                 5\r\nhello\r\nzz-not-a-size\r\n\r\n"
+            )
+            .as_bytes(),
+        )
+        .await;
+        assert!(a.starts_with("HTTP/1.1 400"), "{a}");
+        assert!(
+            a.contains("proxy-status: sluice; error=http_request_error"),
+            "{a}"
+        );
+    }
+    assert!(sim.hits("/echo").len() <= 3, "not retried");
+    let (_, body) = sluice.admin_get("/v1/providers").await;
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let p = &v["providers"][0];
+    assert_eq!(p["breaker"]["window_failures"], 0, "{body}");
+}
+
 /// R-SF3 (issue 9, defect 4): an absolute-form target with port 0 or a
 /// port above 65535 is refused with 400 before any DNS look-up or connect
 /// (it used to be tried and come back 502 `connection_refused` or
