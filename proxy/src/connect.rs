@@ -225,7 +225,8 @@ where
     let conn = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(header_timeout)
-        .serve_connection(TokioIo::new(io), service);
+        .serve_connection(TokioIo::new(io), service)
+        .with_upgrades();
     tokio::pin!(conn);
     // On SIGTERM: finish the request in flight, then close — an idle
     // keep-alive tunnel must not hold the shutdown for the whole grace.

@@ -9,6 +9,7 @@ use http::uri::{Authority, Scheme};
 use http::{Request, Response, StatusCode, Uri};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
 use sluice_policy::bulkhead::InFlight;
 use sluice_policy::error::{self, BulkheadFull, CircuitOpen, RateLimited, RunStopped};
 use sluice_policy::retry::retryable_method;
@@ -180,11 +181,20 @@ pub async fn tunnelled(
 
 /// Forwards `req` to `target` through the provider's stack and returns
 /// the answer — the provider's, or sluice's own refusal.
-pub async fn forward(app: Arc<App>, req: Request<Incoming>, target: Target) -> Response<ResBody> {
+pub async fn forward(
+    app: Arc<App>,
+    mut req: Request<Incoming>,
+    target: Target,
+) -> Response<ResBody> {
     let started = Instant::now();
     if let Some(refusal) = malformed(&app, &req, &target) {
         return refusal;
     }
+    // R-PX5: an HTTP/1.1 Upgrade (WebSocket) keeps its Upgrade through the
+    // stack — the handshake is one admitted request — and on 101 the two
+    // connections are joined.
+    let upgrade = upgrade_protocol(&req);
+    let client_upgrade = upgrade.is_some().then(|| hyper::upgrade::on(&mut req));
     if target.scheme != Scheme::HTTP && target.scheme != Scheme::HTTPS {
         return Refusal::new(
             StatusCode::BAD_REQUEST,
@@ -239,6 +249,12 @@ pub async fn forward(app: Arc<App>, req: Request<Incoming>, target: Target) -> R
     };
     strip_hop_by_hop(&mut parts.headers);
     add_via(&mut parts.headers);
+    if let Some(protocol) = &upgrade {
+        parts.headers.insert(header::UPGRADE, protocol.clone());
+        parts
+            .headers
+            .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    }
     // An absolute-form target's authority replaces the client's `Host`
     // (RFC 9112 §3.2.2); inside a tunnel a `Host` naming the target itself
     // is the same authority, written again by the client. Either way it
@@ -295,6 +311,10 @@ pub async fn forward(app: Arc<App>, req: Request<Incoming>, target: Target) -> R
     app.metrics.request(&provider.label, final_outcome(&result));
     match result {
         Ok(resp) => {
+            if let (StatusCode::SWITCHING_PROTOCOLS, Some(client)) = (resp.status(), client_upgrade)
+            {
+                return switch(&app, &provider.label, resp, client);
+            }
             let (mut parts, body) = resp.into_parts();
             strip_hop_by_hop(&mut parts.headers);
             add_via(&mut parts.headers);
@@ -319,6 +339,69 @@ pub async fn forward(app: Arc<App>, req: Request<Incoming>, target: Target) -> R
             refusal.into_response()
         }
     }
+}
+
+/// The protocol an HTTP/1.1 request asks to upgrade to (`Upgrade`, with
+/// `upgrade` among its `Connection` tokens), if it does.
+fn upgrade_protocol<B>(req: &Request<B>) -> Option<HeaderValue> {
+    if req.version() != http::Version::HTTP_11 {
+        return None;
+    }
+    let asks = req
+        .headers()
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| t.trim().eq_ignore_ascii_case("upgrade"));
+    asks.then(|| req.headers().get(header::UPGRADE).cloned())
+        .flatten()
+}
+
+/// The provider switched protocols: answer the client's 101, then carry
+/// bytes both ways between the two upgraded connections until either side
+/// closes (counted in `sluice_upgrades_total`, open ones in
+/// `sluice_upgraded_connections`).
+fn switch(
+    app: &App,
+    label: &str,
+    mut upstream: Response<Incoming>,
+    client: hyper::upgrade::OnUpgrade,
+) -> Response<ResBody> {
+    let on_upstream = hyper::upgrade::on(&mut upstream);
+    let guard = app.metrics.upgraded(label);
+    tokio::spawn(async move {
+        let _open = guard;
+        match tokio::join!(client, on_upstream) {
+            (Ok(c), Ok(u)) => {
+                let (mut c, mut u) = (TokioIo::new(c), TokioIo::new(u));
+                if let Err(e) = tokio::io::copy_bidirectional(&mut c, &mut u).await {
+                    tracing::debug!(error = %e, "upgraded connection ended with an error");
+                }
+            }
+            (c, u) => tracing::debug!(
+                client = c.is_ok(),
+                upstream = u.is_ok(),
+                "an upgrade did not complete"
+            ),
+        }
+    });
+    let (mut parts, _) = upstream.into_parts();
+    let protocol = parts.headers.get(header::UPGRADE).cloned();
+    strip_hop_by_hop(&mut parts.headers);
+    add_via(&mut parts.headers);
+    if let Some(p) = protocol {
+        parts.headers.insert(header::UPGRADE, p);
+    }
+    parts
+        .headers
+        .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    parts.version = http::Version::HTTP_11;
+    parts.extensions.remove::<InFlight>();
+    Response::from_parts(
+        parts,
+        http_body_util::Empty::new().map_err(|e| match e {}).boxed(),
+    )
 }
 
 /// The label of a client request's final outcome (R-OP1).

@@ -54,6 +54,8 @@ pub struct Metrics {
     backoffs: IntCounterVec,
     transitions: IntCounterVec,
     tunnels: IntCounterVec,
+    upgrades: IntCounterVec,
+    upgraded_open: IntGauge,
     interception_failures: IntCounterVec,
     visibility: IntGaugeVec,
     /// Providers in the table.
@@ -103,6 +105,16 @@ fn histogram(r: &Registry, name: &str, help: &str, buckets: Vec<f64>) -> Histogr
     .expect("valid metric");
     r.register(Box::new(h.clone())).expect("unique metric");
     h
+}
+
+/// One upgraded connection in the open gauge while it lives.
+#[derive(Debug)]
+pub struct UpgradedGuard(IntGauge);
+
+impl Drop for UpgradedGuard {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
 }
 
 /// The reasons `sluice_bad_requests_total` counts.
@@ -262,6 +274,21 @@ impl Metrics {
                 "CONNECT tunnels by mode (intercepted, raw, plain_http)",
                 &["provider", "mode"],
             ),
+            upgrades: counter(
+                &r,
+                "upgrades_total",
+                "HTTP/1.1 Upgrades (WebSocket) switched through the provider's stack",
+                p,
+            ),
+            upgraded_open: {
+                let g = IntGauge::new(
+                    "upgraded_connections",
+                    "Upgraded connections (WebSocket) whose bytes sluice is carrying now",
+                )
+                .expect("valid metric");
+                r.register(Box::new(g.clone())).expect("unique metric");
+                g
+            },
             interception_failures: counter(
                 &r,
                 "interception_failures_total",
@@ -329,6 +356,7 @@ impl Metrics {
         self.holds.with_label_values(&[label]);
         self.hold_seconds.with_label_values(&[label]);
         self.interception_failures.with_label_values(&[label]);
+        self.upgrades.with_label_values(&[label]);
         for mode in ["intercepted", "raw", "plain_http"] {
             self.tunnels.with_label_values(&[label, mode]);
         }
@@ -359,6 +387,14 @@ impl Metrics {
     /// Counts one client request's final outcome.
     pub fn request(&self, label: &str, outcome: &str) {
         self.requests.with_label_values(&[label, outcome]).inc();
+    }
+
+    /// Counts an upgrade switched for a provider, and returns a guard that
+    /// keeps it in the open gauge until dropped.
+    pub fn upgraded(&self, label: &str) -> UpgradedGuard {
+        self.upgrades.with_label_values(&[label]).inc();
+        self.upgraded_open.inc();
+        UpgradedGuard(self.upgraded_open.clone())
     }
 
     /// Counts a tunnel.

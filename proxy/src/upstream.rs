@@ -64,21 +64,31 @@ pub fn tls_config(extra_ca: Option<&Path>) -> Result<rustls::ClientConfig, Strin
 #[derive(Clone, Debug)]
 pub struct Upstream {
     client: Client<HttpsConnector<GuardedConnector>, ProxyBody>,
+    /// HTTP/1.1 only, for Upgrade requests: an upgrade cannot ride HTTP/2.
+    http1: Client<HttpsConnector<GuardedConnector>, ProxyBody>,
 }
 
 impl Upstream {
     /// A client with this guard and TLS config.
     pub fn new(guard: Guard, tls: rustls::ClientConfig, connect_timeout: Duration) -> Self {
         let https = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_tls_config(tls)
+            .with_tls_config(tls.clone())
             .https_or_http()
             .enable_http1()
             .enable_http2()
-            .wrap_connector(GuardedConnector::new(guard, connect_timeout));
+            .wrap_connector(GuardedConnector::new(guard.clone(), connect_timeout));
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(90))
             .build(https);
-        Upstream { client }
+        let https1 = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(GuardedConnector::new(guard, connect_timeout));
+        let http1 = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(90))
+            .build(https1);
+        Upstream { client, http1 }
     }
 }
 
@@ -92,7 +102,11 @@ impl Service<Request<ProxyBody>> for Upstream {
     }
 
     fn call(&mut self, req: Request<ProxyBody>) -> Self::Future {
-        let fut = self.client.request(req);
+        let fut = if req.headers().contains_key(http::header::UPGRADE) {
+            self.http1.request(req)
+        } else {
+            self.client.request(req)
+        };
         Box::pin(async move { fut.await.map_err(|e| classify(e.into()).into()) })
     }
 }

@@ -105,7 +105,7 @@ pub async fn intercept<T>(
         async move { Ok::<_, std::convert::Infallible>(tunnelled(app, req, target, identity).await) }
     });
     let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-    let conn = builder.serve_connection(TokioIo::new(tls), service);
+    let conn = builder.serve_connection_with_upgrades(TokioIo::new(tls), service);
     tokio::pin!(conn);
     // On SIGTERM: finish what is in flight, then close (HTTP/2 GOAWAY,
     // HTTP/1.1 after the current response).
