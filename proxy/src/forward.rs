@@ -16,11 +16,11 @@ use sluice_policy::retry::retryable_method;
 use sluice_policy::{outcome, BoxError};
 use tower::ServiceExt;
 
-use crate::auth::Identity;
+use crate::app::App;
 use crate::body::{collect_limited, IdleTimeout, ProxyBody, ResBody};
 use crate::config::normalise_host;
 use crate::edge::{self, Refusal};
-use crate::server::App;
+use crate::identity::Identity;
 
 /// `Via` value sluice adds (RFC 9110 §7.6.3).
 const VIA: &str = "1.1 sluice";

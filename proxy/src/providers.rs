@@ -377,7 +377,7 @@ impl Provider {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::guard::Guard;
+    use crate::upstream::guard::Guard;
     use crate::upstream::tls_config;
 
     fn table(config: &str) -> Providers {

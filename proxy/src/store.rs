@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 use sluice_policy::breaker::{State, Transition};
 use sluice_policy::provider::LearnedState;
 
-use crate::metrics::Metrics;
+use prometheus::{IntCounter, IntCounterVec};
 
 /// Transitions kept per provider.
 pub const EVIDENCE_PER_PROVIDER: usize = 100;
@@ -158,7 +158,13 @@ impl Store {
     /// Opens `<state_dir>/store`. If that fails, the directory is moved
     /// aside (`store.broken-<unix ms>`) and a fresh store is opened; if even
     /// that fails, `None`: sluice runs without lasting state.
-    pub fn open(state_dir: &Path, metrics: &Metrics) -> Option<Store> {
+    /// `cold_starts` counts a store moved aside (label `unreadable`),
+    /// `errors` a store that could not be opened at all.
+    pub fn open(
+        state_dir: &Path,
+        cold_starts: &IntCounterVec,
+        errors: &IntCounter,
+    ) -> Option<Store> {
         let path = state_dir.join("store");
         match Store::open_at(&path) {
             Ok(s) => return Some(s),
@@ -170,10 +176,7 @@ impl Store {
                     moved_to = %aside.display(),
                     "STATE STORE UNREADABLE: moved aside; starting cold (learned rates and evidence from before are not used)"
                 );
-                metrics
-                    .store_cold_starts
-                    .with_label_values(&["unreadable"])
-                    .inc();
+                cold_starts.with_label_values(&["unreadable"]).inc();
                 if let Err(e) = std::fs::rename(&path, &aside) {
                     tracing::error!(error = %e, "could not move the store aside");
                 }
@@ -183,7 +186,7 @@ impl Store {
             Ok(s) => Some(s),
             Err(e) => {
                 tracing::error!(error = %e, "no state store: nothing learned will outlast this process");
-                metrics.store_errors.inc();
+                errors.inc();
                 None
             }
         }
@@ -308,6 +311,13 @@ fn prefix(provider: &str) -> Vec<u8> {
 mod tests {
     use super::*;
 
+    fn counters() -> (IntCounterVec, IntCounter) {
+        (
+            IntCounterVec::new(prometheus::Opts::new("cold", "cold"), &["reason"]).unwrap(),
+            IntCounter::new("errors", "errors").unwrap(),
+        )
+    }
+
     fn dir(tag: &str) -> PathBuf {
         let d = std::env::temp_dir().join(format!("sluice-store-{}-{tag}", std::process::id()));
         let _ = std::fs::remove_dir_all(&d);
@@ -317,9 +327,9 @@ mod tests {
     #[test]
     fn learned_and_evidence_round_trip_bounded() {
         let d = dir("rt");
-        let m = Metrics::new(8);
+        let m = counters();
         {
-            let s = Store::open(&d, &m).unwrap();
+            let s = Store::open(&d, &m.0, &m.1).unwrap();
             let state = LearnedState {
                 rate_rps: 12.5,
                 limit_rps: Some(13.0),
@@ -350,7 +360,7 @@ mod tests {
             s.append_evidence("api.test2", &s.evidence("api.test")[0].clone())
                 .unwrap();
         }
-        let s = Store::open(&d, &m).unwrap();
+        let s = Store::open(&d, &m.0, &m.1).unwrap();
         let learned = s.load_learned();
         assert_eq!(learned.len(), 1);
         assert_eq!(s.prune_learned(Duration::from_secs(3600)).unwrap(), 0);
@@ -371,17 +381,15 @@ mod tests {
         std::fs::create_dir_all(&store).unwrap();
         std::fs::write(store.join("conf"), b"\xff\x00 not sled at all").unwrap();
         std::fs::write(store.join("db"), vec![0xAB; 4096]).unwrap();
-        let m = Metrics::new(8);
-        let s = Store::open(&d, &m).expect("a fresh store");
+        let m = counters();
+        let s = Store::open(&d, &m.0, &m.1).expect("a fresh store");
         assert!(s.load_learned().is_empty());
         let aside = std::fs::read_dir(&d)
             .unwrap()
             .filter_map(Result::ok)
             .any(|e| e.file_name().to_string_lossy().starts_with("store.broken-"));
         assert!(aside, "moved aside");
-        assert!(m
-            .render()
-            .contains("sluice_store_cold_starts_total{reason=\"unreadable\"} 1"));
+        assert_eq!(m.0.with_label_values(&["unreadable"]).get(), 1);
         let _ = std::fs::remove_dir_all(&d);
     }
 }

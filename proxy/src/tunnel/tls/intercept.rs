@@ -12,10 +12,10 @@ use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 use tokio::io::{AsyncRead, AsyncWrite};
 
-use super::CertAuthority;
-use crate::auth::Identity;
+use crate::app::App;
+use crate::ca::CertAuthority;
 use crate::forward::{tunnelled, Target};
-use crate::server::App;
+use crate::identity::Identity;
 
 /// Picks the leaf for a handshake: the SNI name, or the CONNECT host when
 /// the client sent none (IP targets).

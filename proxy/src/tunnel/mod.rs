@@ -7,13 +7,15 @@
 //!   an HTTP connection, every request in it through the provider's stack
 //!   exactly like an absolute-form request;
 //! * TLS, for a provider with `intercept` on (the default once sluice has
-//!   its CA): sluice terminates it ([`crate::tls`]) and every request
+//!   its CA): sluice terminates it ([`crate::tunnel::tls`]) and every request
 //!   inside goes through the stack;
 //! * TLS with interception off: a raw tunnel. It is paced once per CONNECT
 //!   and connected before sluice answers `200`, so a refused or unreachable
 //!   target gets a `502` with `Proxy-Status`; sluice cannot see the
 //!   requests inside, and says so in the log and in
 //!   `sluice_provider_request_visibility`.
+
+pub mod tls;
 
 use std::io;
 use std::pin::Pin;
@@ -28,14 +30,14 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 
-use crate::auth::Identity;
+use crate::app::App;
 use crate::body::{full, ResBody};
 use crate::config::normalise_host;
 use crate::edge::{self, Refusal};
 use crate::forward::{tunnelled, Target};
+use crate::identity::Identity;
 use crate::providers::Provider;
-use crate::server::App;
-use crate::tls::intercept;
+use crate::tunnel::tls::intercept;
 use crate::upstream;
 use sluice_policy::error::{Upstream, UpstreamKind};
 use sluice_policy::BoxError;

@@ -14,38 +14,41 @@ use base64::Engine;
 use http::header::PROXY_AUTHORIZATION;
 use http::HeaderMap;
 
-/// Who sent a request: the proxy user, if credentials are in use.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Identity(pub Option<String>);
+pub use crate::identity::Identity;
+
+/// The proxy credentials were missing or wrong (never says which).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("proxy authentication required")]
+pub struct Unauthenticated;
 
 /// Checks `Proxy-Authorization` against the configured credentials.
 /// `Ok(Identity(None))` when none are configured.
 pub fn authenticate(
     headers: &HeaderMap,
     credentials: &HashMap<String, String>,
-) -> Result<Identity, ()> {
+) -> Result<Identity, Unauthenticated> {
     if credentials.is_empty() {
         return Ok(Identity(None));
     }
     let value = headers
         .get(PROXY_AUTHORIZATION)
-        .ok_or(())?
+        .ok_or(Unauthenticated)?
         .to_str()
-        .map_err(|_| ())?;
-    let (scheme, encoded) = value.trim().split_once(' ').ok_or(())?;
+        .map_err(|_| Unauthenticated)?;
+    let (scheme, encoded) = value.trim().split_once(' ').ok_or(Unauthenticated)?;
     if !scheme.eq_ignore_ascii_case("basic") {
-        return Err(());
+        return Err(Unauthenticated);
     }
     let decoded = base64::engine::general_purpose::STANDARD
         .decode(encoded.trim())
-        .map_err(|_| ())?;
-    let text = String::from_utf8(decoded).map_err(|_| ())?;
-    let (user, token) = text.split_once(':').ok_or(())?;
-    let expected = credentials.get(user).ok_or(())?;
+        .map_err(|_| Unauthenticated)?;
+    let text = String::from_utf8(decoded).map_err(|_| Unauthenticated)?;
+    let (user, token) = text.split_once(':').ok_or(Unauthenticated)?;
+    let expected = credentials.get(user).ok_or(Unauthenticated)?;
     if constant_time_eq(expected.as_bytes(), token.as_bytes()) {
         Ok(Identity(Some(user.to_string())))
     } else {
-        Err(())
+        Err(Unauthenticated)
     }
 }
 

@@ -11,10 +11,9 @@
 //! against the web roots plus the configured extra CA — never an
 //! "insecure" default (R-PX3).
 //!
-//! The CA key is written with mode 0600 and never logged (R-SF4).
+//! The CA itself is [`crate::ca`]; its key is written with mode 0600 and
+//! never logged (R-SF4).
 
-mod ca;
 mod intercept;
 
-pub use ca::{CaPaths, CertAuthority};
 pub use intercept::intercept;

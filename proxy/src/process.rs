@@ -1,127 +1,27 @@
-//! Listeners, connections and graceful shutdown (R-OP3).
+//! The process: wiring at start, the accept loops, signals (SIGTERM and
+//! SIGINT drain, SIGHUP reloads), the periodic save of learned state and
+//! the sweep of idle providers — and the commands besides serving
+//! (`sluice ca`, logging set-up) that the binary calls.
 
-use std::future::Future;
-use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::pin::Pin;
+use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use http::{HeaderValue, Method, Request, Response, StatusCode};
-use hyper::body::Incoming;
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::signal::unix::{signal, SignalKind};
-use tokio::sync::watch;
 
-use crate::admin;
-use crate::auth::{self, Identity};
-use crate::body::ResBody;
+use crate::app::{App, Shutdown};
+use crate::ca::{CaPaths, CertAuthority};
 use crate::config::Config;
-use crate::connect;
-use crate::edge::Refusal;
-use crate::forward::{forward, oversize_head, Target};
-use crate::guard::Guard;
-use crate::metrics::Metrics;
+use crate::observe::metrics::Metrics;
 use crate::observe::Observe;
 use crate::providers::Providers;
+use crate::serve::admin;
 use crate::store::{LearnedRecord, Store};
-use crate::tls::{CaPaths, CertAuthority};
+use crate::upstream::guard::Guard;
 use crate::upstream::{self, Upstream};
-
-/// Everything a connection needs, shared.
-#[derive(Debug)]
-pub struct App {
-    /// The config in force (replaced on reload).
-    config: RwLock<Arc<Config>>,
-    /// Where the config came from, for SIGHUP.
-    config_path: Option<PathBuf>,
-    /// Metrics.
-    pub metrics: Arc<Metrics>,
-    /// The store, if it could be opened.
-    pub store: Option<Arc<Store>>,
-    /// The provider table.
-    pub providers: Providers,
-    /// The destination guard.
-    pub guard: Guard,
-    /// Shutdown signalling and draining.
-    pub shutdown: Shutdown,
-    /// Listeners are bound and serving.
-    pub ready: AtomicBool,
-    /// The interception CA, if it could be loaded or created.
-    pub ca: Option<Arc<CertAuthority>>,
-}
-
-/// Tells connections to finish, and knows when they have.
-#[derive(Debug)]
-pub struct Shutdown {
-    tx: watch::Sender<bool>,
-}
-
-/// Held by each connection and tunnel while it runs.
-#[derive(Debug)]
-pub struct Tracker {
-    rx: watch::Receiver<bool>,
-}
-
-impl App {
-    /// The config in force.
-    pub fn config(&self) -> Arc<Config> {
-        self.config
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-    }
-}
-
-impl Shutdown {
-    fn new() -> Self {
-        Shutdown {
-            tx: watch::Sender::new(false),
-        }
-    }
-
-    /// A tracker for one connection or tunnel.
-    pub fn tracker(&self) -> Tracker {
-        Tracker {
-            rx: self.tx.subscribe(),
-        }
-    }
-
-    fn begin(&self) {
-        self.tx.send_replace(true);
-    }
-
-    /// Resolves once every tracker is dropped.
-    async fn drained(&self) {
-        self.tx.closed().await;
-    }
-}
-
-impl Tracker {
-    /// Resolves when shutdown begins.
-    pub async fn stopping(&mut self) {
-        let _ = self.rx.wait_for(|stop| *stop).await;
-    }
-
-    /// Drives a connection to its end; if shutdown begins first, asks it
-    /// to close gracefully (`close`: the connection's `graceful_shutdown`)
-    /// and lets what is in flight finish.
-    pub async fn serve<F, O>(&mut self, mut conn: Pin<&mut F>, close: impl FnOnce(Pin<&mut F>)) -> O
-    where
-        F: Future<Output = O>,
-    {
-        tokio::select! {
-            out = conn.as_mut() => out,
-            _ = self.stopping() => {
-                close(conn.as_mut());
-                conn.await
-            }
-        }
-    }
-}
 
 /// Runs sluice until SIGTERM or SIGINT, then drains within the grace
 /// period and saves what it learned. SIGHUP reloads the config file.
@@ -138,7 +38,12 @@ pub async fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), Str
     let proxy_addr = proxy.local_addr().map_err(|e| e.to_string())?;
     let admin_addr = admin_listener.local_addr().map_err(|e| e.to_string())?;
     let metrics = Arc::new(Metrics::new(config.limits.max_metric_providers));
-    let store = Store::open(&config.state_dir, &metrics).map(Arc::new);
+    let store = Store::open(
+        &config.state_dir,
+        &metrics.store_cold_starts,
+        &metrics.store_errors,
+    )
+    .map(Arc::new);
     let ca = match CertAuthority::load_or_create(ca_paths(&config), config.tls.leaf_cache) {
         Ok(ca) => Some(Arc::new(ca)),
         Err(e) => {
@@ -182,7 +87,7 @@ pub async fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), Str
         tokio::select! {
             accepted = proxy.accept() => match accepted {
                 Ok((stream, peer)) => {
-                    tokio::spawn(serve_connection(app.clone(), stream, peer));
+                    tokio::spawn(crate::serve::serve_connection(app.clone(), stream, peer));
                 }
                 Err(e) => {
                     // Out of file descriptors and the like: back off briefly.
@@ -330,63 +235,77 @@ async fn sweep(app: Arc<App>) {
     }
 }
 
-async fn serve_connection(app: Arc<App>, stream: TcpStream, peer: SocketAddr) {
-    let mut tracker = app.shutdown.tracker();
-    let limits = app.config().limits.clone();
-    let handler = app.clone();
-    let service = service_fn(move |req| {
-        let app = handler.clone();
-        async move { Ok::<_, std::convert::Infallible>(handle(app, req).await) }
-    });
-    let conn = hyper::server::conn::http1::Builder::new()
-        .timer(TokioTimer::new())
-        .header_read_timeout(limits.header_read_timeout)
-        .max_buf_size(limits.max_header_bytes)
-        .serve_connection(TokioIo::new(stream), service)
-        .with_upgrades();
-    tokio::pin!(conn);
-    let result = tracker
-        .serve(conn.as_mut(), |c| c.graceful_shutdown())
-        .await;
-    if let Err(e) = result {
-        tracing::debug!(%peer, error = %e, "client connection ended with an error");
-    }
-}
+/// The system trust bundles `sluice ca` looks for (Debian/Ubuntu/Alpine,
+/// then Fedora/RHEL).
+const SYSTEM_BUNDLES: [&str; 2] = [
+    "/etc/ssl/certs/ca-certificates.crt",
+    "/etc/pki/tls/certs/ca-bundle.crt",
+];
 
-/// One request from a client: authenticate, then CONNECT or forward.
-async fn handle(app: Arc<App>, mut req: Request<Incoming>) -> Response<ResBody> {
-    if let Some(resp) = oversize_head(req.headers(), app.config().limits.max_header_bytes) {
-        return resp;
-    }
-    let identity: Identity = match auth::authenticate(req.headers(), &app.config().credentials) {
-        Ok(id) => id,
-        Err(()) => {
-            let mut resp = Refusal::new(
-                StatusCode::PROXY_AUTHENTICATION_REQUIRED,
-                "http_request_denied",
-                "proxy credentials required",
-            )
-            .into_response();
-            resp.headers_mut().insert(
-                http::header::PROXY_AUTHENTICATE,
-                HeaderValue::from_static("Basic realm=\"sluice\""),
-            );
-            return resp;
+/// `sluice ca`: the CA path and the lines that make collectors trust it.
+///
+/// `SSL_CERT_FILE`, `REQUESTS_CA_BUNDLE` and `CURL_CA_BUNDLE` *replace* a
+/// client's trust store, so they get a bundle — the system's roots plus
+/// sluice's CA (`<dir of ca.crt>/ca-bundle.pem`) — and a collector keeps
+/// trusting hosts it reaches without sluice, or through a tunnel sluice
+/// does not intercept. Node's `NODE_EXTRA_CA_CERTS` adds to its roots, so
+/// it gets the CA alone.
+pub fn print_ca(config: &Config) -> ExitCode {
+    let paths = ca_paths(config);
+    let ca = match CertAuthority::load_or_create(paths, 1) {
+        Ok(ca) => ca,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::FAILURE;
         }
     };
-    if req.method() == Method::CONNECT {
-        return connect::connect(app, req, identity).await;
-    }
-    match Target::of(req.uri()) {
-        Some(target) => {
-            req.extensions_mut().insert(identity);
-            forward(app, req, target).await
+    let cert =
+        std::fs::canonicalize(ca.cert_path()).unwrap_or_else(|_| ca.cert_path().to_path_buf());
+    let bundle = SYSTEM_BUNDLES
+        .iter()
+        .find_map(|system| std::fs::read(system).ok())
+        .and_then(|mut roots| {
+            let own = std::fs::read(&cert).ok()?;
+            roots.push(b'\n');
+            roots.extend_from_slice(&own);
+            let path = cert.with_file_name("ca-bundle.pem");
+            std::fs::write(&path, roots).ok()?;
+            Some(path)
+        });
+    println!("# sluice's interception CA certificate:");
+    println!("# {}", cert.display());
+    let replacing = match &bundle {
+        Some(b) => {
+            println!(
+                "# For OpenSSL, Python requests and curl: the system's roots plus sluice's CA:"
+            );
+            b.clone()
         }
-        None => Refusal::new(
-            StatusCode::BAD_REQUEST,
-            "http_request_error",
-            "sluice is a forward proxy: send absolute-form requests (set HTTP_PROXY)",
-        )
-        .into_response(),
+        None => {
+            println!("# No system trust bundle found: these make clients trust sluice's CA only.");
+            cert.clone()
+        }
+    };
+    println!("export SSL_CERT_FILE={}", replacing.display());
+    println!("export REQUESTS_CA_BUNDLE={}", replacing.display());
+    println!("export CURL_CA_BUNDLE={}", replacing.display());
+    println!("# Node adds this to its own roots:");
+    println!("export NODE_EXTRA_CA_CERTS={}", cert.display());
+    ExitCode::SUCCESS
+}
+
+/// Logs to stderr, as text or JSON lines, at the level `SLUICE_LOG` names
+/// (default `info`).
+pub fn init_logging(json: bool) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("SLUICE_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(std::io::stderr);
+    if json {
+        builder.json().init();
+    } else {
+        builder.init();
     }
 }

@@ -22,9 +22,9 @@ use sluice_policy::breaker::Transition;
 use tokio::net::TcpListener;
 use tokio::time::Instant;
 
+use crate::app::App;
 use crate::body::{full, ResBody};
 use crate::providers::Provider;
-use crate::server::App;
 use crate::store::{unix_ms_now, EvidenceRecord};
 
 /// Serves the admin API until the process ends.

@@ -2,13 +2,15 @@
 //! line per back-off and per transition, and the store's evidence log
 //! (R-CB2). Derived from the same events, so they cannot disagree.
 
+pub mod metrics;
+
 use std::sync::Arc;
 
 use sluice_policy::breaker::{Transition, TransitionSink};
 use sluice_policy::events::{Event, EventSink};
 use tokio::time::Instant;
 
-use crate::metrics::Metrics;
+use crate::observe::metrics::Metrics;
 use crate::providers::Observer;
 use crate::store::{EvidenceRecord, Store};
 

@@ -7,6 +7,8 @@
 //! classified into [`UpstreamKind`]s here, once, so the policy layers and
 //! the edge function decide from data.
 
+pub mod guard;
+
 use std::future::Future;
 use std::io;
 use std::path::Path;
@@ -25,7 +27,7 @@ use sluice_policy::BoxError;
 use tower::Service;
 
 use crate::body::{ClientBodyError, ProxyBody};
-use crate::guard::{Guard, GuardError, GuardedConnector};
+use crate::upstream::guard::{Guard, GuardError, GuardedConnector};
 
 /// A TLS config for upstream connections: web roots + the extra CA.
 pub fn tls_config(extra_ca: Option<&Path>) -> Result<rustls::ClientConfig, String> {

@@ -649,7 +649,7 @@ mod tests {
 
     #[test]
     fn the_documented_example_parses() {
-        let text = include_str!("../../sluice.example.toml");
+        let text = include_str!("../../../sluice.example.toml");
         let c = Config::from_toml(text).unwrap();
         let ex = c.providers.iter().find(|p| p.name == "example").unwrap();
         assert_eq!(ex.settings.ceiling_rps, 10.0);

@@ -1,0 +1,113 @@
+//! The shared handles every connection reads (R-OP3): the config in force
+//! (one snapshot per request — a SIGHUP mid-request cannot mix two), the
+//! provider table, metrics, store, guard, CA, and shutdown tracking.
+//!
+//! Every other module may read `App`; `app` itself imports only what it
+//! holds, so no module imports the one that imports it.
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, RwLock};
+
+use tokio::sync::watch;
+
+use crate::ca::CertAuthority;
+use crate::config::Config;
+use crate::observe::metrics::Metrics;
+use crate::providers::Providers;
+use crate::store::Store;
+use crate::upstream::guard::Guard;
+
+/// Everything a connection needs, shared.
+#[derive(Debug)]
+pub struct App {
+    /// The config in force (replaced on reload).
+    pub(crate) config: RwLock<Arc<Config>>,
+    /// Where the config came from, for SIGHUP.
+    pub(crate) config_path: Option<PathBuf>,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    /// The store, if it could be opened.
+    pub store: Option<Arc<Store>>,
+    /// The provider table.
+    pub providers: Providers,
+    /// The destination guard.
+    pub guard: Guard,
+    /// Shutdown signalling and draining.
+    pub shutdown: Shutdown,
+    /// Listeners are bound and serving.
+    pub ready: AtomicBool,
+    /// The interception CA, if it could be loaded or created.
+    pub ca: Option<Arc<CertAuthority>>,
+}
+
+/// Tells connections to finish, and knows when they have.
+#[derive(Debug)]
+pub struct Shutdown {
+    tx: watch::Sender<bool>,
+}
+
+/// Held by each connection and tunnel while it runs.
+#[derive(Debug)]
+pub struct Tracker {
+    rx: watch::Receiver<bool>,
+}
+
+impl App {
+    /// The config in force.
+    pub fn config(&self) -> Arc<Config> {
+        self.config
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+}
+
+impl Shutdown {
+    pub(crate) fn new() -> Self {
+        Shutdown {
+            tx: watch::Sender::new(false),
+        }
+    }
+
+    /// A tracker for one connection or tunnel.
+    pub fn tracker(&self) -> Tracker {
+        Tracker {
+            rx: self.tx.subscribe(),
+        }
+    }
+
+    pub(crate) fn begin(&self) {
+        self.tx.send_replace(true);
+    }
+
+    /// Resolves once every tracker is dropped.
+    pub(crate) async fn drained(&self) {
+        self.tx.closed().await;
+    }
+}
+
+impl Tracker {
+    /// Resolves when shutdown begins.
+    pub async fn stopping(&mut self) {
+        let _ = self.rx.wait_for(|stop| *stop).await;
+    }
+
+    /// Drives a connection to its end; if shutdown begins first, asks it
+    /// to close gracefully (`close`: the connection's `graceful_shutdown`)
+    /// and lets what is in flight finish.
+    pub async fn serve<F, O>(&mut self, mut conn: Pin<&mut F>, close: impl FnOnce(Pin<&mut F>)) -> O
+    where
+        F: Future<Output = O>,
+    {
+        tokio::select! {
+            out = conn.as_mut() => out,
+            _ = self.stopping() => {
+                close(conn.as_mut());
+                conn.await
+            }
+        }
+    }
+}

@@ -1,0 +1,83 @@
+//! The proxy listener's connections: proxy authentication, then dispatch —
+//! CONNECT to the tunnel, absolute-form requests to forwarding.
+
+pub mod admin;
+pub mod auth;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use http::{HeaderValue, Method, Request, Response, StatusCode};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::TcpStream;
+
+use self::auth::Identity;
+use crate::app::App;
+use crate::body::ResBody;
+use crate::edge::Refusal;
+use crate::forward::{forward, oversize_head, Target};
+use crate::tunnel;
+
+/// Serves one client connection of the proxy listener.
+pub async fn serve_connection(app: Arc<App>, stream: TcpStream, peer: SocketAddr) {
+    let mut tracker = app.shutdown.tracker();
+    let limits = app.config().limits.clone();
+    let handler = app.clone();
+    let service = service_fn(move |req| {
+        let app = handler.clone();
+        async move { Ok::<_, std::convert::Infallible>(handle(app, req).await) }
+    });
+    let conn = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout)
+        .max_buf_size(limits.max_header_bytes)
+        .serve_connection(TokioIo::new(stream), service)
+        .with_upgrades();
+    tokio::pin!(conn);
+    let result = tracker
+        .serve(conn.as_mut(), |c| c.graceful_shutdown())
+        .await;
+    if let Err(e) = result {
+        tracing::debug!(%peer, error = %e, "client connection ended with an error");
+    }
+}
+
+/// One request from a client: authenticate, then CONNECT or forward.
+async fn handle(app: Arc<App>, mut req: Request<Incoming>) -> Response<ResBody> {
+    if let Some(resp) = oversize_head(req.headers(), app.config().limits.max_header_bytes) {
+        return resp;
+    }
+    let identity: Identity = match auth::authenticate(req.headers(), &app.config().credentials) {
+        Ok(id) => id,
+        Err(auth::Unauthenticated) => {
+            let mut resp = Refusal::new(
+                StatusCode::PROXY_AUTHENTICATION_REQUIRED,
+                "http_request_denied",
+                "proxy credentials required",
+            )
+            .into_response();
+            resp.headers_mut().insert(
+                http::header::PROXY_AUTHENTICATE,
+                HeaderValue::from_static("Basic realm=\"sluice\""),
+            );
+            return resp;
+        }
+    };
+    if req.method() == Method::CONNECT {
+        return tunnel::connect(app, req, identity).await;
+    }
+    match Target::of(req.uri()) {
+        Some(target) => {
+            req.extensions_mut().insert(identity);
+            forward(app, req, target).await
+        }
+        None => Refusal::new(
+            StatusCode::BAD_REQUEST,
+            "http_request_error",
+            "sluice is a forward proxy: send absolute-form requests (set HTTP_PROXY)",
+        )
+        .into_response(),
+    }
+}
