@@ -17,7 +17,7 @@ use crate::ca::CertAuthority;
 use crate::config::Config;
 use crate::observe::metrics::Metrics;
 use crate::providers::Providers;
-use crate::store::Store;
+use crate::store::{Store, StoreWriter};
 use crate::upstream::guard::Guard;
 
 /// Everything a connection needs, shared.
@@ -29,8 +29,10 @@ pub struct App {
     pub(crate) config_path: Option<PathBuf>,
     /// Metrics.
     pub metrics: Arc<Metrics>,
-    /// The store, if it could be opened.
+    /// The store, if it could be opened (reads).
     pub store: Option<Arc<Store>>,
+    /// Its one writer, off the runtime (every write).
+    pub writer: Option<StoreWriter>,
     /// The provider table.
     pub providers: Providers,
     /// The destination guard.

@@ -19,7 +19,7 @@ use crate::observe::metrics::Metrics;
 use crate::observe::Observe;
 use crate::providers::Providers;
 use crate::serve::admin;
-use crate::store::{LearnedRecord, Store};
+use crate::store::{LearnedRecord, Store, StoreWriter};
 use crate::upstream::guard::Guard;
 use crate::upstream::{self, Upstream};
 
@@ -44,6 +44,9 @@ pub async fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), Str
         &metrics.store_errors,
     )
     .map(Arc::new);
+    let writer = store
+        .clone()
+        .map(|s| StoreWriter::spawn(s, metrics.store_errors.clone()));
     let ca = match CertAuthority::load_or_create(ca_paths(&config), config.tls.leaf_cache) {
         Ok(ca) => Some(Arc::new(ca)),
         Err(e) => {
@@ -56,7 +59,7 @@ pub async fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), Str
     };
     let observer = Arc::new(Observe {
         metrics: metrics.clone(),
-        store: store.clone(),
+        writer: writer.clone(),
     });
     let providers = Providers::new(&config, upstream, Some(observer));
     if let Some(store) = &store {
@@ -68,6 +71,7 @@ pub async fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), Str
         guard,
         metrics,
         store,
+        writer,
         config: RwLock::new(Arc::new(config)),
         config_path,
         shutdown: Shutdown::new(),
@@ -114,7 +118,7 @@ pub async fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), Str
     {
         tracing::warn!("grace period over; closing what is left");
     }
-    save(&app);
+    save(&app).await;
     tracing::info!("stopped");
     Ok(())
 }
@@ -135,16 +139,14 @@ fn restore(providers: &Providers, store: &Store, metrics: &Metrics, max_age: Dur
     }
 }
 
-/// Saves every provider's learned state and flushes the store.
-fn save(app: &App) {
-    let Some(store) = &app.store else { return };
+/// Saves every provider's learned state and waits until it is on disk —
+/// through the store's writer thread, never on a runtime worker.
+async fn save(app: &App) {
+    let Some(writer) = &app.writer else { return };
     for (name, state, age) in app.providers.learned() {
-        if let Err(e) = store.save_learned(&name, &LearnedRecord::of(&state, age)) {
-            app.metrics.store_errors.inc();
-            tracing::error!(provider = %name, error = %e, "learned state not saved");
-        }
+        writer.save_learned(&name, LearnedRecord::of(&state, age));
     }
-    if let Err(e) = store.flush() {
+    if let Err(e) = writer.flush().await {
         app.metrics.store_errors.inc();
         tracing::error!(error = %e, "store flush failed");
     }
@@ -153,9 +155,7 @@ fn save(app: &App) {
 async fn save_periodically(app: Arc<App>) {
     loop {
         tokio::time::sleep(app.config().limits.save_interval).await;
-        let app = app.clone();
-        // sled's flush blocks on the disk: keep it off the proxy's threads.
-        let _ = tokio::task::spawn_blocking(move || save(&app)).await;
+        save(&app).await;
     }
 }
 
@@ -221,16 +221,8 @@ async fn sweep(app: Arc<App>) {
     loop {
         tick.tick().await;
         app.providers.sweep();
-        if let Some(store) = app.store.clone() {
-            let max_age = app.config().limits.state_max_age;
-            let metrics = app.metrics.clone();
-            let _ = tokio::task::spawn_blocking(move || {
-                if let Err(e) = store.prune_learned(max_age) {
-                    metrics.store_errors.inc();
-                    tracing::error!(error = %e, "pruning stale learned state failed");
-                }
-            })
-            .await;
+        if let Some(writer) = &app.writer {
+            writer.prune_learned(app.config().limits.state_max_age);
         }
     }
 }

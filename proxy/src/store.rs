@@ -15,6 +15,7 @@
 //! starts cold rather than refusing to run.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
@@ -301,6 +302,153 @@ impl Store {
     }
 }
 
+/// What the [`StoreWriter`] writes to: the sled [`Store`], or in tests a
+/// stand-in whose flush can be held.
+pub trait Durable: Send + Sync + 'static {
+    /// See [`Store::save_learned`].
+    fn save_learned(&self, provider: &str, record: &LearnedRecord) -> Result<(), String>;
+    /// See [`Store::append_evidence`].
+    fn append_evidence(&self, provider: &str, record: &EvidenceRecord) -> Result<(), String>;
+    /// See [`Store::prune_learned`].
+    fn prune_learned(&self, max_age: Duration) -> Result<usize, String>;
+    /// See [`Store::flush`].
+    fn flush(&self) -> Result<(), String>;
+}
+
+impl Durable for Store {
+    fn save_learned(&self, provider: &str, record: &LearnedRecord) -> Result<(), String> {
+        Store::save_learned(self, provider, record)
+    }
+    fn append_evidence(&self, provider: &str, record: &EvidenceRecord) -> Result<(), String> {
+        Store::append_evidence(self, provider, record)
+    }
+    fn prune_learned(&self, max_age: Duration) -> Result<usize, String> {
+        Store::prune_learned(self, max_age)
+    }
+    fn flush(&self) -> Result<(), String> {
+        Store::flush(self)
+    }
+}
+
+/// Writes queued for the writer thread; beyond it a write is dropped and
+/// counted (the runtime never waits for the disk).
+pub const WRITER_QUEUE: usize = 4096;
+
+enum Op {
+    Learned(String, LearnedRecord),
+    Evidence(String, EvidenceRecord),
+    Prune(Duration),
+    Flush(tokio::sync::oneshot::Sender<Result<(), String>>),
+}
+
+/// The one writer of the store, on a thread of its own.
+///
+/// sled's flush is an fsync, and breaker transitions — each one evidence
+/// that must survive `kill -9` (R-PS2) — come fastest exactly when a
+/// provider is failing. Written from the breaker's sink they ran on a
+/// runtime worker and stalled every provider's requests behind the disk.
+/// Now every store write is a message on a bounded channel to this thread;
+/// evidence is flushed as it is written; a caller that must know its writes
+/// are durable before it answers awaits [`StoreWriter::flush`], which parks
+/// no worker. Cheap to clone; the thread ends when the last clone is gone.
+#[derive(Clone)]
+pub struct StoreWriter {
+    tx: std::sync::mpsc::SyncSender<Op>,
+    errors: IntCounter,
+}
+
+impl std::fmt::Debug for StoreWriter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoreWriter").finish_non_exhaustive()
+    }
+}
+
+impl StoreWriter {
+    /// Starts the writer thread over `store`; failures count in `errors`.
+    pub fn spawn(store: Arc<dyn Durable>, errors: IntCounter) -> StoreWriter {
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Op>(WRITER_QUEUE);
+        let counted = errors.clone();
+        let fail = move |what: &str, e: String| {
+            counted.inc();
+            tracing::error!(error = %e, "{what}");
+        };
+        let spawned = std::thread::Builder::new()
+            .name("sluice-store".into())
+            .spawn(move || {
+                for op in rx {
+                    match op {
+                        Op::Learned(p, r) => {
+                            if let Err(e) = store.save_learned(&p, &r) {
+                                fail("learned state not saved", e);
+                            }
+                        }
+                        Op::Evidence(p, r) => {
+                            if let Err(e) =
+                                store.append_evidence(&p, &r).and_then(|()| store.flush())
+                            {
+                                fail("breaker evidence not stored", e);
+                            }
+                        }
+                        Op::Prune(age) => {
+                            if let Err(e) = store.prune_learned(age) {
+                                fail("pruning stale learned state failed", e);
+                            }
+                        }
+                        Op::Flush(done) => {
+                            let _ = done.send(store.flush());
+                        }
+                    }
+                }
+            });
+        if let Err(e) = spawned {
+            // Without the thread the channel's receiver is gone: every send
+            // fails and is counted; sluice proxies on without lasting state.
+            errors.inc();
+            tracing::error!(error = %e, "no store writer thread: nothing will be saved");
+        }
+        StoreWriter { tx, errors }
+    }
+
+    fn send(&self, op: Op) -> bool {
+        match self.tx.try_send(op) {
+            Ok(()) => true,
+            Err(e) => {
+                self.errors.inc();
+                let why = match e {
+                    std::sync::mpsc::TrySendError::Full(_) => "queue full",
+                    std::sync::mpsc::TrySendError::Disconnected(_) => "writer gone",
+                };
+                tracing::error!(why, "store write dropped");
+                false
+            }
+        }
+    }
+
+    /// Queues a provider's learned state.
+    pub fn save_learned(&self, provider: &str, record: LearnedRecord) {
+        self.send(Op::Learned(provider.to_string(), record));
+    }
+
+    /// Queues one transition's evidence (flushed when written).
+    pub fn append_evidence(&self, provider: &str, record: EvidenceRecord) {
+        self.send(Op::Evidence(provider.to_string(), record));
+    }
+
+    /// Queues pruning of learned state older than `max_age`.
+    pub fn prune_learned(&self, max_age: Duration) {
+        self.send(Op::Prune(max_age));
+    }
+
+    /// Resolves once every write queued before it is on disk.
+    pub async fn flush(&self) -> Result<(), String> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        if !self.send(Op::Flush(tx)) {
+            return Err("the store writer did not take the flush".into());
+        }
+        rx.await.map_err(|_| "the store writer ended".to_string())?
+    }
+}
+
 fn prefix(provider: &str) -> Vec<u8> {
     let mut p = provider.as_bytes().to_vec();
     p.push(0);
@@ -391,5 +539,87 @@ mod tests {
         assert!(aside, "moved aside");
         assert_eq!(m.0.with_label_values(&["unreadable"]).get(), 1);
         let _ = std::fs::remove_dir_all(&d);
+    }
+
+    /// A store whose flush waits until the test lets it go.
+    struct HeldFlush {
+        release: std::sync::Mutex<std::sync::mpsc::Receiver<()>>,
+        flushed: std::sync::atomic::AtomicUsize,
+    }
+
+    impl Durable for HeldFlush {
+        fn save_learned(&self, _: &str, _: &LearnedRecord) -> Result<(), String> {
+            Ok(())
+        }
+        fn append_evidence(&self, _: &str, _: &EvidenceRecord) -> Result<(), String> {
+            Ok(())
+        }
+        fn prune_learned(&self, _: Duration) -> Result<usize, String> {
+            Ok(0)
+        }
+        fn flush(&self) -> Result<(), String> {
+            let _ = self.release.lock().unwrap().recv();
+            self.flushed
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Ok(())
+        }
+    }
+
+    /// Issue 9, defect 5: with the disk stalled (a flush that does not
+    /// return until released), breaker evidence is queued at once and the
+    /// runtime — a single worker, as if every provider shared it — keeps
+    /// serving; a caller that needs durability awaits the flush without
+    /// parking the worker, and gets it once the disk comes back. Nothing
+    /// here measures time: were a write synchronous, the first
+    /// `append_evidence` would block this thread forever and the test would
+    /// time out.
+    #[test]
+    fn a_stalled_disk_never_blocks_the_runtime() {
+        let (release, held) = std::sync::mpsc::channel();
+        let store = Arc::new(HeldFlush {
+            release: std::sync::Mutex::new(held),
+            flushed: Default::default(),
+        });
+        let writer = StoreWriter::spawn(store.clone(), IntCounter::new("e", "e").unwrap());
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let t = Transition {
+                from: sluice_policy::breaker::State::Closed,
+                to: sluice_policy::breaker::State::Open,
+                reason: sluice_policy::breaker::Reason::FailureRate,
+                at: tokio::time::Instant::now(),
+                elapsed_ms: 1,
+                calls: 20,
+                failures: 20,
+                retry_budget_left: Some(1),
+            };
+            for _ in 0..100 {
+                writer.append_evidence("failing.test", EvidenceRecord::of(&t, Duration::ZERO));
+            }
+            // Another provider's work on the same worker goes on.
+            let other = tokio::spawn(async { 7 });
+            assert_eq!(other.await.unwrap(), 7);
+            let durable = tokio::spawn({
+                let w = writer.clone();
+                async move { w.flush().await }
+            });
+            let other = tokio::spawn(async { 8 });
+            assert_eq!(other.await.unwrap(), 8);
+            assert_eq!(store.flushed.load(std::sync::atomic::Ordering::SeqCst), 0);
+            // The disk comes back: every held flush returns (100 evidence
+            // flushes, then the awaited one).
+            for _ in 0..101 {
+                release.send(()).unwrap();
+            }
+            tokio::time::timeout(Duration::from_secs(30), durable)
+                .await
+                .expect("the flush completed once released")
+                .unwrap()
+                .unwrap();
+            assert_eq!(store.flushed.load(std::sync::atomic::Ordering::SeqCst), 101);
+        });
     }
 }

@@ -12,15 +12,15 @@ use tokio::time::Instant;
 
 use crate::observe::metrics::Metrics;
 use crate::providers::Observer;
-use crate::store::{EvidenceRecord, Store};
+use crate::store::{EvidenceRecord, StoreWriter};
 
 /// The proxy's observer.
 #[derive(Debug)]
 pub struct Observe {
     /// Metrics.
     pub metrics: Arc<Metrics>,
-    /// The store, if open.
-    pub store: Option<Arc<Store>>,
+    /// The store's writer, if the store is open.
+    pub writer: Option<StoreWriter>,
 }
 
 impl Observer for Observe {
@@ -51,8 +51,8 @@ impl Observer for Observe {
             }
         });
         let label = self.metrics.label(name);
-        let (metrics, store, provider) =
-            (self.metrics.clone(), self.store.clone(), name.to_string());
+        let (metrics, writer, provider) =
+            (self.metrics.clone(), self.writer.clone(), name.to_string());
         let transitions: TransitionSink = Arc::new(move |t: &Transition| {
             metrics.transition(&label, t);
             tracing::warn!(
@@ -66,12 +66,11 @@ impl Observer for Observe {
                 retry_budget_left = t.retry_budget_left,
                 "breaker transition"
             );
-            if let Some(store) = &store {
+            // Queued to the store's writer thread, flushed there: a failing
+            // provider's transitions never wait for the disk here.
+            if let Some(writer) = &writer {
                 let ago = Instant::now().saturating_duration_since(t.at);
-                if let Err(e) = store.append_evidence(&provider, &EvidenceRecord::of(t, ago)) {
-                    metrics.store_errors.inc();
-                    tracing::error!(provider = %provider, error = %e, "breaker evidence not stored");
-                }
+                writer.append_evidence(&provider, EvidenceRecord::of(t, ago));
             }
         });
         (events, transitions)
