@@ -139,6 +139,11 @@ impl Sluice {
         }
     }
 
+    /// The process id (to read its memory, send it signals).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// `http://127.0.0.1:port` for `HTTP_PROXY`.
     pub fn proxy_url(&self) -> String {
         format!("http://{}", self.proxy)

@@ -14,15 +14,40 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpStream;
 
 use self::auth::Identity;
-use crate::app::App;
+use crate::app::{App, Tracker};
 use crate::body::ResBody;
 use crate::edge::Refusal;
 use crate::forward::{forward, oversize_head, Target};
 use crate::tunnel;
 
 /// Serves one client connection of the proxy listener.
+///
+/// Until its first byte arrives a connection holds only its socket and this
+/// small task: hyper's buffers (8 KiB to read a head into, more to write)
+/// are allocated when there is something to read. Collectors keep many
+/// keep-alive connections open and idle; this is what each one costs
+/// (`bench_idle`). A connection that stays silent longer than the header
+/// read timeout is closed, as hyper would; SIGTERM closes it at once.
 pub async fn serve_connection(app: Arc<App>, stream: TcpStream, peer: SocketAddr) {
     let mut tracker = app.shutdown.tracker();
+    let timeout = app.config().limits.header_read_timeout;
+    // `peek`, not `readable`: a fresh socket can report read readiness
+    // with nothing to read, and hyper would then allocate for nothing.
+    let mut first = [0u8; 1];
+    tokio::select! {
+        peeked = tokio::time::timeout(timeout, stream.peek(&mut first)) => {
+            // Timed out, failed, or closed without a byte: nothing to serve.
+            if !matches!(peeked, Ok(Ok(n)) if n > 0) {
+                return;
+            }
+        }
+        _ = tracker.stopping() => return,
+    }
+    Box::pin(serve_http(app, stream, peer, tracker)).await;
+}
+
+/// Serves HTTP/1 (with upgrades) on a connection that has bytes to read.
+async fn serve_http(app: Arc<App>, stream: TcpStream, peer: SocketAddr, mut tracker: Tracker) {
     let limits = app.config().limits.clone();
     let handler = app.clone();
     let service = service_fn(move |req| {
