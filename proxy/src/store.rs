@@ -40,6 +40,43 @@ fn unix_ms(t: SystemTime) -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
+/// A breaker state as stored: the same words as the metrics and the
+/// readout (`closed`, `open`, `half_open`). A word this version does not
+/// know reads as closed — the breaker then judges the provider afresh.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StoredBreaker {
+    /// Calls flow.
+    Closed,
+    /// Failing fast until the reset timeout.
+    Open,
+    /// Probing.
+    HalfOpen,
+    /// A word this version does not know (never written).
+    #[serde(other)]
+    Unknown,
+}
+
+impl From<State> for StoredBreaker {
+    fn from(s: State) -> Self {
+        match s {
+            State::Closed => StoredBreaker::Closed,
+            State::Open => StoredBreaker::Open,
+            State::HalfOpen => StoredBreaker::HalfOpen,
+        }
+    }
+}
+
+impl From<StoredBreaker> for State {
+    fn from(s: StoredBreaker) -> Self {
+        match s {
+            StoredBreaker::Closed | StoredBreaker::Unknown => State::Closed,
+            StoredBreaker::Open => State::Open,
+            StoredBreaker::HalfOpen => State::HalfOpen,
+        }
+    }
+}
+
 /// A provider's learned state as stored.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LearnedRecord {
@@ -54,8 +91,8 @@ pub struct LearnedRecord {
     pub limit_rps: Option<f64>,
     /// TTFB baseline, ms.
     pub baseline_ms: Option<f64>,
-    /// Breaker state label.
-    pub breaker: String,
+    /// The breaker's state.
+    pub breaker: StoredBreaker,
     /// Time left open, ms.
     pub open_remaining_ms: Option<u64>,
 }
@@ -70,7 +107,7 @@ impl LearnedRecord {
             rate_rps: state.rate_rps,
             limit_rps: state.limit_rps,
             baseline_ms: state.baseline.map(|b| b.as_secs_f64() * 1000.0),
-            breaker: state.breaker.label().to_string(),
+            breaker: state.breaker.into(),
             open_remaining_ms: state.open_remaining.map(|d| d.as_millis() as u64),
         }
     }
@@ -84,11 +121,7 @@ impl LearnedRecord {
     /// time that passed since the save.
     pub fn state(&self) -> LearnedState {
         let age = self.age();
-        let breaker = match self.breaker.as_str() {
-            "open" => State::Open,
-            "half_open" => State::HalfOpen,
-            _ => State::Closed,
-        };
+        let breaker = State::from(self.breaker);
         let open_remaining = self
             .open_remaining_ms
             .map(|ms| Duration::from_millis(ms).saturating_sub(age));
@@ -573,6 +606,22 @@ mod tests {
     /// here measures time: were a write synchronous, the first
     /// `append_evidence` would block this thread forever and the test would
     /// time out.
+    #[test]
+    fn breaker_states_are_stored_as_the_words_earlier_versions_wrote() {
+        for (state, word) in [
+            (State::Closed, "\"closed\""),
+            (State::Open, "\"open\""),
+            (State::HalfOpen, "\"half_open\""),
+        ] {
+            let stored = StoredBreaker::from(state);
+            assert_eq!(serde_json::to_string(&stored).unwrap(), word);
+            let back: StoredBreaker = serde_json::from_str(word).unwrap();
+            assert_eq!(State::from(back), state);
+        }
+        let unknown: StoredBreaker = serde_json::from_str("\"melted\"").unwrap();
+        assert_eq!(State::from(unknown), State::Closed);
+    }
+
     #[test]
     fn a_stalled_disk_never_blocks_the_runtime() {
         let (release, held) = std::sync::mpsc::channel();
