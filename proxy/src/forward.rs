@@ -86,16 +86,19 @@ pub fn oversize_head(headers: &HeaderMap, limit: usize) -> Option<Response<ResBo
 /// refused before any DNS look-up or connect (it used to reach the
 /// connector and come back as a 502 blaming the provider). Counted and
 /// logged without the request's data; the connection is closed.
-fn malformed<B>(app: &App, _req: &Request<B>, target: &Target) -> Option<Response<ResBody>> {
-    let (reason, details) = if invalid_port(&target.authority) {
-        ("invalid_port", "the target's port must be 1 to 65535")
-    } else {
+fn malformed(app: &App, target: &Target) -> Option<Response<ResBody>> {
+    if !invalid_port(&target.authority) {
         return None;
-    };
+    }
+    let reason = "invalid_port";
     app.metrics.bad_request(reason);
     tracing::warn!(reason, "malformed request refused");
-    let mut resp =
-        Refusal::new(StatusCode::BAD_REQUEST, "http_request_error", details).into_response();
+    let mut resp = Refusal::new(
+        StatusCode::BAD_REQUEST,
+        "http_request_error",
+        "the target's port must be 1 to 65535",
+    )
+    .into_response();
     resp.headers_mut()
         .insert(header::CONNECTION, HeaderValue::from_static("close"));
     Some(resp)
@@ -187,7 +190,7 @@ pub async fn forward(
     target: Target,
 ) -> Response<ResBody> {
     let started = Instant::now();
-    if let Some(refusal) = malformed(&app, &req, &target) {
+    if let Some(refusal) = malformed(&app, &target) {
         return refusal;
     }
     // R-PX5: an HTTP/1.1 Upgrade (WebSocket) keeps its Upgrade through the

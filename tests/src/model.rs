@@ -74,17 +74,85 @@ pub struct Answer {
     pub latency: Duration,
 }
 
+/// A hidden limit: a token bucket refilled at `rate` up to `burst`.
+#[derive(Debug, Clone)]
+pub struct TokenBucket {
+    rate: f64,
+    burst: f64,
+    tokens: f64,
+    last: Instant,
+}
+
+impl TokenBucket {
+    /// A full bucket at `now`.
+    pub fn new(rate: f64, burst: f64, now: Instant) -> Self {
+        TokenBucket {
+            rate,
+            burst,
+            tokens: burst,
+            last: now,
+        }
+    }
+
+    /// Moves the limit; tokens beyond the new burst are lost.
+    pub fn set(&mut self, rate: f64, burst: f64) {
+        self.rate = rate;
+        self.burst = burst;
+        self.tokens = self.tokens.min(burst);
+    }
+
+    /// The refill rate.
+    pub fn rate(&self) -> f64 {
+        self.rate
+    }
+
+    /// Takes a token for a request arriving at `now`, if there is one.
+    pub fn take(&mut self, now: Instant) -> bool {
+        let dt = now.saturating_duration_since(self.last).as_secs_f64();
+        self.last = now;
+        self.tokens = (self.tokens + dt * self.rate).min(self.burst);
+        let took = self.tokens >= 1.0;
+        if took {
+            self.tokens -= 1.0;
+        }
+        took
+    }
+}
+
+/// A seeded generator of uniform numbers (xorshift64*): repeatable.
+#[derive(Debug, Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    /// A generator for `seed`.
+    pub fn new(seed: u64) -> Self {
+        Rng(0x9E37_79B9_7F4A_7C15 ^ seed.wrapping_mul(0xD1B5_4A32_D192_ED03))
+    }
+
+    /// A uniform number in [0, 1).
+    pub fn uniform(&mut self) -> f64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        (x.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// The burst a simulated limit allows: half a second of it, at least 2.
+fn burst_of(limit: f64) -> f64 {
+    (limit / 2.0).ceil().max(2.0)
+}
+
 /// A simulated provider.
 #[derive(Debug)]
 pub struct Provider {
     behaviour: Behaviour,
-    limit: f64,
-    burst: f64,
-    tokens: f64,
-    last: Instant,
+    bucket: TokenBucket,
     /// When the queue's server is next free.
     free_at: Instant,
-    rng: u64,
+    rng: Rng,
     log: Vec<Answer>,
 }
 
@@ -92,51 +160,27 @@ impl Provider {
     /// A provider with this behaviour and limit, starting full at `now`;
     /// `seed` picks its random answers.
     pub fn new(behaviour: Behaviour, limit: f64, now: Instant, seed: u64) -> Self {
-        let mut p = Provider {
+        Provider {
             behaviour,
-            limit,
-            burst: 0.0,
-            tokens: 0.0,
-            last: now,
+            bucket: TokenBucket::new(limit, burst_of(limit), now),
             free_at: now,
-            rng: 0x9E37_79B9_7F4A_7C15 ^ seed.wrapping_mul(0xD1B5_4A32_D192_ED03),
+            rng: Rng::new(seed),
             log: Vec::new(),
-        };
-        p.set_limit(limit);
-        p.tokens = p.burst;
-        p
+        }
     }
 
     /// Moves the hidden limit.
     pub fn set_limit(&mut self, limit: f64) {
-        self.limit = limit;
-        self.burst = (limit / 2.0).ceil().max(2.0);
-        self.tokens = self.tokens.min(self.burst);
-    }
-
-    /// A uniform number in [0, 1) (xorshift64*: seeded, repeatable).
-    fn uniform(&mut self) -> f64 {
-        let mut x = self.rng;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.rng = x;
-        (x.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 11) as f64 / (1u64 << 53) as f64
+        self.bucket.set(limit, burst_of(limit));
     }
 
     /// Answers a request arriving at `now`.
     pub fn answer(&mut self, now: Instant) -> Answer {
-        let dt = now.saturating_duration_since(self.last).as_secs_f64();
-        self.last = now;
-        self.tokens = (self.tokens + dt * self.limit).min(self.burst);
-        let took = self.tokens >= 1.0;
-        if took {
-            self.tokens -= 1.0;
-        }
+        let took = self.bucket.take(now);
         let (status, latency) = match self.behaviour {
             Behaviour::Bucket { over } => (if took { 200 } else { over }, LATENCY),
             Behaviour::Noise { share } => {
-                let noisy = self.uniform() < share;
+                let noisy = self.rng.uniform() < share;
                 (if took && !noisy { 200 } else { 503 }, LATENCY)
             }
             Behaviour::Heavy {
@@ -144,9 +188,9 @@ impl Provider {
                 min_ms,
                 max_ms,
             } => {
-                let extra = if self.uniform() < share {
+                let extra = if self.rng.uniform() < share {
                     let span = (max_ms - min_ms) as f64;
-                    Duration::from_millis(min_ms + (self.uniform() * span) as u64)
+                    Duration::from_millis(min_ms + (self.rng.uniform() * span) as u64)
                 } else {
                     Duration::ZERO
                 };
@@ -154,7 +198,7 @@ impl Provider {
             }
             Behaviour::Queue => {
                 let start = self.free_at.max(now);
-                self.free_at = start + Duration::from_secs_f64(1.0 / self.limit);
+                self.free_at = start + Duration::from_secs_f64(1.0 / self.bucket.rate());
                 (200, LATENCY + (self.free_at - now))
             }
         };

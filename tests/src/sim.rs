@@ -46,6 +46,8 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpListener;
 use tokio::time::Instant;
 
+use crate::model::{Rng, TokenBucket};
+
 /// One request the provider saw.
 #[derive(Debug, Clone)]
 pub struct Hit {
@@ -90,53 +92,24 @@ impl std::fmt::Display for Figures {
     }
 }
 
-#[derive(Debug)]
-struct Bucket {
-    rate: f64,
-    burst: f64,
-    tokens: f64,
-    last: Instant,
-}
-
 #[derive(Debug, Default)]
 struct State {
     hits: Vec<Hit>,
     counts: HashMap<String, u32>,
-    bucket: Option<Bucket>,
-    /// xorshift64 state for the random paths (seeded: repeatable).
-    rng: u64,
+    bucket: Option<TokenBucket>,
+    /// The random paths' generator (seeded: repeatable).
+    rng: Option<Rng>,
     /// When `/queue`'s server is next free.
     queue_free: Option<Instant>,
 }
 
 impl State {
     fn uniform(&mut self) -> f64 {
-        if self.rng == 0 {
-            self.rng = 0x9E37_79B9_7F4A_7C15;
-        }
-        let mut x = self.rng;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.rng = x;
-        (x >> 11) as f64 / (1u64 << 53) as f64
+        self.rng.get_or_insert_with(|| Rng::new(0)).uniform()
     }
 
     fn take(&mut self, now: Instant) -> bool {
-        match self.bucket.as_mut() {
-            Some(b) => {
-                let dt = now.saturating_duration_since(b.last).as_secs_f64();
-                b.last = now;
-                b.tokens = (b.tokens + dt * b.rate).min(b.burst);
-                if b.tokens >= 1.0 {
-                    b.tokens -= 1.0;
-                    true
-                } else {
-                    false
-                }
-            }
-            None => true,
-        }
+        self.bucket.as_mut().is_none_or(|b| b.take(now))
     }
 }
 
@@ -211,12 +184,7 @@ impl Sim {
 
     /// Sets the hidden limit of `/limited`: a token bucket.
     pub fn set_limit(&self, rate: f64, burst: f64) {
-        self.state.lock().unwrap().bucket = Some(Bucket {
-            rate,
-            burst,
-            tokens: burst,
-            last: Instant::now(),
-        });
+        self.state.lock().unwrap().bucket = Some(TokenBucket::new(rate, burst, Instant::now()));
     }
 
     /// Every request seen whose path starts with `prefix`.

@@ -282,11 +282,10 @@ pub struct Aimd {
     limit: Option<f64>,
     /// `limit` rests on one ambiguous signal only: probe it sooner.
     limit_weak: bool,
-    /// In slow start, the rate at which a first ambiguous error came: that
-    /// one cuts (R-AI1) without setting a limit, since one error on a cold
-    /// provider cannot tell a throttle from noise; the next significant
-    /// one sets the limit.
-    suspect: Option<f64>,
+    /// In slow start, a first ambiguous error has cut (R-AI1) without
+    /// setting a limit, since one error on a cold provider cannot tell a
+    /// throttle from noise; later ones wait for evidence.
+    cold_error_cut: bool,
     /// When the current window began (at its first event).
     window_start: Option<Instant>,
     /// Admissions in the current window.
@@ -347,7 +346,7 @@ impl Aimd {
             latency_factor: 3.0,
             limit: None,
             limit_weak: false,
-            suspect: None,
+            cold_error_cut: false,
             window_start: None,
             window_admitted: 0,
             window_delivered: 0,
@@ -367,10 +366,14 @@ impl Aimd {
     }
 
     /// The rate that was in force at `sent_at`.
+    /// (Scanned from the newest change: almost every answer is to a
+    /// request sent after the last one, and stops at the first look.)
     fn rate_at(&self, sent_at: Instant) -> f64 {
         self.changes
             .iter()
-            .find(|(at, _)| *at > sent_at)
+            .rev()
+            .take_while(|(at, _)| *at > sent_at)
+            .last()
             .map_or(self.rate, |(_, before)| *before)
     }
 
@@ -519,7 +522,6 @@ impl Aimd {
             self.unavailable_throttles -= 1;
             self.errors
                 .record(true, Attribution::Throttle, self.rate_at(sent_at));
-            self.window_cut = true;
             let backoff = self.cut(now, reason);
             self.limit_weak = false;
             return Some(backoff);
@@ -540,13 +542,12 @@ impl Aimd {
                 }
                 self.errors
                     .record(true, Attribution::Unknown, self.rate_at(sent_at));
-                if self.suspect.is_some() {
+                if self.cold_error_cut {
                     return None;
                 }
-                let from = self.rate;
                 let backoff = self.cut(now, reason);
                 self.limit = None;
-                self.suspect = Some(from);
+                self.cold_error_cut = true;
                 return Some(backoff);
             }
         }
@@ -815,7 +816,7 @@ impl Aimd {
         self.last_decrease = Some(now);
         self.window_cut = true;
         self.latency.clear();
-        self.set_rate(now, to.min(from).max(self.floor).min(from));
+        self.set_rate(now, to.max(self.floor).min(from));
         Backoff {
             at: now,
             reason,

@@ -73,23 +73,24 @@ pub struct Upstream {
 impl Upstream {
     /// A client with this guard and TLS config.
     pub fn new(guard: Guard, tls: rustls::ClientConfig, connect_timeout: Duration) -> Self {
-        let https = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_tls_config(tls.clone())
-            .https_or_http()
-            .enable_http1()
-            .enable_http2()
-            .wrap_connector(GuardedConnector::new(guard.clone(), connect_timeout));
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(90))
-            .build(https);
-        let https1 = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_tls_config(tls)
-            .https_or_http()
-            .enable_http1()
-            .wrap_connector(GuardedConnector::new(guard, connect_timeout));
-        let http1 = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(90))
-            .build(https1);
+        // One pooled client offering h2 and HTTP/1.1 by ALPN; one HTTP/1.1
+        // only, for Upgrade requests.
+        let build = |h2: bool| {
+            let https = hyper_rustls::HttpsConnectorBuilder::new()
+                .with_tls_config(tls.clone())
+                .https_or_http()
+                .enable_http1();
+            let connector = GuardedConnector::new(guard.clone(), connect_timeout);
+            let https = if h2 {
+                https.enable_http2().wrap_connector(connector)
+            } else {
+                https.wrap_connector(connector)
+            };
+            Client::builder(TokioExecutor::new())
+                .pool_idle_timeout(Duration::from_secs(90))
+                .build(https)
+        };
+        let (client, http1) = (build(true), build(false));
         Upstream { client, http1 }
     }
 }

@@ -48,13 +48,16 @@ fn scenario(behaviour: Behaviour, phases: &[f64], phase: Duration) -> Scenario {
 
 /// Runs one contender, returning the provider and the start instant.
 fn play(who: usize, s: &Scenario, ceiling: f64) -> (Provider, Instant) {
-    fn go<G: Gate>(gate: Arc<G>, s: &Scenario) -> (Provider, Instant) {
-        paused_runtime().block_on(run(gate, s))
+    // Each contender is made inside the paused runtime, so that the clocks
+    // they start from are the paused clock's: a limiter whose epoch came
+    // from the real clock could compute a wait of zero forever and spin.
+    fn go<G: Gate>(make: impl FnOnce() -> Arc<G>, s: &Scenario) -> (Provider, Instant) {
+        paused_runtime().block_on(async { run(make(), s).await })
     }
     match who {
-        0 => go(Sluice::new(&ProviderSettings::with_ceiling(ceiling)), s),
-        1 => go(Aws::new(), s),
-        _ => go(AutoThrottle::new(), s),
+        0 => go(|| Sluice::new(&ProviderSettings::with_ceiling(ceiling)), s),
+        1 => go(Aws::new, s),
+        _ => go(AutoThrottle::new, s),
     }
 }
 
