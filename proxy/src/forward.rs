@@ -20,6 +20,7 @@ use crate::app::App;
 use crate::body::{collect_limited, IdleTimeout, ProxyBody, ResBody};
 use crate::config::normalise_host;
 use crate::edge::{self, Refusal};
+use crate::framing::Verdicts;
 use crate::identity::Identity;
 
 /// `Via` value sluice adds (RFC 9110 §7.6.3).
@@ -80,6 +81,24 @@ pub fn oversize_head(headers: &HeaderMap, limit: usize) -> Option<Response<ResBo
         return Some(resp);
     }
     None
+}
+
+/// Refuses a request that carried both `Content-Length` and
+/// `Transfer-Encoding` (RFC 9112 §6.1; see [`crate::framing`]): 400, and
+/// the connection closes. Counted and logged without the request's data.
+pub fn ambiguous_length(app: &App) -> Response<ResBody> {
+    let reason = "ambiguous_length";
+    app.metrics.bad_request(reason);
+    tracing::warn!(reason, "malformed request refused");
+    let mut resp = Refusal::new(
+        StatusCode::BAD_REQUEST,
+        "http_request_error",
+        "a request must not carry both Content-Length and Transfer-Encoding",
+    )
+    .into_response();
+    resp.headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    resp
 }
 
 /// A request no provider should see: a target port of 0 or above 65535,
@@ -166,7 +185,11 @@ pub async fn tunnelled(
     mut req: Request<Incoming>,
     target: Target,
     identity: Identity,
+    verdicts: &Verdicts,
 ) -> Response<ResBody> {
+    if verdicts.next_is_ambiguous() {
+        return ambiguous_length(&app);
+    }
     if req.method() == http::Method::CONNECT {
         return Refusal::new(
             StatusCode::BAD_REQUEST,

@@ -18,6 +18,7 @@ pub mod ca;
 pub mod config;
 pub mod edge;
 pub mod forward;
+pub mod framing;
 pub mod identity;
 pub mod observe;
 pub mod process;

@@ -516,6 +516,96 @@ async fn a_malformed_chunked_body_is_the_clients_fault() {
     assert_eq!(p["breaker"]["window_failures"], 0, "{body}");
 }
 
+/// Reads `s` to its end: what came back, and whether sluice closed the
+/// connection (rather than the read timing out on an open one).
+async fn until_closed(s: &mut TcpStream) -> (String, bool) {
+    let mut got = Vec::new();
+    let closed = tokio::time::timeout(T, s.read_to_end(&mut got))
+        .await
+        .is_ok();
+    (String::from_utf8_lossy(&got).into_owned(), closed)
+}
+
+/// R-SF3 (issue 9, defect 2): a request with both `Content-Length` and
+/// `Transfer-Encoding` — in either order, on the proxy listener and inside
+/// a CONNECT tunnel, alone or behind a good request on the same
+/// connection — is refused with 400 and the connection closed (RFC 9112
+/// §6.1). It used to be forwarded (200). Nothing reaches the provider; the
+/// refusals are counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn both_content_length_and_transfer_encoding_are_refused_and_close() {
+    let sim = Sim::start("127.0.0.55").await;
+    let port = sim.addr.port();
+    let sluice = Sluice::start(&allow_loopback(&format!("connect_ports = [{port}]\n")));
+    let target = sim.url("http", "/echo");
+    let heads = [
+        "Content-Length: 5\r\nTransfer-Encoding: chunked",
+        "Transfer-Encoding: chunked\r\nContent-Length: 5",
+    ];
+    let mut refused = 0;
+    for framing in heads {
+        let smuggled = format!(
+            "POST {target} HTTP/1.1\r\nHost: {}\r\n{framing}\r\n\r\n0\r\n\r\nGET /smuggled HTTP/1.1\r\n\r\n",
+            sim.addr
+        );
+        // Alone on the proxy listener.
+        let mut s = TcpStream::connect(sluice.proxy).await.unwrap();
+        s.write_all(smuggled.as_bytes()).await.unwrap();
+        let (a, closed) = until_closed(&mut s).await;
+        assert!(a.starts_with("HTTP/1.1 400"), "{a}");
+        assert!(
+            a.contains("proxy-status: sluice; error=http_request_error"),
+            "{a}"
+        );
+        assert_eq!(a.matches("HTTP/1.1").count(), 1, "one answer: {a}");
+        assert!(closed, "the connection is closed after the refusal");
+        refused += 1;
+
+        // Behind a good request on the same connection: that one is served.
+        let good = format!("GET {target} HTTP/1.1\r\nHost: {}\r\n\r\n", sim.addr);
+        let mut s = TcpStream::connect(sluice.proxy).await.unwrap();
+        s.write_all(format!("{good}{smuggled}").as_bytes())
+            .await
+            .unwrap();
+        let (a, closed) = until_closed(&mut s).await;
+        let answers: Vec<&str> = a.split("HTTP/1.1 ").skip(1).collect();
+        assert_eq!(answers.len(), 2, "{a}");
+        assert!(answers[0].starts_with("200"), "{a}");
+        assert!(answers[1].starts_with("400"), "{a}");
+        assert!(closed);
+        refused += 1;
+
+        // Inside a CONNECT tunnel (as undici sends http:// targets).
+        let mut s = TcpStream::connect(sluice.proxy).await.unwrap();
+        s.write_all(format!("CONNECT {0} HTTP/1.1\r\nHost: {0}\r\n\r\n", sim.addr).as_bytes())
+            .await
+            .unwrap();
+        let mut buf = [0u8; 256];
+        let n = s.read(&mut buf).await.unwrap();
+        assert!(buf[..n].starts_with(b"HTTP/1.1 200"));
+        s.write_all(smuggled.replace(&target, "/echo").as_bytes())
+            .await
+            .unwrap();
+        let (a, closed) = until_closed(&mut s).await;
+        assert!(a.starts_with("HTTP/1.1 400"), "{a}");
+        assert!(closed);
+        refused += 1;
+    }
+    assert_eq!(
+        sim.hits("/echo").len(),
+        2,
+        "only the good requests reached the provider"
+    );
+    assert!(sim.hits("/smuggled").is_empty());
+    let (_, metrics) = sluice.admin_get("/metrics").await;
+    assert!(
+        metrics.contains(&format!(
+            "sluice_bad_requests_total{{reason=\"ambiguous_length\"}} {refused}"
+        )),
+        "{metrics}"
+    );
+}
+
 /// R-SF3 (issue 9, defect 4): an absolute-form target with port 0 or a
 /// port above 65535 is refused with 400 before any DNS look-up or connect
 /// (it used to be tried and come back 502 `connection_refused` or

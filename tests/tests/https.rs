@@ -400,3 +400,48 @@ async fn sigterm_closes_idle_intercepted_tunnels() {
     drop(sims);
     let _ = collector.kill().await;
 }
+
+/// R-SF3 (issue 9, defect 2) inside intercepted TLS: a request with both
+/// `Content-Length` and `Transfer-Encoding`, written by hand over Python's
+/// `ssl` through a CONNECT, is refused with 400 and the connection closed;
+/// the provider sees nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ambiguous_framing_inside_interception_is_refused() {
+    let s = Setup::new(&["127.0.0.56"], "").await;
+    let sim = &s.sims[0];
+    let script = r#"
+import socket, ssl, sys
+proxy, target, ca = sys.argv[1], sys.argv[2], sys.argv[3]
+host, port = proxy.rsplit(":", 1)
+raw = socket.create_connection((host, int(port)), timeout=20)
+raw.sendall(f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n".encode())
+assert raw.recv(1024).startswith(b"HTTP/1.1 200")
+ctx = ssl.create_default_context(cafile=ca)
+ctx.set_alpn_protocols(["http/1.1"])
+tls = ctx.wrap_socket(raw, server_hostname=target.rsplit(":", 1)[0])
+tls.sendall(f"POST /echo HTTP/1.1\r\nHost: {target}\r\nTransfer-Encoding: chunked\r\n"
+            f"Content-Length: 5\r\n\r\n0\r\n\r\n".encode())
+got = b""
+while True:
+    part = tls.recv(4096)
+    if not part:
+        break
+    got += part
+print(got.decode().split("\r\n")[0])
+print("proxy-status: sluice; error=http_request_error" in got.decode().lower())
+"#;
+    let out = python_env(
+        &s.sluice.proxy_url(),
+        script,
+        &[
+            &s.sluice.proxy.to_string(),
+            &sim.addr.to_string(),
+            &s.cacert(),
+        ],
+        &[],
+    )
+    .await;
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines, ["HTTP/1.1 400 Bad Request", "True"], "{out}");
+    assert!(sim.hits("/echo").is_empty());
+}

@@ -118,7 +118,7 @@ impl Drop for UpgradedGuard {
 }
 
 /// The reasons `sluice_bad_requests_total` counts.
-pub const BAD_REQUEST_REASONS: [&str; 1] = ["invalid_port"];
+pub const BAD_REQUEST_REASONS: [&str; 2] = ["invalid_port", "ambiguous_length"];
 
 impl Metrics {
     /// Registers every metric; at most `max_labels` provider labels.

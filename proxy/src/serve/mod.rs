@@ -17,7 +17,8 @@ use self::auth::Identity;
 use crate::app::{App, Tracker};
 use crate::body::ResBody;
 use crate::edge::Refusal;
-use crate::forward::{forward, oversize_head, Target};
+use crate::forward::{ambiguous_length, forward, oversize_head, Target};
+use crate::framing::{self, Verdicts};
 use crate::tunnel;
 
 /// Serves one client connection of the proxy listener.
@@ -50,9 +51,10 @@ pub async fn serve_connection(app: Arc<App>, stream: TcpStream, peer: SocketAddr
 async fn serve_http(app: Arc<App>, stream: TcpStream, peer: SocketAddr, mut tracker: Tracker) {
     let limits = app.config().limits.clone();
     let handler = app.clone();
+    let (stream, verdicts) = framing::watch(stream);
     let service = service_fn(move |req| {
-        let app = handler.clone();
-        async move { Ok::<_, std::convert::Infallible>(handle(app, req).await) }
+        let (app, verdicts) = (handler.clone(), verdicts.clone());
+        async move { Ok::<_, std::convert::Infallible>(handle(app, req, &verdicts).await) }
     });
     let conn = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
@@ -70,7 +72,14 @@ async fn serve_http(app: Arc<App>, stream: TcpStream, peer: SocketAddr, mut trac
 }
 
 /// One request from a client: authenticate, then CONNECT or forward.
-async fn handle(app: Arc<App>, mut req: Request<Incoming>) -> Response<ResBody> {
+async fn handle(
+    app: Arc<App>,
+    mut req: Request<Incoming>,
+    verdicts: &Verdicts,
+) -> Response<ResBody> {
+    if verdicts.next_is_ambiguous() {
+        return ambiguous_length(&app);
+    }
     if let Some(resp) = oversize_head(req.headers(), app.config().limits.max_header_bytes) {
         return resp;
     }

@@ -35,6 +35,7 @@ use crate::body::{full, ResBody};
 use crate::config::normalise_host;
 use crate::edge::{self, Refusal};
 use crate::forward::{tunnelled, Target};
+use crate::framing;
 use crate::identity::Identity;
 use crate::providers::Provider;
 use crate::tunnel::tls::intercept;
@@ -220,9 +221,15 @@ where
         authority,
         absolute: false,
     };
+    let (io, verdicts) = framing::watch(io);
     let service = service_fn(move |req: Request<Incoming>| {
         let (app, target, identity) = (app.clone(), target.clone(), identity.clone());
-        async move { Ok::<_, std::convert::Infallible>(tunnelled(app, req, target, identity).await) }
+        let verdicts = verdicts.clone();
+        async move {
+            Ok::<_, std::convert::Infallible>(
+                tunnelled(app, req, target, identity, &verdicts).await,
+            )
+        }
     });
     let conn = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())

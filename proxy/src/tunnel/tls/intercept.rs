@@ -15,6 +15,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use crate::app::App;
 use crate::ca::CertAuthority;
 use crate::forward::{tunnelled, Target};
+use crate::framing;
 use crate::identity::Identity;
 
 /// Picks the leaf for a handshake: the SNI name, or the CONNECT host when
@@ -100,9 +101,17 @@ pub async fn intercept<T>(
         absolute: false,
     };
     let mut tracker = app.shutdown.tracker();
+    // HTTP/1.1 inside is watched for ambiguous framing; HTTP/2's preface
+    // ends the watch at once.
+    let (tls, verdicts) = framing::watch(tls);
     let service = service_fn(move |req: Request<Incoming>| {
         let (app, target, identity) = (app.clone(), target.clone(), identity.clone());
-        async move { Ok::<_, std::convert::Infallible>(tunnelled(app, req, target, identity).await) }
+        let verdicts = verdicts.clone();
+        async move {
+            Ok::<_, std::convert::Infallible>(
+                tunnelled(app, req, target, identity, &verdicts).await,
+            )
+        }
     });
     let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
     let conn = builder.serve_connection_with_upgrades(TokioIo::new(tls), service);
