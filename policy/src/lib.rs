@@ -41,4 +41,4 @@ pub mod timeout;
 pub use error::BoxError;
 pub use outcome::Outcome;
 pub use provider::ProviderPolicy;
-pub use settings::ProviderSettings;
+pub use settings::{ProviderSettings, ValidSettings};

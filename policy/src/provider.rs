@@ -18,7 +18,7 @@ use crate::error::BoxError;
 use crate::events::EventSink;
 use crate::pacer::{PacerShared, PacerSnapshot};
 use crate::retry::{Jitter, RetryShared};
-use crate::settings::{ProviderSettings, SettingsError};
+use crate::settings::ValidSettings;
 use crate::timeout::SharedDuration;
 
 /// What a provider's policy is built with besides its settings.
@@ -46,7 +46,7 @@ impl std::fmt::Debug for PolicyOptions {
 #[derive(Debug)]
 pub struct ProviderPolicy {
     name: String,
-    settings: Mutex<ProviderSettings>,
+    settings: Mutex<ValidSettings>,
     /// GCRA + AIMD + hold + waiting room.
     pub pacer: Arc<PacerShared>,
     /// The circuit breaker.
@@ -92,19 +92,18 @@ pub struct ProviderSnapshot {
 }
 
 impl ProviderPolicy {
-    /// Cold state for a provider; the settings are validated first.
+    /// Cold state for a provider.
     pub fn new(
         name: impl Into<String>,
-        settings: ProviderSettings,
+        settings: ValidSettings,
         options: PolicyOptions,
-    ) -> Result<Arc<Self>, SettingsError> {
-        settings.validate()?;
+    ) -> Arc<Self> {
         let retry = Arc::new(RetryShared::with_events(
             &settings,
             options.jitter.unwrap_or_else(Jitter::random),
             options.events.clone(),
         ));
-        Ok(Arc::new(ProviderPolicy {
+        Arc::new(ProviderPolicy {
             name: name.into(),
             attempt_timeout: Arc::new(SharedDuration::new(settings.attempt_timeout)),
             pacer: PacerShared::with_events(&settings, options.events),
@@ -112,7 +111,7 @@ impl ProviderPolicy {
             retry,
             bulkhead: BulkheadShared::new(&settings),
             settings: Mutex::new(settings),
-        }))
+        })
     }
 
     /// The provider's name.
@@ -121,7 +120,7 @@ impl ProviderPolicy {
     }
 
     /// The settings in force.
-    pub fn settings(&self) -> ProviderSettings {
+    pub fn settings(&self) -> ValidSettings {
         self.settings
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -129,8 +128,7 @@ impl ProviderPolicy {
     }
 
     /// Applies new settings without losing what was learned (R-OP5).
-    pub fn update_settings(&self, settings: ProviderSettings) -> Result<(), SettingsError> {
-        settings.validate()?;
+    pub fn update_settings(&self, settings: ValidSettings) {
         self.pacer.lock().update_settings(&settings);
         self.pacer.notify();
         self.breaker.update_settings(&settings);
@@ -138,7 +136,6 @@ impl ProviderPolicy {
         self.bulkhead.update_settings(&settings);
         self.attempt_timeout.set(settings.attempt_timeout);
         *self.settings.lock().unwrap_or_else(|p| p.into_inner()) = settings;
-        Ok(())
     }
 
     /// What this provider has learned, for the store.

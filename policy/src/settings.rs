@@ -6,32 +6,9 @@
 //! (R-AI2). Everything else has a default that works without tuning; the
 //! proxy's config may override any of them per provider.
 //!
-//! | setting | default | why |
-//! |---|---|---|
-//! | `ceiling_rps` | 50 | the example of the config contract; the owner's one number |
-//! | `start_rps` | ceiling / 10, at most 5; must be below the ceiling | conservative cold start (R-AI3), after Scrapy AutoThrottle's `AUTOTHROTTLE_START_DELAY` (start slow, learn, then go faster) |
-//! | `floor_rps` | 0.1 (or the start rate if lower) | one request per 10 s still lets a throttling provider be probed |
-//! | `burst` | 1 | strict spacing: GCRA tolerance 0, a request never rides on idle credit (R-GC1) |
-//! | `decrease_factor` | 0.7 | the AWS SDKs' adaptive retry mode (CUBIC β = 0.7) |
-//! | `increase_window` | 1 s | AIMD evaluates successes once per second, like the AWS SDK's per-second measured rate |
-//! | `soft_throttle_factor` | 3 | a lower quartile of time-to-first-byte three times its learned baseline is a provider slowing us down (Scrapy AutoThrottle adjusts on latency too); the quartile, not one answer, so heavy requests are not a throttle (R-SG3) |
-//! | `max_queue_wait` | 15 s | a request that would wait longer is refused at once with `Retry-After`; shorter than common 30 s client timeouts |
-//! | `max_queue_len` | 256 | the per-provider waiting room; beyond it refuse, never grow memory |
-//! | `max_retry_after_wait` | 10 s | a longer `Retry-After` goes back to the client instead of holding its connection |
-//! | `max_in_flight` | 64 | the bulkhead: attempts in flight per provider (non-adaptive, R-BH1) |
-//! | `attempt_timeout` | 30 s | connect + response head; twice Envoy's 15 s route timeout, since exports are slow |
-//! | `breaker_window` | 10 s | Hystrix `metrics.rollingStats.timeInMilliseconds` = 10000 |
-//! | `breaker_failure_ratio` | 0.5 | Hystrix `errorThresholdPercentage` = 50, resilience4j `failureRateThreshold` = 50 |
-//! | `breaker_min_calls` | 20 | Hystrix `requestVolumeThreshold` = 20: no verdict on fewer calls (no false open on a cold start) |
-//! | `breaker_open_for` | 5 s | Hystrix `sleepWindowInMilliseconds` = 5000, Polly `BreakDuration` = 5 s |
-//! | `breaker_half_open_probes` | 3 | resilience4j lets a bounded number through half-open (10); fewer here because a proxy's probes are real client requests |
-//! | `breaker_wait_for_probe` | false | fail fast while open (R-CB1); opt in to wait for the probe within `max_queue_wait` |
-//! | `retry_ratio` | 0.2 | Linkerd / tower `TpsBudget`: retries may add 20 % to the request volume |
-//! | `retry_min_per_sec` | 10 | tower `TpsBudget`'s default floor, so a quiet provider can still retry |
-//! | `retry_budget_ttl` | 10 s | tower `TpsBudget`'s default: deposits count for ten seconds |
-//! | `retry_max_attempts` | 3 | the AWS SDKs' standard mode: three attempts in all |
-//! | `retry_base` | 250 ms | full jitter `random(0, min(cap, base·2^n))` (AWS Architecture Blog); base and cap are smaller than the SDK's 1 s / 20 s because a proxy's client waits on its open request |
-//! | `retry_cap` | 5 s | see `retry_base` |
+//! Each setting's default and the public reference it comes from are in
+//! [`provider_settings!`], the one list that both the settings type and the
+//! proxy's config are made from.
 
 use std::time::Duration;
 
@@ -45,98 +22,148 @@ pub struct SettingsError {
     pub reason: String,
 }
 
-/// The tunables of one provider's stack. Build with `Default` or
-/// [`ProviderSettings::with_ceiling`], change fields, then [`validate`].
+/// Every provider setting, once: what it is and why its default (the doc),
+/// its name (the TOML key), its type and its default.
 ///
-/// [`validate`]: ProviderSettings::validate
-#[derive(Debug, Clone, PartialEq)]
-pub struct ProviderSettings {
-    /// The owner's one safety number: the learned rate never exceeds it.
-    pub ceiling_rps: f64,
-    /// The cold-start rate; `None` = ceiling / 10, at most 5 req/s.
-    pub start_rps: Option<f64>,
-    /// The lowest rate AIMD may fall to.
-    pub floor_rps: f64,
-    /// GCRA burst: how many requests may go back to back (1 = none).
-    pub burst: u32,
-    /// Multiplicative decrease on a throttle.
-    pub decrease_factor: f64,
-    /// How often AIMD considers an increase.
-    pub increase_window: Duration,
-    /// The lower quartile of recent time-to-first-byte over `baseline ×
-    /// factor` is a soft throttle.
-    pub soft_throttle_factor: f64,
-    /// The longest a request may wait for its pacing slot or bulkhead permit.
-    pub max_queue_wait: Duration,
-    /// How many requests may wait for a pacing slot.
-    pub max_queue_len: usize,
-    /// The longest `Retry-After` sluice absorbs for the client.
-    pub max_retry_after_wait: Duration,
-    /// Attempts in flight to this provider.
-    pub max_in_flight: usize,
-    /// Per-attempt timeout: connect and response head.
-    pub attempt_timeout: Duration,
-    /// The breaker's sliding window.
-    pub breaker_window: Duration,
-    /// Failure share over the window that opens the breaker.
-    pub breaker_failure_ratio: f64,
-    /// Calls the window must hold before the breaker may open.
-    pub breaker_min_calls: u32,
-    /// How long the breaker stays open before half-open.
-    pub breaker_open_for: Duration,
-    /// Probes let through while half-open; this many successes close it.
-    pub breaker_half_open_probes: u32,
-    /// While open, wait for the half-open probe (within `max_queue_wait`)
-    /// instead of failing fast.
-    pub breaker_wait_for_probe: bool,
-    /// Retries as a share of recent requests.
-    pub retry_ratio: f64,
-    /// Retries always allowed per second, whatever the ratio.
-    pub retry_min_per_sec: u32,
-    /// How long a request's deposit counts in the retry budget.
-    pub retry_budget_ttl: Duration,
-    /// Attempts per request, first included.
-    pub retry_max_attempts: u32,
-    /// Full-jitter base.
-    pub retry_base: Duration,
-    /// Full-jitter cap.
-    pub retry_cap: Duration,
-    /// Methods retried besides the idempotent ones (RFC 9110 §9.2.2).
-    pub retry_methods: Vec<http::Method>,
-    /// Largest request body kept for replay; bigger bodies are not retried.
-    pub replay_limit: usize,
+/// [`ProviderSettings`] and its `Default` are made from this list, and so
+/// is the proxy's config table for a provider: `provider_settings!(m)`
+/// passes the whole list to the macro `m`. Adding a setting is one entry
+/// here (and a check in [`ProviderSettings::validated`] if some values make
+/// no sense); the config key, its inheritance from `[defaults]` and its
+/// error messages follow.
+#[macro_export]
+macro_rules! provider_settings {
+    ($then:ident) => {
+        $then! {
+            /// The owner's one safety number: the learned rate never exceeds
+            /// it (R-AI2). 50 is the config contract's example.
+            ceiling_rps: f64 = 50.0,
+            /// The cold-start rate; unset = ceiling / 10, at most 5 req/s, and
+            /// always below the ceiling: a conservative cold start (R-AI3),
+            /// after Scrapy AutoThrottle's `AUTOTHROTTLE_START_DELAY` (start
+            /// slow, learn, then go faster).
+            start_rps: Option<f64> = None,
+            /// The lowest rate AIMD may fall to (or the start rate if lower):
+            /// one request per 10 s still lets a throttling provider be probed.
+            floor_rps: f64 = 0.1,
+            /// GCRA burst, how many requests may go back to back: 1 = strict
+            /// spacing, a request never rides on idle credit (R-GC1).
+            burst: u32 = 1,
+            /// Multiplicative decrease on a throttle: the AWS SDKs' adaptive
+            /// retry mode (CUBIC β = 0.7).
+            decrease_factor: f64 = 0.7,
+            /// How often AIMD considers an increase: once per second, like the
+            /// AWS SDK's per-second measured rate.
+            increase_window: ::std::time::Duration = ::std::time::Duration::from_secs(1),
+            /// A lower quartile of time-to-first-byte this many times its
+            /// learned baseline is a provider slowing us down (Scrapy
+            /// AutoThrottle adjusts on latency too); the quartile, not one
+            /// answer, so heavy requests are not a throttle (R-SG3).
+            soft_throttle_factor: f64 = 3.0,
+            /// The longest a request may wait for its pacing slot or bulkhead
+            /// permit; a request that would wait longer is refused at once with
+            /// `Retry-After`. Shorter than common 30 s client timeouts.
+            max_queue_wait: ::std::time::Duration = ::std::time::Duration::from_secs(15),
+            /// How many requests may wait for a pacing slot: the per-provider
+            /// waiting room; beyond it refuse, never grow memory.
+            max_queue_len: usize = 256,
+            /// The longest `Retry-After` sluice absorbs for the client; a
+            /// longer one goes back to the client instead of holding its
+            /// connection.
+            max_retry_after_wait: ::std::time::Duration = ::std::time::Duration::from_secs(10),
+            /// The bulkhead: attempts in flight to this provider
+            /// (non-adaptive, R-BH1).
+            max_in_flight: usize = 64,
+            /// Per-attempt timeout, connect and response head: twice Envoy's
+            /// 15 s route timeout, since exports are slow.
+            attempt_timeout: ::std::time::Duration = ::std::time::Duration::from_secs(30),
+            /// The breaker's sliding window: Hystrix
+            /// `metrics.rollingStats.timeInMilliseconds` = 10000.
+            breaker_window: ::std::time::Duration = ::std::time::Duration::from_secs(10),
+            /// Failure share over the window that opens the breaker: Hystrix
+            /// `errorThresholdPercentage` = 50, resilience4j
+            /// `failureRateThreshold` = 50.
+            breaker_failure_ratio: f64 = 0.5,
+            /// Calls the window must hold before the breaker may open: Hystrix
+            /// `requestVolumeThreshold` = 20 (no false open on a cold start).
+            breaker_min_calls: u32 = 20,
+            /// How long the breaker stays open before half-open: Hystrix
+            /// `sleepWindowInMilliseconds` = 5000, Polly `BreakDuration` = 5 s.
+            breaker_open_for: ::std::time::Duration = ::std::time::Duration::from_secs(5),
+            /// Probes let through while half-open; this many successes close
+            /// it. resilience4j lets a bounded number through (10); fewer here
+            /// because a proxy's probes are real client requests.
+            breaker_half_open_probes: u32 = 3,
+            /// While open, wait for the half-open probe (within
+            /// `max_queue_wait`) instead of failing fast (R-CB1: fail fast by
+            /// default).
+            breaker_wait_for_probe: bool = false,
+            /// Retries as a share of recent requests: Linkerd / tower
+            /// `TpsBudget`, retries may add 20 % to the request volume.
+            retry_ratio: f64 = 0.2,
+            /// Retries always allowed per second, whatever the ratio: tower
+            /// `TpsBudget`'s default floor, so a quiet provider can still retry.
+            retry_min_per_sec: u32 = 10,
+            /// How long a request's deposit counts in the retry budget: tower
+            /// `TpsBudget`'s default, ten seconds.
+            retry_budget_ttl: ::std::time::Duration = ::std::time::Duration::from_secs(10),
+            /// Attempts per request, first included: the AWS SDKs' standard
+            /// mode, three in all.
+            retry_max_attempts: u32 = 3,
+            /// Full-jitter base: `random(0, min(cap, base·2^n))` (AWS
+            /// Architecture Blog); base and cap are smaller than the SDK's
+            /// 1 s / 20 s because a proxy's client waits on its open request.
+            retry_base: ::std::time::Duration = ::std::time::Duration::from_millis(250),
+            /// Full-jitter cap; see `retry_base`.
+            retry_cap: ::std::time::Duration = ::std::time::Duration::from_secs(5),
+            /// Methods retried besides the idempotent ones (RFC 9110 §9.2.2).
+            retry_methods: ::std::vec::Vec<::http::Method> = ::std::vec::Vec::new(),
+            /// Largest request body kept for replay; bigger bodies are not
+            /// retried.
+            replay_limit: usize = 64 * 1024,
+        }
+    };
 }
 
-impl Default for ProviderSettings {
-    fn default() -> Self {
-        ProviderSettings {
-            ceiling_rps: 50.0,
-            start_rps: None,
-            floor_rps: 0.1,
-            burst: 1,
-            decrease_factor: 0.7,
-            increase_window: Duration::from_secs(1),
-            soft_throttle_factor: 3.0,
-            max_queue_wait: Duration::from_secs(15),
-            max_queue_len: 256,
-            max_retry_after_wait: Duration::from_secs(10),
-            max_in_flight: 64,
-            attempt_timeout: Duration::from_secs(30),
-            breaker_window: Duration::from_secs(10),
-            breaker_failure_ratio: 0.5,
-            breaker_min_calls: 20,
-            breaker_open_for: Duration::from_secs(5),
-            breaker_half_open_probes: 3,
-            breaker_wait_for_probe: false,
-            retry_ratio: 0.2,
-            retry_min_per_sec: 10,
-            retry_budget_ttl: Duration::from_secs(10),
-            retry_max_attempts: 3,
-            retry_base: Duration::from_millis(250),
-            retry_cap: Duration::from_secs(5),
-            retry_methods: Vec::new(),
-            replay_limit: 64 * 1024,
+macro_rules! define_settings {
+    ($( $(#[$doc:meta])* $name:ident : $ty:ty = $default:expr ),* $(,)?) => {
+        /// The tunables of one provider's stack, made from
+        /// [`provider_settings!`]. Build with `Default` or
+        /// [`ProviderSettings::with_ceiling`], change fields, then
+        /// [`validated`](ProviderSettings::validated).
+        #[derive(Debug, Clone, PartialEq)]
+        pub struct ProviderSettings {
+            $( $(#[$doc])* pub $name: $ty, )*
         }
+
+        impl Default for ProviderSettings {
+            fn default() -> Self {
+                ProviderSettings { $( $name: $default, )* }
+            }
+        }
+    };
+}
+
+provider_settings!(define_settings);
+
+/// Settings that passed [`ProviderSettings::validated`]: what a provider's
+/// stack is built from, so no stack sees a value that makes no sense. The
+/// defaults are valid (`defaults_are_valid_and_start_low`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ValidSettings(ProviderSettings);
+
+impl std::ops::Deref for ValidSettings {
+    type Target = ProviderSettings;
+
+    fn deref(&self) -> &ProviderSettings {
+        &self.0
+    }
+}
+
+impl ValidSettings {
+    /// The settings, to change (and validate again).
+    pub fn into_inner(self) -> ProviderSettings {
+        self.0
     }
 }
 
@@ -164,7 +191,12 @@ impl ProviderSettings {
     }
 
     /// Checks every value, naming the first bad key.
-    pub fn validate(&self) -> Result<(), SettingsError> {
+    pub fn validated(self) -> Result<ValidSettings, SettingsError> {
+        self.check()?;
+        Ok(ValidSettings(self))
+    }
+
+    fn check(&self) -> Result<(), SettingsError> {
         fn bad(key: &'static str, reason: impl Into<String>) -> Result<(), SettingsError> {
             Err(SettingsError {
                 key,
@@ -249,8 +281,8 @@ mod tests {
 
     #[test]
     fn defaults_are_valid_and_start_low() {
-        let s = ProviderSettings::default();
-        s.validate().unwrap();
+        let s = ProviderSettings::default().validated().unwrap();
+        assert_eq!(s, ValidSettings::default());
         assert!(s.start_rate() < s.ceiling_rps);
         assert_eq!(s.start_rate(), 5.0);
         assert_eq!(ProviderSettings::with_ceiling(10.0).start_rate(), 1.0);
@@ -261,17 +293,17 @@ mod tests {
     #[test]
     fn errors_name_the_key() {
         let mut s = ProviderSettings::with_ceiling(-1.0);
-        assert_eq!(s.validate().unwrap_err().key, "ceiling_rps");
+        assert_eq!(s.clone().validated().unwrap_err().key, "ceiling_rps");
         s.ceiling_rps = f64::NAN;
-        assert_eq!(s.validate().unwrap_err().key, "ceiling_rps");
+        assert_eq!(s.clone().validated().unwrap_err().key, "ceiling_rps");
         s.ceiling_rps = 10.0;
         s.start_rps = Some(20.0);
-        assert_eq!(s.validate().unwrap_err().key, "start_rps");
+        assert_eq!(s.clone().validated().unwrap_err().key, "start_rps");
         s.start_rps = None;
         s.decrease_factor = 1.0;
-        assert_eq!(s.validate().unwrap_err().key, "decrease_factor");
+        assert_eq!(s.clone().validated().unwrap_err().key, "decrease_factor");
         s.decrease_factor = 0.7;
         s.burst = 0;
-        assert_eq!(s.validate().unwrap_err().key, "burst");
+        assert_eq!(s.clone().validated().unwrap_err().key, "burst");
     }
 }

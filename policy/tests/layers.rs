@@ -122,7 +122,7 @@ fn policy(settings: ProviderSettings) -> (Arc<ProviderPolicy>, Evidence) {
     let sink = evidence.clone();
     let policy = ProviderPolicy::new(
         "provider.test",
-        settings,
+        settings.validated().unwrap(),
         PolicyOptions {
             sink: Some(Arc::new(move |t: &Transition| {
                 sink.lock().unwrap().push(t.clone())
@@ -130,8 +130,7 @@ fn policy(settings: ProviderSettings) -> (Arc<ProviderPolicy>, Evidence) {
             jitter: Some(Jitter::Fixed(0.0)),
             events: None,
         },
-    )
-    .unwrap();
+    );
     (policy, evidence)
 }
 
@@ -477,7 +476,7 @@ async fn retry_after_is_waited_exactly() {
     let sink = events.clone();
     let policy = ProviderPolicy::new(
         "provider.test",
-        ProviderSettings::default(),
+        ProviderSettings::default().validated().unwrap(),
         PolicyOptions {
             jitter: Some(Jitter::Fixed(0.0)),
             events: Some(Arc::new(move |e: &Event| {
@@ -485,8 +484,7 @@ async fn retry_after_is_waited_exactly() {
             })),
             ..PolicyOptions::default()
         },
-    )
-    .unwrap();
+    );
     let provider = Provider::new(|n| if n == 0 { throttle("2") } else { status(200) });
     let svc = stack(&policy, &provider);
     let resp = svc.oneshot(get("a")).await.unwrap();
@@ -806,15 +804,14 @@ async fn a_sustained_latency_shift_is_a_soft_throttle_one_slow_answer_is_not() {
     settings.start_rps = Some(50.0);
     let policy = ProviderPolicy::new(
         "provider.test",
-        settings,
+        settings.validated().unwrap(),
         PolicyOptions {
             events: Some(Arc::new(move |e: &Event| {
                 sink.lock().unwrap().push(e.clone())
             })),
             ..PolicyOptions::default()
         },
-    )
-    .unwrap();
+    );
     let provider = Provider::new(|n| Reply {
         delay: Duration::from_millis(if n < 40 || n == 41 { 20 } else { 2000 }),
         ..status(200)

@@ -120,7 +120,7 @@ proptest! {
     #[test]
     fn cold_start_is_below_the_ceiling(ceiling in 0.001f64..1e6) {
         let s = ProviderSettings::with_ceiling(ceiling);
-        prop_assert!(s.validate().is_ok());
+        prop_assert!(s.clone().validated().is_ok());
         let core = PacerCore::new(&s);
         prop_assert!(core.rate() < ceiling);
         prop_assert!(core.rate() <= ceiling / 10.0 + 1e-12);

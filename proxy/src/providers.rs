@@ -20,7 +20,7 @@ use sluice_policy::breaker::TransitionSink;
 use sluice_policy::events::EventSink;
 use sluice_policy::provider::{LearnedState, PolicyOptions};
 use sluice_policy::stack::{provider_stack, ProviderService};
-use sluice_policy::{ProviderPolicy, ProviderSettings};
+use sluice_policy::{ProviderPolicy, ValidSettings};
 use tokio::time::Instant;
 
 use crate::body::ProxyBody;
@@ -77,7 +77,7 @@ struct Kept {
 
 struct Rules {
     named: Vec<NamedProvider>,
-    defaults: ProviderSettings,
+    defaults: ValidSettings,
     defaults_intercept: bool,
     limits: Limits,
 }
@@ -125,7 +125,7 @@ impl Providers {
     }
 
     /// The provider name, settings and interception for a host.
-    pub fn lookup(&self, host: &str) -> (String, ProviderSettings, bool) {
+    pub fn lookup(&self, host: &str) -> (String, ValidSettings, bool) {
         let host = normalise_host(host);
         let rules = self.rules();
         match rules
@@ -184,7 +184,7 @@ impl Providers {
     fn build(
         &self,
         name: &str,
-        settings: ProviderSettings,
+        settings: ValidSettings,
         intercept: bool,
         now: Instant,
     ) -> Provider {
@@ -203,8 +203,7 @@ impl Providers {
                 events,
                 jitter: None,
             },
-        )
-        .expect("settings were validated with the config");
+        );
         let max_age = self.rules().limits.state_max_age;
         let kept = self
             .kept
@@ -340,9 +339,7 @@ impl Providers {
                 Some(n) => (n.settings.clone(), n.intercept),
                 None => (config.defaults.clone(), config.defaults_intercept),
             };
-            if let Err(e) = p.policy.update_settings(settings) {
-                tracing::warn!(provider = %p.name, error = %e, "settings not applied");
-            }
+            p.policy.update_settings(settings);
             p.intercept.store(intercept, Ordering::Relaxed);
         }
     }

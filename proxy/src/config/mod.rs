@@ -4,7 +4,25 @@
 //! are errors (a misspelt `ceilng_rps` must not silently fall back to a
 //! default), and every error names the key it is about. With no file at
 //! all sluice runs on safe defaults: loopback listeners, no private
-//! destinations, CONNECT only to 443.
+//! destinations, CONNECT to 443 and 80.
+//!
+//! # Adding a setting
+//!
+//! A provider setting is one entry in `sluice_policy::provider_settings!`
+//! (`policy/src/settings.rs`): its doc, name, type and default, e.g.
+//!
+//! ```text
+//! /// Largest request body kept for replay; bigger bodies are not retried.
+//! replay_limit: usize = 64 * 1024,
+//! ```
+//!
+//! That entry makes the `ProviderSettings` field and its default, and here
+//! the `[defaults]` / `[providers.NAME]` key, its inheritance and its
+//! errors (which name the key). Add a check to
+//! `ProviderSettings::validated` if some values make no sense, and the key
+//! to `sluice.example.toml` (a test fails until it is there). A type not
+//! yet used by a setting needs a [`FromToml`] impl saying how TOML writes
+//! it.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
@@ -13,7 +31,7 @@ use std::time::Duration;
 
 use ipnet::IpNet;
 use serde::Deserialize;
-use sluice_policy::ProviderSettings;
+use sluice_policy::{ProviderSettings, ValidSettings};
 
 /// A config that could not be accepted, naming the key.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -148,103 +166,100 @@ struct RawLimits {
     max_metric_providers: Option<usize>,
 }
 
-/// Every per-provider key. All optional: a named provider takes
-/// `[defaults]` first, then its own.
-#[derive(Debug, Default, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawProvider {
-    hosts: Option<Vec<String>>,
-    intercept: Option<bool>,
-    ceiling_rps: Option<f64>,
-    start_rps: Option<f64>,
-    floor_rps: Option<f64>,
-    burst: Option<u32>,
-    decrease_factor: Option<f64>,
-    increase_window: Option<Dur>,
-    soft_throttle_factor: Option<f64>,
-    max_queue_wait: Option<Dur>,
-    max_queue_len: Option<usize>,
-    max_retry_after_wait: Option<Dur>,
-    max_in_flight: Option<usize>,
-    attempt_timeout: Option<Dur>,
-    breaker_window: Option<Dur>,
-    breaker_failure_ratio: Option<f64>,
-    breaker_min_calls: Option<u32>,
-    breaker_open_for: Option<Dur>,
-    breaker_half_open_probes: Option<u32>,
-    breaker_wait_for_probe: Option<bool>,
-    retry_ratio: Option<f64>,
-    retry_min_per_sec: Option<u32>,
-    retry_budget_ttl: Option<Dur>,
-    retry_max_attempts: Option<u32>,
-    retry_base: Option<Dur>,
-    retry_cap: Option<Dur>,
-    retry_methods: Option<Vec<String>>,
-    replay_limit: Option<usize>,
+/// How a provider setting's type is written in TOML.
+trait FromToml: Sized {
+    /// What TOML holds for it.
+    type Raw: serde::de::DeserializeOwned + Clone + std::fmt::Debug;
+    /// The setting from what TOML held, or why not.
+    fn from_toml(raw: &Self::Raw) -> Result<Self, String>;
 }
+
+macro_rules! plain_toml {
+    ($($t:ty),*) => {$(
+        impl FromToml for $t {
+            type Raw = $t;
+            fn from_toml(raw: &$t) -> Result<$t, String> {
+                Ok(raw.clone())
+            }
+        }
+    )*};
+}
+
+plain_toml!(f64, u32, usize, bool);
+
+impl FromToml for Option<f64> {
+    type Raw = f64;
+    fn from_toml(raw: &f64) -> Result<Self, String> {
+        Ok(Some(*raw))
+    }
+}
+
+impl FromToml for Duration {
+    type Raw = Dur;
+    fn from_toml(raw: &Dur) -> Result<Self, String> {
+        Ok(raw.0)
+    }
+}
+
+impl FromToml for Vec<http::Method> {
+    type Raw = Vec<String>;
+    fn from_toml(raw: &Vec<String>) -> Result<Self, String> {
+        raw.iter()
+            .map(|m| {
+                http::Method::from_bytes(m.to_ascii_uppercase().as_bytes())
+                    .map_err(|_| format!("{m:?} is not a method"))
+            })
+            .collect()
+    }
+}
+
+/// Makes [`RawProvider`] from the list of provider settings.
+macro_rules! raw_provider {
+    ($( $(#[$doc:meta])* $name:ident : $ty:ty = $default:expr ),* $(,)?) => {
+        /// Every per-provider key. All optional: a named provider takes
+        /// `[defaults]` first, then its own. Besides `hosts` and
+        /// `intercept`, one key per entry of
+        /// [`sluice_policy::provider_settings!`].
+        #[derive(Debug, Default, Clone, Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct RawProvider {
+            hosts: Option<Vec<String>>,
+            intercept: Option<bool>,
+            $( $name: Option<<$ty as FromToml>::Raw>, )*
+        }
+
+        impl RawProvider {
+            /// Writes the keys given here over `s`.
+            fn lay_over(&self, s: &mut ProviderSettings, key: &str) -> Result<(), ConfigError> {
+                $(
+                    if let Some(v) = &self.$name {
+                        s.$name = <$ty as FromToml>::from_toml(v)
+                            .map_err(|r| err(format!("{key}.{}", stringify!($name)), r))?;
+                    }
+                )*
+                Ok(())
+            }
+        }
+    };
+}
+
+sluice_policy::provider_settings!(raw_provider);
 
 impl RawProvider {
     /// Lays these keys over `base`.
-    fn apply(&self, base: &ProviderSettings, key: &str) -> Result<ProviderSettings, ConfigError> {
+    fn apply(&self, base: &ProviderSettings, key: &str) -> Result<ValidSettings, ConfigError> {
         let mut s = base.clone();
-        macro_rules! set {
-            ($($f:ident),*) => {$( if let Some(v) = self.$f { s.$f = v; } )*};
-        }
-        macro_rules! set_dur {
-            ($($f:ident),*) => {$( if let Some(v) = self.$f { s.$f = v.0; } )*};
-        }
-        set!(
-            ceiling_rps,
-            floor_rps,
-            burst,
-            decrease_factor,
-            soft_throttle_factor,
-            max_queue_len,
-            max_in_flight,
-            breaker_failure_ratio,
-            breaker_min_calls,
-            breaker_half_open_probes,
-            breaker_wait_for_probe,
-            retry_ratio,
-            retry_min_per_sec,
-            retry_max_attempts,
-            replay_limit
-        );
-        set_dur!(
-            increase_window,
-            max_queue_wait,
-            max_retry_after_wait,
-            attempt_timeout,
-            breaker_window,
-            breaker_open_for,
-            retry_budget_ttl,
-            retry_base,
-            retry_cap
-        );
-        if self.start_rps.is_some() {
-            s.start_rps = self.start_rps;
-        } else if self.ceiling_rps.is_some() && base.start_rps.is_some_and(|st| st >= s.ceiling_rps)
+        self.lay_over(&mut s, key)?;
+        if self.start_rps.is_none()
+            && self.ceiling_rps.is_some()
+            && base.start_rps.is_some_and(|st| st >= s.ceiling_rps)
         {
             // A start inherited from [defaults] that is not below this
             // provider's own ceiling falls back to the derived one.
             s.start_rps = None;
         }
-        if let Some(methods) = &self.retry_methods {
-            s.retry_methods = methods
-                .iter()
-                .map(|m| {
-                    http::Method::from_bytes(m.to_ascii_uppercase().as_bytes()).map_err(|_| {
-                        err(
-                            format!("{key}.retry_methods"),
-                            format!("{m:?} is not a method"),
-                        )
-                    })
-                })
-                .collect::<Result<_, _>>()?;
-        }
-        s.validate()
-            .map_err(|e| err(format!("{key}.{}", e.key), e.reason))?;
-        Ok(s)
+        s.validated()
+            .map_err(|e| err(format!("{key}.{}", e.key), e.reason))
     }
 }
 
@@ -308,7 +323,7 @@ pub struct NamedProvider {
     /// Hosts that belong to it.
     pub hosts: Vec<HostPattern>,
     /// Its settings.
-    pub settings: ProviderSettings,
+    pub settings: ValidSettings,
     /// Terminate TLS in its CONNECT tunnels to see each request.
     pub intercept: bool,
 }
@@ -372,7 +387,7 @@ pub struct Config {
     /// Upstream TCP connect timeout.
     pub connect_timeout: Duration,
     /// Settings of every provider not named.
-    pub defaults: ProviderSettings,
+    pub defaults: ValidSettings,
     /// Whether providers not named are intercepted.
     pub defaults_intercept: bool,
     /// Interception CA.
@@ -645,6 +660,30 @@ mod tests {
         assert!(c.destinations.allow.is_empty());
         assert_eq!(c.destinations.connect_ports, [443, 80]);
         assert_eq!(c.defaults.ceiling_rps, 50.0);
+    }
+
+    macro_rules! setting_names {
+        ($( $(#[$doc:meta])* $name:ident : $ty:ty = $default:expr ),* $(,)?) => {
+            [$( stringify!($name) ),*]
+        };
+    }
+
+    #[test]
+    fn every_provider_setting_is_a_documented_key() {
+        let text = include_str!("../../../sluice.example.toml");
+        let names = sluice_policy::provider_settings!(setting_names);
+        assert!(names.len() >= 20);
+        for name in names {
+            let written = text
+                .lines()
+                .map(|l| l.trim_start_matches(['#', ' ']))
+                .any(|l| l.starts_with(&format!("{name} =")));
+            assert!(written, "{name} is not in sluice.example.toml");
+            // And it is a key of its own in [defaults].
+            let toml = format!("[defaults]\n{name} = \"not a value\"\n");
+            let e = Config::from_toml(&toml).unwrap_err();
+            assert_eq!(e.key, format!("defaults.{name}"), "{e}");
+        }
     }
 
     #[test]
