@@ -1,11 +1,15 @@
-//! The errors sluice's layers produce, and what each one means.
+//! The failures sluice's layers produce, and what each one means.
 //!
-//! Errors travel between layers as [`BoxError`]. Each concrete type says
-//! whose fault it is and whether a retry may help ([`Fault`],
-//! [`ErrorInfo`]), so the retry policy, the breaker and the proxy's edge
-//! function decide from data, never from string matching. Refusals that
-//! sluice makes itself (queue full, circuit open, run stopped) never reach
-//! the provider, so they never count against it.
+//! Failures travel between the layers of a provider's stack as one enum,
+//! [`Cause`], never as a boxed error that would have to be downcast: every
+//! question asked of a failure — whose fault it is and whether a retry may
+//! help ([`Fault`], [`ErrorInfo`]), the outcome label, and at the proxy's
+//! edge the status, `Proxy-Status` and `Retry-After` — is an exhaustive
+//! `match`, so the retry policy, the breaker and the edge decide from data,
+//! never from string matching, and a new failure does not compile until
+//! each of them answers it. Refusals that sluice makes itself (queue full,
+//! circuit open, run stopped) never reach the provider, so they never count
+//! against it.
 
 use std::time::Duration;
 
@@ -15,13 +19,13 @@ use crate::outcome::Outcome;
 pub use crate::pacer::RateLimited;
 pub use crate::run::RunStopped;
 
-/// The error type between layers (tower's convention).
+/// A boxed error, for what is not a provider's stack (bodies, I/O).
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// The future every policy layer returns: the layers wait (for a slot, a
 /// permit, a probe) inside it, so it is an `async` block, boxed.
 pub type BoxFuture<T> =
-    std::pin::Pin<Box<dyn std::future::Future<Output = Result<T, BoxError>> + Send + 'static>>;
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<T, Cause>> + Send + 'static>>;
 
 /// Whose fault an error is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,14 +78,13 @@ impl UpstreamKind {
     }
 }
 
-/// An upstream attempt failed before a response head arrived.
-#[derive(Debug, thiserror::Error)]
-#[error("upstream {kind:?}: {source}")]
+/// An upstream attempt failed before a response head arrived. It reaches
+/// the layers as [`Cause::Upstream`].
+#[derive(Debug)]
 pub struct Upstream {
     /// What went wrong.
     pub kind: UpstreamKind,
     /// The underlying error.
-    #[source]
     pub source: BoxError,
 }
 
@@ -94,6 +97,136 @@ impl Upstream {
         }
     }
 }
+
+/// Every failure a provider's stack can produce, in one enum.
+///
+/// The layers' own refusals ([`RateLimited`], [`CircuitOpen`],
+/// [`BulkheadFull`], [`RunStopped`]) and [`Upstream`] do not implement
+/// `std::error::Error`: the only way into a [`BoxError`] is through a
+/// variant here, so a new failure is a new variant, and every question
+/// asked of a failure — [`Cause::info`] here; the status, `Proxy-Status`
+/// token and `Retry-After` at the proxy's edge; the outcome label of
+/// `sluice_requests_total` — is an exhaustive `match` that does not
+/// compile until the new variant is answered.
+#[derive(Debug)]
+pub enum Cause {
+    /// The pacer: no pacing slot within the queue wait, or the queue full.
+    RateLimited(RateLimited),
+    /// The breaker is open.
+    CircuitOpen(CircuitOpen),
+    /// The bulkhead is full.
+    BulkheadFull(BulkheadFull),
+    /// A run's envelope stopped the attempt.
+    RunStopped(RunStopped),
+    /// No response head within the attempt timeout.
+    AttemptTimeout,
+    /// The attempt failed before a response head.
+    Upstream(Upstream),
+}
+
+impl Cause {
+    /// What the layers need to know about it.
+    pub fn info(&self) -> ErrorInfo {
+        let sluice = |retry_after| ErrorInfo {
+            fault: Fault::Sluice,
+            outcome: None,
+            retryable: false,
+            retry_after,
+        };
+        match self {
+            Cause::RateLimited(e) => sluice(Some(e.retry_after)),
+            Cause::CircuitOpen(e) => sluice(Some(e.retry_after)),
+            Cause::BulkheadFull(e) => sluice(Some(e.retry_after)),
+            Cause::RunStopped(_) => sluice(None),
+            Cause::AttemptTimeout => ErrorInfo {
+                fault: Fault::Upstream,
+                outcome: Some(Outcome::Timeout),
+                retryable: true,
+                retry_after: None,
+            },
+            Cause::Upstream(e) => {
+                let client = match e.kind {
+                    UpstreamKind::Prohibited | UpstreamKind::ClientBody => true,
+                    UpstreamKind::Dns
+                    | UpstreamKind::ConnectionRefused
+                    | UpstreamKind::ConnectionTimeout
+                    | UpstreamKind::ConnectionClosed
+                    | UpstreamKind::TlsCertificate
+                    | UpstreamKind::TlsProtocol
+                    | UpstreamKind::Protocol => false,
+                };
+                ErrorInfo {
+                    fault: if client {
+                        Fault::Client
+                    } else {
+                        Fault::Upstream
+                    },
+                    outcome: (!client).then_some(match e.kind {
+                        UpstreamKind::ConnectionTimeout => Outcome::Timeout,
+                        _ => Outcome::ConnectError,
+                    }),
+                    retryable: e.kind.is_retryable(),
+                    retry_after: None,
+                }
+            }
+        }
+    }
+
+    /// The `sluice_requests_total{outcome}` label of a request that ended
+    /// in this failure (R-OP1).
+    pub fn outcome_label(&self) -> &'static str {
+        match self {
+            Cause::RateLimited(_) | Cause::BulkheadFull(_) => "shed",
+            Cause::CircuitOpen(_) => "circuit_open",
+            Cause::RunStopped(_) => "run_stopped",
+            Cause::AttemptTimeout | Cause::Upstream(_) => {
+                self.info().outcome.map_or("denied", |o| o.label())
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for Cause {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Cause::RateLimited(e) => write!(
+                f,
+                "provider rate limit: no slot within the queue wait ({:?}), retry after {:?}",
+                e.refusal, e.retry_after
+            ),
+            Cause::CircuitOpen(e) => write!(
+                f,
+                "circuit open for this provider, retry after {:?}",
+                e.retry_after
+            ),
+            Cause::BulkheadFull(_) => write!(f, "too many requests in flight to this provider"),
+            Cause::RunStopped(e) => write!(f, "run stopped: {}", e.reason.label()),
+            Cause::AttemptTimeout => write!(f, "no response head within the attempt timeout"),
+            Cause::Upstream(e) => write!(f, "upstream {:?}: {}", e.kind, e.source),
+        }
+    }
+}
+
+impl std::error::Error for Cause {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Cause::Upstream(e) => Some(&*e.source),
+            _ => None,
+        }
+    }
+}
+
+macro_rules! into_cause {
+    ($($t:ident),*) => {$(
+        impl From<$t> for Cause {
+            fn from(e: $t) -> Cause {
+                Cause::$t(e)
+            }
+        }
+    )*};
+}
+
+into_cause!(RateLimited, CircuitOpen, BulkheadFull, RunStopped, Upstream);
 
 /// What the layers need to know about an error.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -108,63 +241,6 @@ pub struct ErrorInfo {
     pub retry_after: Option<Duration>,
 }
 
-/// Classifies any error that can come out of a provider's stack.
-pub fn info(err: &BoxError) -> ErrorInfo {
-    let sluice = |retry_after| ErrorInfo {
-        fault: Fault::Sluice,
-        outcome: None,
-        retryable: false,
-        retry_after,
-    };
-    if let Some(e) = err.downcast_ref::<RateLimited>() {
-        return sluice(Some(e.retry_after));
-    }
-    if let Some(e) = err.downcast_ref::<CircuitOpen>() {
-        return sluice(Some(e.retry_after));
-    }
-    if let Some(e) = err.downcast_ref::<BulkheadFull>() {
-        return sluice(Some(e.retry_after));
-    }
-    if err.downcast_ref::<RunStopped>().is_some() {
-        return sluice(None);
-    }
-    if err
-        .downcast_ref::<tower::timeout::error::Elapsed>()
-        .is_some()
-    {
-        return ErrorInfo {
-            fault: Fault::Upstream,
-            outcome: Some(Outcome::Timeout),
-            retryable: true,
-            retry_after: None,
-        };
-    }
-    if let Some(e) = err.downcast_ref::<Upstream>() {
-        let client = matches!(e.kind, UpstreamKind::Prohibited | UpstreamKind::ClientBody);
-        return ErrorInfo {
-            fault: if client {
-                Fault::Client
-            } else {
-                Fault::Upstream
-            },
-            outcome: (!client).then_some(match e.kind {
-                UpstreamKind::ConnectionTimeout => Outcome::Timeout,
-                _ => Outcome::ConnectError,
-            }),
-            retryable: e.kind.is_retryable(),
-            retry_after: None,
-        };
-    }
-    // Anything else came from below without a kind: count it as the
-    // provider's connection failing, but do not retry what we cannot name.
-    ErrorInfo {
-        fault: Fault::Upstream,
-        outcome: Some(Outcome::ConnectError),
-        retryable: false,
-        retry_after: None,
-    }
-}
-
-pub(crate) fn attempt_outcome(err: &BoxError) -> Option<Outcome> {
-    info(err).outcome
+pub(crate) fn attempt_outcome(err: &Cause) -> Option<Outcome> {
+    err.info().outcome
 }

@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime};
 
 use http::StatusCode;
 
-use crate::error::{self, BoxError};
+use crate::error::{self, Cause};
 
 /// What one upstream attempt came back with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,7 +63,7 @@ impl Outcome {
     /// sluice's own refusal (pacer queue full, breaker open, bulkhead full,
     /// run stopped): no request reached the provider, so the provider's
     /// state must not learn anything from it.
-    pub fn of_error(err: &BoxError) -> Option<Self> {
+    pub fn of_error(err: &Cause) -> Option<Self> {
         error::attempt_outcome(err)
     }
 

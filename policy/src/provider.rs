@@ -14,7 +14,7 @@ use crate::breaker::{
     BreakerShared, BreakerSnapshot, CallPermit, CircuitOpen, State, TransitionSink,
 };
 use crate::bulkhead::BulkheadShared;
-use crate::error::BoxError;
+use crate::error::Cause;
 use crate::events::EventSink;
 use crate::pacer::{PacerShared, PacerSnapshot};
 use crate::retry::{Jitter, RetryShared};
@@ -167,7 +167,7 @@ impl ProviderPolicy {
     /// tunnel sluice does not intercept (R-PX2): the breaker is asked and
     /// one pacing slot is taken. Report how the connection went with
     /// [`TunnelAdmission::connected`].
-    pub async fn admit_tunnel(&self) -> Result<TunnelAdmission, BoxError> {
+    pub async fn admit_tunnel(&self) -> Result<TunnelAdmission, Cause> {
         let permit = self
             .breaker
             .acquire()

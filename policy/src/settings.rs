@@ -7,7 +7,7 @@
 //! proxy's config may override any of them per provider.
 //!
 //! Each setting's default and the public reference it comes from are in
-//! [`provider_settings!`], the one list that both the settings type and the
+//! [`provider_settings!`](crate::provider_settings), the one list that both the settings type and the
 //! proxy's config are made from.
 
 use std::time::Duration;
@@ -128,7 +128,7 @@ macro_rules! provider_settings {
 macro_rules! define_settings {
     ($( $(#[$doc:meta])* $name:ident : $ty:ty = $default:expr ),* $(,)?) => {
         /// The tunables of one provider's stack, made from
-        /// [`provider_settings!`]. Build with `Default` or
+        /// [`provider_settings!`](crate::provider_settings). Build with `Default` or
         /// [`ProviderSettings::with_ceiling`], change fields, then
         /// [`validated`](ProviderSettings::validated).
         #[derive(Debug, Clone, PartialEq)]

@@ -7,7 +7,7 @@ use tower::{Service, ServiceBuilder};
 
 use crate::breaker::BreakerLayer;
 use crate::bulkhead::BulkheadLayer;
-use crate::error::BoxError;
+use crate::error::Cause;
 use crate::pacer::PacerLayer;
 use crate::provider::ProviderPolicy;
 use crate::retry::{ReplayBody, RetryPolicy};
@@ -15,7 +15,7 @@ use crate::run::RunLayer;
 use crate::timeout::AttemptTimeoutLayer;
 
 /// A provider's whole stack, boxed at the provider boundary.
-pub type ProviderService<B, R> = BoxCloneSyncService<Request<B>, Response<R>, BoxError>;
+pub type ProviderService<B, R> = BoxCloneSyncService<Request<B>, Response<R>, Cause>;
 
 /// Builds the stack of `policy`'s provider over `upstream`.
 ///
@@ -25,7 +25,7 @@ pub type ProviderService<B, R> = BoxCloneSyncService<Request<B>, Response<R>, Bo
 pub fn provider_stack<S, B, R>(policy: &ProviderPolicy, upstream: S) -> ProviderService<B, R>
 where
     S: Service<Request<B>, Response = Response<R>> + Clone + Send + Sync + 'static,
-    S::Error: Into<BoxError>,
+    S::Error: Into<Cause>,
     S::Future: Send + 'static,
     B: ReplayBody + Send + 'static,
     R: Send + 'static,

@@ -11,10 +11,9 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use tower::timeout::error::Elapsed;
 use tower::{Layer, Service};
 
-use crate::error::{BoxError, BoxFuture};
+use crate::error::{BoxFuture, Cause};
 
 /// A duration that can be changed while services read it.
 #[derive(Debug, Default)]
@@ -72,15 +71,15 @@ pub struct AttemptTimeout<S> {
 impl<S, Req> Service<Req> for AttemptTimeout<S>
 where
     S: Service<Req>,
-    S::Error: Into<BoxError>,
+    S::Error: Into<Cause>,
     S::Future: Send + 'static,
     S::Response: Send + 'static,
 {
     type Response = S::Response;
-    type Error = BoxError;
+    type Error = Cause;
     type Future = BoxFuture<S::Response>;
 
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Cause>> {
         self.inner.poll_ready(cx).map_err(Into::into)
     }
 
@@ -90,7 +89,7 @@ where
         Box::pin(async move {
             match tokio::time::timeout(limit, fut).await {
                 Ok(r) => r.map_err(Into::into),
-                Err(_) => Err(Elapsed::new().into()),
+                Err(_) => Err(Cause::AttemptTimeout),
             }
         })
     }

@@ -8,16 +8,17 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use http::{Method, Request, Response, StatusCode};
-use sluice_policy::breaker::{BreakerLayer, CircuitOpen, Reason, State, Transition};
-use sluice_policy::bulkhead::{BulkheadFull, BulkheadLayer, InFlight};
+use sluice_policy::breaker::{BreakerLayer, Reason, State, Transition};
+use sluice_policy::bulkhead::{BulkheadLayer, InFlight};
+use sluice_policy::error::Cause;
 use sluice_policy::error::{Upstream, UpstreamKind};
 use sluice_policy::events::Event;
-use sluice_policy::pacer::{PacerLayer, RateLimited, Refusal};
+use sluice_policy::pacer::{PacerLayer, Refusal};
 use sluice_policy::provider::PolicyOptions;
 use sluice_policy::retry::Jitter;
-use sluice_policy::run::{Envelope, RunHandle, RunStopped, StopReason};
+use sluice_policy::run::{Envelope, RunHandle, StopReason};
 use sluice_policy::stack::{provider_stack, ProviderService};
-use sluice_policy::{BoxError, Outcome, ProviderPolicy, ProviderSettings};
+use sluice_policy::{Outcome, ProviderPolicy, ProviderSettings};
 use tokio::time::{sleep, Instant};
 use tower::{Layer, Service, ServiceExt};
 
@@ -71,10 +72,10 @@ impl Provider {
 
 impl Service<Request<String>> for Provider {
     type Response = Response<()>;
-    type Error = BoxError;
-    type Future = Pin<Box<dyn Future<Output = Result<Response<()>, BoxError>> + Send>>;
+    type Error = Cause;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<()>, Cause>> + Send>>;
 
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Cause>> {
         Poll::Ready(Ok(()))
     }
 
@@ -219,7 +220,9 @@ async fn bounded_wait_refuses_at_once_with_the_wait() {
     let asked = Instant::now();
     let err = svc.clone().oneshot(get("3")).await.unwrap_err();
     assert_eq!(Instant::now(), asked, "refused without waiting");
-    let limited = err.downcast_ref::<RateLimited>().expect("RateLimited");
+    let Cause::RateLimited(limited) = &err else {
+        panic!("RateLimited: {err}")
+    };
     assert_eq!(limited.refusal, Refusal::WaitTooLong);
     assert_eq!(limited.retry_after, (t0 + Duration::from_secs(3)) - asked);
     for t in tasks {
@@ -245,7 +248,9 @@ async fn hold_past_the_queue_wait_refuses_waiters_at_once() {
     sleep(Duration::from_millis(1)).await;
     let err = svc.clone().oneshot(get("1")).await.unwrap_err();
     assert_eq!(Instant::now() - t0, Duration::from_millis(100));
-    let limited = err.downcast_ref::<RateLimited>().expect("RateLimited");
+    let Cause::RateLimited(limited) = &err else {
+        panic!("RateLimited: {err}")
+    };
     assert_eq!(limited.retry_after, Duration::from_secs(30));
     assert_eq!(first.await.unwrap().unwrap().status(), 429);
     assert_eq!(provider.arrivals().len(), 1);
@@ -285,10 +290,11 @@ fn breaker_settings() -> ProviderSettings {
     }
 }
 
-fn is_open(err: &BoxError) -> Duration {
-    err.downcast_ref::<CircuitOpen>()
-        .expect("CircuitOpen")
-        .retry_after
+fn is_open(err: &Cause) -> Duration {
+    match err {
+        Cause::CircuitOpen(open) => open.retry_after,
+        other => panic!("CircuitOpen: {other}"),
+    }
 }
 
 /// R-CB1, R-CB2: Closed → Open → HalfOpen → Closed, then HalfOpen → Open,
@@ -457,7 +463,10 @@ async fn connect_errors_are_retried_refusals_are_not() {
     assert_eq!(provider.arrivals().len(), 2);
     let err = svc.clone().oneshot(get("b")).await.unwrap_err();
     assert_eq!(
-        err.downcast_ref::<Upstream>().map(|u| u.kind),
+        match &err {
+            Cause::Upstream(u) => Some(u.kind),
+            _ => None,
+        },
         Some(UpstreamKind::Prohibited)
     );
     assert_eq!(
@@ -526,7 +535,9 @@ async fn long_retry_after_goes_back_and_holds_the_provider() {
     let asked = Instant::now();
     let err = svc.clone().oneshot(get("b")).await.unwrap_err();
     assert_eq!(Instant::now(), asked);
-    let limited = err.downcast_ref::<RateLimited>().expect("RateLimited");
+    let Cause::RateLimited(limited) = &err else {
+        panic!("RateLimited: {err}")
+    };
     assert_eq!(limited.retry_after, Duration::from_secs(30));
     assert_eq!(provider.arrivals().len(), 1);
 }
@@ -585,7 +596,10 @@ async fn deadline_does_not_interrupt_an_attempt_in_flight() {
         .await
         .unwrap_err();
     assert_eq!(
-        err.downcast_ref::<RunStopped>().map(|s| s.reason),
+        match &err {
+            Cause::RunStopped(s) => Some(s.reason),
+            _ => None,
+        },
         Some(StopReason::Deadline)
     );
     assert_eq!(run.state().stopped, Some(StopReason::Deadline));
@@ -664,7 +678,10 @@ mod budget_stop {
                 let sent = provider.arrivals().len();
                 for _ in 0..refused {
                     let err = svc.clone().oneshot(with_run(get("y"), &run)).await.unwrap_err();
-                    let reason = err.downcast_ref::<RunStopped>().map(|s| s.reason);
+                    let reason = match &err {
+            Cause::RunStopped(s) => Some(s.reason),
+            _ => None,
+        };
                     assert_eq!(reason, Some(StopReason::RequestCap));
                     assert!(!reason.unwrap().is_source_pressure());
                 }
@@ -705,7 +722,7 @@ async fn bulkhead_caps_attempts_in_flight() {
     sleep(Duration::from_millis(1)).await;
     assert_eq!(policy.bulkhead.waiting(), 1);
     let err = svc.clone().oneshot(get("d")).await.unwrap_err();
-    assert!(err.is::<BulkheadFull>(), "{err}");
+    assert!(matches!(err, Cause::BulkheadFull(_)), "{err}");
     a.await.unwrap().unwrap();
     b.await.unwrap().unwrap();
     c.await.unwrap().unwrap();
@@ -757,7 +774,7 @@ async fn bulkhead_wait_is_bounded() {
     sleep(Duration::from_millis(1)).await;
     let t = Instant::now();
     let err = svc.clone().oneshot(get("b")).await.unwrap_err();
-    assert!(err.is::<BulkheadFull>());
+    assert!(matches!(err, Cause::BulkheadFull(_)));
     assert_eq!(Instant::now() - t, Duration::from_secs(1));
 }
 

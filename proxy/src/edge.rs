@@ -9,13 +9,10 @@
 use std::time::Duration;
 
 use http::{HeaderValue, Response, StatusCode};
-use sluice_policy::error::{
-    BulkheadFull, CircuitOpen, RateLimited, RunStopped, Upstream, UpstreamKind,
-};
+use sluice_policy::error::{Cause, UpstreamKind};
 use sluice_policy::retry_after::format_delta;
-use sluice_policy::BoxError;
 
-use crate::body::{full, BodyIdle, ResBody};
+use crate::body::{full, ResBody};
 
 /// The `Proxy-Status` header name (RFC 9209).
 pub const PROXY_STATUS: &str = "proxy-status";
@@ -68,125 +65,105 @@ impl Refusal {
     }
 }
 
-/// Maps any error out of a provider's stack to the refusal to send.
-pub fn refusal(err: &BoxError) -> Refusal {
-    if let Some(e) = err.downcast_ref::<RateLimited>() {
-        return Refusal {
-            retry_after: Some(e.retry_after),
-            ..Refusal::new(
-                StatusCode::TOO_MANY_REQUESTS,
-                "http_request_denied",
-                "provider rate limit: no pacing slot within the queue wait",
-            )
-        };
-    }
-    if let Some(e) = err.downcast_ref::<CircuitOpen>() {
-        return Refusal {
-            retry_after: Some(e.retry_after),
-            ..Refusal::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "destination_unavailable",
-                "circuit open: provider failing",
-            )
-        };
-    }
-    if let Some(e) = err.downcast_ref::<BulkheadFull>() {
-        return Refusal {
-            retry_after: Some(e.retry_after),
-            ..Refusal::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "connection_limit_reached",
-                "too many requests in flight to this provider",
-            )
-        };
-    }
-    if let Some(e) = err.downcast_ref::<RunStopped>() {
-        return Refusal::new(
+/// The answer to a failure out of a provider's stack: status, RFC 9209
+/// error type, details and `Retry-After`, decided for every [`Cause`] in
+/// one exhaustive `match` (a new cause does not compile until it is
+/// answered here).
+pub fn refusal(cause: &Cause) -> Refusal {
+    let (status, error, details) = match cause {
+        Cause::RateLimited(_) => (
+            StatusCode::TOO_MANY_REQUESTS,
+            "http_request_denied",
+            "provider rate limit: no pacing slot within the queue wait".to_string(),
+        ),
+        Cause::CircuitOpen(_) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "destination_unavailable",
+            "circuit open: provider failing".to_string(),
+        ),
+        Cause::BulkheadFull(_) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "connection_limit_reached",
+            "too many requests in flight to this provider".to_string(),
+        ),
+        Cause::RunStopped(e) => (
             StatusCode::TOO_MANY_REQUESTS,
             "http_request_denied",
             format!("run stopped: {}", e.reason.label()),
-        );
-    }
-    if err
-        .downcast_ref::<tower::timeout::error::Elapsed>()
-        .is_some()
-    {
-        return Refusal::new(
+        ),
+        Cause::AttemptTimeout => (
             StatusCode::GATEWAY_TIMEOUT,
             "http_response_timeout",
-            "no response head within the attempt timeout",
-        );
+            "no response head within the attempt timeout".to_string(),
+        ),
+        Cause::Upstream(e) => {
+            let (status, error, details) = upstream(e.kind);
+            (status, error, details.to_string())
+        }
+    };
+    Refusal {
+        retry_after: cause.info().retry_after,
+        ..Refusal::new(status, error, details)
     }
-    if err.downcast_ref::<BodyIdle>().is_some() {
-        return Refusal::new(
+}
+
+/// Status, RFC 9209 error type and details of an upstream failure.
+fn upstream(kind: UpstreamKind) -> (StatusCode, &'static str, &'static str) {
+    match kind {
+        UpstreamKind::Dns => (StatusCode::BAD_GATEWAY, "dns_error", "name did not resolve"),
+        UpstreamKind::ConnectionRefused => (
+            StatusCode::BAD_GATEWAY,
+            "connection_refused",
+            "connection refused",
+        ),
+        UpstreamKind::ConnectionTimeout => (
             StatusCode::GATEWAY_TIMEOUT,
-            "http_response_timeout",
-            "response body idle",
-        );
+            "connection_timeout",
+            "connect timed out",
+        ),
+        UpstreamKind::ConnectionClosed => (
+            StatusCode::BAD_GATEWAY,
+            "connection_terminated",
+            "connection closed before a response",
+        ),
+        UpstreamKind::TlsCertificate => (
+            StatusCode::BAD_GATEWAY,
+            "tls_certificate_error",
+            "upstream certificate not trusted",
+        ),
+        UpstreamKind::TlsProtocol => (
+            StatusCode::BAD_GATEWAY,
+            "tls_protocol_error",
+            "TLS handshake failed",
+        ),
+        UpstreamKind::Protocol => (
+            StatusCode::BAD_GATEWAY,
+            "http_protocol_error",
+            "upstream did not speak HTTP",
+        ),
+        UpstreamKind::Prohibited => (
+            StatusCode::FORBIDDEN,
+            "destination_ip_prohibited",
+            "destination address not allowed",
+        ),
+        UpstreamKind::ClientBody => (
+            StatusCode::BAD_REQUEST,
+            "http_request_error",
+            "the request body was malformed or cut short",
+        ),
     }
-    if let Some(e) = err.downcast_ref::<Upstream>() {
-        let (status, error, details) = match e.kind {
-            UpstreamKind::Dns => (StatusCode::BAD_GATEWAY, "dns_error", "name did not resolve"),
-            UpstreamKind::ConnectionRefused => (
-                StatusCode::BAD_GATEWAY,
-                "connection_refused",
-                "connection refused",
-            ),
-            UpstreamKind::ConnectionTimeout => (
-                StatusCode::GATEWAY_TIMEOUT,
-                "connection_timeout",
-                "connect timed out",
-            ),
-            UpstreamKind::ConnectionClosed => (
-                StatusCode::BAD_GATEWAY,
-                "connection_terminated",
-                "connection closed before a response",
-            ),
-            UpstreamKind::TlsCertificate => (
-                StatusCode::BAD_GATEWAY,
-                "tls_certificate_error",
-                "upstream certificate not trusted",
-            ),
-            UpstreamKind::TlsProtocol => (
-                StatusCode::BAD_GATEWAY,
-                "tls_protocol_error",
-                "TLS handshake failed",
-            ),
-            UpstreamKind::Protocol => (
-                StatusCode::BAD_GATEWAY,
-                "http_protocol_error",
-                "upstream did not speak HTTP",
-            ),
-            UpstreamKind::Prohibited => (
-                StatusCode::FORBIDDEN,
-                "destination_ip_prohibited",
-                "destination address not allowed",
-            ),
-            UpstreamKind::ClientBody => (
-                StatusCode::BAD_REQUEST,
-                "http_request_error",
-                "the request body was malformed or cut short",
-            ),
-        };
-        return Refusal::new(status, error, details);
-    }
-    Refusal::new(
-        StatusCode::BAD_GATEWAY,
-        "proxy_internal_error",
-        "upstream request failed",
-    )
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sluice_policy::error::{CircuitOpen, Upstream};
 
     #[test]
     fn carries_proxy_status_and_retry_after() {
-        let err: BoxError = CircuitOpen {
+        let err = Cause::CircuitOpen(CircuitOpen {
             retry_after: Duration::from_millis(2500),
-        }
-        .into();
+        });
         let resp = refusal(&err).into_response();
         assert_eq!(resp.status(), 503);
         assert_eq!(
@@ -198,13 +175,13 @@ mod tests {
 
     #[test]
     fn upstream_kinds_map_to_rfc_9209_types() {
-        let err: BoxError = Upstream::new(UpstreamKind::Prohibited, "x").into();
+        let err = Cause::Upstream(Upstream::new(UpstreamKind::Prohibited, "x"));
         let r = refusal(&err);
         assert_eq!(
             (r.status.as_u16(), r.error),
             (403, "destination_ip_prohibited")
         );
-        let err: BoxError = Upstream::new(UpstreamKind::ConnectionRefused, "x").into();
+        let err = Cause::Upstream(Upstream::new(UpstreamKind::ConnectionRefused, "x"));
         assert_eq!(refusal(&err).error, "connection_refused");
     }
 }

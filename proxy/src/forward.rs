@@ -11,9 +11,9 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use sluice_policy::bulkhead::InFlight;
-use sluice_policy::error::{self, BulkheadFull, CircuitOpen, RateLimited, RunStopped};
+use sluice_policy::error::Cause;
+use sluice_policy::outcome;
 use sluice_policy::retry::retryable_method;
-use sluice_policy::{outcome, BoxError};
 use tower::ServiceExt;
 
 use crate::app::App;
@@ -431,13 +431,10 @@ fn switch(
 }
 
 /// The label of a client request's final outcome (R-OP1).
-fn final_outcome<R>(result: &Result<Response<R>, BoxError>) -> &'static str {
+fn final_outcome<R>(result: &Result<Response<R>, Cause>) -> &'static str {
     match result {
         Ok(resp) => outcome::of_response(resp, SystemTime::now()).label(),
-        Err(e) if e.is::<RateLimited>() || e.is::<BulkheadFull>() => "shed",
-        Err(e) if e.is::<CircuitOpen>() => "circuit_open",
-        Err(e) if e.is::<RunStopped>() => "run_stopped",
-        Err(e) => error::info(e).outcome.map_or("denied", |o| o.label()),
+        Err(cause) => cause.outcome_label(),
     }
 }
 

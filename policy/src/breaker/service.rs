@@ -6,7 +6,7 @@ use http::{Request, Response};
 use tower::{Service, ServiceExt};
 
 use super::{BreakerShared, CircuitOpen};
-use crate::error::{BoxError, BoxFuture};
+use crate::error::{BoxFuture, Cause};
 use crate::outcome::{self, Outcome};
 
 /// Fails fast while the provider's circuit is open; counts outcomes.
@@ -19,16 +19,16 @@ pub struct Breaker<S> {
 impl<S, B, R> Service<Request<B>> for Breaker<S>
 where
     S: Service<Request<B>, Response = Response<R>> + Clone + Send + 'static,
-    S::Error: Into<BoxError>,
+    S::Error: Into<Cause>,
     S::Future: Send + 'static,
     B: Send + 'static,
     R: Send + 'static,
 {
     type Response = Response<R>;
-    type Error = BoxError;
+    type Error = Cause;
     type Future = BoxFuture<Response<R>>;
 
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Cause>> {
         Poll::Ready(Ok(()))
     }
 

@@ -1,8 +1,8 @@
 use std::time::Duration;
 
 /// The bulkhead refused: too many attempts in flight and waiting.
-#[derive(Debug, Clone, thiserror::Error)]
-#[error("too many requests in flight to this provider")]
+/// It reaches the layers as [`crate::error::Cause::BulkheadFull`].
+#[derive(Debug, Clone)]
 pub struct BulkheadFull {
     /// A suggestion for when to come back.
     pub retry_after: Duration,

@@ -8,7 +8,7 @@ use tokio::time::Instant;
 use tower::{Service, ServiceExt};
 
 use super::{BulkheadFull, BulkheadShared};
-use crate::error::{BoxError, BoxFuture};
+use crate::error::{BoxFuture, Cause};
 use crate::pacer::Ttfb;
 
 /// An attempt's bulkhead permit, carried in the response's extensions.
@@ -44,16 +44,16 @@ impl Drop for Waiting<'_> {
 impl<S, B, R> Service<Request<B>> for Bulkhead<S>
 where
     S: Service<Request<B>, Response = Response<R>> + Clone + Send + 'static,
-    S::Error: Into<BoxError>,
+    S::Error: Into<Cause>,
     S::Future: Send + 'static,
     B: Send + 'static,
     R: Send + 'static,
 {
     type Response = Response<R>;
-    type Error = BoxError;
+    type Error = Cause;
     type Future = BoxFuture<Response<R>>;
 
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Cause>> {
         Poll::Ready(Ok(()))
     }
 

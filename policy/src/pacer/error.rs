@@ -4,10 +4,8 @@ use super::core::Refusal;
 
 /// The pacer refused a request: its slot would come later than it may
 /// wait, or the waiting room is full. Nothing was sent to the provider.
-#[derive(Debug, Clone, thiserror::Error)]
-#[error(
-    "provider rate limit: no slot within the queue wait ({refusal:?}), retry after {retry_after:?}"
-)]
+/// It reaches the layers as [`crate::error::Cause::RateLimited`].
+#[derive(Debug, Clone)]
 pub struct RateLimited {
     /// Why.
     pub refusal: Refusal,

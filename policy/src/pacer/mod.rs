@@ -36,7 +36,7 @@ pub use self::core::{Admission, Feedback, PacerCore, PacerSnapshot, Refusal, Tic
 pub use self::error::RateLimited;
 pub use self::layer::PacerLayer;
 pub use self::service::{Pacer, ResponseFuture, Ttfb};
-use crate::error::BoxError;
+use crate::error::Cause;
 use crate::events::{emit, Event, EventSink};
 use crate::outcome::Outcome;
 use crate::settings::ProviderSettings;
@@ -127,7 +127,7 @@ impl PacerShared {
 
     /// Waits for a pacing slot for one request, FIFO among this provider's
     /// requests. Returns the instant it was admitted, or [`RateLimited`].
-    pub async fn acquire(&self) -> Result<Instant, BoxError> {
+    pub async fn acquire(&self) -> Result<Instant, Cause> {
         let now = Instant::now();
         let arrived = now;
         let (ticket, deadline) = {

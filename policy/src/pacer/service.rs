@@ -6,7 +6,7 @@ use http::{Request, Response};
 use tower::{Service, ServiceExt};
 
 use super::PacerShared;
-use crate::error::{BoxError, BoxFuture};
+use crate::error::{BoxFuture, Cause};
 use crate::outcome::{self, Outcome};
 
 /// Time from dispatch (after the bulkhead permit) to the response head,
@@ -36,16 +36,16 @@ impl<S> Pacer<S> {
 impl<S, B, R> Service<Request<B>> for Pacer<S>
 where
     S: Service<Request<B>, Response = Response<R>> + Clone + Send + 'static,
-    S::Error: Into<BoxError>,
+    S::Error: Into<Cause>,
     S::Future: Send + 'static,
     B: Send + 'static,
     R: Send + 'static,
 {
     type Response = Response<R>;
-    type Error = BoxError;
+    type Error = Cause;
     type Future = ResponseFuture<R>;
 
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Cause>> {
         // Waiting happens in the response future, per request, in FIFO
         // order; the inner service is readied there too.
         Poll::Ready(Ok(()))

@@ -5,7 +5,7 @@ use http::{Method, Request, Response};
 use tokio::time::{Instant, Sleep};
 
 use super::{ReplayBody, RetryShared};
-use crate::error::{self, BoxError};
+use crate::error::Cause;
 use crate::outcome;
 use crate::run::RunHandle;
 
@@ -37,7 +37,7 @@ pub fn retryable_method(method: &Method, extra: &[Method]) -> bool {
     ) || extra.contains(method)
 }
 
-impl<B, R> tower::retry::Policy<Request<B>, Response<R>, BoxError> for RetryPolicy
+impl<B, R> tower::retry::Policy<Request<B>, Response<R>, Cause> for RetryPolicy
 where
     B: ReplayBody,
 {
@@ -46,7 +46,7 @@ where
     fn retry(
         &mut self,
         req: &mut Request<B>,
-        result: &mut Result<Response<R>, BoxError>,
+        result: &mut Result<Response<R>, Cause>,
     ) -> Option<Sleep> {
         let now = Instant::now();
         // What reached the provider, if anything did: sluice's own refusals
@@ -58,7 +58,7 @@ where
                 (Some(o), o.is_retryable())
             }
             Err(e) => {
-                let info = error::info(e);
+                let info = e.info();
                 (info.outcome, info.retryable)
             }
         };

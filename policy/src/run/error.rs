@@ -1,8 +1,8 @@
 use super::StopReason;
 
 /// A run's envelope refused an attempt. Nothing was sent.
-#[derive(Debug, Clone, thiserror::Error)]
-#[error("run stopped: {}", reason.label())]
+/// It reaches the layers as [`crate::error::Cause::RunStopped`].
+#[derive(Debug, Clone)]
 pub struct RunStopped {
     /// Why.
     pub reason: StopReason,

@@ -5,7 +5,7 @@ use tokio::time::Instant;
 use tower::{Layer, Service, ServiceExt};
 
 use super::{RunHandle, RunStopped};
-use crate::error::{BoxError, BoxFuture};
+use crate::error::{BoxFuture, Cause};
 
 /// Checks the run envelope of each attempt (first or retry) before it
 /// starts.
@@ -29,16 +29,16 @@ pub struct RunGate<S> {
 impl<S, B, R> Service<Request<B>> for RunGate<S>
 where
     S: Service<Request<B>, Response = Response<R>> + Clone + Send + 'static,
-    S::Error: Into<BoxError>,
+    S::Error: Into<Cause>,
     S::Future: Send + 'static,
     B: Send + 'static,
     R: Send + 'static,
 {
     type Response = Response<R>;
-    type Error = BoxError;
+    type Error = Cause;
     type Future = BoxFuture<Response<R>>;
 
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Cause>> {
         Poll::Ready(Ok(()))
     }
 

@@ -40,8 +40,7 @@ use crate::identity::Identity;
 use crate::providers::Provider;
 use crate::tunnel::tls::intercept;
 use crate::upstream;
-use sluice_policy::error::{Upstream, UpstreamKind};
-use sluice_policy::BoxError;
+use sluice_policy::error::{Cause, Upstream, UpstreamKind};
 
 /// The first byte of a TLS record carrying a handshake.
 const TLS_HANDSHAKE: u8 = 0x16;
@@ -120,7 +119,7 @@ async fn open_raw(
     host: &str,
     port: u16,
 ) -> Result<TcpStream, Response<ResBody>> {
-    let refuse = |e: &BoxError| {
+    let refuse = |e: &Cause| {
         let r = edge::refusal(e);
         tracing::info!(provider = %provider.name, error = r.error, "CONNECT refused");
         r.into_response()

@@ -22,7 +22,7 @@ use hyper::body::Incoming;
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use sluice_policy::error::{Upstream as UpstreamError, UpstreamKind};
+use sluice_policy::error::{Cause, Upstream as UpstreamError, UpstreamKind};
 use sluice_policy::BoxError;
 use tower::Service;
 
@@ -97,10 +97,10 @@ impl Upstream {
 
 impl Service<Request<ProxyBody>> for Upstream {
     type Response = Response<Incoming>;
-    type Error = BoxError;
-    type Future = Pin<Box<dyn Future<Output = Result<Response<Incoming>, BoxError>> + Send>>;
+    type Error = Cause;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<Incoming>, Cause>> + Send>>;
 
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Cause>> {
         Poll::Ready(Ok(()))
     }
 
@@ -110,7 +110,7 @@ impl Service<Request<ProxyBody>> for Upstream {
         } else {
             self.client.request(req)
         };
-        Box::pin(async move { fut.await.map_err(|e| classify(e.into()).into()) })
+        Box::pin(async move { fut.await.map_err(|e| Cause::Upstream(classify(e.into()))) })
     }
 }
 
