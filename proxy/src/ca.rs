@@ -58,6 +58,55 @@ struct LeafCache {
     max: usize,
 }
 
+/// Why the CA could not be loaded or created, or a leaf not minted.
+#[derive(Debug, thiserror::Error)]
+pub enum CaError {
+    /// One of the two files exists without the other.
+    #[error("tls: found only one of {} and {}; restore the other or remove both", cert.display(), key.display())]
+    Half {
+        /// The certificate's path.
+        cert: PathBuf,
+        /// The key's path.
+        key: PathBuf,
+    },
+    /// A file could not be read.
+    #[error("tls: cannot read {}: {source}", path.display())]
+    Read {
+        /// Which.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A file or directory could not be created or written.
+    #[error("tls: cannot write {}: {source}", path.display())]
+    Write {
+        /// Which.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The key file holds no PEM private key.
+    #[error("tls: {} is not a PEM private key", path.display())]
+    NotAKey {
+        /// Which.
+        path: PathBuf,
+    },
+    /// The certificate file holds no usable CA certificate for the key.
+    #[error("tls: {} is not a usable CA certificate: {source}", path.display())]
+    NotACa {
+        /// Which.
+        path: PathBuf,
+        /// Why.
+        source: rcgen::Error,
+    },
+    /// Generating a key or a certificate failed.
+    #[error("tls: {0}")]
+    Mint(#[from] rcgen::Error),
+    /// rustls refused the minted key.
+    #[error("tls: {0}")]
+    Key(#[from] rustls::Error),
+}
+
 /// How long minted leaves are valid; they are re-minted on restart.
 const LEAF_VALIDITY: Duration = Duration::from_secs(30 * 24 * 3600);
 /// How long a created CA is valid.
@@ -66,16 +115,15 @@ const CA_VALIDITY: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
 impl CertAuthority {
     /// Loads the CA at `paths`, or creates it there if neither file
     /// exists. One file without the other is an error, not a new CA.
-    pub fn load_or_create(paths: CaPaths, leaf_cache: usize) -> Result<Self, String> {
+    pub fn load_or_create(paths: CaPaths, leaf_cache: usize) -> Result<Self, CaError> {
         let issuer = match (paths.cert.exists(), paths.key.exists()) {
             (true, true) => load(&paths)?,
             (false, false) => create(&paths)?,
             _ => {
-                return Err(format!(
-                    "tls: found only one of {} and {}; restore the other or remove both",
-                    paths.cert.display(),
-                    paths.key.display()
-                ))
+                return Err(CaError::Half {
+                    cert: paths.cert.clone(),
+                    key: paths.key.clone(),
+                })
             }
         };
         Ok(CertAuthority {
@@ -95,7 +143,7 @@ impl CertAuthority {
     }
 
     /// A leaf for `host` (a DNS name or an IP), minted once and cached.
-    pub fn leaf(&self, host: &str) -> Result<Arc<CertifiedKey>, String> {
+    pub fn leaf(&self, host: &str) -> Result<Arc<CertifiedKey>, CaError> {
         let host = host
             .trim_start_matches('[')
             .trim_end_matches(']')
@@ -120,10 +168,9 @@ impl CertAuthority {
         self.cache.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn mint(&self, host: &str) -> Result<CertifiedKey, String> {
-        let key = KeyPair::generate().map_err(|e| e.to_string())?;
-        let mut params =
-            CertificateParams::new(vec![host.to_string()]).map_err(|e| format!("{host:?}: {e}"))?;
+    fn mint(&self, host: &str) -> Result<CertifiedKey, CaError> {
+        let key = KeyPair::generate()?;
+        let mut params = CertificateParams::new(vec![host.to_string()])?;
         params.distinguished_name.push(DnType::CommonName, host);
         let now = OffsetDateTime::now_utc();
         params.not_before = now - Duration::from_secs(3600);
@@ -131,12 +178,9 @@ impl CertAuthority {
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
         params.use_authority_key_identifier_extension = true;
-        let cert = params
-            .signed_by(&key, &self.issuer)
-            .map_err(|e| e.to_string())?;
+        let cert = params.signed_by(&key, &self.issuer)?;
         let key_der = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()));
-        let signer =
-            rustls::crypto::ring::sign::any_supported_type(&key_der).map_err(|e| e.to_string())?;
+        let signer = rustls::crypto::ring::sign::any_supported_type(&key_der)?;
         Ok(CertifiedKey::new(
             vec![CertificateDer::from(cert.der().to_vec())],
             signer,
@@ -144,32 +188,31 @@ impl CertAuthority {
     }
 }
 
-fn load(paths: &CaPaths) -> Result<Issuer<'static, KeyPair>, String> {
-    let key_pem = fs::read_to_string(&paths.key)
-        .map_err(|e| format!("tls: cannot read the CA key {}: {e}", paths.key.display()))?;
-    let key = KeyPair::from_pem(&key_pem)
-        .map_err(|_| format!("tls: {} is not a PEM private key", paths.key.display()))?;
-    let cert_pem = fs::read_to_string(&paths.cert).map_err(|e| {
-        format!(
-            "tls: cannot read the CA certificate {}: {e}",
-            paths.cert.display()
-        )
+fn load(paths: &CaPaths) -> Result<Issuer<'static, KeyPair>, CaError> {
+    let read = |path: &Path| {
+        fs::read_to_string(path).map_err(|source| CaError::Read {
+            path: path.to_path_buf(),
+            source,
+        })
+    };
+    let key = KeyPair::from_pem(&read(&paths.key)?).map_err(|_| CaError::NotAKey {
+        path: paths.key.clone(),
     })?;
-    Issuer::from_ca_cert_pem(&cert_pem, key).map_err(|e| {
-        format!(
-            "tls: {} is not a usable CA certificate: {e}",
-            paths.cert.display()
-        )
+    Issuer::from_ca_cert_pem(&read(&paths.cert)?, key).map_err(|source| CaError::NotACa {
+        path: paths.cert.clone(),
+        source,
     })
 }
 
-fn create(paths: &CaPaths) -> Result<Issuer<'static, KeyPair>, String> {
+fn create(paths: &CaPaths) -> Result<Issuer<'static, KeyPair>, CaError> {
     if let Some(dir) = paths.cert.parent() {
-        fs::create_dir_all(dir)
-            .map_err(|e| format!("tls: cannot create {}: {e}", dir.display()))?;
+        fs::create_dir_all(dir).map_err(|source| CaError::Write {
+            path: dir.to_path_buf(),
+            source,
+        })?;
     }
-    let key = KeyPair::generate().map_err(|e| e.to_string())?;
-    let mut params = CertificateParams::new(Vec::<String>::new()).map_err(|e| e.to_string())?;
+    let key = KeyPair::generate()?;
+    let mut params = CertificateParams::new(Vec::<String>::new())?;
     params
         .distinguished_name
         .push(DnType::CommonName, "sluice interception CA");
@@ -185,7 +228,7 @@ fn create(paths: &CaPaths) -> Result<Issuer<'static, KeyPair>, String> {
     let now = OffsetDateTime::now_utc();
     params.not_before = now - Duration::from_secs(3600);
     params.not_after = now + CA_VALIDITY;
-    let cert = params.self_signed(&key).map_err(|e| e.to_string())?;
+    let cert = params.self_signed(&key)?;
     // The key first, created 0600 so it is never readable by others.
     write_new(&paths.key, key.serialize_pem().as_bytes(), 0o600)?;
     write_new(&paths.cert, cert.pem().as_bytes(), 0o644)?;
@@ -193,16 +236,17 @@ fn create(paths: &CaPaths) -> Result<Issuer<'static, KeyPair>, String> {
     Ok(Issuer::new(params, key))
 }
 
-fn write_new(path: &Path, bytes: &[u8], mode: u32) -> Result<(), String> {
-    let mut f = fs::OpenOptions::new()
+fn write_new(path: &Path, bytes: &[u8], mode: u32) -> Result<(), CaError> {
+    fs::OpenOptions::new()
         .write(true)
         .create_new(true)
         .mode(mode)
         .open(path)
-        .map_err(|e| format!("tls: cannot create {}: {e}", path.display()))?;
-    f.write_all(bytes)
-        .and_then(|()| f.sync_all())
-        .map_err(|e| format!("tls: cannot write {}: {e}", path.display()))
+        .and_then(|mut f| f.write_all(bytes).and_then(|()| f.sync_all()))
+        .map_err(|source| CaError::Write {
+            path: path.to_path_buf(),
+            source,
+        })
 }
 
 #[cfg(test)]

@@ -14,7 +14,7 @@ use tokio::signal::unix::{signal, SignalKind};
 
 use crate::app::{App, Shutdown};
 use crate::ca::{CaPaths, CertAuthority};
-use crate::config::Config;
+use crate::config::{Config, ConfigError};
 use crate::observe::metrics::Metrics;
 use crate::observe::Observe;
 use crate::providers::Providers;
@@ -23,20 +23,45 @@ use crate::store::{LearnedRecord, Store, StoreWriter};
 use crate::upstream::guard::Guard;
 use crate::upstream::{self, Upstream};
 
+/// Why sluice could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// A setting that only fails when used (the upstream CA file).
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// A listener could not be bound.
+    #[error("{what} {addr}: {source}")]
+    Listen {
+        /// `listen` or `admin`.
+        what: &'static str,
+        /// The address.
+        addr: std::net::SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The signal handlers could not be installed.
+    #[error("signals: {0}")]
+    Signals(std::io::Error),
+}
+
 /// Runs sluice until SIGTERM or SIGINT, then drains within the grace
 /// period and saves what it learned. SIGHUP reloads the config file.
-pub async fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), String> {
+pub async fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), StartError> {
     let tls = upstream::tls_config(config.extra_ca.as_deref())?;
     let guard = Guard::new(config.destinations.allow.clone());
     let upstream = Upstream::new(guard.clone(), tls, config.connect_timeout);
-    let proxy = TcpListener::bind(config.listen)
+    let bind = |addr| async move {
+        let listener = TcpListener::bind(addr).await?;
+        let bound = listener.local_addr()?;
+        Ok((listener, bound))
+    };
+    let listen_error = |what, addr| move |source| StartError::Listen { what, addr, source };
+    let (proxy, proxy_addr) = bind(config.listen)
         .await
-        .map_err(|e| format!("listen {}: {e}", config.listen))?;
-    let admin_listener = TcpListener::bind(config.admin)
+        .map_err(listen_error("listen", config.listen))?;
+    let (admin_listener, admin_addr) = bind(config.admin)
         .await
-        .map_err(|e| format!("admin {}: {e}", config.admin))?;
-    let proxy_addr = proxy.local_addr().map_err(|e| e.to_string())?;
-    let admin_addr = admin_listener.local_addr().map_err(|e| e.to_string())?;
+        .map_err(listen_error("admin", config.admin))?;
     let metrics = Arc::new(Metrics::new(config.limits.max_metric_providers));
     let store = Store::open(
         &config.state_dir,
@@ -85,8 +110,8 @@ pub async fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), Str
     // A machine-readable line for supervisors and tests that bind port 0.
     println!("sluice listening proxy={proxy_addr} admin={admin_addr}");
 
-    let mut term = signal(SignalKind::terminate()).map_err(|e| e.to_string())?;
-    let mut hup = signal(SignalKind::hangup()).map_err(|e| e.to_string())?;
+    let mut term = signal(SignalKind::terminate()).map_err(StartError::Signals)?;
+    let mut hup = signal(SignalKind::hangup()).map_err(StartError::Signals)?;
     loop {
         tokio::select! {
             accepted = proxy.accept() => match accepted {

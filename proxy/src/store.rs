@@ -180,6 +180,26 @@ impl EvidenceRecord {
     }
 }
 
+/// Why a store read or write failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The store's directory.
+    #[error("store directory: {0}")]
+    Io(#[from] std::io::Error),
+    /// sled itself.
+    #[error("sled: {0}")]
+    Sled(#[from] sled::Error),
+    /// A record that could not be encoded.
+    #[error("record encoding: {0}")]
+    Encode(#[from] serde_json::Error),
+    /// sled panicked reading the files.
+    #[error("the store's files are corrupt")]
+    Corrupt,
+    /// The writer thread is gone, or its queue was full.
+    #[error("the store writer did not take the write (queue full or writer gone)")]
+    WriterUnavailable,
+}
+
 /// The sled store.
 #[derive(Debug)]
 pub struct Store {
@@ -226,22 +246,22 @@ impl Store {
         }
     }
 
-    fn open_at(path: &PathBuf) -> Result<Store, String> {
-        std::fs::create_dir_all(path).map_err(|e| e.to_string())?;
+    fn open_at(path: &PathBuf) -> Result<Store, StoreError> {
+        std::fs::create_dir_all(path)?;
         // sled can panic on some corrupt files; a panic here is a broken
         // store, not a crash.
         let opened = std::panic::catch_unwind(|| sled::Config::new().path(path).open());
         let db = match opened {
             Ok(Ok(db)) => db,
-            Ok(Err(e)) => return Err(e.to_string()),
-            Err(_) => return Err("the store's files are corrupt".into()),
+            Ok(Err(e)) => return Err(e.into()),
+            Err(_) => return Err(StoreError::Corrupt),
         };
-        let learned = db.open_tree("learned").map_err(|e| e.to_string())?;
-        let evidence = db.open_tree("evidence").map_err(|e| e.to_string())?;
+        let learned = db.open_tree("learned")?;
+        let evidence = db.open_tree("evidence")?;
         // Read everything once: a store whose records cannot be read is as
         // broken as one that cannot be opened.
         for item in learned.iter().chain(evidence.iter()) {
-            item.map_err(|e| e.to_string())?;
+            item?;
         }
         Ok(Store {
             db,
@@ -251,12 +271,10 @@ impl Store {
     }
 
     /// Saves a provider's learned state.
-    pub fn save_learned(&self, provider: &str, record: &LearnedRecord) -> Result<(), String> {
-        let value = serde_json::to_vec(record).map_err(|e| e.to_string())?;
-        self.learned
-            .insert(provider.as_bytes(), value)
-            .map(|_| ())
-            .map_err(|e| e.to_string())
+    pub fn save_learned(&self, provider: &str, record: &LearnedRecord) -> Result<(), StoreError> {
+        let value = serde_json::to_vec(record)?;
+        self.learned.insert(provider.as_bytes(), value)?;
+        Ok(())
     }
 
     /// Every saved provider state that can be read (unreadable records are
@@ -281,13 +299,11 @@ impl Store {
     /// Deletes learned states older than `max_age`: they would be
     /// discarded at start anyway, and the tree must not grow with every
     /// host ever seen.
-    pub fn prune_learned(&self, max_age: Duration) -> Result<usize, String> {
+    pub fn prune_learned(&self, max_age: Duration) -> Result<usize, StoreError> {
         let mut removed = 0;
         for (name, record) in self.load_learned() {
             if record.age() >= max_age {
-                self.learned
-                    .remove(name.as_bytes())
-                    .map_err(|e| e.to_string())?;
+                self.learned.remove(name.as_bytes())?;
                 removed += 1;
             }
         }
@@ -296,15 +312,17 @@ impl Store {
 
     /// Appends a transition to a provider's evidence log, keeps the log
     /// bounded, and flushes (so it survives `kill -9`).
-    pub fn append_evidence(&self, provider: &str, record: &EvidenceRecord) -> Result<(), String> {
-        let id = self.db.generate_id().map_err(|e| e.to_string())?;
+    pub fn append_evidence(
+        &self,
+        provider: &str,
+        record: &EvidenceRecord,
+    ) -> Result<(), StoreError> {
+        let id = self.db.generate_id()?;
         let mut key = provider.as_bytes().to_vec();
         key.push(0);
         key.extend_from_slice(&id.to_be_bytes());
-        let value = serde_json::to_vec(record).map_err(|e| e.to_string())?;
-        self.evidence
-            .insert(key, value)
-            .map_err(|e| e.to_string())?;
+        let value = serde_json::to_vec(record)?;
+        self.evidence.insert(key, value)?;
         let keys: Vec<_> = self
             .evidence
             .scan_prefix(prefix(provider))
@@ -315,7 +333,7 @@ impl Store {
             .iter()
             .take(keys.len().saturating_sub(EVIDENCE_PER_PROVIDER))
         {
-            self.evidence.remove(old).map_err(|e| e.to_string())?;
+            self.evidence.remove(old)?;
         }
         self.flush()
     }
@@ -330,8 +348,9 @@ impl Store {
     }
 
     /// Makes everything written so far durable.
-    pub fn flush(&self) -> Result<(), String> {
-        self.db.flush().map(|_| ()).map_err(|e| e.to_string())
+    pub fn flush(&self) -> Result<(), StoreError> {
+        self.db.flush()?;
+        Ok(())
     }
 }
 
@@ -339,26 +358,26 @@ impl Store {
 /// stand-in whose flush can be held.
 pub trait Durable: Send + Sync + 'static {
     /// See [`Store::save_learned`].
-    fn save_learned(&self, provider: &str, record: &LearnedRecord) -> Result<(), String>;
+    fn save_learned(&self, provider: &str, record: &LearnedRecord) -> Result<(), StoreError>;
     /// See [`Store::append_evidence`].
-    fn append_evidence(&self, provider: &str, record: &EvidenceRecord) -> Result<(), String>;
+    fn append_evidence(&self, provider: &str, record: &EvidenceRecord) -> Result<(), StoreError>;
     /// See [`Store::prune_learned`].
-    fn prune_learned(&self, max_age: Duration) -> Result<usize, String>;
+    fn prune_learned(&self, max_age: Duration) -> Result<usize, StoreError>;
     /// See [`Store::flush`].
-    fn flush(&self) -> Result<(), String>;
+    fn flush(&self) -> Result<(), StoreError>;
 }
 
 impl Durable for Store {
-    fn save_learned(&self, provider: &str, record: &LearnedRecord) -> Result<(), String> {
+    fn save_learned(&self, provider: &str, record: &LearnedRecord) -> Result<(), StoreError> {
         Store::save_learned(self, provider, record)
     }
-    fn append_evidence(&self, provider: &str, record: &EvidenceRecord) -> Result<(), String> {
+    fn append_evidence(&self, provider: &str, record: &EvidenceRecord) -> Result<(), StoreError> {
         Store::append_evidence(self, provider, record)
     }
-    fn prune_learned(&self, max_age: Duration) -> Result<usize, String> {
+    fn prune_learned(&self, max_age: Duration) -> Result<usize, StoreError> {
         Store::prune_learned(self, max_age)
     }
-    fn flush(&self) -> Result<(), String> {
+    fn flush(&self) -> Result<(), StoreError> {
         Store::flush(self)
     }
 }
@@ -371,7 +390,7 @@ enum Op {
     Learned(String, LearnedRecord),
     Evidence(String, EvidenceRecord),
     Prune(Duration),
-    Flush(tokio::sync::oneshot::Sender<Result<(), String>>),
+    Flush(tokio::sync::oneshot::Sender<Result<(), StoreError>>),
 }
 
 /// The one writer of the store, on a thread of its own.
@@ -401,7 +420,7 @@ impl StoreWriter {
     pub fn spawn(store: Arc<dyn Durable>, errors: IntCounter) -> StoreWriter {
         let (tx, rx) = std::sync::mpsc::sync_channel::<Op>(WRITER_QUEUE);
         let counted = errors.clone();
-        let fail = move |what: &str, e: String| {
+        let fail = move |what: &str, e: StoreError| {
             counted.inc();
             tracing::error!(error = %e, "{what}");
         };
@@ -473,12 +492,12 @@ impl StoreWriter {
     }
 
     /// Resolves once every write queued before it is on disk.
-    pub async fn flush(&self) -> Result<(), String> {
+    pub async fn flush(&self) -> Result<(), StoreError> {
         let (tx, rx) = tokio::sync::oneshot::channel();
         if !self.send(Op::Flush(tx)) {
-            return Err("the store writer did not take the flush".into());
+            return Err(StoreError::WriterUnavailable);
         }
-        rx.await.map_err(|_| "the store writer ended".to_string())?
+        rx.await.map_err(|_| StoreError::WriterUnavailable)?
     }
 }
 
@@ -581,16 +600,16 @@ mod tests {
     }
 
     impl Durable for HeldFlush {
-        fn save_learned(&self, _: &str, _: &LearnedRecord) -> Result<(), String> {
+        fn save_learned(&self, _: &str, _: &LearnedRecord) -> Result<(), StoreError> {
             Ok(())
         }
-        fn append_evidence(&self, _: &str, _: &EvidenceRecord) -> Result<(), String> {
+        fn append_evidence(&self, _: &str, _: &EvidenceRecord) -> Result<(), StoreError> {
             Ok(())
         }
-        fn prune_learned(&self, _: Duration) -> Result<usize, String> {
+        fn prune_learned(&self, _: Duration) -> Result<usize, StoreError> {
             Ok(0)
         }
-        fn flush(&self) -> Result<(), String> {
+        fn flush(&self) -> Result<(), StoreError> {
             let _ = self.release.lock().unwrap().recv();
             self.flushed
                 .fetch_add(1, std::sync::atomic::Ordering::SeqCst);

@@ -71,30 +71,43 @@ impl<'de> Deserialize<'de> for Dur {
     }
 }
 
-fn secs(s: f64) -> Result<Duration, String> {
+/// Text or a number that is not a duration sluice accepts; says why.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{0}")]
+pub struct BadDuration(String);
+
+fn secs(s: f64) -> Result<Duration, BadDuration> {
     if s.is_finite() && (0.0..=1e9).contains(&s) {
         Ok(Duration::from_secs_f64(s))
     } else {
-        Err(format!("{s} is not a duration (0 to 1e9 seconds)"))
+        Err(BadDuration(format!(
+            "{s} is not a duration (0 to 1e9 seconds)"
+        )))
     }
 }
 
 /// Parses `"250ms"`, `"15s"`, `"2m"`, `"1h"`, `"1.5s"`.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
+pub fn parse_duration(text: &str) -> Result<Duration, BadDuration> {
     let t = text.trim();
     let split = t
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
         .unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
-    let n: f64 = num
-        .parse()
-        .map_err(|_| format!("{text:?} is not a duration like \"250ms\", \"15s\", \"2m\""))?;
+    let n: f64 = num.parse().map_err(|_| {
+        BadDuration(format!(
+            "{text:?} is not a duration like \"250ms\", \"15s\", \"2m\""
+        ))
+    })?;
     let scale = match unit.trim() {
         "ms" => 0.001,
         "s" | "" => 1.0,
         "m" => 60.0,
         "h" => 3600.0,
-        other => return Err(format!("unknown duration unit {other:?} (ms, s, m, h)")),
+        other => {
+            return Err(BadDuration(format!(
+                "unknown duration unit {other:?} (ms, s, m, h)"
+            )))
+        }
     };
     secs(n * scale)
 }

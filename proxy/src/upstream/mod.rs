@@ -27,28 +27,29 @@ use sluice_policy::BoxError;
 use tower::Service;
 
 use crate::body::{ClientBodyError, ProxyBody};
+use crate::config::ConfigError;
 use crate::upstream::guard::{Guard, GuardError, GuardedConnector};
 
-/// A TLS config for upstream connections: web roots + the extra CA.
-pub fn tls_config(extra_ca: Option<&Path>) -> Result<rustls::ClientConfig, String> {
+/// A TLS config for upstream connections: web roots + the extra CA. An
+/// extra CA that cannot be used is a config error naming
+/// `upstream.extra_ca`.
+pub fn tls_config(extra_ca: Option<&Path>) -> Result<rustls::ClientConfig, ConfigError> {
     let mut roots = rustls::RootCertStore::empty();
     roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
     if let Some(path) = extra_ca {
-        let pem = std::fs::read(path)
-            .map_err(|e| format!("upstream.extra_ca: {}: {e}", path.display()))?;
+        let bad = |reason: String| ConfigError {
+            key: "upstream.extra_ca".into(),
+            reason: format!("{}: {reason}", path.display()),
+        };
+        let pem = std::fs::read(path).map_err(|e| bad(e.to_string()))?;
         let mut added = 0;
         for cert in rustls_pemfile::certs(&mut pem.as_slice()) {
-            let cert = cert.map_err(|e| format!("upstream.extra_ca: {}: {e}", path.display()))?;
-            roots
-                .add(cert)
-                .map_err(|e| format!("upstream.extra_ca: {}: {e}", path.display()))?;
+            let cert = cert.map_err(|e| bad(e.to_string()))?;
+            roots.add(cert).map_err(|e| bad(e.to_string()))?;
             added += 1;
         }
         if added == 0 {
-            return Err(format!(
-                "upstream.extra_ca: {}: no PEM certificate found",
-                path.display()
-            ));
+            return Err(bad("no PEM certificate found".into()));
         }
     }
     // ALPN (h2, http/1.1) is set by hyper-rustls from the enabled versions.
@@ -56,7 +57,10 @@ pub fn tls_config(extra_ca: Option<&Path>) -> Result<rustls::ClientConfig, Strin
         rustls::crypto::ring::default_provider(),
     ))
     .with_safe_default_protocol_versions()
-    .map_err(|e| e.to_string())?
+    .map_err(|e| ConfigError {
+        key: "upstream".into(),
+        reason: format!("no usable TLS protocol versions: {e}"),
+    })?
     .with_root_certificates(roots)
     .with_no_client_auth();
     Ok(config)
