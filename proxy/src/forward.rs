@@ -18,7 +18,7 @@ use tower::ServiceExt;
 
 use crate::app::App;
 use crate::body::{collect_limited, IdleTimeout, ProxyBody, ResBody};
-use crate::config::normalise_host;
+use crate::config::{normalise_host, Config};
 use crate::edge::{self, Refusal};
 use crate::framing::Verdicts;
 use crate::identity::Identity;
@@ -198,17 +198,22 @@ pub async fn tunnelled(
         )
         .into_response();
     }
-    if let Some(resp) = oversize_head(req.headers(), app.config().limits.max_header_bytes) {
+    // One config snapshot for the whole request: a SIGHUP while it is
+    // under way cannot mix two configs.
+    let config = app.config();
+    if let Some(resp) = oversize_head(req.headers(), config.limits.max_header_bytes) {
         return resp;
     }
     req.extensions_mut().insert(identity);
-    forward(app, req, target).await
+    forward(app, &config, req, target).await
 }
 
 /// Forwards `req` to `target` through the provider's stack and returns
-/// the answer — the provider's, or sluice's own refusal.
+/// the answer — the provider's, or sluice's own refusal. `config` is the
+/// snapshot the request started with.
 pub async fn forward(
     app: Arc<App>,
+    config: &Config,
     mut req: Request<Incoming>,
     target: Target,
 ) -> Response<ResBody> {
@@ -348,8 +353,7 @@ pub async fn forward(
             parts.version = http::Version::HTTP_11;
             tracing::debug!(provider = %provider.name, %method, status = parts.status.as_u16(), elapsed_ms, "forwarded");
             let in_flight = parts.extensions.remove::<InFlight>();
-            let body =
-                IdleTimeout::new(body, app.config().limits.body_idle_timeout, in_flight).boxed();
+            let body = IdleTimeout::new(body, config.limits.body_idle_timeout, in_flight).boxed();
             Response::from_parts(parts, body)
         }
         Err(e) => {
@@ -396,8 +400,11 @@ fn switch(
 ) -> Response<ResBody> {
     let on_upstream = hyper::upgrade::on(&mut upstream);
     let guard = app.metrics.upgraded(label);
+    // Like a raw tunnel, an upgraded connection holds SIGTERM's drain (up
+    // to the grace): sluice cannot see a message boundary to close it at.
+    let tracked = app.shutdown.tracker();
     tokio::spawn(async move {
-        let _open = guard;
+        let (_open, _tracked) = (guard, tracked);
         match tokio::join!(client, on_upstream) {
             (Ok(c), Ok(u)) => {
                 let (mut c, mut u) = (TokioIo::new(c), TokioIo::new(u));

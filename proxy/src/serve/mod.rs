@@ -80,10 +80,13 @@ async fn handle(
     if verdicts.next_is_ambiguous() {
         return ambiguous_length(&app);
     }
-    if let Some(resp) = oversize_head(req.headers(), app.config().limits.max_header_bytes) {
+    // One config snapshot for the whole request: a SIGHUP while it is
+    // under way cannot mix two configs.
+    let config = app.config();
+    if let Some(resp) = oversize_head(req.headers(), config.limits.max_header_bytes) {
         return resp;
     }
-    let identity: Identity = match auth::authenticate(req.headers(), &app.config().credentials) {
+    let identity: Identity = match auth::authenticate(req.headers(), &config.credentials) {
         Ok(id) => id,
         Err(auth::Unauthenticated) => {
             let mut resp = Refusal::new(
@@ -100,12 +103,12 @@ async fn handle(
         }
     };
     if req.method() == Method::CONNECT {
-        return tunnel::connect(app, req, identity).await;
+        return tunnel::connect(app, &config, req, identity).await;
     }
     match Target::of(req.uri()) {
         Some(target) => {
             req.extensions_mut().insert(identity);
-            forward(app, req, target).await
+            forward(app, &config, req, target).await
         }
         None => Refusal::new(
             StatusCode::BAD_REQUEST,

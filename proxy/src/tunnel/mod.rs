@@ -21,6 +21,7 @@ use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use http::uri::{Authority, Scheme};
 use http::{Request, Response, StatusCode};
@@ -32,7 +33,7 @@ use tokio::net::TcpStream;
 
 use crate::app::App;
 use crate::body::{full, ResBody};
-use crate::config::normalise_host;
+use crate::config::{normalise_host, Config};
 use crate::edge::{self, Refusal};
 use crate::forward::{tunnelled, Target};
 use crate::framing;
@@ -54,6 +55,7 @@ const TLS_HANDSHAKE: u8 = 0x16;
 /// (`502` with `Proxy-Status`) instead of a tunnel that closes.
 pub async fn connect(
     app: Arc<App>,
+    config: &Config,
     req: Request<Incoming>,
     identity: Identity,
 ) -> Response<ResBody> {
@@ -71,7 +73,7 @@ pub async fn connect(
     let Some(port) = authority.port_u16() else {
         return bad_target();
     };
-    if !app.config().destinations.connect_ports.contains(&port) {
+    if !config.destinations.connect_ports.contains(&port) {
         return Refusal::new(
             StatusCode::FORBIDDEN,
             "http_request_denied",
@@ -93,7 +95,7 @@ pub async fn connect(
     let upstream = if intercepting {
         None
     } else {
-        match open_raw(&app, &provider, &host, port).await {
+        match open_raw(&app, &provider, &host, port, config.connect_timeout).await {
             Ok(stream) => Some(stream),
             Err(refusal) => return refusal,
         }
@@ -118,6 +120,7 @@ async fn open_raw(
     provider: &Provider,
     host: &str,
     port: u16,
+    connect_timeout: Duration,
 ) -> Result<TcpStream, Response<ResBody>> {
     let refuse = |e: &Cause| {
         let r = edge::refusal(e);
@@ -138,8 +141,7 @@ async fn open_raw(
             return Err(refuse(&Upstream::new(kind, e).into()));
         }
     };
-    let connected =
-        tokio::time::timeout(app.config().connect_timeout, TcpStream::connect(&addrs[..])).await;
+    let connected = tokio::time::timeout(connect_timeout, TcpStream::connect(&addrs[..])).await;
     match connected {
         Ok(Ok(stream)) => {
             admission.connected(true);
