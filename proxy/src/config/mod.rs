@@ -132,6 +132,23 @@ struct RawConfig {
     limits: RawLimits,
     #[serde(default)]
     tls: RawTls,
+    #[serde(default)]
+    collectors: BTreeMap<String, RawCollector>,
+    #[serde(default)]
+    runs: RawRuns,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCollector {
+    token_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRuns {
+    lease_ttl: Option<Dur>,
+    max_cooldown_waits: Option<u32>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -384,6 +401,52 @@ pub struct Limits {
     pub max_metric_providers: usize,
 }
 
+/// Proxy credentials, user → token. Its `Debug` names the users only.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct Credentials(pub HashMap<String, String>);
+
+impl std::ops::Deref for Credentials {
+    type Target = HashMap<String, String>;
+
+    fn deref(&self) -> &HashMap<String, String> {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_set().entries(self.0.keys()).finish()
+    }
+}
+
+/// A collector: a proxy user that may open runs (R-RN4).
+#[derive(Clone)]
+pub struct Collector {
+    /// The file its token was read from (again on SIGHUP).
+    pub token_file: PathBuf,
+    /// The token.
+    pub token: String,
+}
+
+impl std::fmt::Debug for Collector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Collector")
+            .field("token_file", &self.token_file)
+            .finish_non_exhaustive()
+    }
+}
+
+/// How runs behave.
+#[derive(Debug, Clone)]
+pub struct Runs {
+    /// A run's lease lapses after this long without a heartbeat or traffic
+    /// from its collector.
+    pub lease_ttl: Duration,
+    /// Consecutive waits for an open circuit or a long `Retry-After` a
+    /// run's request may make before the run stops (R-RN8).
+    pub max_cooldown_waits: u32,
+}
+
 /// The validated config.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -407,8 +470,13 @@ pub struct Config {
     pub tls: Tls,
     /// Named providers.
     pub providers: Vec<NamedProvider>,
-    /// Proxy credentials, user → token; empty = none required.
-    pub credentials: HashMap<String, String>,
+    /// Proxy credentials, user → token (the `[auth]` users and every
+    /// collector); empty = none required.
+    pub credentials: Credentials,
+    /// Collectors by name.
+    pub collectors: BTreeMap<String, Collector>,
+    /// Runs.
+    pub runs: Runs,
     /// Process limits.
     pub limits: Limits,
 }
@@ -508,6 +576,48 @@ impl Config {
                 .ok_or_else(|| err("auth.credentials", "each entry is \"user:token\""))?;
             credentials.insert(user.to_string(), token.to_string());
         }
+        let mut collectors = BTreeMap::new();
+        for (name, c) in &raw.collectors {
+            let key = format!("collectors.{name}");
+            let valid = !name.is_empty()
+                && name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
+            if !valid {
+                return Err(err(
+                    key,
+                    "a collector name is letters, digits, '-', '_' or '.' (it is a proxy user name)",
+                ));
+            }
+            let path = c.token_file.clone().ok_or_else(|| {
+                err(
+                    format!("{key}.token_file"),
+                    "a collector needs a token_file",
+                )
+            })?;
+            let token = read_token(&path).map_err(|r| err(format!("{key}.token_file"), r))?;
+            if credentials.contains_key(name) {
+                return Err(err(
+                    key,
+                    "the name is also an [auth] credentials user; use one or the other",
+                ));
+            }
+            credentials.insert(name.clone(), token.clone());
+            collectors.insert(
+                name.clone(),
+                Collector {
+                    token_file: path,
+                    token,
+                },
+            );
+        }
+        let runs = Runs {
+            lease_ttl: raw.runs.lease_ttl.map_or(Duration::from_secs(60), |d| d.0),
+            max_cooldown_waits: raw.runs.max_cooldown_waits.unwrap_or(3),
+        };
+        if runs.lease_ttl < Duration::from_secs(1) {
+            return Err(err("runs.lease_ttl", "must be at least 1s"));
+        }
         let l = raw.limits;
         let limits = Limits {
             max_providers: l.max_providers.unwrap_or(1024),
@@ -577,7 +687,9 @@ impl Config {
                 .map_or(Duration::from_secs(10), |d| d.0),
             defaults,
             providers,
-            credentials,
+            credentials: Credentials(credentials),
+            collectors,
+            runs,
             limits,
         };
         config.check()?;
@@ -630,6 +742,25 @@ impl Config {
         }
         Ok(())
     }
+}
+
+/// A collector's token from its file: the file's text without surrounding
+/// whitespace (a trailing newline is usual); never empty, never with a
+/// `:` (it travels in a proxy URL's user info).
+fn read_token(path: &Path) -> Result<String, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let token = text.trim();
+    if token.is_empty() {
+        return Err(format!("{} is empty", path.display()));
+    }
+    if token.contains(':') || token.chars().any(char::is_whitespace) {
+        return Err(format!(
+            "{}: a token has no ':' and no whitespace",
+            path.display()
+        ));
+    }
+    Ok(token.to_string())
 }
 
 /// The dotted key at a byte offset of the TOML text: the last `[table]`
@@ -765,6 +896,69 @@ mod tests {
             let e = Config::from_toml(text).unwrap_err();
             assert_eq!(e.key, key, "{text:?} gave {e}");
         }
+    }
+
+    /// R-RN4: collectors are proxy users whose token comes from a file;
+    /// every problem names the key.
+    #[test]
+    fn collectors_read_their_token_files() {
+        let dir = std::env::temp_dir().join(format!("sluice-collectors-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let good = dir.join("a.token");
+        std::fs::write(&good, "s3cret-token\n").unwrap();
+        let empty = dir.join("empty.token");
+        std::fs::write(&empty, "\n").unwrap();
+        let config = Config::from_toml(&format!(
+            "[collectors.collector-a]\ntoken_file = \"{}\"\n[runs]\nlease_ttl = \"5s\"\n",
+            good.display()
+        ))
+        .unwrap();
+        assert_eq!(config.collectors["collector-a"].token, "s3cret-token");
+        assert_eq!(config.credentials["collector-a"], "s3cret-token");
+        assert_eq!(config.runs.lease_ttl, Duration::from_secs(5));
+        assert_eq!(config.runs.max_cooldown_waits, 3);
+        let cases = [
+            ("[collectors.a]\n".to_string(), "collectors.a.token_file"),
+            (
+                "[collectors.a]\ntoken_file = \"/nonexistent/token\"\n".to_string(),
+                "collectors.a.token_file",
+            ),
+            (
+                format!("[collectors.a]\ntoken_file = \"{}\"\n", empty.display()),
+                "collectors.a.token_file",
+            ),
+            (
+                format!(
+                    "[collectors.\"a b\"]\ntoken_file = \"{}\"\n",
+                    good.display()
+                ),
+                "collectors.a b",
+            ),
+            (
+                format!(
+                    "[auth]\ncredentials = [\"a:x\"]\n[collectors.a]\ntoken_file = \"{}\"\n",
+                    good.display()
+                ),
+                "collectors.a",
+            ),
+            (
+                "[runs]\nlease_ttl = \"10ms\"\n".to_string(),
+                "runs.lease_ttl",
+            ),
+            (
+                "[collectors.a]\ntoken = \"x\"\n".to_string(),
+                "collectors.a.token",
+            ),
+        ];
+        for (text, key) in cases {
+            let e = Config::from_toml(&text).unwrap_err();
+            assert_eq!(e.key, key, "{text:?} gave {e}");
+        }
+        assert!(
+            !format!("{config:?}").contains("s3cret"),
+            "tokens never in Debug"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
