@@ -18,6 +18,7 @@ use crate::error::Cause;
 use crate::events::EventSink;
 use crate::pacer::{PacerShared, PacerSnapshot};
 use crate::retry::{Jitter, RetryShared};
+use crate::run::{Pressure, StopReason};
 use crate::settings::ValidSettings;
 use crate::timeout::SharedDuration;
 
@@ -175,6 +176,26 @@ impl ProviderPolicy {
         // If pacing refuses, the permit is dropped: it counts for nothing.
         self.pacer.acquire().await?;
         Ok(TunnelAdmission { permit })
+    }
+
+    /// What a run's request would meet at this provider at a given
+    /// instant, when it is source pressure a run waits out (R-RN8): the
+    /// breaker open, or a `Retry-After` hold longer than
+    /// `max_retry_after_wait`. How long, and the reason the run would stop
+    /// with.
+    pub fn pressure(&self) -> Pressure {
+        let (breaker, pacer, retry) =
+            (self.breaker.clone(), self.pacer.clone(), self.retry.clone());
+        Arc::new(move |now| {
+            let b = breaker.snapshot(now);
+            if b.state == State::Open {
+                if let Some(left) = b.open_remaining.filter(|l| !l.is_zero()) {
+                    return Some((left, StopReason::CircuitOpen));
+                }
+            }
+            let hold = pacer.snapshot(now).hold_remaining?;
+            (hold > retry.settings().max_retry_after_wait).then_some((hold, StopReason::RetryAfter))
+        })
     }
 
     /// A readout at `now`.

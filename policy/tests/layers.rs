@@ -633,6 +633,121 @@ async fn run_retry_budget_bounds_retries() {
     assert!(state.stopped.unwrap().is_budget());
 }
 
+/// Settings whose breaker opens after four failures and stays open 5 s,
+/// with no retries (each request is one attempt).
+fn quick_breaker() -> ProviderSettings {
+    ProviderSettings {
+        breaker_min_calls: 4,
+        breaker_open_for: Duration::from_secs(5),
+        breaker_half_open_probes: 1,
+        retry_max_attempts: 1,
+        ..ProviderSettings::default()
+    }
+}
+
+/// R-RN8: a run's request that meets an open circuit waits out the
+/// cool-down and then goes — and the provider, recovered, answers it.
+/// Only attempts that reached the provider count against the cap.
+#[tokio::test(start_paused = true)]
+async fn a_run_waits_out_an_open_circuit() {
+    let (policy, _) = policy(quick_breaker());
+    let provider = Provider::new(|n| if n < 4 { status(500) } else { status(200) });
+    let svc = stack(&policy, &provider);
+    let run = RunHandle::new(Envelope {
+        request_cap: Some(10),
+        max_cooldown_waits: 3,
+        ..Envelope::default()
+    });
+    for i in 0..4 {
+        let r = svc
+            .clone()
+            .oneshot(with_run(get(&i.to_string()), &run))
+            .await;
+        assert_eq!(r.unwrap().status(), 500);
+    }
+    let t0 = Instant::now();
+    let r = svc.clone().oneshot(with_run(get("after"), &run)).await;
+    assert_eq!(r.unwrap().status(), 200);
+    assert!(
+        Instant::now() - t0 >= Duration::from_secs(4),
+        "waited the cool-down"
+    );
+    let state = run.state();
+    assert_eq!(state.attempts, 5, "the wait was not an attempt");
+    assert_eq!((state.waits_total, state.cooldown_waits), (1, 0));
+    assert_eq!(state.stopped, None);
+    assert_eq!(provider.arrivals().len(), 5);
+}
+
+/// R-RN8's cycle guard: against a provider that never recovers, each
+/// half-open probe fails and the circuit re-opens; after
+/// `max_cooldown_waits` waits in a row the run stops with `circuit_open`
+/// (source pressure), and its later requests are refused at once.
+#[tokio::test(start_paused = true)]
+async fn a_circuit_that_never_recovers_stops_the_run() {
+    let (policy, _) = policy(quick_breaker());
+    let provider = Provider::new(|_| status(500));
+    let svc = stack(&policy, &provider);
+    let run = RunHandle::new(Envelope {
+        deadline: Some(Instant::now() + Duration::from_secs(3600)),
+        max_cooldown_waits: 2,
+        ..Envelope::default()
+    });
+    let mut statuses = Vec::new();
+    let mut stopped = None;
+    for i in 0..20 {
+        match svc
+            .clone()
+            .oneshot(with_run(get(&i.to_string()), &run))
+            .await
+        {
+            Ok(r) => statuses.push(r.status().as_u16()),
+            Err(Cause::RunStopped(s)) => {
+                stopped = Some(s.reason);
+                break;
+            }
+            Err(other) => panic!("{other}"),
+        }
+    }
+    assert_eq!(statuses, [500, 500, 500, 500, 500, 500], "4, then 2 probes");
+    assert_eq!(stopped, Some(StopReason::CircuitOpen));
+    assert!(StopReason::CircuitOpen.is_source_pressure());
+    let t = Instant::now();
+    let again = svc.clone().oneshot(with_run(get("x"), &run)).await;
+    assert!(matches!(again, Err(Cause::RunStopped(_))));
+    assert_eq!(Instant::now(), t, "refused at once");
+    assert_eq!(provider.arrivals().len(), 6);
+}
+
+/// R-RN8 within the deadline: a wait never runs past the run's deadline;
+/// the next check stops the run, planned (`deadline`).
+#[tokio::test(start_paused = true)]
+async fn a_wait_ends_at_the_deadline() {
+    let (policy, _) = policy(quick_breaker());
+    let provider = Provider::new(|_| status(500));
+    let svc = stack(&policy, &provider);
+    for i in 0..4 {
+        let _ = svc.clone().oneshot(get(&i.to_string())).await;
+    }
+    let t0 = Instant::now();
+    let run = RunHandle::new(Envelope {
+        deadline: Some(t0 + Duration::from_secs(2)),
+        max_cooldown_waits: 3,
+        ..Envelope::default()
+    });
+    let err = svc
+        .clone()
+        .oneshot(with_run(get("r"), &run))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, Cause::RunStopped(s) if s.reason == StopReason::Deadline),
+        "{err}"
+    );
+    assert_eq!(Instant::now() - t0, Duration::from_secs(2));
+    assert_eq!(provider.arrivals().len(), 4);
+}
+
 mod budget_stop {
     use super::*;
     use proptest::prelude::*;
@@ -665,10 +780,12 @@ mod budget_stop {
                 let svc = stack(&policy, &provider);
                 let run = RunHandle::new(Envelope {
                     request_cap: Some(statuses.len() as u64),
+                    // An open circuit is waited out (R-RN8), however often.
+                    max_cooldown_waits: u32::MAX,
                     ..Envelope::default()
                 });
                 // Spend the cap (some attempts may be refused by the
-                // provider's own breaker or pacer; that is fine).
+                // provider's own breaker or pacer: those do not count).
                 while run.state().stopped.is_none() {
                     let _ = svc.clone().oneshot(with_run(get("x"), &run)).await;
                 }

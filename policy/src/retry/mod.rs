@@ -20,7 +20,7 @@
 
 pub mod backoff;
 pub mod budget;
-mod policy;
+pub(crate) mod policy;
 
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;

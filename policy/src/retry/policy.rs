@@ -103,13 +103,18 @@ where
     }
 
     fn clone_request(&mut self, req: &Request<B>) -> Option<Request<B>> {
-        let body = req.body().try_clone()?;
-        let mut copy = Request::new(body);
-        *copy.method_mut() = req.method().clone();
-        *copy.uri_mut() = req.uri().clone();
-        *copy.version_mut() = req.version();
-        *copy.headers_mut() = req.headers().clone();
-        *copy.extensions_mut() = req.extensions().clone();
-        Some(copy)
+        clone_request(req)
     }
+}
+
+/// A copy of `req` to send again, if its body was kept.
+pub(crate) fn clone_request<B: ReplayBody>(req: &Request<B>) -> Option<Request<B>> {
+    let body = req.body().try_clone()?;
+    let mut copy = Request::new(body);
+    *copy.method_mut() = req.method().clone();
+    *copy.uri_mut() = req.uri().clone();
+    *copy.version_mut() = req.version();
+    *copy.headers_mut() = req.headers().clone();
+    *copy.extensions_mut() = req.extensions().clone();
+    Some(copy)
 }

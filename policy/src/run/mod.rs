@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::time::Instant;
 
 pub use self::error::RunStopped;
-pub use self::layer::{RunGate, RunLayer};
+pub use self::layer::{Pressure, RunGate, RunLayer};
 
 /// Why a run stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -86,7 +86,7 @@ impl StopReason {
 }
 
 /// The budgets of a run; `None` means unbounded.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Envelope {
     /// Attempts allowed, retries included.
     pub request_cap: Option<u64>,
@@ -94,17 +94,29 @@ pub struct Envelope {
     pub deadline: Option<Instant>,
     /// Retries allowed in the run.
     pub retry_budget: Option<u64>,
+    /// Retries allowed as a share of the run's first attempts (at least
+    /// one retry once there is a first attempt).
+    pub retry_ratio: Option<f64>,
+    /// Consecutive waits for source pressure (an open circuit, a long
+    /// `Retry-After` hold) a request may make before the run stops with a
+    /// source-pressure reason (R-RN8). 0: no waiting.
+    pub max_cooldown_waits: u32,
 }
 
 /// A run's counters.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct RunState {
     /// The budgets.
     pub envelope: Envelope,
-    /// Attempts started.
+    /// Attempts that reached (or are on their way to) the provider.
     pub attempts: u64,
     /// Retries taken.
     pub retries: u64,
+    /// Source-pressure waits since the provider last answered without a
+    /// failure.
+    pub cooldown_waits: u32,
+    /// Source-pressure waits in all.
+    pub waits_total: u64,
     /// Why the run stopped, once it has.
     pub stopped: Option<StopReason>,
 }
@@ -121,7 +133,7 @@ impl RunState {
     /// Checks the envelope before an attempt starts at `now`, and counts it
     /// if it may go.
     pub fn check_attempt(&mut self, now: Instant) -> Result<(), StopReason> {
-        if let Some(reason) = self.stopped.filter(|r| r.is_budget()) {
+        if let Some(reason) = self.stopped {
             return Err(reason);
         }
         let reason = if self.envelope.deadline.is_some_and(|d| now >= d) {
@@ -145,9 +157,42 @@ impl RunState {
 
     /// Whether the run may take one more retry.
     pub fn can_retry(&self) -> bool {
+        let firsts = self.attempts.saturating_sub(self.retries);
         self.envelope
             .retry_budget
             .is_none_or(|budget| self.retries < budget)
+            && self
+                .envelope
+                .retry_ratio
+                .is_none_or(|r| (self.retries as f64) < (r * firsts as f64).ceil())
+    }
+
+    /// An attempt counted by [`check_attempt`](Self::check_attempt) never
+    /// reached the provider (sluice's own refusal): it does not count.
+    pub fn release_attempt(&mut self) {
+        self.attempts = self.attempts.saturating_sub(1);
+    }
+
+    /// The provider answered without a failure: the source-pressure waits
+    /// start over.
+    pub fn reached(&mut self) {
+        self.cooldown_waits = 0;
+    }
+
+    /// A request is about to wait out source pressure. `Err` with the
+    /// reason once that would be more consecutive waits than the envelope
+    /// allows: the run stops (R-RN8's cycle guard).
+    pub fn wait_for(&mut self, reason: StopReason) -> Result<(), StopReason> {
+        if let Some(r) = self.stopped {
+            return Err(r);
+        }
+        if self.cooldown_waits >= self.envelope.max_cooldown_waits {
+            self.stopped = Some(reason);
+            return Err(reason);
+        }
+        self.cooldown_waits += 1;
+        self.waits_total += 1;
+        Ok(())
     }
 }
 
@@ -180,6 +225,26 @@ impl RunHandle {
         self.lock().can_retry()
     }
 
+    /// See [`RunState::release_attempt`].
+    pub fn release_attempt(&self) {
+        self.lock().release_attempt();
+    }
+
+    /// See [`RunState::reached`].
+    pub fn reached(&self) {
+        self.lock().reached();
+    }
+
+    /// See [`RunState::wait_for`].
+    pub fn wait_for(&self, reason: StopReason) -> Result<(), StopReason> {
+        self.lock().wait_for(reason)
+    }
+
+    /// The run's deadline, if any.
+    pub fn deadline(&self) -> Option<Instant> {
+        self.lock().envelope.deadline
+    }
+
     pub(crate) fn take_retry(&self) {
         self.lock().retries += 1;
     }
@@ -189,8 +254,9 @@ impl RunHandle {
         self.lock().stopped.get_or_insert(StopReason::RetryBudget);
     }
 
-    /// Records a stop for another reason (the proxy records source
-    /// pressure it saw). The first reason is kept.
+    /// Stops the run (a deadline passed with no request to see it, or the
+    /// proxy saw source pressure). The first reason is kept; every later
+    /// attempt is refused with it.
     pub fn stop(&self, reason: StopReason) {
         self.lock().stopped.get_or_insert(reason);
     }
@@ -221,12 +287,55 @@ mod tests {
     }
 
     #[test]
+    fn retry_ratio_counts_first_attempts() {
+        let t = Instant::now();
+        let mut s = RunState::new(Envelope {
+            retry_ratio: Some(0.2),
+            ..Envelope::default()
+        });
+        assert!(!s.can_retry(), "nothing to retry yet");
+        s.check_attempt(t).unwrap();
+        assert!(s.can_retry(), "at least one retry once there is a first");
+        s.check_attempt(t).unwrap();
+        s.retries += 1;
+        for _ in 0..9 {
+            s.check_attempt(t).unwrap();
+        }
+        // 10 firsts, 1 retry: a second is within 0.2 × 10.
+        assert!(s.can_retry());
+        s.check_attempt(t).unwrap();
+        s.retries += 1;
+        assert!(!s.can_retry(), "2 retries of 10 firsts");
+    }
+
+    #[test]
+    fn waits_are_bounded_in_a_row_and_reset_by_an_attempt() {
+        let mut s = RunState::new(Envelope {
+            max_cooldown_waits: 2,
+            ..Envelope::default()
+        });
+        assert!(s.wait_for(StopReason::CircuitOpen).is_ok());
+        assert!(s.wait_for(StopReason::CircuitOpen).is_ok());
+        s.reached();
+        assert!(s.wait_for(StopReason::CircuitOpen).is_ok());
+        assert!(s.wait_for(StopReason::RetryAfter).is_ok());
+        assert_eq!(
+            s.wait_for(StopReason::RetryAfter),
+            Err(StopReason::RetryAfter)
+        );
+        assert_eq!(s.stopped, Some(StopReason::RetryAfter));
+        assert!(s.stopped.unwrap().is_source_pressure());
+        assert_eq!(s.check_attempt(Instant::now()), Err(StopReason::RetryAfter));
+        assert_eq!(s.waits_total, 4);
+    }
+
+    #[test]
     fn cap_and_deadline() {
         let t = Instant::now();
         let mut s = RunState::new(Envelope {
             request_cap: Some(2),
             deadline: Some(t + Duration::from_secs(5)),
-            retry_budget: None,
+            ..Envelope::default()
         });
         assert!(s.check_attempt(t).is_ok());
         assert!(s.check_attempt(t).is_ok());
