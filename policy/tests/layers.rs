@@ -661,7 +661,7 @@ async fn a_run_waits_out_an_open_circuit() {
     for i in 0..4 {
         let r = svc
             .clone()
-            .oneshot(with_run(get(&i.to_string()), &run))
+            .oneshot(with_run(get(i.to_string()), &run))
             .await;
         assert_eq!(r.unwrap().status(), 500);
     }
@@ -698,7 +698,7 @@ async fn a_circuit_that_never_recovers_stops_the_run() {
     for i in 0..20 {
         match svc
             .clone()
-            .oneshot(with_run(get(&i.to_string()), &run))
+            .oneshot(with_run(get(i.to_string()), &run))
             .await
         {
             Ok(r) => statuses.push(r.status().as_u16()),
@@ -727,7 +727,7 @@ async fn a_wait_ends_at_the_deadline() {
     let provider = Provider::new(|_| status(500));
     let svc = stack(&policy, &provider);
     for i in 0..4 {
-        let _ = svc.clone().oneshot(get(&i.to_string())).await;
+        let _ = svc.clone().oneshot(get(i.to_string())).await;
     }
     let t0 = Instant::now();
     let run = RunHandle::new(Envelope {
