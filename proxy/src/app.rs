@@ -17,6 +17,7 @@ use crate::ca::CertAuthority;
 use crate::config::Config;
 use crate::observe::metrics::Metrics;
 use crate::providers::Providers;
+use crate::runs::Runs;
 use crate::store::{Store, StoreWriter};
 use crate::upstream::guard::Guard;
 
@@ -35,6 +36,8 @@ pub struct App {
     pub writer: Option<StoreWriter>,
     /// The provider table.
     pub providers: Providers,
+    /// Collectors' runs: leases, checkpoints, gap records.
+    pub runs: Runs,
     /// The destination guard.
     pub guard: Guard,
     /// Shutdown signalling and draining.

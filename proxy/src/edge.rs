@@ -86,8 +86,11 @@ pub fn refusal(cause: &Cause) -> Refusal {
             "connection_limit_reached",
             "too many requests in flight to this provider".to_string(),
         ),
+        // 403, not 429 or 503: a planned stop is final for the run —
+        // clients do not retry a 403, and no client or scheduler takes it
+        // for provider pressure and slows down (R-RN3).
         Cause::RunStopped(e) => (
-            StatusCode::TOO_MANY_REQUESTS,
+            StatusCode::FORBIDDEN,
             "http_request_denied",
             format!("run stopped: {}", e.reason.label()),
         ),

@@ -336,8 +336,19 @@ pub async fn forward(
         }
     };
     let method = parts.method.clone();
+    // A collector's request belongs to its active run, if it has one: the
+    // run's budgets apply to every attempt, and the request renews the
+    // run's lease (R-RN4).
+    let user = parts.extensions.get::<Identity>().and_then(|i| i.0.clone());
+    let run = user.as_deref().and_then(|u| app.runs.attach(u));
+    if let Some(run) = &run {
+        parts.extensions.insert(run.clone());
+    }
     let req = Request::from_parts(parts, body);
     let result = provider.service.clone().oneshot(req).await;
+    if let (Some(user), Some(run)) = (&user, &run) {
+        app.runs.after(user, run, result.as_ref().err());
+    }
     let elapsed_ms = started.elapsed().as_millis() as u64;
     app.metrics.request(&provider.label, final_outcome(&result));
     match result {

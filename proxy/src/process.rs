@@ -18,6 +18,7 @@ use crate::config::{Config, ConfigError};
 use crate::observe::metrics::Metrics;
 use crate::observe::Observe;
 use crate::providers::Providers;
+use crate::runs::Runs;
 use crate::serve::admin;
 use crate::store::{LearnedRecord, Store, StoreWriter};
 use crate::upstream::guard::Guard;
@@ -90,9 +91,11 @@ pub async fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), Sta
     if let Some(store) = &store {
         restore(&providers, store, &metrics, config.limits.state_max_age);
     }
+    let runs = Runs::new(&config, store.clone(), writer.clone());
     let app = Arc::new(App {
         ca,
         providers,
+        runs,
         guard,
         metrics,
         store,
@@ -104,6 +107,7 @@ pub async fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), Sta
     });
     tokio::spawn(admin::serve(app.clone(), admin_listener));
     tokio::spawn(sweep(app.clone()));
+    tokio::spawn(sweep_runs(app.clone()));
     tokio::spawn(save_periodically(app.clone()));
     app.ready.store(true, Ordering::SeqCst);
     tracing::info!(proxy = %proxy_addr, admin = %admin_addr, "sluice listening");
@@ -143,6 +147,7 @@ pub async fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), Sta
     {
         tracing::warn!("grace period over; closing what is left");
     }
+    app.runs.interrupt_all();
     save(&app).await;
     tracing::info!("stopped");
     Ok(())
@@ -217,6 +222,7 @@ fn reload(app: &App) {
         Ok(new) => {
             app.guard.set_allow(new.destinations.allow.clone());
             app.providers.reload(&new);
+            app.runs.reload(&new);
             *app.config.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(new);
             app.metrics.reloads.with_label_values(&["ok"]).inc();
             tracing::info!("config reloaded; learned state kept");
@@ -249,6 +255,16 @@ async fn sweep(app: Arc<App>) {
         if let Some(writer) = &app.writer {
             writer.prune_learned(app.config().limits.state_max_age);
         }
+    }
+}
+
+/// Every second: runs whose lease lapsed end (`expired`), and runs whose
+/// deadline passed with no request to see it stop and defer the rest.
+async fn sweep_runs(app: Arc<App>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tick.tick().await;
+        app.runs.sweep(tokio::time::Instant::now());
     }
 }
 

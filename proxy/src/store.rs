@@ -200,12 +200,30 @@ pub enum StoreError {
     WriterUnavailable,
 }
 
+/// The trees runs keep (R-RN4–R-RN6): run records, checkpoints, gap
+/// records and small counters (fencing tokens).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunTree {
+    /// `collector \0 seq` → a run record.
+    Runs,
+    /// `collector \0 mode \0 stream` → a checkpoint.
+    Checkpoints,
+    /// `collector \0 seq` → a pending gap record.
+    Gaps,
+    /// Counters such as `fence \0 collector`.
+    Meta,
+}
+
 /// The sled store.
 #[derive(Debug)]
 pub struct Store {
     db: sled::Db,
     learned: sled::Tree,
     evidence: sled::Tree,
+    runs: sled::Tree,
+    checkpoints: sled::Tree,
+    gaps: sled::Tree,
+    meta: sled::Tree,
 }
 
 impl Store {
@@ -258,16 +276,88 @@ impl Store {
         };
         let learned = db.open_tree("learned")?;
         let evidence = db.open_tree("evidence")?;
+        let runs = db.open_tree("runs")?;
+        let checkpoints = db.open_tree("checkpoints")?;
+        let gaps = db.open_tree("gaps")?;
+        let meta = db.open_tree("meta")?;
         // Read everything once: a store whose records cannot be read is as
         // broken as one that cannot be opened.
-        for item in learned.iter().chain(evidence.iter()) {
-            item?;
+        for tree in [&learned, &evidence, &runs, &checkpoints, &gaps, &meta] {
+            for item in tree.iter() {
+                item?;
+            }
         }
         Ok(Store {
             db,
             learned,
             evidence,
+            runs,
+            checkpoints,
+            gaps,
+            meta,
         })
+    }
+
+    fn tree(&self, t: RunTree) -> &sled::Tree {
+        match t {
+            RunTree::Runs => &self.runs,
+            RunTree::Checkpoints => &self.checkpoints,
+            RunTree::Gaps => &self.gaps,
+            RunTree::Meta => &self.meta,
+        }
+    }
+
+    /// Writes one record of a runs tree (through the [`StoreWriter`]).
+    pub fn put(&self, t: RunTree, key: &[u8], value: &[u8]) -> Result<(), StoreError> {
+        self.tree(t).insert(key, value)?;
+        Ok(())
+    }
+
+    /// Removes one record of a runs tree (through the [`StoreWriter`]).
+    pub fn remove(&self, t: RunTree, key: &[u8]) -> Result<(), StoreError> {
+        self.tree(t).remove(key)?;
+        Ok(())
+    }
+
+    /// One record of a runs tree.
+    pub fn get(&self, t: RunTree, key: &[u8]) -> Option<Vec<u8>> {
+        self.tree(t).get(key).ok().flatten().map(|v| v.to_vec())
+    }
+
+    /// The records of a runs tree whose keys start with `prefix`, from
+    /// `start` (inclusive) on, in key order; unreadable entries skipped.
+    pub fn scan(
+        &self,
+        t: RunTree,
+        prefix: &[u8],
+        start: &[u8],
+    ) -> impl Iterator<Item = (Vec<u8>, Vec<u8>)> + '_ {
+        let from = if start > prefix { start } else { prefix };
+        let prefix = prefix.to_vec();
+        self.tree(t)
+            .range(from.to_vec()..)
+            .filter_map(Result::ok)
+            .take_while(move |(k, _)| k.starts_with(&prefix))
+            .map(|(k, v)| (k.to_vec(), v.to_vec()))
+    }
+
+    /// The records of a runs tree under `prefix`, last key first.
+    pub fn scan_newest(
+        &self,
+        t: RunTree,
+        prefix: &[u8],
+    ) -> impl Iterator<Item = (Vec<u8>, Vec<u8>)> + '_ {
+        self.tree(t)
+            .scan_prefix(prefix)
+            .rev()
+            .filter_map(Result::ok)
+            .map(|(k, v)| (k.to_vec(), v.to_vec()))
+    }
+
+    /// A number never handed out before in this store (sled's persistent
+    /// id generator).
+    pub fn next_id(&self) -> Result<u64, StoreError> {
+        Ok(self.db.generate_id()?)
     }
 
     /// Saves a provider's learned state.
@@ -357,6 +447,10 @@ impl Store {
 /// What the [`StoreWriter`] writes to: the sled [`Store`], or in tests a
 /// stand-in whose flush can be held.
 pub trait Durable: Send + Sync + 'static {
+    /// See [`Store::put`].
+    fn put(&self, t: RunTree, key: &[u8], value: &[u8]) -> Result<(), StoreError>;
+    /// See [`Store::remove`].
+    fn remove(&self, t: RunTree, key: &[u8]) -> Result<(), StoreError>;
     /// See [`Store::save_learned`].
     fn save_learned(&self, provider: &str, record: &LearnedRecord) -> Result<(), StoreError>;
     /// See [`Store::append_evidence`].
@@ -368,6 +462,12 @@ pub trait Durable: Send + Sync + 'static {
 }
 
 impl Durable for Store {
+    fn put(&self, t: RunTree, key: &[u8], value: &[u8]) -> Result<(), StoreError> {
+        Store::put(self, t, key, value)
+    }
+    fn remove(&self, t: RunTree, key: &[u8]) -> Result<(), StoreError> {
+        Store::remove(self, t, key)
+    }
     fn save_learned(&self, provider: &str, record: &LearnedRecord) -> Result<(), StoreError> {
         Store::save_learned(self, provider, record)
     }
@@ -387,6 +487,8 @@ impl Durable for Store {
 pub const WRITER_QUEUE: usize = 4096;
 
 enum Op {
+    Put(RunTree, Vec<u8>, Vec<u8>),
+    Remove(RunTree, Vec<u8>),
     Learned(String, LearnedRecord),
     Evidence(String, EvidenceRecord),
     Prune(Duration),
@@ -429,6 +531,16 @@ impl StoreWriter {
             .spawn(move || {
                 for op in rx {
                     match op {
+                        Op::Put(t, k, v) => {
+                            if let Err(e) = store.put(t, &k, &v) {
+                                fail("run record not stored", e);
+                            }
+                        }
+                        Op::Remove(t, k) => {
+                            if let Err(e) = store.remove(t, &k) {
+                                fail("run record not removed", e);
+                            }
+                        }
                         Op::Learned(p, r) => {
                             if let Err(e) = store.save_learned(&p, &r) {
                                 fail("learned state not saved", e);
@@ -474,6 +586,17 @@ impl StoreWriter {
                 false
             }
         }
+    }
+
+    /// Queues a write of one runs record; [`flush`](Self::flush) makes it
+    /// durable. `false`: the write was dropped (queue full, writer gone).
+    pub fn put(&self, t: RunTree, key: Vec<u8>, value: Vec<u8>) -> bool {
+        self.send(Op::Put(t, key, value))
+    }
+
+    /// Queues removing one runs record.
+    pub fn remove(&self, t: RunTree, key: Vec<u8>) -> bool {
+        self.send(Op::Remove(t, key))
     }
 
     /// Queues a provider's learned state.
@@ -600,6 +723,12 @@ mod tests {
     }
 
     impl Durable for HeldFlush {
+        fn put(&self, _: RunTree, _: &[u8], _: &[u8]) -> Result<(), StoreError> {
+            Ok(())
+        }
+        fn remove(&self, _: RunTree, _: &[u8]) -> Result<(), StoreError> {
+            Ok(())
+        }
         fn save_learned(&self, _: &str, _: &LearnedRecord) -> Result<(), StoreError> {
             Ok(())
         }

@@ -210,6 +210,11 @@ impl RunHandle {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Whether `other` is a handle on the same run.
+    pub fn same(&self, other: &RunHandle) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+
     /// A copy of the counters.
     pub fn state(&self) -> RunState {
         self.lock().clone()

@@ -38,7 +38,13 @@ pub async fn serve(app: Arc<App>, listener: TcpListener) {
         tokio::spawn(async move {
             let service = service_fn(move |req| {
                 let app = app.clone();
-                async move { Ok::<_, std::convert::Infallible>(route(&app, req)) }
+                async move {
+                    let resp = match super::runs::route(&app, req).await {
+                        Ok(resp) => resp,
+                        Err(req) => route(&app, req),
+                    };
+                    Ok::<_, std::convert::Infallible>(resp)
+                }
             });
             let _ = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())

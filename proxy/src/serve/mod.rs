@@ -3,6 +3,7 @@
 
 pub mod admin;
 pub mod auth;
+pub mod runs;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -1,0 +1,969 @@
+//! Runs (R-RN1–R-RN8): a collector's bounded piece of work, with its lease,
+//! budgets, checkpoints and gap records, kept outside the collector so
+//! that a collector that crashes, is killed or is rescheduled loses
+//! nothing it committed.
+//!
+//! A collector is a proxy user (`[collectors.NAME]`). While one of its
+//! runs is active, every request it sends carries the run's
+//! [`RunHandle`] through the provider's stack: the run's budgets are
+//! checked before each attempt, and source pressure is waited out
+//! (`sluice_policy::run`). The registry here holds the leases (one active
+//! run per collector, fenced), the committed checkpoints and the pending
+//! gap records; the admin API (`serve::runs`) is its HTTP face.
+//!
+//! Everything durable goes through the store's one writer; a checkpoint
+//! or gap is answered only after the writer's flush.
+
+pub mod records;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use sluice_policy::error::Cause;
+use sluice_policy::run::{Envelope, RunHandle, StopReason};
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use self::records::{
+    checkpoint_key, prefix, seq_key, split_id, Checkpoint, Gap, Mode, Phase, RunRecord, GAP_REASONS,
+};
+use crate::config::Config;
+use crate::store::{unix_ms_now, RunTree, Store, StoreError, StoreWriter};
+
+/// What a run is opened with; every field optional (`{}` is an unbounded
+/// steady run).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Opening {
+    /// Attempts allowed, retries included.
+    pub request_cap: Option<u64>,
+    /// Seconds until no attempt starts.
+    pub deadline_s: Option<f64>,
+    /// Retries as a share of first attempts.
+    pub retry_ratio: Option<f64>,
+    /// Which cursor the run moves.
+    pub mode: Mode,
+}
+
+/// Why a run operation was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// No such collector in the config.
+    #[error("unknown collector")]
+    UnknownCollector,
+    /// No such run.
+    #[error("unknown run")]
+    UnknownRun,
+    /// The run is not active any more.
+    #[error("the run is {0}")]
+    NotActive(&'static str),
+    /// Another run holds the collector's lease.
+    #[error("run {0} holds the collector's lease")]
+    Held(String),
+    /// The fencing token is not the lease's.
+    #[error("stale fencing token: the lease's is {0}")]
+    StaleFence(u64),
+    /// The checkpoint does not move forward.
+    #[error("slice {given} does not advance the stored slice {stored}")]
+    SliceNotAdvancing {
+        /// The slice sent.
+        given: u64,
+        /// The slice stored.
+        stored: u64,
+    },
+    /// The checkpoint is for the other mode's cursor.
+    #[error("a {run} run cannot write the {given} cursor")]
+    WrongMode {
+        /// The run's mode.
+        run: &'static str,
+        /// The mode written.
+        given: &'static str,
+    },
+    /// No such gap record.
+    #[error("unknown gap")]
+    UnknownGap,
+    /// The store could not make it durable.
+    #[error("not stored: {0}")]
+    NotDurable(String),
+}
+
+impl From<StoreError> for RunError {
+    fn from(e: StoreError) -> Self {
+        RunError::NotDurable(e.to_string())
+    }
+}
+
+/// A run while it is active.
+#[derive(Debug)]
+struct Active {
+    record: RunRecord,
+    handle: RunHandle,
+    lease_until: Instant,
+    /// Gap records were written for its stop.
+    settled: bool,
+}
+
+impl Active {
+    /// The record with the live counters.
+    fn snapshot(&self) -> RunRecord {
+        let s = self.handle.state();
+        let mut r = self.record.clone();
+        r.attempts = s.attempts;
+        r.retries = s.retries;
+        r.cooldown_waits = s.waits_total;
+        r.stop_reason = s.stopped.map(|s| s.label().to_string());
+        r
+    }
+}
+
+/// One collector's place in the registry.
+#[derive(Debug, Default)]
+struct Slot {
+    active: Option<Active>,
+    /// The last fencing token handed out.
+    fence: u64,
+    /// The last run that ended.
+    last: Option<RunRecord>,
+    /// Pending gap records.
+    pending_gaps: u64,
+}
+
+#[derive(Debug)]
+struct Registry {
+    slots: BTreeMap<String, Slot>,
+    checkpoints: BTreeMap<(String, Mode, String), Checkpoint>,
+    lease_ttl: Duration,
+    max_cooldown_waits: u32,
+    /// Ended runs not yet written, when there is no store: kept so
+    /// `GET /v1/runs/{id}` still answers.
+    ended: HashMap<String, RunRecord>,
+    /// Run and gap numbers when there is no store.
+    next_seq: u64,
+}
+
+/// The registry of runs.
+#[derive(Debug)]
+pub struct Runs {
+    registry: Mutex<Registry>,
+    /// Wakes those waiting (`wait_s`) for a lease.
+    released: Notify,
+    store: Option<Arc<Store>>,
+    writer: Option<StoreWriter>,
+}
+
+/// The live view of a run, for the API.
+#[derive(Debug, Clone)]
+pub struct RunView {
+    /// The record, counters live.
+    pub record: RunRecord,
+    /// When the lease lapses, if active (ms since the epoch).
+    pub lease_expires_unix_ms: Option<u64>,
+}
+
+/// A collector's readout.
+#[derive(Debug, Clone)]
+pub struct CollectorView {
+    /// Its name.
+    pub name: String,
+    /// Its active run.
+    pub active: Option<RunView>,
+    /// The last run that ended.
+    pub last: Option<RunRecord>,
+    /// Committed checkpoints: (mode, stream) → checkpoint.
+    pub checkpoints: Vec<(Mode, String, Checkpoint)>,
+    /// Pending gap records.
+    pub pending_gaps: u64,
+}
+
+/// One page of gap records.
+#[derive(Debug, Clone)]
+pub struct GapPage {
+    /// The records.
+    pub gaps: Vec<Gap>,
+    /// Where the next page starts; `None` when drained.
+    pub next: Option<String>,
+}
+
+fn ms_from(now: Instant, at: Instant) -> u64 {
+    let ahead = at.saturating_duration_since(now);
+    unix_ms_now() + ahead.as_millis() as u64
+}
+
+impl Runs {
+    /// The registry for `config`'s collectors, with what the store holds:
+    /// checkpoints, gap counts, fencing tokens, and runs that were active
+    /// when sluice stopped (now `interrupted`).
+    pub fn new(config: &Config, store: Option<Arc<Store>>, writer: Option<StoreWriter>) -> Runs {
+        let mut registry = Registry {
+            slots: BTreeMap::new(),
+            checkpoints: BTreeMap::new(),
+            lease_ttl: config.runs.lease_ttl,
+            max_cooldown_waits: config.runs.max_cooldown_waits,
+            ended: HashMap::new(),
+            next_seq: 1,
+        };
+        for name in config.collectors.keys() {
+            registry.slots.insert(name.clone(), Slot::default());
+        }
+        let runs = Runs {
+            registry: Mutex::new(registry),
+            released: Notify::new(),
+            store,
+            writer,
+        };
+        runs.load();
+        runs
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Registry> {
+        self.registry.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn load(&self) {
+        let Some(store) = &self.store else { return };
+        let mut reg = self.lock();
+        let names: Vec<String> = reg.slots.keys().cloned().collect();
+        for name in names {
+            let fence = store
+                .get(RunTree::Meta, &fence_key(&name))
+                .and_then(|v| v.try_into().ok())
+                .map_or(0, u64::from_be_bytes);
+            let mut last = None;
+            let mut interrupted = Vec::new();
+            for (key, value) in store.scan_newest(RunTree::Runs, &prefix(&name)) {
+                let Ok(mut record) = serde_json::from_slice::<RunRecord>(&value) else {
+                    continue;
+                };
+                if record.phase == Phase::Active {
+                    record.phase = Phase::Interrupted;
+                    record.ended_unix_ms = Some(unix_ms_now());
+                    interrupted.push((key, record.clone()));
+                }
+                if last.is_none() {
+                    last = Some(record);
+                }
+            }
+            for (key, record) in interrupted {
+                self.write(RunTree::Runs, key, &record);
+            }
+            let pending = store.scan(RunTree::Gaps, &prefix(&name), &[]).count() as u64;
+            for (key, value) in store.scan(RunTree::Checkpoints, &prefix(&name), &[]) {
+                let rest = &key[name.len() + 1..];
+                let Some(split) = rest.iter().position(|&b| b == 0) else {
+                    continue;
+                };
+                let mode = std::str::from_utf8(&rest[..split])
+                    .ok()
+                    .and_then(Mode::parse);
+                let stream = String::from_utf8(rest[split + 1..].to_vec()).ok();
+                let checkpoint = serde_json::from_slice::<Checkpoint>(&value).ok();
+                if let (Some(mode), Some(stream), Some(c)) = (mode, stream, checkpoint) {
+                    reg.checkpoints.insert((name.clone(), mode, stream), c);
+                }
+            }
+            if let Some(slot) = reg.slots.get_mut(&name) {
+                slot.fence = fence;
+                slot.last = last;
+                slot.pending_gaps = pending;
+            }
+        }
+    }
+
+    /// Takes a reloaded config: new collectors get a slot; lease and
+    /// waiting settings apply to runs opened from now on.
+    pub fn reload(&self, config: &Config) {
+        let mut reg = self.lock();
+        reg.lease_ttl = config.runs.lease_ttl;
+        reg.max_cooldown_waits = config.runs.max_cooldown_waits;
+        for name in config.collectors.keys() {
+            reg.slots.entry(name.clone()).or_default();
+        }
+    }
+
+    /// Whether `name` is a configured collector.
+    pub fn is_collector(&self, name: &str) -> bool {
+        self.lock().slots.contains_key(name)
+    }
+
+    fn write(&self, t: RunTree, key: Vec<u8>, record: &impl serde::Serialize) {
+        if let (Some(w), Ok(value)) = (&self.writer, serde_json::to_vec(record)) {
+            w.put(t, key, value);
+        }
+    }
+
+    async fn flush(&self) -> Result<(), RunError> {
+        match &self.writer {
+            Some(w) => Ok(w.flush().await?),
+            None => Err(RunError::NotDurable("no state store".into())),
+        }
+    }
+
+    fn next_seq(&self, reg: &mut Registry) -> u64 {
+        if let Some(Ok(id)) = self.store.as_ref().map(|s| s.next_id()) {
+            // sled's ids start at 0; keep 0 free.
+            return id + 1;
+        }
+        reg.next_seq += 1;
+        reg.next_seq
+    }
+
+    /// Ends runs whose lease lapsed and stops runs whose deadline passed
+    /// (writing their gap records). Called before every operation and by
+    /// the process's sweep.
+    pub fn sweep(&self, now: Instant) {
+        let mut reg = self.lock();
+        let names: Vec<String> = reg.slots.keys().cloned().collect();
+        for name in names {
+            self.settle(&mut reg, &name);
+            let lapsed = reg.slots[&name]
+                .active
+                .as_ref()
+                .is_some_and(|a| a.lease_until <= now);
+            if lapsed {
+                self.end(&mut reg, &name, Phase::Expired);
+            }
+        }
+    }
+
+    /// Ends `name`'s active run with `phase`, releasing the lease.
+    fn end(&self, reg: &mut Registry, name: &str, phase: Phase) -> Option<RunRecord> {
+        let slot = reg.slots.get_mut(name)?;
+        let active = slot.active.take()?;
+        let mut record = active.snapshot();
+        record.phase = phase;
+        record.ended_unix_ms = Some(unix_ms_now());
+        slot.last = Some(record.clone());
+        if let Some((_, seq)) = split_id(&record.id) {
+            self.write(RunTree::Runs, seq_key(name, seq), &record);
+        }
+        if self.store.is_none() {
+            reg.ended.insert(record.id.clone(), record.clone());
+        }
+        self.released.notify_waiters();
+        Some(record)
+    }
+
+    /// If `name`'s active run has stopped and its gaps are not written yet:
+    /// one gap record per stream it checkpointed in its mode, with the last
+    /// committed cursor and the stop reason (one record with no cursor when
+    /// there is no checkpoint yet) — the remainder, deferred and resumable.
+    fn settle(&self, reg: &mut Registry, name: &str) {
+        let Some(active) = reg.slots.get(name).and_then(|s| s.active.as_ref()) else {
+            return;
+        };
+        if active.settled {
+            return;
+        }
+        let now = Instant::now();
+        let state = active.handle.state();
+        let reason = match state.stopped {
+            Some(r) => r,
+            // A deadline that passed with no request to see it.
+            None if state.envelope.deadline.is_some_and(|d| now >= d) => {
+                active.handle.stop(StopReason::Deadline);
+                StopReason::Deadline
+            }
+            None => return,
+        };
+        let (mode, run_id) = (active.record.mode, active.record.id.clone());
+        let mut streams: Vec<(String, Option<String>)> = reg
+            .checkpoints
+            .iter()
+            .filter(|((c, m, _), _)| c == name && *m == mode)
+            .map(|((_, _, stream), cp)| (stream.clone(), Some(cp.cursor.clone())))
+            .collect();
+        if streams.is_empty() {
+            streams.push(("*".to_string(), None));
+        }
+        let mut written = 0;
+        for (stream, cursor) in streams {
+            let seq = self.next_seq(reg);
+            let gap = Gap {
+                id: format!("{name}.{seq}"),
+                stream,
+                cursor,
+                reason: reason.label().to_string(),
+                detail: None,
+                run: Some(run_id.clone()),
+                at_unix_ms: unix_ms_now(),
+            };
+            self.write(RunTree::Gaps, seq_key(name, seq), &gap);
+            written += 1;
+        }
+        if let Some(slot) = reg.slots.get_mut(name) {
+            slot.pending_gaps += written;
+            if let Some(active) = slot.active.as_mut() {
+                active.settled = true;
+                active.record.gaps_recorded += written;
+                let record = active.snapshot();
+                if let Some((_, seq)) = split_id(&record.id) {
+                    self.write(RunTree::Runs, seq_key(name, seq), &record);
+                }
+            }
+        }
+        tracing::info!(collector = %name, reason = reason.label(), gaps = written, "run stopped; remainder deferred as gap records");
+        // Durable soon; nobody waits on it here.
+        if let Some(w) = self.writer.clone() {
+            tokio::spawn(async move {
+                let _ = w.flush().await;
+            });
+        }
+    }
+
+    /// Opens a run for `name`, or says which run holds the lease. With
+    /// `wait`, waits up to that long for the lease to be released or to
+    /// lapse.
+    pub async fn open(
+        &self,
+        name: &str,
+        opening: Opening,
+        wait: Duration,
+    ) -> Result<RunView, RunError> {
+        let give_up = Instant::now() + wait;
+        loop {
+            let released = self.released.notified();
+            tokio::pin!(released);
+            released.as_mut().enable();
+            let lease_until = match self.try_open(name, &opening) {
+                Ok(view) => return Ok(view),
+                Err((RunError::Held(holder), lease_until)) => {
+                    if Instant::now() >= give_up {
+                        return Err(RunError::Held(holder));
+                    }
+                    lease_until
+                }
+                Err((e, _)) => return Err(e),
+            };
+            // Until the lease is released, lapses, or the wait is over.
+            let wake = give_up.min(lease_until + Duration::from_millis(1));
+            tokio::select! {
+                _ = released => {}
+                _ = tokio::time::sleep_until(wake) => {}
+            }
+        }
+    }
+
+    fn try_open(&self, name: &str, opening: &Opening) -> Result<RunView, (RunError, Instant)> {
+        let now = Instant::now();
+        self.sweep(now);
+        let mut reg = self.lock();
+        let Some(slot) = reg.slots.get(name) else {
+            return Err((RunError::UnknownCollector, now));
+        };
+        if let Some(a) = &slot.active {
+            return Err((RunError::Held(a.record.id.clone()), a.lease_until));
+        }
+        let seq = self.next_seq(&mut reg);
+        let (ttl, max_waits) = (reg.lease_ttl, reg.max_cooldown_waits);
+        let slot = reg.slots.get_mut(name).expect("checked above");
+        slot.fence += 1;
+        let fence = slot.fence;
+        let record = RunRecord {
+            id: format!("{name}.{seq}"),
+            collector: name.to_string(),
+            mode: opening.mode,
+            request_cap: opening.request_cap,
+            deadline_s: opening.deadline_s,
+            retry_ratio: opening.retry_ratio,
+            fencing_token: fence,
+            started_unix_ms: unix_ms_now(),
+            ended_unix_ms: None,
+            phase: Phase::Active,
+            stop_reason: None,
+            attempts: 0,
+            retries: 0,
+            cooldown_waits: 0,
+            refusals: BTreeMap::new(),
+            gaps_recorded: 0,
+        };
+        let handle = RunHandle::new(Envelope {
+            request_cap: opening.request_cap,
+            deadline: opening.deadline_s.map(|s| now + Duration::from_secs_f64(s)),
+            retry_budget: None,
+            retry_ratio: opening.retry_ratio,
+            max_cooldown_waits: max_waits,
+        });
+        let active = Active {
+            record: record.clone(),
+            handle,
+            lease_until: now + ttl,
+            settled: false,
+        };
+        let view = RunView {
+            record,
+            lease_expires_unix_ms: Some(ms_from(now, active.lease_until)),
+        };
+        slot.active = Some(active);
+        if let Some(w) = &self.writer {
+            w.put(RunTree::Meta, fence_key(name), fence.to_be_bytes().to_vec());
+        }
+        self.write(RunTree::Runs, seq_key(name, seq), &view.record);
+        Ok(view)
+    }
+
+    /// The run `id`, live if active.
+    pub fn get(&self, id: &str) -> Result<RunView, RunError> {
+        self.sweep(Instant::now());
+        let (name, seq) = split_id(id).ok_or(RunError::UnknownRun)?;
+        let reg = self.lock();
+        let slot = reg.slots.get(name).ok_or(RunError::UnknownRun)?;
+        if let Some(a) = slot.active.as_ref().filter(|a| a.record.id == id) {
+            return Ok(RunView {
+                record: a.snapshot(),
+                lease_expires_unix_ms: Some(ms_from(Instant::now(), a.lease_until)),
+            });
+        }
+        if let Some(r) = reg.ended.get(id) {
+            return Ok(RunView {
+                record: r.clone(),
+                lease_expires_unix_ms: None,
+            });
+        }
+        let stored = self
+            .store
+            .as_ref()
+            .and_then(|s| s.get(RunTree::Runs, &seq_key(name, seq)))
+            .and_then(|v| serde_json::from_slice::<RunRecord>(&v).ok())
+            .ok_or(RunError::UnknownRun)?;
+        Ok(RunView {
+            record: stored,
+            lease_expires_unix_ms: None,
+        })
+    }
+
+    /// `name`'s runs, newest first, at most `limit`.
+    pub fn history(&self, name: &str, limit: usize) -> Result<Vec<RunRecord>, RunError> {
+        self.sweep(Instant::now());
+        let reg = self.lock();
+        let slot = reg.slots.get(name).ok_or(RunError::UnknownCollector)?;
+        let mut out = Vec::new();
+        if let Some(a) = &slot.active {
+            out.push(a.snapshot());
+        }
+        match &self.store {
+            Some(store) => {
+                for (_, v) in store.scan_newest(RunTree::Runs, &prefix(name)) {
+                    if out.len() >= limit {
+                        break;
+                    }
+                    if let Ok(r) = serde_json::from_slice::<RunRecord>(&v) {
+                        if !out.iter().any(|o| o.id == r.id) {
+                            out.push(r);
+                        }
+                    }
+                }
+            }
+            None => {
+                let mut ended: Vec<_> = reg
+                    .ended
+                    .values()
+                    .filter(|r| r.collector == name)
+                    .cloned()
+                    .collect();
+                ended.sort_by_key(|r| std::cmp::Reverse(r.started_unix_ms));
+                out.extend(ended);
+            }
+        }
+        out.truncate(limit);
+        Ok(out)
+    }
+
+    /// Renews the lease of the active run `id`.
+    pub fn heartbeat(&self, id: &str) -> Result<RunView, RunError> {
+        self.renew(id).map_err(|e| self.explain(id, e))
+    }
+
+    fn renew(&self, id: &str) -> Result<RunView, RunError> {
+        let now = Instant::now();
+        self.sweep(now);
+        let mut reg = self.lock();
+        let ttl = reg.lease_ttl;
+        let active = active_mut(&mut reg, id)?;
+        active.lease_until = now + ttl;
+        Ok(RunView {
+            record: active.snapshot(),
+            lease_expires_unix_ms: Some(ms_from(now, active.lease_until)),
+        })
+    }
+
+    /// Finishes the active run `id`: its summary.
+    pub fn finish(&self, id: &str) -> Result<RunRecord, RunError> {
+        self.end_run(id).map_err(|e| self.explain(id, e))
+    }
+
+    fn end_run(&self, id: &str) -> Result<RunRecord, RunError> {
+        self.sweep(Instant::now());
+        let mut reg = self.lock();
+        active_mut(&mut reg, id)?;
+        let name = split_id(id).map(|(n, _)| n.to_string()).unwrap_or_default();
+        self.settle(&mut reg, &name);
+        let record = self
+            .end(&mut reg, &name, Phase::Finished)
+            .ok_or(RunError::UnknownRun)?;
+        if let Some(w) = self.writer.clone() {
+            tokio::spawn(async move {
+                let _ = w.flush().await;
+            });
+        }
+        Ok(record)
+    }
+
+    /// The run a request from proxy user `user` belongs to, if its
+    /// collector has one active; the request renews the lease.
+    pub fn attach(&self, user: &str) -> Option<RunHandle> {
+        let now = Instant::now();
+        let mut reg = self.lock();
+        let ttl = reg.lease_ttl;
+        let active = reg.slots.get_mut(user)?.active.as_mut()?;
+        if active.lease_until <= now {
+            return None;
+        }
+        active.lease_until = now + ttl;
+        Some(active.handle.clone())
+    }
+
+    /// After a run's request: counts sluice's refusal, if it was one, and
+    /// writes the gap records if the run has stopped.
+    pub fn after(&self, user: &str, run: &RunHandle, error: Option<&Cause>) {
+        let mut reg = self.lock();
+        let Some(active) = reg
+            .slots
+            .get_mut(user)
+            .and_then(|s| s.active.as_mut())
+            .filter(|a| a.handle.same(run))
+        else {
+            return;
+        };
+        let refusal = match error {
+            Some(Cause::RunStopped(s)) => Some(s.reason.label()),
+            Some(Cause::CircuitOpen(_)) => Some("circuit_open"),
+            Some(Cause::RateLimited(_)) => Some("rate_limited"),
+            Some(Cause::BulkheadFull(_)) => Some("bulkhead_full"),
+            Some(Cause::AttemptTimeout | Cause::Upstream(_)) | None => None,
+        };
+        if let Some(r) = refusal {
+            *active.record.refusals.entry(r.to_string()).or_default() += 1;
+        }
+        self.settle(&mut reg, user);
+    }
+
+    /// Commits a checkpoint for the active run `id` (R-RN5): answered once
+    /// the store has flushed it.
+    pub async fn checkpoint(
+        &self,
+        id: &str,
+        stream: &str,
+        mode: Mode,
+        slice: u64,
+        cursor: String,
+        fencing_token: u64,
+    ) -> Result<Checkpoint, RunError> {
+        self.commit(id, stream, mode, slice, cursor, fencing_token)
+            .await
+            .map_err(|e| self.explain(id, e))
+    }
+
+    async fn commit(
+        &self,
+        id: &str,
+        stream: &str,
+        mode: Mode,
+        slice: u64,
+        cursor: String,
+        fencing_token: u64,
+    ) -> Result<Checkpoint, RunError> {
+        self.sweep(Instant::now());
+        let (name, key, previous, checkpoint) = {
+            let mut reg = self.lock();
+            let active = active_mut(&mut reg, id)?;
+            if active.record.fencing_token != fencing_token {
+                return Err(RunError::StaleFence(active.record.fencing_token));
+            }
+            if active.record.mode != mode {
+                return Err(RunError::WrongMode {
+                    run: active.record.mode.label(),
+                    given: mode.label(),
+                });
+            }
+            let name = active.record.collector.clone();
+            let index = (name.clone(), mode, stream.to_string());
+            if let Some(stored) = reg.checkpoints.get(&index) {
+                if slice <= stored.slice {
+                    return Err(RunError::SliceNotAdvancing {
+                        given: slice,
+                        stored: stored.slice,
+                    });
+                }
+            }
+            if self.writer.is_none() {
+                return Err(RunError::NotDurable("no state store".into()));
+            }
+            let checkpoint = Checkpoint {
+                slice,
+                cursor,
+                run: id.to_string(),
+                at_unix_ms: unix_ms_now(),
+            };
+            let previous = reg.checkpoints.insert(index, checkpoint.clone());
+            let key = checkpoint_key(&name, mode, stream);
+            self.write(RunTree::Checkpoints, key.clone(), &checkpoint);
+            (name, key, previous, checkpoint)
+        };
+        if let Err(e) = self.flush().await {
+            // Not durable: not committed.
+            let mut reg = self.lock();
+            let index = (name, mode, stream.to_string());
+            if reg.checkpoints.get(&index) == Some(&checkpoint) {
+                match previous {
+                    Some(p) => {
+                        self.write(RunTree::Checkpoints, key, &p);
+                        reg.checkpoints.insert(index, p);
+                    }
+                    None => {
+                        reg.checkpoints.remove(&index);
+                        if let Some(w) = &self.writer {
+                            w.remove(RunTree::Checkpoints, key);
+                        }
+                    }
+                }
+            }
+            return Err(e);
+        }
+        Ok(checkpoint)
+    }
+
+    /// `name`'s committed checkpoints.
+    pub fn checkpoints(&self, name: &str) -> Result<Vec<(Mode, String, Checkpoint)>, RunError> {
+        let reg = self.lock();
+        if !reg.slots.contains_key(name) {
+            return Err(RunError::UnknownCollector);
+        }
+        Ok(reg
+            .checkpoints
+            .iter()
+            .filter(|((c, _, _), _)| c == name)
+            .map(|((_, m, s), cp)| (*m, s.clone(), cp.clone()))
+            .collect())
+    }
+
+    /// Resets one stream's checkpoint in one mode; `true` if there was one.
+    pub async fn reset_checkpoint(
+        &self,
+        name: &str,
+        stream: &str,
+        mode: Mode,
+    ) -> Result<bool, RunError> {
+        let removed = {
+            let mut reg = self.lock();
+            if !reg.slots.contains_key(name) {
+                return Err(RunError::UnknownCollector);
+            }
+            reg.checkpoints
+                .remove(&(name.to_string(), mode, stream.to_string()))
+                .is_some()
+        };
+        if removed {
+            if let Some(w) = &self.writer {
+                w.remove(RunTree::Checkpoints, checkpoint_key(name, mode, stream));
+            }
+            self.flush().await?;
+        }
+        Ok(removed)
+    }
+
+    /// Records a gap for the active run `id` (R-RN6); answered once
+    /// flushed. `reason` must be one of [`GAP_REASONS`] (checked by the
+    /// caller, which names the field).
+    pub async fn add_gap(
+        &self,
+        id: &str,
+        stream: String,
+        cursor: Option<String>,
+        reason: String,
+        detail: Option<String>,
+    ) -> Result<Gap, RunError> {
+        self.record_gap(id, stream, cursor, reason, detail)
+            .await
+            .map_err(|e| self.explain(id, e))
+    }
+
+    async fn record_gap(
+        &self,
+        id: &str,
+        stream: String,
+        cursor: Option<String>,
+        reason: String,
+        detail: Option<String>,
+    ) -> Result<Gap, RunError> {
+        debug_assert!(GAP_REASONS.contains(&reason.as_str()));
+        self.sweep(Instant::now());
+        let gap = {
+            let mut reg = self.lock();
+            let name = active_mut(&mut reg, id)?.record.collector.clone();
+            if self.writer.is_none() {
+                return Err(RunError::NotDurable("no state store".into()));
+            }
+            let seq = self.next_seq(&mut reg);
+            let gap = Gap {
+                id: format!("{name}.{seq}"),
+                stream,
+                cursor,
+                reason,
+                detail,
+                run: Some(id.to_string()),
+                at_unix_ms: unix_ms_now(),
+            };
+            self.write(RunTree::Gaps, seq_key(&name, seq), &gap);
+            if let Some(slot) = reg.slots.get_mut(&name) {
+                slot.pending_gaps += 1;
+            }
+            gap
+        };
+        self.flush().await?;
+        Ok(gap)
+    }
+
+    /// One page of `name`'s pending gaps after `after` (a previous page's
+    /// `next`), at most `max_bytes` of serialized records — except that a
+    /// record larger than that comes alone, so paging always advances.
+    pub fn gaps(
+        &self,
+        name: &str,
+        max_bytes: usize,
+        after: Option<&str>,
+    ) -> Result<GapPage, RunError> {
+        if !self.is_collector(name) {
+            return Err(RunError::UnknownCollector);
+        }
+        let Some(store) = &self.store else {
+            return Ok(GapPage {
+                gaps: Vec::new(),
+                next: None,
+            });
+        };
+        let start = match after.and_then(split_id) {
+            Some((_, seq)) => seq_key(name, seq.saturating_add(1)),
+            None => prefix(name),
+        };
+        let mut gaps = Vec::new();
+        let mut used = 0;
+        let mut more = false;
+        for (_, value) in store.scan(RunTree::Gaps, &prefix(name), &start) {
+            let Ok(gap) = serde_json::from_slice::<Gap>(&value) else {
+                continue;
+            };
+            let size = serde_json::to_vec(&gap).map_or(0, |v| v.len());
+            if !gaps.is_empty() && used + size > max_bytes {
+                more = true;
+                break;
+            }
+            used += size;
+            gaps.push(gap);
+            if used >= max_bytes {
+                // A lone oversize record, or exactly full: the next page
+                // starts after it (if there is one).
+                more = true;
+                break;
+            }
+        }
+        let next = if more {
+            gaps.last().map(|g| g.id.clone())
+        } else {
+            None
+        };
+        Ok(GapPage { gaps, next })
+    }
+
+    /// Resolves a gap record: it is no longer pending.
+    pub async fn resolve_gap(&self, id: &str) -> Result<(), RunError> {
+        let (name, seq) = split_id(id).ok_or(RunError::UnknownGap)?;
+        let exists = self
+            .store
+            .as_ref()
+            .and_then(|s| s.get(RunTree::Gaps, &seq_key(name, seq)))
+            .is_some();
+        if !exists {
+            return Err(RunError::UnknownGap);
+        }
+        if let Some(w) = &self.writer {
+            w.remove(RunTree::Gaps, seq_key(name, seq));
+        }
+        self.flush().await?;
+        let mut reg = self.lock();
+        if let Some(slot) = reg.slots.get_mut(name) {
+            slot.pending_gaps = slot.pending_gaps.saturating_sub(1);
+        }
+        Ok(())
+    }
+
+    /// Every collector's readout.
+    pub fn collectors(&self) -> Vec<CollectorView> {
+        self.sweep(Instant::now());
+        let names: Vec<String> = self.lock().slots.keys().cloned().collect();
+        names
+            .iter()
+            .filter_map(|n| self.collector(n).ok())
+            .collect()
+    }
+
+    /// One collector's readout.
+    pub fn collector(&self, name: &str) -> Result<CollectorView, RunError> {
+        let checkpoints = self.checkpoints(name)?;
+        let now = Instant::now();
+        let reg = self.lock();
+        let slot = reg.slots.get(name).ok_or(RunError::UnknownCollector)?;
+        Ok(CollectorView {
+            name: name.to_string(),
+            active: slot.active.as_ref().map(|a| RunView {
+                record: a.snapshot(),
+                lease_expires_unix_ms: Some(ms_from(now, a.lease_until)),
+            }),
+            last: slot.last.clone(),
+            checkpoints,
+            pending_gaps: slot.pending_gaps,
+        })
+    }
+
+    /// Active runs end as `interrupted` (on shutdown).
+    pub fn interrupt_all(&self) {
+        let mut reg = self.lock();
+        let names: Vec<String> = reg.slots.keys().cloned().collect();
+        for name in names {
+            self.end(&mut reg, &name, Phase::Interrupted);
+        }
+    }
+}
+
+impl Runs {
+    /// Why `id` is not an active run: finished, expired, … or unknown.
+    fn explain(&self, id: &str, e: RunError) -> RunError {
+        if !matches!(e, RunError::UnknownRun) {
+            return e;
+        }
+        match self.get(id) {
+            Ok(view) => RunError::NotActive(view.record.phase.label()),
+            Err(_) => e,
+        }
+    }
+}
+
+fn fence_key(name: &str) -> Vec<u8> {
+    let mut k = b"fence\0".to_vec();
+    k.extend_from_slice(name.as_bytes());
+    k
+}
+
+/// The active run `id`, or why not.
+fn active_mut<'a>(reg: &'a mut Registry, id: &str) -> Result<&'a mut Active, RunError> {
+    let (name, _) = split_id(id).ok_or(RunError::UnknownRun)?;
+    let known = reg.ended.get(id).map(|r| r.phase);
+    let slot = reg.slots.get_mut(name).ok_or(RunError::UnknownRun)?;
+    match slot.active.as_mut() {
+        Some(a) if a.record.id == id => Ok(a),
+        _ => match (known, slot.last.as_ref().filter(|l| l.id == id)) {
+            (Some(phase), _) => Err(RunError::NotActive(phase.label())),
+            (None, Some(last)) => Err(RunError::NotActive(last.phase.label())),
+            (None, None) => Err(RunError::UnknownRun),
+        },
+    }
+}

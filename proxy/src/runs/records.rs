@@ -1,0 +1,202 @@
+//! What runs keep in the store, and their keys. Records hold collector
+//! and stream names, numbers, fixed labels and the collectors' own opaque
+//! cursors — never a URL, header value or body (R-SF4).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// Which cursor a run moves (R-RN5): the steady-state one, or the
+/// catch-up (backfill) one, kept apart.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Incremental collection.
+    #[default]
+    Steady,
+    /// Historical backfill.
+    Catchup,
+}
+
+impl Mode {
+    /// The word in the API and the store.
+    pub fn label(self) -> &'static str {
+        match self {
+            Mode::Steady => "steady",
+            Mode::Catchup => "catchup",
+        }
+    }
+
+    /// The mode a word names.
+    pub fn parse(word: &str) -> Option<Mode> {
+        match word {
+            "steady" => Some(Mode::Steady),
+            "catchup" => Some(Mode::Catchup),
+            _ => None,
+        }
+    }
+}
+
+/// Where a run is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Phase {
+    /// Holding the collector's lease.
+    Active,
+    /// Finished by the collector.
+    Finished,
+    /// Its lease lapsed: no heartbeat or traffic for `lease_ttl`.
+    Expired,
+    /// sluice stopped while it was active.
+    Interrupted,
+}
+
+impl Phase {
+    /// The word in the API.
+    pub fn label(self) -> &'static str {
+        match self {
+            Phase::Active => "active",
+            Phase::Finished => "finished",
+            Phase::Expired => "expired",
+            Phase::Interrupted => "interrupted",
+        }
+    }
+}
+
+/// One run, as stored and as the API shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunRecord {
+    /// `collector.seq`.
+    pub id: String,
+    /// Whose.
+    pub collector: String,
+    /// Which cursor it moves.
+    pub mode: Mode,
+    /// Attempts allowed, retries included.
+    pub request_cap: Option<u64>,
+    /// Seconds from the start after which no attempt starts.
+    pub deadline_s: Option<f64>,
+    /// Retries as a share of first attempts.
+    pub retry_ratio: Option<f64>,
+    /// The lease's fencing token.
+    pub fencing_token: u64,
+    /// When it opened (ms since the epoch).
+    pub started_unix_ms: u64,
+    /// When it ended.
+    pub ended_unix_ms: Option<u64>,
+    /// Where it is.
+    pub phase: Phase,
+    /// Why it stopped, if a budget or source pressure stopped it.
+    pub stop_reason: Option<String>,
+    /// Attempts that reached the provider.
+    pub attempts: u64,
+    /// Retries among them.
+    pub retries: u64,
+    /// Waits for source pressure.
+    pub cooldown_waits: u64,
+    /// Requests sluice refused, by reason.
+    pub refusals: BTreeMap<String, u64>,
+    /// Gap records written when it stopped.
+    pub gaps_recorded: u64,
+}
+
+/// A stream's committed position (R-RN5).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Checkpoint {
+    /// The slice number; only ever grows.
+    pub slice: u64,
+    /// The collector's cursor, byte for byte.
+    pub cursor: String,
+    /// The run that committed it.
+    pub run: String,
+    /// When (ms since the epoch).
+    pub at_unix_ms: u64,
+}
+
+/// Remaining work, deferred and resumable (R-RN6).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Gap {
+    /// `collector.seq`.
+    pub id: String,
+    /// The stream.
+    pub stream: String,
+    /// Where to resume: the stream's last committed cursor (`None`: no
+    /// checkpoint, start over).
+    pub cursor: Option<String>,
+    /// Why the work was deferred.
+    pub reason: String,
+    /// The collector's note (records it could not hydrate).
+    pub detail: Option<String>,
+    /// The run that recorded it.
+    pub run: Option<String>,
+    /// When (ms since the epoch).
+    pub at_unix_ms: u64,
+}
+
+/// Gap reasons: a budget ran out (planned), or source pressure.
+pub const GAP_REASONS: [&str; 7] = [
+    "request_cap",
+    "deadline",
+    "retry_budget",
+    "throttled",
+    "circuit_open",
+    "retry_after",
+    "upstream_error",
+];
+
+/// The store key of `collector`'s record number `seq` (runs, gaps).
+pub fn seq_key(collector: &str, seq: u64) -> Vec<u8> {
+    let mut k = prefix(collector);
+    k.extend_from_slice(&seq.to_be_bytes());
+    k
+}
+
+/// The key prefix of everything of `collector`.
+pub fn prefix(collector: &str) -> Vec<u8> {
+    let mut k = collector.as_bytes().to_vec();
+    k.push(0);
+    k
+}
+
+/// The store key of a checkpoint.
+pub fn checkpoint_key(collector: &str, mode: Mode, stream: &str) -> Vec<u8> {
+    let mut k = prefix(collector);
+    k.extend_from_slice(mode.label().as_bytes());
+    k.push(0);
+    k.extend_from_slice(stream.as_bytes());
+    k
+}
+
+/// `collector.seq` → its parts.
+pub fn split_id(id: &str) -> Option<(&str, u64)> {
+    let (collector, seq) = id.rsplit_once('.')?;
+    if collector.is_empty() || !seq.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some((collector, seq.parse().ok()?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_split_on_the_last_dot() {
+        assert_eq!(split_id("collector.a.17"), Some(("collector.a", 17)));
+        assert_eq!(split_id("c.0"), Some(("c", 0)));
+        assert_eq!(split_id("c."), None);
+        assert_eq!(split_id(".3"), None);
+        assert_eq!(split_id("c.x1"), None);
+        assert_eq!(split_id("nodot"), None);
+    }
+
+    #[test]
+    fn keys_sort_by_number_within_a_collector() {
+        assert!(seq_key("a", 2) < seq_key("a", 10));
+        assert!(seq_key("a", u64::MAX) < prefix("a\u{1}"));
+        assert!(checkpoint_key("a", Mode::Steady, "s").starts_with(&prefix("a")));
+        assert!(!checkpoint_key("ab", Mode::Steady, "s").starts_with(&prefix("a")));
+    }
+}

@@ -1,0 +1,584 @@
+//! The run API on the admin listener (R-RN4–R-RN6), JSON in and out:
+//!
+//! * `POST /v1/collectors/{name}/runs` opens a run (`409` naming the
+//!   holder; `wait_s` waits for the lease); `GET …/runs?limit=N` history;
+//! * `GET /v1/runs/{id}`; `POST /v1/runs/{id}/heartbeat`; `POST
+//!   /v1/runs/{id}/finish` (the summary);
+//! * `PUT /v1/runs/{id}/checkpoints/{stream}`; `GET
+//!   /v1/collectors/{name}/checkpoints`; `DELETE
+//!   /v1/collectors/{name}/checkpoints/{stream}?mode=…`;
+//! * `POST /v1/runs/{id}/gaps`; `GET
+//!   /v1/collectors/{name}/gaps?max_bytes=N&after=TOKEN`; `POST
+//!   /v1/gaps/{id}/resolve`;
+//! * `GET /v1/collectors`, `/v1/collectors/{name}`: the readout.
+//!
+//! Bad input gets a `400` whose body names the field. When the admin
+//! listener is not on loopback every call needs a collector's token as
+//! `Authorization: Bearer`; a token given anyway must be the collector's
+//! whose run or records are asked for.
+
+use std::time::Duration;
+
+use http::{header, Method, Request, Response, StatusCode};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use serde_json::{json, Map, Value};
+
+use crate::app::App;
+use crate::body::{full, ResBody};
+use crate::runs::records::{split_id, Checkpoint, Gap, Mode, RunRecord, GAP_REASONS};
+use crate::runs::{CollectorView, Opening, RunError, RunView};
+
+/// The largest JSON body accepted (a cursor may be long).
+const MAX_BODY: usize = 1 << 20;
+
+/// The longest a `POST …/runs` may wait for the lease.
+const MAX_WAIT: Duration = Duration::from_secs(3600);
+
+fn reply(status: StatusCode, v: &Value) -> Response<ResBody> {
+    let mut resp = Response::new(full(v.to_string()));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    resp
+}
+
+/// A `4xx` that names what was wrong with the request.
+fn bad(status: StatusCode, field: &str, why: impl Into<String>) -> Response<ResBody> {
+    reply(status, &json!({ "error": why.into(), "field": field }))
+}
+
+/// What was wrong with a request, before it becomes the `4xx`.
+#[derive(Debug)]
+struct Invalid {
+    status: StatusCode,
+    field: String,
+    why: String,
+}
+
+fn invalid(status: StatusCode, field: &str, why: impl Into<String>) -> Invalid {
+    Invalid {
+        status,
+        field: field.to_string(),
+        why: why.into(),
+    }
+}
+
+impl Invalid {
+    fn into_response(self) -> Response<ResBody> {
+        bad(self.status, &self.field, self.why)
+    }
+}
+
+fn run_error(e: RunError) -> Response<ResBody> {
+    let msg = e.to_string();
+    match e {
+        RunError::UnknownCollector => bad(StatusCode::NOT_FOUND, "collector", msg),
+        RunError::UnknownRun => bad(StatusCode::NOT_FOUND, "id", msg),
+        RunError::NotActive(_) => bad(StatusCode::CONFLICT, "id", msg),
+        RunError::Held(holder) => reply(
+            StatusCode::CONFLICT,
+            &json!({ "error": msg, "field": "collector", "holder": holder }),
+        ),
+        RunError::StaleFence(_) => bad(StatusCode::CONFLICT, "fencing_token", msg),
+        RunError::SliceNotAdvancing { .. } => bad(StatusCode::CONFLICT, "slice", msg),
+        RunError::WrongMode { .. } => bad(StatusCode::CONFLICT, "mode", msg),
+        RunError::UnknownGap => bad(StatusCode::NOT_FOUND, "id", msg),
+        RunError::NotDurable(_) => bad(StatusCode::SERVICE_UNAVAILABLE, "store", msg),
+    }
+}
+
+/// Answers the run API's paths; any other request comes back.
+pub async fn route(
+    app: &App,
+    req: Request<Incoming>,
+) -> Result<Response<ResBody>, Request<Incoming>> {
+    answer(app, req).await
+}
+
+async fn answer(app: &App, req: Request<Incoming>) -> Result<Response<ResBody>, Request<Incoming>> {
+    let path = req.uri().path().to_string();
+    let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    let owner = match segments.as_slice() {
+        ["v1", "collectors"] => None,
+        ["v1", "collectors", name, ..] => Some((*name).to_string()),
+        ["v1", "runs", id, ..] | ["v1", "gaps", id, ..] => {
+            Some(split_id(id).map_or_else(String::new, |(c, _)| c.to_string()))
+        }
+        _ => return Err(req),
+    };
+    if let Some(refused) = authorize(app, &req, owner.as_deref()) {
+        return Ok(refused);
+    }
+    let method = req.method().clone();
+    let query = req.uri().query().unwrap_or("").to_string();
+    let seg: Vec<String> = segments.iter().map(|s| s.to_string()).collect();
+    let seg: Vec<&str> = seg.iter().map(String::as_str).collect();
+    let resp = match (method, seg.as_slice()) {
+        (Method::GET, ["v1", "collectors"]) => {
+            let list: Vec<Value> = app.runs.collectors().iter().map(collector_json).collect();
+            reply(StatusCode::OK, &json!({ "collectors": list }))
+        }
+        (Method::GET, ["v1", "collectors", name]) => match app.runs.collector(name) {
+            Ok(c) => reply(StatusCode::OK, &collector_json(&c)),
+            Err(e) => run_error(e),
+        },
+        (Method::POST, ["v1", "collectors", name, "runs"]) => {
+            open(app, name, read_json(req).await).await
+        }
+        (Method::GET, ["v1", "collectors", name, "runs"]) => {
+            let limit = match param(&query, "limit").map(|v| v.parse::<usize>()) {
+                None => 20,
+                Some(Ok(n)) if n > 0 => n.min(1000),
+                Some(_) => return Ok(bad(StatusCode::BAD_REQUEST, "limit", "a number from 1")),
+            };
+            match app.runs.history(name, limit) {
+                Ok(runs) => reply(
+                    StatusCode::OK,
+                    &json!({ "runs": runs.iter().map(record_json).collect::<Vec<_>>() }),
+                ),
+                Err(e) => run_error(e),
+            }
+        }
+        (Method::GET, ["v1", "collectors", name, "checkpoints"]) => {
+            match app.runs.checkpoints(name) {
+                Ok(list) => reply(
+                    StatusCode::OK,
+                    &json!({ "checkpoints": checkpoints_json(&list) }),
+                ),
+                Err(e) => run_error(e),
+            }
+        }
+        (Method::DELETE, ["v1", "collectors", name, "checkpoints", stream]) => {
+            let mode = match param(&query, "mode").as_deref().map(Mode::parse) {
+                Some(Some(m)) => m,
+                _ => {
+                    return Ok(bad(
+                        StatusCode::BAD_REQUEST,
+                        "mode",
+                        "mode=steady or mode=catchup",
+                    ))
+                }
+            };
+            let stream = decode(stream);
+            match app.runs.reset_checkpoint(name, &stream, mode).await {
+                Ok(true) => reply(StatusCode::OK, &json!({ "reset": true })),
+                Ok(false) => bad(
+                    StatusCode::NOT_FOUND,
+                    "stream",
+                    "no checkpoint for this stream and mode",
+                ),
+                Err(e) => run_error(e),
+            }
+        }
+        (Method::GET, ["v1", "collectors", name, "gaps"]) => {
+            let max_bytes = match param(&query, "max_bytes").map(|v| v.parse::<usize>()) {
+                None => 64 * 1024,
+                Some(Ok(n)) if n > 0 => n,
+                Some(_) => return Ok(bad(StatusCode::BAD_REQUEST, "max_bytes", "a number from 1")),
+            };
+            let after = param(&query, "after");
+            if after.as_deref().is_some_and(|a| split_id(a).is_none()) {
+                return Ok(bad(
+                    StatusCode::BAD_REQUEST,
+                    "after",
+                    "not a continuation token",
+                ));
+            }
+            match app.runs.gaps(name, max_bytes, after.as_deref()) {
+                Ok(page) => reply(
+                    StatusCode::OK,
+                    &json!({
+                        "gaps": page.gaps.iter().map(gap_json).collect::<Vec<_>>(),
+                        "next": page.next,
+                        "drained": page.next.is_none(),
+                    }),
+                ),
+                Err(e) => run_error(e),
+            }
+        }
+        (Method::GET, ["v1", "runs", id]) => match app.runs.get(id) {
+            Ok(view) => reply(StatusCode::OK, &view_json(&view)),
+            Err(e) => run_error(e),
+        },
+        (Method::POST, ["v1", "runs", id, "heartbeat"]) => match app.runs.heartbeat(id) {
+            Ok(view) => reply(StatusCode::OK, &view_json(&view)),
+            Err(e) => run_error(e),
+        },
+        (Method::POST, ["v1", "runs", id, "finish"]) => match app.runs.finish(id) {
+            Ok(record) => reply(StatusCode::OK, &record_json(&record)),
+            Err(e) => run_error(e),
+        },
+        (Method::PUT, ["v1", "runs", id, "checkpoints", stream]) => {
+            checkpoint(app, id, &decode(stream), read_json(req).await).await
+        }
+        (Method::POST, ["v1", "runs", id, "gaps"]) => gap(app, id, read_json(req).await).await,
+        (Method::POST, ["v1", "gaps", id, "resolve"]) => match app.runs.resolve_gap(id).await {
+            Ok(()) => reply(StatusCode::OK, &json!({ "resolved": id })),
+            Err(e) => run_error(e),
+        },
+        _ => bad(StatusCode::NOT_FOUND, "path", "no such endpoint or method"),
+    };
+    Ok(resp)
+}
+
+/// On a non-loopback admin listener a collector's token is required; a
+/// token given anyway must be the owner's.
+fn authorize(app: &App, req: &Request<Incoming>, owner: Option<&str>) -> Option<Response<ResBody>> {
+    let config = app.config();
+    let given = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim);
+    let Some(token) = given else {
+        if config.admin.ip().is_loopback() {
+            return None;
+        }
+        return Some(bad(
+            StatusCode::UNAUTHORIZED,
+            "authorization",
+            "a collector's token is required as Authorization: Bearer",
+        ));
+    };
+    let whose = config
+        .collectors
+        .iter()
+        .find(|(_, c)| constant_time_eq(c.token.as_bytes(), token.as_bytes()))
+        .map(|(name, _)| name.clone());
+    match (whose, owner) {
+        (None, _) => Some(bad(
+            StatusCode::UNAUTHORIZED,
+            "authorization",
+            "unknown token",
+        )),
+        (Some(who), Some(owner)) if !owner.is_empty() && who != owner => Some(bad(
+            StatusCode::FORBIDDEN,
+            "id",
+            "this belongs to another collector",
+        )),
+        _ => None,
+    }
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// The body as a JSON object (an empty body is `{}`), or the answer that
+/// says why not.
+async fn read_json(req: Request<Incoming>) -> Result<Map<String, Value>, Invalid> {
+    let limited = http_body_util::Limited::new(req.into_body(), MAX_BODY);
+    let bytes = match limited.collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(_) => {
+            return Err(invalid(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "body",
+                "at most 1 MiB of JSON",
+            ))
+        }
+    };
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok(Map::new());
+    }
+    match serde_json::from_slice::<Value>(&bytes) {
+        Ok(Value::Object(m)) => Ok(m),
+        Ok(_) => Err(invalid(StatusCode::BAD_REQUEST, "body", "a JSON object")),
+        Err(e) => Err(invalid(
+            StatusCode::BAD_REQUEST,
+            "body",
+            format!("malformed JSON: {e}"),
+        )),
+    }
+}
+
+/// Reads the optional fields of a JSON object, naming the one that is
+/// wrong; fields it does not know are refused too.
+struct Fields<'a> {
+    map: &'a Map<String, Value>,
+}
+
+type Field<T> = Result<Option<T>, Invalid>;
+
+impl<'a> Fields<'a> {
+    fn new(map: &'a Map<String, Value>, known: &[&str]) -> Result<Self, Invalid> {
+        if let Some(unknown) = map.keys().find(|k| !known.contains(&k.as_str())) {
+            return Err(invalid(StatusCode::BAD_REQUEST, unknown, "unknown field"));
+        }
+        Ok(Fields { map })
+    }
+
+    fn value(&self, name: &str) -> Option<&'a Value> {
+        self.map.get(name).filter(|v| !v.is_null())
+    }
+
+    fn count(&self, name: &str) -> Field<u64> {
+        match self.value(name) {
+            None => Ok(None),
+            Some(v) => v
+                .as_u64()
+                .map(Some)
+                .ok_or_else(|| invalid(StatusCode::BAD_REQUEST, name, "a whole number ≥ 0")),
+        }
+    }
+
+    fn positive(&self, name: &str, max: f64) -> Field<f64> {
+        match self.value(name) {
+            None => Ok(None),
+            Some(v) => match v.as_f64() {
+                Some(x) if x.is_finite() && x > 0.0 && x <= max => Ok(Some(x)),
+                _ => Err(invalid(
+                    StatusCode::BAD_REQUEST,
+                    name,
+                    format!("a number > 0 and ≤ {max}"),
+                )),
+            },
+        }
+    }
+
+    fn text(&self, name: &str) -> Field<String> {
+        match self.value(name) {
+            None => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s.clone())),
+            Some(_) => Err(invalid(StatusCode::BAD_REQUEST, name, "a string")),
+        }
+    }
+
+    fn mode(&self, name: &str) -> Field<Mode> {
+        match self.text(name)? {
+            None => Ok(None),
+            Some(m) => Mode::parse(&m)
+                .map(Some)
+                .ok_or_else(|| invalid(StatusCode::BAD_REQUEST, name, "\"steady\" or \"catchup\"")),
+        }
+    }
+}
+
+async fn open(
+    app: &App,
+    name: &str,
+    body: Result<Map<String, Value>, Invalid>,
+) -> Response<ResBody> {
+    let parsed = (|| -> Result<_, Invalid> {
+        let map = body?;
+        let f = Fields::new(
+            &map,
+            &["request_cap", "deadline_s", "retry_ratio", "mode", "wait_s"],
+        )?;
+        let opening = Opening {
+            request_cap: f.count("request_cap")?,
+            deadline_s: f.positive("deadline_s", 366.0 * 86400.0)?,
+            retry_ratio: match f.value("retry_ratio") {
+                None => None,
+                Some(v) => match v.as_f64() {
+                    Some(r) if r.is_finite() && (0.0..=10.0).contains(&r) => Some(r),
+                    _ => {
+                        return Err(invalid(
+                            StatusCode::BAD_REQUEST,
+                            "retry_ratio",
+                            "a number from 0 to 10",
+                        ))
+                    }
+                },
+            },
+            mode: f.mode("mode")?.unwrap_or_default(),
+        };
+        let wait = f
+            .positive("wait_s", MAX_WAIT.as_secs_f64())?
+            .map_or(Duration::ZERO, Duration::from_secs_f64);
+        Ok((opening, wait))
+    })();
+    let (opening, wait) = match parsed {
+        Ok(p) => p,
+        Err(e) => return e.into_response(),
+    };
+    match app.runs.open(name, opening, wait).await {
+        Ok(view) => {
+            let mut v = view_json(&view);
+            let collector = app.runs.collector(name).ok();
+            v["checkpoints"] = collector
+                .as_ref()
+                .map_or(json!({}), |c| checkpoints_json(&c.checkpoints));
+            v["pending_gaps"] = json!(collector.map_or(0, |c| c.pending_gaps));
+            reply(StatusCode::CREATED, &v)
+        }
+        Err(e) => run_error(e),
+    }
+}
+
+async fn checkpoint(
+    app: &App,
+    id: &str,
+    stream: &str,
+    body: Result<Map<String, Value>, Invalid>,
+) -> Response<ResBody> {
+    let parsed = (|| -> Result<_, Invalid> {
+        let map = body?;
+        let f = Fields::new(&map, &["mode", "slice", "cursor", "fencing_token"])?;
+        let need = |field: &str| invalid(StatusCode::BAD_REQUEST, field, "required");
+        let mode = f.mode("mode")?.ok_or_else(|| need("mode"))?;
+        let slice = f.count("slice")?.ok_or_else(|| need("slice"))?;
+        let cursor = f.text("cursor")?.ok_or_else(|| need("cursor"))?;
+        let fence = f
+            .count("fencing_token")?
+            .ok_or_else(|| need("fencing_token"))?;
+        Ok((mode, slice, cursor, fence))
+    })();
+    let (mode, slice, cursor, fence) = match parsed {
+        Ok(p) => p,
+        Err(e) => return e.into_response(),
+    };
+    if stream.is_empty() {
+        return bad(StatusCode::BAD_REQUEST, "stream", "a stream name");
+    }
+    match app
+        .runs
+        .checkpoint(id, stream, mode, slice, cursor, fence)
+        .await
+    {
+        Ok(c) => reply(
+            StatusCode::OK,
+            &json!({ "stream": stream, "mode": mode.label(), "checkpoint": checkpoint_json(&c) }),
+        ),
+        Err(e) => run_error(e),
+    }
+}
+
+async fn gap(app: &App, id: &str, body: Result<Map<String, Value>, Invalid>) -> Response<ResBody> {
+    let parsed = (|| -> Result<_, Invalid> {
+        let map = body?;
+        let f = Fields::new(&map, &["stream", "cursor", "reason", "detail"])?;
+        let stream = f
+            .text("stream")?
+            .filter(|s| !s.is_empty())
+            .ok_or_else(|| invalid(StatusCode::BAD_REQUEST, "stream", "required"))?;
+        let reason = f
+            .text("reason")?
+            .ok_or_else(|| invalid(StatusCode::BAD_REQUEST, "reason", "required"))?;
+        if !GAP_REASONS.contains(&reason.as_str()) {
+            return Err(invalid(
+                StatusCode::BAD_REQUEST,
+                "reason",
+                format!("one of {}", GAP_REASONS.join(", ")),
+            ));
+        }
+        Ok((stream, f.text("cursor")?, reason, f.text("detail")?))
+    })();
+    let (stream, cursor, reason, detail) = match parsed {
+        Ok(p) => p,
+        Err(e) => return e.into_response(),
+    };
+    match app.runs.add_gap(id, stream, cursor, reason, detail).await {
+        Ok(g) => reply(StatusCode::CREATED, &gap_json(&g)),
+        Err(e) => run_error(e),
+    }
+}
+
+/// One query parameter, percent-decoded.
+fn param(query: &str, name: &str) -> Option<String> {
+    query
+        .split('&')
+        .filter_map(|kv| kv.split_once('=').or(Some((kv, ""))))
+        .find(|(k, _)| *k == name)
+        .map(|(_, v)| decode(v))
+}
+
+/// Percent-decodes a path segment or query value (`+` stays `+`).
+fn decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| (b as char).to_digit(16);
+        match (bytes[i], bytes.get(i + 1), bytes.get(i + 2)) {
+            (b'%', Some(&h), Some(&l)) if hex(h).is_some() && hex(l).is_some() => {
+                out.push((hex(h).unwrap_or(0) * 16 + hex(l).unwrap_or(0)) as u8);
+                i += 3;
+            }
+            (b, _, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn record_json(r: &RunRecord) -> Value {
+    let duration_s = r.ended_unix_ms.unwrap_or_else(crate::store::unix_ms_now) as f64 / 1000.0
+        - r.started_unix_ms as f64 / 1000.0;
+    json!({
+        "id": r.id,
+        "collector": r.collector,
+        "mode": r.mode.label(),
+        "phase": r.phase.label(),
+        "request_cap": r.request_cap,
+        "deadline_s": r.deadline_s,
+        "retry_ratio": r.retry_ratio,
+        "fencing_token": r.fencing_token,
+        "started_unix_ms": r.started_unix_ms,
+        "ended_unix_ms": r.ended_unix_ms,
+        "duration_s": (duration_s.max(0.0) * 1000.0).round() / 1000.0,
+        "stop_reason": r.stop_reason,
+        "attempts": r.attempts,
+        "retries": r.retries,
+        "cooldown_waits": r.cooldown_waits,
+        "refusals": r.refusals,
+        "gaps_recorded": r.gaps_recorded,
+    })
+}
+
+fn view_json(v: &RunView) -> Value {
+    let mut j = record_json(&v.record);
+    j["lease"] = match v.lease_expires_unix_ms {
+        Some(at) => json!({ "fencing_token": v.record.fencing_token, "expires_at_unix_ms": at }),
+        None => json!(null),
+    };
+    j
+}
+
+fn checkpoint_json(c: &Checkpoint) -> Value {
+    json!({ "slice": c.slice, "cursor": c.cursor, "run": c.run, "at_unix_ms": c.at_unix_ms })
+}
+
+fn checkpoints_json(list: &[(Mode, String, Checkpoint)]) -> Value {
+    let mut out = json!({ "steady": {}, "catchup": {} });
+    for (mode, stream, c) in list {
+        out[mode.label()][stream] = checkpoint_json(c);
+    }
+    out
+}
+
+fn gap_json(g: &Gap) -> Value {
+    json!({
+        "id": g.id,
+        "stream": g.stream,
+        "cursor": g.cursor,
+        "reason": g.reason,
+        "detail": g.detail,
+        "run": g.run,
+        "at_unix_ms": g.at_unix_ms,
+    })
+}
+
+fn collector_json(c: &CollectorView) -> Value {
+    let unknown = || json!("unknown");
+    json!({
+        "name": c.name,
+        "active_run": c.active.as_ref().map_or_else(unknown, view_json),
+        "last_run": c.last.as_ref().map_or_else(unknown, record_json),
+        "attempts": c.active.as_ref().map_or_else(unknown, |a| json!(a.record.attempts)),
+        "stop_reason": c
+            .active
+            .as_ref()
+            .map(|a| &a.record)
+            .or(c.last.as_ref())
+            .map_or_else(unknown, |r| json!(r.stop_reason)),
+        "checkpoints": checkpoints_json(&c.checkpoints),
+        "pending_gaps": c.pending_gaps,
+    })
+}
