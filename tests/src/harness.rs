@@ -221,6 +221,17 @@ impl Sluice {
         (code.trim().parse().unwrap_or(0), body.to_string())
     }
 
+    /// Calls the admin API directly (no proxy) with a JSON body: status
+    /// and the JSON answer (`Value::Null` if it was not JSON).
+    pub async fn api(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&serde_json::Value>,
+    ) -> (u16, serde_json::Value) {
+        api_call(self.admin, method, path, body, None).await
+    }
+
     /// Whether the process is still running.
     pub fn running(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))
@@ -246,4 +257,44 @@ pub fn walk(dir: &Path) -> Vec<PathBuf> {
         }
     }
     out
+}
+
+/// One admin API call over a fresh HTTP/1.1 connection (hyper's client):
+/// status and the JSON answer (`Value::Null` if it was not JSON).
+pub async fn api_call(
+    admin: SocketAddr,
+    method: &str,
+    path: &str,
+    body: Option<&serde_json::Value>,
+    bearer: Option<&str>,
+) -> (u16, serde_json::Value) {
+    use http_body_util::{BodyExt, Full};
+    let stream = tokio::net::TcpStream::connect(admin)
+        .await
+        .expect("connect admin");
+    let (mut send, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .expect("handshake");
+    tokio::spawn(conn);
+    let bytes = body.map_or_else(Vec::new, |b| serde_json::to_vec(b).unwrap());
+    let mut req = http::Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", admin.to_string())
+        .header("content-type", "application/json");
+    if let Some(token) = bearer {
+        req = req.header("authorization", format!("Bearer {token}"));
+    }
+    let req = req.body(Full::new(bytes::Bytes::from(bytes))).unwrap();
+    let resp = tokio::time::timeout(Duration::from_secs(60), send.send_request(req))
+        .await
+        .expect("admin answered in time")
+        .expect("admin answered");
+    let status = resp.status().as_u16();
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    (
+        status,
+        serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null),
+    )
 }

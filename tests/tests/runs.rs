@@ -1,0 +1,645 @@
+//! Runs end to end (issue 10; R-RN1–R-RN6, R-RN8): the real binary, the
+//! provider simulator, collectors as real curl processes configured only
+//! by their proxy URL (`http://NAME:TOKEN@…`), and the admin API over real
+//! HTTP.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use sluice_tests::clients::curl;
+use sluice_tests::harness::{api_call, Sluice, TempDir};
+use sluice_tests::sim::Sim;
+use tokio::time::Instant;
+
+const T: Duration = Duration::from_secs(30);
+const TOKEN: &str = "tok-collector-a";
+
+/// A sluice with collector `collector-a` (and `collector-b`) whose
+/// providers are loopback simulators, plus `extra` config.
+fn start(extra: &str) -> Sluice {
+    let dir = TempDir::new("runs");
+    start_in(dir, extra)
+}
+
+fn start_in(dir: TempDir, extra: &str) -> Sluice {
+    std::fs::write(dir.join("a.token"), format!("{TOKEN}\n")).unwrap();
+    std::fs::write(dir.join("b.token"), "tok-collector-b\n").unwrap();
+    let config = format!(
+        "[destinations]\nallow = [\"127.0.0.0/8\"]\n\
+         [collectors.collector-a]\ntoken_file = \"{}\"\n\
+         [collectors.collector-b]\ntoken_file = \"{}\"\n{extra}",
+        dir.join("a.token").display(),
+        dir.join("b.token").display()
+    );
+    Sluice::start_in(dir, &config)
+}
+
+/// The proxy URL a collector puts in `HTTP_PROXY`.
+fn proxy_as(sluice: &Sluice, user: &str, token: &str) -> String {
+    format!("http://{user}:{token}@{}", sluice.proxy)
+}
+
+async fn open(sluice: &Sluice, collector: &str, body: Value) -> (u16, Value) {
+    sluice
+        .api(
+            "POST",
+            &format!("/v1/collectors/{collector}/runs"),
+            Some(&body),
+        )
+        .await
+}
+
+/// Fields of a provider's readout that only the provider's answers move.
+fn provider_state(sluice_readout: &Value) -> Value {
+    let p = &sluice_readout["providers"][0];
+    let mut backoff = p["last_backoff"].clone();
+    // How long ago is a clock, not state.
+    if let Some(b) = backoff.as_object_mut() {
+        b.remove("ago_ms");
+    }
+    json!({
+        "rate_rps": p["rate_rps"],
+        "interval_ms": p["interval_ms"],
+        "throttle_point_rps": p["throttle_point_rps"],
+        "error_baseline": p["error_baseline"],
+        "last_backoff": backoff,
+        "hold": p["hold"],
+        "breaker_state": p["breaker"]["state"],
+        "breaker_open_remaining_ms": p["breaker"]["open_remaining_ms"],
+    })
+}
+
+/// Issue 10, first Done-when line (R-RN1–R-RN3, R-RN6): a run with
+/// `request_cap = 50` against a provider answering some requests 503 —
+/// exactly 50 attempts (retries counted) reach the provider; the next
+/// request is refused at once with the budget reason; the provider's
+/// readout is the same before and after the stop; a gap record with
+/// reason `request_cap` and the last committed cursor exists.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_cap_is_a_planned_stop_that_leaves_the_provider_alone() {
+    let sim = Sim::start("127.0.0.57").await;
+    let sluice = start("[providers.sim]\nhosts = [\"127.0.0.57\"]\nceiling_rps = 200.0\n");
+    let (status, run) = open(&sluice, "collector-a", json!({ "request_cap": 50 })).await;
+    assert_eq!(status, 201, "{run}");
+    let id = run["id"].as_str().unwrap().to_string();
+    let fence = run["lease"]["fencing_token"].as_u64().unwrap();
+    assert_eq!(run["pending_gaps"], 0);
+    let (status, c) = sluice
+        .api(
+            "PUT",
+            &format!("/v1/runs/{id}/checkpoints/orders"),
+            Some(&json!({ "mode": "steady", "slice": 1, "cursor": "page-7", "fencing_token": fence })),
+        )
+        .await;
+    assert_eq!(status, 200, "{c}");
+
+    let proxy = proxy_as(&sluice, "collector-a", TOKEN);
+    let url = sim.url("http", "/noise/150");
+    let mut answers = Vec::new();
+    let mut refused = None;
+    let mut before = None;
+    for _ in 0..120 {
+        if sim.hits("/noise").len() == 50 && before.is_none() {
+            before = Some(sluice.admin_get("/v1/providers").await.1);
+        }
+        let r = curl(&proxy, &[], &url, T).await;
+        if r.status == 403 {
+            refused = Some(r);
+            break;
+        }
+        answers.push(r.status);
+    }
+    let refused = refused.expect("the run stopped within 120 requests");
+    let proxy_status = refused.header("proxy-status").unwrap_or_default();
+    assert!(
+        proxy_status.contains("error=http_request_denied"),
+        "{proxy_status}"
+    );
+    assert!(
+        proxy_status.contains("run stopped: request_cap"),
+        "{proxy_status}"
+    );
+    assert_eq!(
+        sim.hits("/noise").len(),
+        50,
+        "exactly the cap reached the provider"
+    );
+    assert!(
+        answers.iter().all(|s| *s == 200 || *s == 503),
+        "{answers:?}"
+    );
+
+    // Refused at once, every time, and the provider does not notice.
+    let t = Instant::now();
+    for _ in 0..5 {
+        let r = curl(&proxy, &[], &url, T).await;
+        assert_eq!(r.status, 403);
+    }
+    assert!(t.elapsed() < Duration::from_secs(10));
+    let after = sluice.admin_get("/v1/providers").await.1;
+    let before: Value = serde_json::from_str(&before.expect("read at 50")).unwrap();
+    let after: Value = serde_json::from_str(&after).unwrap();
+    assert_eq!(provider_state(&before), provider_state(&after));
+    assert_eq!(sim.hits("/noise").len(), 50);
+
+    // Counted as run_stopped, never as a provider error.
+    let (_, metrics) = sluice.admin_get("/metrics").await;
+    assert!(
+        metrics.contains("sluice_requests_total{outcome=\"run_stopped\",provider=\"sim\"} 6"),
+        "{metrics}"
+    );
+
+    // The remainder is deferred: a gap with the last committed cursor.
+    let (status, page) = sluice
+        .api("GET", "/v1/collectors/collector-a/gaps", None)
+        .await;
+    assert_eq!(status, 200, "{page}");
+    let gaps = page["gaps"].as_array().unwrap();
+    assert_eq!(gaps.len(), 1, "{page}");
+    assert_eq!(gaps[0]["stream"], "orders");
+    assert_eq!(gaps[0]["cursor"], "page-7");
+    assert_eq!(gaps[0]["reason"], "request_cap");
+    assert_eq!(gaps[0]["run"], id.as_str());
+    assert_eq!(page["drained"], true);
+
+    let (status, summary) = sluice
+        .api("POST", &format!("/v1/runs/{id}/finish"), None)
+        .await;
+    assert_eq!(status, 200, "{summary}");
+    assert_eq!(summary["attempts"], 50);
+    assert_eq!(summary["stop_reason"], "request_cap");
+    assert_eq!(summary["refusals"]["request_cap"], 6);
+    assert_eq!(summary["gaps_recorded"], 1);
+    assert_eq!(summary["phase"], "finished");
+}
+
+/// R-RN2: a deadline that passes while a slow request is in flight lets
+/// it finish with the provider's answer; the next is refused with
+/// `deadline`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deadline_lets_the_request_in_flight_finish() {
+    let sim = Sim::start("127.0.0.58").await;
+    let sluice = start("");
+    let (status, _) = open(&sluice, "collector-a", json!({ "deadline_s": 1 })).await;
+    assert_eq!(status, 201);
+    let proxy = proxy_as(&sluice, "collector-a", TOKEN);
+    let r = curl(&proxy, &[], &sim.url("http", "/slow/2500"), T).await;
+    assert_eq!(r.status, 200, "the provider's answer: {r:?}");
+    let r = curl(&proxy, &[], &sim.url("http", "/ok"), T).await;
+    assert_eq!(r.status, 403, "{r:?}");
+    assert!(
+        r.header("proxy-status")
+            .unwrap_or_default()
+            .contains("run stopped: deadline"),
+        "{r:?}"
+    );
+    assert!(sim.hits("/ok").is_empty());
+    // Without a run (another proxy user, no run open) nothing changes.
+    let other = proxy_as(&sluice, "collector-b", "tok-collector-b");
+    assert_eq!(
+        curl(&other, &[], &sim.url("http", "/ok"), T).await.status,
+        200
+    );
+}
+
+/// R-RN8: a run meeting an open circuit waits it out and succeeds once
+/// the provider recovers; against a provider that never recovers it stops
+/// after `max_cooldown_waits` waits with `circuit_open`, and records it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_circuit_is_waited_out_within_the_run() {
+    let recovering = Sim::start("127.0.0.59").await;
+    let dead = Sim::start("127.0.0.60").await;
+    let breaker = "breaker_min_calls = 4\nbreaker_open_for = \"1s\"\n\
+                   breaker_half_open_probes = 1\nretry_max_attempts = 1\n";
+    let sluice = start(&format!(
+        "[runs]\nmax_cooldown_waits = 2\n\
+         [providers.recovering]\nhosts = [\"127.0.0.59\"]\n{breaker}\
+         [providers.dead]\nhosts = [\"127.0.0.60\"]\n{breaker}"
+    ));
+    let proxy = proxy_as(&sluice, "collector-a", TOKEN);
+    let (status, run) = open(&sluice, "collector-a", json!({ "deadline_s": 120 })).await;
+    assert_eq!(status, 201);
+    let id = run["id"].as_str().unwrap().to_string();
+
+    let url = recovering.url("http", "/fail503/4/a");
+    for _ in 0..4 {
+        assert_eq!(curl(&proxy, &[], &url, T).await.status, 503);
+    }
+    let t = Instant::now();
+    let r = curl(&proxy, &[], &url, T).await;
+    assert_eq!(r.status, 200, "waited the circuit out: {r:?}");
+    assert!(
+        t.elapsed() >= Duration::from_millis(500),
+        "{:?}",
+        t.elapsed()
+    );
+    let (_, view) = sluice.api("GET", &format!("/v1/runs/{id}"), None).await;
+    assert_eq!(view["cooldown_waits"], 1, "{view}");
+    assert_eq!(view["stop_reason"], Value::Null);
+
+    let url = dead.url("http", "/status/503");
+    let mut statuses = Vec::new();
+    for _ in 0..20 {
+        let r = curl(&proxy, &[], &url, T).await;
+        statuses.push(r.status);
+        if r.status == 403 {
+            assert!(
+                r.header("proxy-status")
+                    .unwrap_or_default()
+                    .contains("run stopped: circuit_open"),
+                "{r:?}"
+            );
+            break;
+        }
+    }
+    // Four to open it, one failing probe after each of two waits, then
+    // the third wait is one too many.
+    assert_eq!(
+        statuses,
+        [503, 503, 503, 503, 503, 503, 403],
+        "{statuses:?}"
+    );
+    assert_eq!(dead.hits("/status").len(), 6);
+    let (_, summary) = sluice
+        .api("POST", &format!("/v1/runs/{id}/finish"), None)
+        .await;
+    assert_eq!(summary["stop_reason"], "circuit_open", "{summary}");
+    let (_, page) = sluice
+        .api("GET", "/v1/collectors/collector-a/gaps", None)
+        .await;
+    assert_eq!(page["gaps"][0]["reason"], "circuit_open", "{page}");
+}
+
+/// R-RN4: one run per collector — a second gets 409 naming the holder
+/// (also after waiting `wait_s`), until the first finishes or its lease
+/// lapses; a checkpoint with a stale fencing token gets 409.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_run_per_collector_fenced() {
+    let sluice = start("[runs]\nlease_ttl = \"2s\"\n");
+    let (s, first) = open(&sluice, "collector-a", json!({})).await;
+    assert_eq!(s, 201, "{first}");
+    let first_id = first["id"].as_str().unwrap().to_string();
+    let (s, refused) = open(&sluice, "collector-a", json!({})).await;
+    assert_eq!(s, 409);
+    assert_eq!(refused["holder"], first_id.as_str());
+    // Heartbeats keep the lease past its TTL while the second waits.
+    let t = Instant::now();
+    let waiter = {
+        let admin = sluice.admin;
+        tokio::spawn(async move {
+            api_call(
+                admin,
+                "POST",
+                "/v1/collectors/collector-a/runs",
+                Some(&json!({ "wait_s": 2.5 })),
+                None,
+            )
+            .await
+        })
+    };
+    for _ in 0..6 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let (s, _) = sluice
+            .api("POST", &format!("/v1/runs/{first_id}/heartbeat"), None)
+            .await;
+        if t.elapsed() < Duration::from_millis(2400) {
+            assert_eq!(s, 200);
+        }
+    }
+    let (s, v) = waiter.await.unwrap();
+    assert_eq!(s, 409, "the lease was renewed: {v}");
+    assert!(t.elapsed() >= Duration::from_millis(2400));
+    // Another collector is not held up.
+    assert_eq!(open(&sluice, "collector-b", json!({})).await.0, 201);
+    // Finished: the lease is free.
+    let (s, _) = sluice
+        .api("POST", &format!("/v1/runs/{first_id}/finish"), None)
+        .await;
+    assert_eq!(s, 200);
+    let (s, second) = open(&sluice, "collector-a", json!({})).await;
+    assert_eq!(s, 201);
+    let second_id = second["id"].as_str().unwrap().to_string();
+    let stale = first["lease"]["fencing_token"].as_u64().unwrap();
+    assert!(second["lease"]["fencing_token"].as_u64().unwrap() > stale);
+    let (s, e) = sluice
+        .api(
+            "PUT",
+            &format!("/v1/runs/{second_id}/checkpoints/s"),
+            Some(&json!({ "mode": "steady", "slice": 1, "cursor": "x", "fencing_token": stale })),
+        )
+        .await;
+    assert_eq!(
+        (s, e["field"].as_str()),
+        (409, Some("fencing_token")),
+        "{e}"
+    );
+    // A lease lapses without heartbeat or traffic: then another may open.
+    let t = Instant::now();
+    let (s, v) = open(&sluice, "collector-a", json!({ "wait_s": 10 })).await;
+    assert_eq!(s, 201, "{v}");
+    assert!(
+        t.elapsed() >= Duration::from_millis(1500),
+        "{:?}",
+        t.elapsed()
+    );
+    let (_, old) = sluice
+        .api("GET", &format!("/v1/runs/{second_id}"), None)
+        .await;
+    assert_eq!(old["phase"], "expired", "{old}");
+}
+
+/// R-RN5: checkpoints only move forward and keep the cursor byte for
+/// byte; a catch-up run cannot touch the steady cursor; a `200` survives
+/// `kill -9`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checkpoints_are_forward_only_exact_and_durable() {
+    let sluice = start("");
+    let (_, run) = open(&sluice, "collector-a", json!({})).await;
+    let id = run["id"].as_str().unwrap().to_string();
+    let fence = run["lease"]["fencing_token"].as_u64().unwrap();
+    let cursor = format!(
+        "ünïcødé ✓ \"quoted\" back\\slash\ttab {}",
+        "x".repeat(10 * 1024)
+    );
+    let put = |slice: u64, cursor: &str, mode: &str| json!({ "mode": mode, "slice": slice, "cursor": cursor, "fencing_token": fence });
+    let path = format!("/v1/runs/{id}/checkpoints/orders%2Feu");
+    let (s, v) = sluice
+        .api("PUT", &path, Some(&put(5, &cursor, "steady")))
+        .await;
+    assert_eq!(s, 200, "{v}");
+    for slice in [5, 4] {
+        let (s, e) = sluice
+            .api("PUT", &path, Some(&put(slice, "other", "steady")))
+            .await;
+        assert_eq!((s, e["field"].as_str()), (409, Some("slice")), "{e}");
+    }
+    let (_, list) = sluice
+        .api("GET", "/v1/collectors/collector-a/checkpoints", None)
+        .await;
+    assert_eq!(
+        list["checkpoints"]["steady"]["orders/eu"]["cursor"],
+        cursor.as_str()
+    );
+    assert_eq!(list["checkpoints"]["steady"]["orders/eu"]["slice"], 5);
+    // An empty stream's checkpoint can be saved.
+    let (s, _) = sluice
+        .api(
+            "PUT",
+            &format!("/v1/runs/{id}/checkpoints/empty"),
+            Some(&put(1, "", "steady")),
+        )
+        .await;
+    assert_eq!(s, 200);
+    sluice
+        .api("POST", &format!("/v1/runs/{id}/finish"), None)
+        .await;
+
+    // A catch-up run writes only the catch-up cursor.
+    let (_, catchup) = open(&sluice, "collector-a", json!({ "mode": "catchup" })).await;
+    let cid = catchup["id"].as_str().unwrap().to_string();
+    let cfence = catchup["lease"]["fencing_token"].as_u64().unwrap();
+    let (s, e) = sluice
+        .api(
+            "PUT",
+            &format!("/v1/runs/{cid}/checkpoints/orders%2Feu"),
+            Some(&json!({ "mode": "steady", "slice": 9, "cursor": "c", "fencing_token": cfence })),
+        )
+        .await;
+    assert_eq!((s, e["field"].as_str()), (409, Some("mode")), "{e}");
+    let (s, _) = sluice
+        .api(
+            "PUT",
+            &format!("/v1/runs/{cid}/checkpoints/orders%2Feu"),
+            Some(&json!({ "mode": "catchup", "slice": 1, "cursor": "2019", "fencing_token": cfence })),
+        )
+        .await;
+    assert_eq!(s, 200);
+
+    // kill -9, restart on the same state: everything answered 200 is there.
+    let dir = sluice.kill9();
+    let sluice = start_in(dir, "");
+    let (_, list) = sluice
+        .api("GET", "/v1/collectors/collector-a/checkpoints", None)
+        .await;
+    assert_eq!(
+        list["checkpoints"]["steady"]["orders/eu"]["cursor"],
+        cursor.as_str()
+    );
+    assert_eq!(list["checkpoints"]["steady"]["orders/eu"]["slice"], 5);
+    assert_eq!(list["checkpoints"]["steady"]["empty"]["cursor"], "");
+    assert_eq!(
+        list["checkpoints"]["catchup"]["orders/eu"]["cursor"],
+        "2019"
+    );
+    // The catch-up run was active at the kill: it is interrupted, and a
+    // new run gets a newer fencing token.
+    let (_, old) = sluice.api("GET", &format!("/v1/runs/{cid}"), None).await;
+    assert_eq!(old["phase"], "interrupted", "{old}");
+    let (s, next) = open(&sluice, "collector-a", json!({})).await;
+    assert_eq!(s, 201);
+    assert!(next["lease"]["fencing_token"].as_u64().unwrap() > cfence);
+    // A reset removes one stream's checkpoint in one mode.
+    let (s, _) = sluice
+        .api(
+            "DELETE",
+            "/v1/collectors/collector-a/checkpoints/orders%2Feu?mode=catchup",
+            None,
+        )
+        .await;
+    assert_eq!(s, 200);
+    let (_, list) = sluice
+        .api("GET", "/v1/collectors/collector-a/checkpoints", None)
+        .await;
+    assert_eq!(list["checkpoints"]["catchup"], json!({}));
+    assert_eq!(list["checkpoints"]["steady"]["orders/eu"]["slice"], 5);
+}
+
+/// R-RN6: 1,000 gaps with cursors of mixed sizes drained with
+/// `max_bytes = 4096`: no page over the budget (but a lone oversize
+/// record), nothing lost or repeated, the last page says drained; resolved
+/// gaps are no longer pending.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gaps_drain_in_byte_bounded_pages() {
+    let sluice = start("");
+    let (_, run) = open(&sluice, "collector-a", json!({})).await;
+    let id = run["id"].as_str().unwrap().to_string();
+    let mut sent = Vec::new();
+    for i in 0..1000usize {
+        let size = match i % 10 {
+            0 => 6000, // larger than a page
+            1..=3 => 900,
+            _ => 20 + i % 50,
+        };
+        let cursor = format!("{i}:{}", "c".repeat(size));
+        let (s, g) = sluice
+            .api(
+                "POST",
+                &format!("/v1/runs/{id}/gaps"),
+                Some(&json!({ "stream": format!("s{}", i % 7), "cursor": cursor, "reason": "upstream_error" })),
+            )
+            .await;
+        assert_eq!(s, 201, "{g}");
+        sent.push(cursor);
+    }
+    let mut seen = Vec::new();
+    let mut after: Option<String> = None;
+    let mut pages = 0;
+    loop {
+        pages += 1;
+        assert!(pages <= 1000, "paging advances");
+        let path = match &after {
+            Some(a) => format!("/v1/collectors/collector-a/gaps?max_bytes=4096&after={a}"),
+            None => "/v1/collectors/collector-a/gaps?max_bytes=4096".to_string(),
+        };
+        let (s, page) = sluice.api("GET", &path, None).await;
+        assert_eq!(s, 200);
+        let gaps = page["gaps"].as_array().unwrap();
+        let bytes: usize = gaps
+            .iter()
+            .map(|g| serde_json::to_vec(g).unwrap().len())
+            .sum();
+        assert!(
+            bytes <= 4096 || gaps.len() == 1,
+            "page of {bytes} bytes, {} gaps",
+            gaps.len()
+        );
+        seen.extend(
+            gaps.iter()
+                .map(|g| g["cursor"].as_str().unwrap().to_string()),
+        );
+        if page["drained"] == true {
+            assert_eq!(page["next"], Value::Null);
+            break;
+        }
+        after = Some(page["next"].as_str().unwrap().to_string());
+    }
+    assert_eq!(seen, sent, "nothing lost or repeated, in order");
+    assert!(pages > 100);
+    // Resolving takes a gap out of the pending set.
+    let (_, first) = sluice
+        .api("GET", "/v1/collectors/collector-a/gaps?max_bytes=1", None)
+        .await;
+    let gid = first["gaps"][0]["id"].as_str().unwrap().to_string();
+    let (s, _) = sluice
+        .api("POST", &format!("/v1/gaps/{gid}/resolve"), None)
+        .await;
+    assert_eq!(s, 200);
+    let (s, _) = sluice
+        .api("POST", &format!("/v1/gaps/{gid}/resolve"), None)
+        .await;
+    assert_eq!(s, 404);
+    let (_, c) = sluice.api("GET", "/v1/collectors/collector-a", None).await;
+    assert_eq!(c["pending_gaps"], 999, "{c}");
+}
+
+/// Bad input gets a 4xx naming the field, and nothing is stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_is_refused_naming_the_field() {
+    let sluice = start("");
+    let raw = |body: &str| {
+        let (admin, body) = (sluice.admin, body.to_string());
+        async move {
+            let out = tokio::process::Command::new("curl")
+                .args(["-sS", "--noproxy", "*", "-X", "POST", "-d"])
+                .arg(body)
+                .arg(format!("http://{admin}/v1/collectors/collector-a/runs"))
+                .output()
+                .await
+                .unwrap();
+            serde_json::from_slice::<Value>(&out.stdout).unwrap_or(Value::Null)
+        }
+    };
+    assert_eq!(raw("{not json").await["field"], "body");
+    assert_eq!(raw("[1]").await["field"], "body");
+    for (body, field) in [
+        (json!({ "request_cap": -1 }), "request_cap"),
+        (json!({ "request_cap": "ten" }), "request_cap"),
+        (json!({ "deadline_s": 0 }), "deadline_s"),
+        (json!({ "mode": "fast" }), "mode"),
+        (json!({ "retry_ratio": 11 }), "retry_ratio"),
+        (json!({ "colour": "red" }), "colour"),
+    ] {
+        let (s, e) = open(&sluice, "collector-a", body.clone()).await;
+        assert_eq!((s, e["field"].as_str()), (400, Some(field)), "{body}: {e}");
+    }
+    let (s, e) = open(&sluice, "nobody", json!({})).await;
+    assert_eq!((s, e["field"].as_str()), (404, Some("collector")));
+    let (_, runs) = sluice
+        .api("GET", "/v1/collectors/collector-a/runs", None)
+        .await;
+    assert_eq!(runs["runs"], json!([]), "nothing stored");
+
+    let (_, run) = open(&sluice, "collector-a", json!({})).await;
+    let id = run["id"].as_str().unwrap().to_string();
+    let fence = run["lease"]["fencing_token"].as_u64().unwrap();
+    let gap = |reason: &str| json!({ "stream": "s", "reason": reason });
+    let (s, e) = sluice
+        .api("POST", &format!("/v1/runs/{id}/gaps"), Some(&gap("bored")))
+        .await;
+    assert_eq!((s, e["field"].as_str()), (400, Some("reason")), "{e}");
+    let (s, e) = sluice
+        .api(
+            "PUT",
+            &format!("/v1/runs/{id}/checkpoints/s"),
+            Some(&json!({ "mode": "steady", "slice": 1, "fencing_token": fence })),
+        )
+        .await;
+    assert_eq!((s, e["field"].as_str()), (400, Some("cursor")), "{e}");
+    for unknown in ["collector-a.999999", "nodot", "nobody.1"] {
+        let (s, e) = sluice
+            .api("POST", &format!("/v1/runs/{unknown}/heartbeat"), None)
+            .await;
+        assert_eq!(
+            (s, e["field"].as_str()),
+            (404, Some("id")),
+            "{unknown}: {e}"
+        );
+    }
+    // Another collector's run: its token is not this run's.
+    let (s, e) = api_call(
+        sluice.admin,
+        "POST",
+        &format!("/v1/runs/{id}/heartbeat"),
+        None,
+        Some("tok-collector-b"),
+    )
+    .await;
+    assert_eq!((s, e["field"].as_str()), (403, Some("id")), "{e}");
+    sluice
+        .api("POST", &format!("/v1/runs/{id}/finish"), None)
+        .await;
+    let (s, e) = sluice
+        .api(
+            "POST",
+            &format!("/v1/runs/{id}/gaps"),
+            Some(&gap("deadline")),
+        )
+        .await;
+    assert_eq!((s, e["field"].as_str()), (409, Some("id")), "finished: {e}");
+    let (s, e) = sluice
+        .api("POST", &format!("/v1/runs/{id}/finish"), None)
+        .await;
+    assert_eq!((s, e["field"].as_str()), (409, Some("id")), "{e}");
+    let (_, page) = sluice
+        .api("GET", "/v1/collectors/collector-a/gaps", None)
+        .await;
+    assert_eq!(page["gaps"], json!([]), "nothing stored");
+}
+
+/// R-SF1 with collectors: a wrong or missing token gets 407 and never
+/// reaches the provider.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn collectors_authenticate_with_their_token() {
+    let sim = Sim::start("127.0.0.61").await;
+    let sluice = start("");
+    let url = sim.url("http", "/echo");
+    let wrong = curl(&proxy_as(&sluice, "collector-a", "nope"), &[], &url, T).await;
+    assert_eq!(wrong.status, 407, "{wrong:?}");
+    let none = curl(&sluice.proxy_url(), &[], &url, T).await;
+    assert_eq!(none.status, 407);
+    let ok = curl(&proxy_as(&sluice, "collector-a", TOKEN), &[], &url, T).await;
+    assert_eq!(ok.status, 200);
+    let seen = ok.header("x-seen-headers").unwrap_or_default();
+    assert!(!seen.contains("proxy-authorization"), "{seen}");
+    assert_eq!(sim.hits("/echo").len(), 1);
+}
