@@ -23,6 +23,7 @@ pub mod identity;
 pub mod observe;
 pub mod process;
 pub mod providers;
+pub mod runner;
 pub mod runs;
 pub mod serve;
 pub mod store;

@@ -6,8 +6,11 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use std::time::Duration;
+
 use clap::Parser;
-use sluice::{config, process};
+use sluice::runs::records::Mode;
+use sluice::{config, process, runner};
 
 /// An HTTP forward proxy that keeps data collectors inside each provider's
 /// budget.
@@ -42,6 +45,62 @@ enum Command {
     /// Print the interception CA's path and the environment lines a
     /// collector needs to trust it (creating the CA if it does not exist).
     Ca,
+    /// Run a command as one run of a collector: open the run, start the
+    /// command with the proxy (and CA) variables carrying the collector's
+    /// credentials, keep the lease, forward SIGINT/SIGTERM, finish the run,
+    /// print its summary and exit with the command's status.
+    Run(RunArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct RunArgs {
+    /// The collector (a `[collectors.NAME]` of the config).
+    #[arg(long)]
+    collector: String,
+    /// The file holding the collector's token.
+    #[arg(long, value_name = "FILE")]
+    token_file: PathBuf,
+    /// Attempts the run may make, retries included.
+    #[arg(long, value_name = "N")]
+    request_cap: Option<u64>,
+    /// Wall-clock deadline: "15m", "90s", "1h".
+    #[arg(long, value_name = "DURATION", value_parser = duration)]
+    deadline: Option<Duration>,
+    /// Retries as a share of first attempts.
+    #[arg(long, value_name = "RATIO")]
+    retry_ratio: Option<f64>,
+    /// Which cursor the run moves.
+    #[arg(long, value_enum, default_value = "steady")]
+    mode: RunMode,
+    /// Wait this long for the collector's lease if another run holds it.
+    #[arg(long, value_name = "DURATION", value_parser = duration)]
+    wait: Option<Duration>,
+    /// The admin API (default: the config's `admin`).
+    #[arg(long, value_name = "URL")]
+    admin_url: Option<String>,
+    /// The proxy as the command reaches it (default: the config's `listen`).
+    #[arg(long, value_name = "URL")]
+    proxy_url: Option<String>,
+    /// The command and its arguments, after `--`.
+    #[arg(last = true, required = true, value_name = "COMMAND")]
+    command: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum RunMode {
+    Steady,
+    Catchup,
+}
+
+fn duration(text: &str) -> Result<Duration, String> {
+    config::parse_duration(text).map_err(|e| e.to_string())
+}
+
+/// `http://host:port` or `host:port` → the address.
+fn address(text: &str) -> Result<SocketAddr, String> {
+    let bare = text.trim_start_matches("http://").trim_end_matches('/');
+    bare.parse()
+        .map_err(|_| format!("{text:?} is not http://IP:PORT"))
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -87,9 +146,11 @@ fn main() -> ExitCode {
         eprintln!("{e}");
         return ExitCode::from(2);
     }
-    if let Some(Command::Ca) = cli.command {
-        return process::print_ca(&config);
-    }
+    let run_args = match cli.command {
+        Some(Command::Ca) => return process::print_ca(&config),
+        Some(Command::Run(args)) => Some(args),
+        None => None,
+    };
     process::init_logging(matches!(cli.log_format, LogFormat::Json));
     // rustls: the ring provider, installed explicitly before any TLS use.
     let _ = rustls::crypto::ring::default_provider().install_default();
@@ -103,6 +164,33 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if let Some(args) = run_args {
+        let admin = args.admin_url.as_deref().map_or(Ok(config.admin), address);
+        let proxy = args.proxy_url.as_deref().map_or(Ok(config.listen), address);
+        let (admin, proxy) = match (admin, proxy) {
+            (Ok(a), Ok(p)) => (a, p),
+            (Err(e), _) | (_, Err(e)) => {
+                eprintln!("sluice run: {e}");
+                return ExitCode::from(2);
+            }
+        };
+        let cmd = runner::RunCommand {
+            collector: args.collector,
+            token_file: args.token_file,
+            request_cap: args.request_cap,
+            deadline: args.deadline,
+            retry_ratio: args.retry_ratio,
+            mode: match args.mode {
+                RunMode::Steady => Mode::Steady,
+                RunMode::Catchup => Mode::Catchup,
+            },
+            wait: args.wait,
+            admin,
+            proxy,
+            command: args.command,
+        };
+        return runtime.block_on(runner::run(cmd, &config));
+    }
     match runtime.block_on(process::run(config, cli.config.clone())) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -275,14 +275,55 @@ const SYSTEM_BUNDLES: [&str; 2] = [
     "/etc/pki/tls/certs/ca-bundle.crt",
 ];
 
-/// `sluice ca`: the CA path and the lines that make collectors trust it.
-///
-/// `SSL_CERT_FILE`, `REQUESTS_CA_BUNDLE` and `CURL_CA_BUNDLE` *replace* a
-/// client's trust store, so they get a bundle — the system's roots plus
-/// sluice's CA (`<dir of ca.crt>/ca-bundle.pem`) — and a collector keeps
-/// trusting hosts it reaches without sluice, or through a tunnel sluice
-/// does not intercept. Node's `NODE_EXTRA_CA_CERTS` adds to its roots, so
-/// it gets the CA alone.
+/// What makes a collector trust sluice's CA.
+#[derive(Debug, Clone)]
+pub struct CaEnv {
+    /// The CA certificate.
+    pub cert: PathBuf,
+    /// The system's roots plus sluice's CA, if a system bundle was found.
+    pub bundle: Option<PathBuf>,
+}
+
+impl CaEnv {
+    /// The CA of `ca`, and a bundle of the system's roots plus it
+    /// (`<dir of ca.crt>/ca-bundle.pem`), written now.
+    ///
+    /// `SSL_CERT_FILE`, `REQUESTS_CA_BUNDLE` and `CURL_CA_BUNDLE` *replace*
+    /// a client's trust store, so they get the bundle, and a collector keeps
+    /// trusting hosts it reaches without sluice, or through a tunnel sluice
+    /// does not intercept. Node's `NODE_EXTRA_CA_CERTS` adds to its roots,
+    /// so it gets the CA alone.
+    pub fn of(ca: &CertAuthority) -> CaEnv {
+        let cert =
+            std::fs::canonicalize(ca.cert_path()).unwrap_or_else(|_| ca.cert_path().to_path_buf());
+        let bundle = SYSTEM_BUNDLES
+            .iter()
+            .find_map(|system| std::fs::read(system).ok())
+            .and_then(|mut roots| {
+                let own = std::fs::read(&cert).ok()?;
+                roots.push(b'\n');
+                roots.extend_from_slice(&own);
+                let path = cert.with_file_name("ca-bundle.pem");
+                std::fs::write(&path, roots).ok()?;
+                Some(path)
+            });
+        CaEnv { cert, bundle }
+    }
+
+    /// The variables and their values.
+    pub fn vars(&self) -> Vec<(&'static str, PathBuf)> {
+        let replacing = self.bundle.clone().unwrap_or_else(|| self.cert.clone());
+        vec![
+            ("SSL_CERT_FILE", replacing.clone()),
+            ("REQUESTS_CA_BUNDLE", replacing.clone()),
+            ("CURL_CA_BUNDLE", replacing),
+            ("NODE_EXTRA_CA_CERTS", self.cert.clone()),
+        ]
+    }
+}
+
+/// `sluice ca`: the CA path and the lines that make collectors trust it
+/// (see [`CaEnv`]).
 pub fn print_ca(config: &Config) -> ExitCode {
     let paths = ca_paths(config);
     let ca = match CertAuthority::load_or_create(paths, 1) {
@@ -292,38 +333,23 @@ pub fn print_ca(config: &Config) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let cert =
-        std::fs::canonicalize(ca.cert_path()).unwrap_or_else(|_| ca.cert_path().to_path_buf());
-    let bundle = SYSTEM_BUNDLES
-        .iter()
-        .find_map(|system| std::fs::read(system).ok())
-        .and_then(|mut roots| {
-            let own = std::fs::read(&cert).ok()?;
-            roots.push(b'\n');
-            roots.extend_from_slice(&own);
-            let path = cert.with_file_name("ca-bundle.pem");
-            std::fs::write(&path, roots).ok()?;
-            Some(path)
-        });
+    let env = CaEnv::of(&ca);
     println!("# sluice's interception CA certificate:");
-    println!("# {}", cert.display());
-    let replacing = match &bundle {
-        Some(b) => {
-            println!(
-                "# For OpenSSL, Python requests and curl: the system's roots plus sluice's CA:"
-            );
-            b.clone()
-        }
+    println!("# {}", env.cert.display());
+    match &env.bundle {
+        Some(_) => println!(
+            "# For OpenSSL, Python requests and curl: the system's roots plus sluice's CA:"
+        ),
         None => {
-            println!("# No system trust bundle found: these make clients trust sluice's CA only.");
-            cert.clone()
+            println!("# No system trust bundle found: these make clients trust sluice's CA only.")
         }
-    };
-    println!("export SSL_CERT_FILE={}", replacing.display());
-    println!("export REQUESTS_CA_BUNDLE={}", replacing.display());
-    println!("export CURL_CA_BUNDLE={}", replacing.display());
-    println!("# Node adds this to its own roots:");
-    println!("export NODE_EXTRA_CA_CERTS={}", cert.display());
+    }
+    for (name, value) in env.vars() {
+        if name == "NODE_EXTRA_CA_CERTS" {
+            println!("# Node adds this to its own roots:");
+        }
+        println!("export {name}={}", value.display());
+    }
     ExitCode::SUCCESS
 }
 

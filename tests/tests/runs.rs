@@ -643,3 +643,61 @@ async fn collectors_authenticate_with_their_token() {
     assert!(!seen.contains("proxy-authorization"), "{seen}");
     assert_eq!(sim.hits("/echo").len(), 1);
 }
+
+/// R-RN9: `sluice run -- python3 …` gives an unmodified collector a run.
+/// The script makes 80 requests with urllib through the environment and
+/// `--request-cap 50`: 50 reach the provider, 30 are refused with the
+/// budget reason, the summary is printed, the script's exit status comes
+/// back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sluice_run_gives_an_unmodified_collector_a_run() {
+    let sim = Sim::start("127.0.0.62").await;
+    let sluice = start("");
+    let script = r#"
+import sys, urllib.request, urllib.error
+ok = refused = 0
+for i in range(80):
+    try:
+        urllib.request.urlopen(sys.argv[1], timeout=20).read()
+        ok += 1
+    except urllib.error.HTTPError as e:
+        if e.code == 403 and "run stopped: request_cap" in (e.headers.get("proxy-status") or ""):
+            refused += 1
+        else:
+            raise
+print(ok, refused)
+sys.exit(3)
+"#;
+    let out = tokio::process::Command::new(sluice_tests::harness::binary())
+        .args(["run", "--collector", "collector-a", "--token-file"])
+        .arg(sluice.dir.join("a.token"))
+        .args(["--request-cap", "50", "--admin-url"])
+        .arg(format!("http://{}", sluice.admin))
+        .arg("--proxy-url")
+        .arg(format!("http://{}", sluice.proxy))
+        .args(["--", "python3", "-c", script])
+        .arg(sim.url("http", "/ok"))
+        .env_remove("http_proxy")
+        .env_remove("HTTP_PROXY")
+        .env_remove("https_proxy")
+        .env_remove("HTTPS_PROXY")
+        .env_remove("no_proxy")
+        .env_remove("NO_PROXY")
+        .kill_on_drop(true)
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stdout.trim(), "50 30", "stderr: {stderr}");
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    assert!(stderr.contains("finished: 50 attempts"), "{stderr}");
+    assert!(stderr.contains("request_cap 30"), "{stderr}");
+    assert!(stderr.contains("stop: request_cap"), "{stderr}");
+    assert_eq!(sim.hits("/ok").len(), 50);
+    let (_, runs) = sluice
+        .api("GET", "/v1/collectors/collector-a/runs", None)
+        .await;
+    assert_eq!(runs["runs"][0]["phase"], "finished", "{runs}");
+    assert_eq!(runs["runs"][0]["gaps_recorded"], 1);
+}
