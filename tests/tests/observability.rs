@@ -20,7 +20,7 @@ const T: Duration = Duration::from_secs(20);
 /// A sluice with traffic that makes every kind of series exist: a
 /// throttle with `Retry-After` (hold, back-off, retry), a dead provider
 /// (breaker transitions), an intercepted HTTPS provider and a client that
-/// rejects the interception, a reload.
+/// rejects the interception, a reload, a collector's run (finished).
 struct Busy {
     sluice: Sluice,
     _sims: Vec<Sim>,
@@ -33,6 +33,7 @@ async fn busy(args: &[&str]) -> Busy {
     let tls = Sim::start_tls("127.0.0.52", ca.server_config(&["127.0.0.52"])).await;
     let dir = TempDir::new("obs");
     std::fs::write(dir.join("provider-ca.pem"), &ca.pem).unwrap();
+    std::fs::write(dir.join("collector.token"), "obs-token\n").unwrap();
     let dead_port = {
         let l = std::net::TcpListener::bind("127.0.0.51:0").unwrap();
         l.local_addr().unwrap().port()
@@ -43,12 +44,14 @@ async fn busy(args: &[&str]) -> Busy {
          [providers.plain]\nhosts = [\"127.0.0.50\"]\n\
          [providers.dead]\nhosts = [\"127.0.0.51\"]\nbreaker_min_calls = 4\n\
          [providers.secure]\nhosts = [\"127.0.0.52\"]\n\
-         [providers.unused]\nhosts = [\"unused.test\"]\nceiling_rps = 7.0\n",
+         [providers.unused]\nhosts = [\"unused.test\"]\nceiling_rps = 7.0\n\
+         [collectors.collector-a]\ntoken_file = \"{}\"\n",
         tls.addr.port(),
-        dir.join("provider-ca.pem").display()
+        dir.join("provider-ca.pem").display(),
+        dir.join("collector.token").display()
     );
     let sluice = Sluice::start_with(TempDir::new("obs-proxy"), &config, args);
-    let proxy = sluice.proxy_url();
+    let proxy = format!("http://collector-a:obs-token@{}", sluice.proxy);
     assert_eq!(
         curl(&proxy, &[], &plain.url("http", "/ra/1/a"), T)
             .await
@@ -80,6 +83,27 @@ async fn busy(args: &[&str]) -> Busy {
     assert_eq!(
         curl(&proxy, &[], &tls.url("https", "/ok"), T).await.status,
         0
+    );
+    // A run: opened, one request, finished.
+    let (status, run) = sluice
+        .api(
+            "POST",
+            "/v1/collectors/collector-a/runs",
+            Some(&serde_json::json!({ "request_cap": 10 })),
+        )
+        .await;
+    assert_eq!(status, 201, "{run}");
+    assert_eq!(
+        curl(&proxy, &[], &plain.url("http", "/ok"), T).await.status,
+        200
+    );
+    let id = run["id"].as_str().unwrap().to_string();
+    assert_eq!(
+        sluice
+            .api("POST", &format!("/v1/runs/{id}/finish"), None)
+            .await
+            .0,
+        200
     );
     sluice.rewrite_config(&config);
     sluice.signal("HUP");
@@ -136,6 +160,9 @@ async fn scrape_passes_promtool_and_the_dashboard_matches_it() {
         "sluice_interception_failures_total{provider=\"secure\"} 1",
         "sluice_requests_total{outcome=\"circuit_open\",provider=\"dead\"} 1",
         "sluice_config_reloads_total{result=\"ok\"} 1",
+        "sluice_runs_total{collector=\"collector-a\",stop_reason=\"none\"} 1",
+        "sluice_run_attempts_total{collector=\"collector-a\"} 1",
+        "sluice_runs_active{collector=\"collector-a\"} 0",
         "sluice_build_info{version=",
     ] {
         assert!(scrape.contains(series), "missing {series}\n{scrape}");

@@ -171,6 +171,19 @@ async fn a_request_cap_is_a_planned_stop_that_leaves_the_provider_alone() {
     assert_eq!(summary["refusals"]["request_cap"], 6);
     assert_eq!(summary["gaps_recorded"], 1);
     assert_eq!(summary["phase"], "finished");
+
+    // Per collector in /metrics (collectors come from the config).
+    let (_, metrics) = sluice.admin_get("/metrics").await;
+    for line in [
+        "sluice_run_attempts_total{collector=\"collector-a\"} 50",
+        "sluice_runs_total{collector=\"collector-a\",stop_reason=\"request_cap\"} 1",
+        "sluice_runs_active{collector=\"collector-a\"} 0",
+        "sluice_runs_active{collector=\"collector-b\"} 0",
+        "sluice_gaps_pending{collector=\"collector-a\"} 1",
+        "sluice_checkpoint_commits_total{collector=\"collector-a\"} 1",
+    ] {
+        assert!(metrics.contains(line), "{line} not in\n{metrics}");
+    }
 }
 
 /// R-RN2: a deadline that passes while a slow request is in flight lets

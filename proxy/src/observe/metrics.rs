@@ -71,6 +71,16 @@ pub struct Metrics {
     pub state_restored: IntCounter,
     /// Config reloads, by result.
     pub reloads: IntCounterVec,
+    /// Runs ended, by collector and stop reason (`none`: not stopped).
+    pub runs: IntCounterVec,
+    /// 1 while a collector has an active run.
+    pub runs_active: IntGaugeVec,
+    /// Attempts of runs that reached the provider, by collector.
+    pub run_attempts: IntCounterVec,
+    /// Pending gap records, by collector.
+    pub gaps_pending: IntGaugeVec,
+    /// Checkpoints committed (flushed), by collector.
+    pub checkpoint_commits: IntCounterVec,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -324,6 +334,36 @@ impl Metrics {
                 "config_reloads_total",
                 "Config reloads, by result",
                 &["result"],
+            ),
+            runs: counter(
+                &r,
+                "runs_total",
+                "Runs ended, by collector and stop reason (none: finished without a stop)",
+                &["collector", "stop_reason"],
+            ),
+            runs_active: int_gauge(
+                &r,
+                "runs_active",
+                "1 while the collector has an active run",
+                &["collector"],
+            ),
+            run_attempts: counter(
+                &r,
+                "run_attempts_total",
+                "Attempts of runs that reached the provider, retries included",
+                &["collector"],
+            ),
+            gaps_pending: int_gauge(
+                &r,
+                "gaps_pending",
+                "Pending gap records (deferred work)",
+                &["collector"],
+            ),
+            checkpoint_commits: counter(
+                &r,
+                "checkpoint_commits_total",
+                "Checkpoints committed and flushed",
+                &["collector"],
             ),
             labels: Mutex::new(HashSet::new()),
             max_labels,

@@ -29,6 +29,7 @@ use self::records::{
     checkpoint_key, prefix, seq_key, split_id, Checkpoint, Gap, Mode, Phase, RunRecord, GAP_REASONS,
 };
 use crate::config::Config;
+use crate::observe::metrics::Metrics;
 use crate::store::{unix_ms_now, RunTree, Store, StoreError, StoreWriter};
 
 /// What a run is opened with; every field optional (`{}` is an unbounded
@@ -101,6 +102,8 @@ struct Active {
     lease_until: Instant,
     /// Gap records were written for its stop.
     settled: bool,
+    /// Attempts already counted in the metrics.
+    counted: u64,
 }
 
 impl Active {
@@ -149,6 +152,7 @@ pub struct Runs {
     released: Notify,
     store: Option<Arc<Store>>,
     writer: Option<StoreWriter>,
+    metrics: Option<Arc<Metrics>>,
 }
 
 /// The live view of a run, for the API.
@@ -193,7 +197,12 @@ impl Runs {
     /// The registry for `config`'s collectors, with what the store holds:
     /// checkpoints, gap counts, fencing tokens, and runs that were active
     /// when sluice stopped (now `interrupted`).
-    pub fn new(config: &Config, store: Option<Arc<Store>>, writer: Option<StoreWriter>) -> Runs {
+    pub fn new(
+        config: &Config,
+        store: Option<Arc<Store>>,
+        writer: Option<StoreWriter>,
+        metrics: Option<Arc<Metrics>>,
+    ) -> Runs {
         let mut registry = Registry {
             slots: BTreeMap::new(),
             checkpoints: BTreeMap::new(),
@@ -210,9 +219,40 @@ impl Runs {
             released: Notify::new(),
             store,
             writer,
+            metrics,
         };
         runs.load();
+        runs.export();
         runs
+    }
+
+    /// Sets the per-collector gauges (active run, pending gaps); the
+    /// counters move as things happen.
+    pub fn export(&self) {
+        let Some(m) = &self.metrics else { return };
+        let reg = self.lock();
+        for (name, slot) in &reg.slots {
+            m.runs_active
+                .with_label_values(&[name])
+                .set(i64::from(slot.active.is_some()));
+            m.gaps_pending
+                .with_label_values(&[name])
+                .set(slot.pending_gaps as i64);
+            m.run_attempts.with_label_values(&[name]);
+            m.checkpoint_commits.with_label_values(&[name]);
+        }
+    }
+
+    fn count_attempts(&self, name: &str, active: &mut Active) {
+        let attempts = active.handle.state().attempts;
+        if attempts > active.counted {
+            if let Some(m) = &self.metrics {
+                m.run_attempts
+                    .with_label_values(&[name])
+                    .inc_by(attempts - active.counted);
+            }
+            active.counted = attempts;
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, Registry> {
@@ -328,8 +368,13 @@ impl Runs {
     /// Ends `name`'s active run with `phase`, releasing the lease.
     fn end(&self, reg: &mut Registry, name: &str, phase: Phase) -> Option<RunRecord> {
         let slot = reg.slots.get_mut(name)?;
-        let active = slot.active.take()?;
+        let mut active = slot.active.take()?;
+        self.count_attempts(name, &mut active);
         let mut record = active.snapshot();
+        if let Some(m) = &self.metrics {
+            let reason = record.stop_reason.as_deref().unwrap_or("none");
+            m.runs.with_label_values(&[name, reason]).inc();
+        }
         record.phase = phase;
         record.ended_unix_ms = Some(unix_ms_now());
         slot.last = Some(record.clone());
@@ -488,6 +533,7 @@ impl Runs {
             handle,
             lease_until: now + ttl,
             settled: false,
+            counted: 0,
         };
         let view = RunView {
             record,
@@ -644,6 +690,7 @@ impl Runs {
         if let Some(r) = refusal {
             *active.record.refusals.entry(r.to_string()).or_default() += 1;
         }
+        self.count_attempts(user, active);
         self.settle(&mut reg, user);
     }
 
@@ -728,6 +775,9 @@ impl Runs {
                 }
             }
             return Err(e);
+        }
+        if let Some(m) = &self.metrics {
+            m.checkpoint_commits.with_label_values(&[&name]).inc();
         }
         Ok(checkpoint)
     }

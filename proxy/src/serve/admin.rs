@@ -102,6 +102,7 @@ fn route(app: &App, req: Request<Incoming>) -> Response<ResBody> {
                 .map(|p| (p.policy.snapshot(now), p.visible()))
                 .collect();
             app.metrics.refresh(snaps.iter().map(|(s, v)| (s, *v)));
+            app.runs.export();
             text(
                 StatusCode::OK,
                 app.metrics.render(),
