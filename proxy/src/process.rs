@@ -91,7 +91,12 @@ pub async fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), Sta
     if let Some(store) = &store {
         restore(&providers, store, &metrics, config.limits.state_max_age);
     }
-    let runs = Runs::new(&config, store.clone(), writer.clone(), Some(metrics.clone()));
+    let runs = Runs::new(
+        &config,
+        store.clone(),
+        writer.clone(),
+        Some(metrics.clone()),
+    );
     let app = Arc::new(App {
         ca,
         providers,
