@@ -22,10 +22,15 @@ fn start(extra: &str) -> Sluice {
 }
 
 fn start_in(dir: TempDir, extra: &str) -> Sluice {
+    start_full(dir, "", extra)
+}
+
+/// `top`: top-level keys (before any table).
+fn start_full(dir: TempDir, top: &str, extra: &str) -> Sluice {
     std::fs::write(dir.join("a.token"), format!("{TOKEN}\n")).unwrap();
     std::fs::write(dir.join("b.token"), "tok-collector-b\n").unwrap();
     let config = format!(
-        "[destinations]\nallow = [\"127.0.0.0/8\"]\n\
+        "{top}[destinations]\nallow = [\"127.0.0.0/8\"]\n\
          [collectors.collector-a]\ntoken_file = \"{}\"\n\
          [collectors.collector-b]\ntoken_file = \"{}\"\n{extra}",
         dir.join("a.token").display(),
@@ -713,4 +718,79 @@ sys.exit(3)
         .await;
     assert_eq!(runs["runs"][0]["phase"], "finished", "{runs}");
     assert_eq!(runs["runs"][0]["gaps_recorded"], 1);
+}
+
+/// R-RN9: `sluice run` forwards SIGTERM to the command, finishes the run
+/// and exits with the command's status.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sluice_run_forwards_sigterm_and_finishes_the_run() {
+    use tokio::io::{AsyncBufReadExt, BufReader};
+    let sluice = start("");
+    let script = "import signal, sys, time\n\
+                  signal.signal(signal.SIGTERM, lambda *a: sys.exit(7))\n\
+                  print('ready', flush=True)\n\
+                  time.sleep(60)\n";
+    let mut child = tokio::process::Command::new(sluice_tests::harness::binary())
+        .args(["run", "--collector", "collector-a", "--token-file"])
+        .arg(sluice.dir.join("a.token"))
+        .arg("--admin-url")
+        .arg(format!("http://{}", sluice.admin))
+        .arg("--proxy-url")
+        .arg(format!("http://{}", sluice.proxy))
+        .args(["--", "python3", "-c", script])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let first = tokio::time::timeout(T, lines.next_line())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(first.as_deref(), Some("ready"));
+    let (_, c) = sluice.api("GET", "/v1/collectors/collector-a", None).await;
+    assert_eq!(c["active_run"]["phase"], "active", "{c}");
+    let pid = child.id().unwrap();
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let status = tokio::time::timeout(T, child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(status.code(), Some(7), "the command's own status");
+    let (_, c) = sluice.api("GET", "/v1/collectors/collector-a", None).await;
+    assert_eq!(c["active_run"], "unknown", "{c}");
+    assert_eq!(c["last_run"]["phase"], "finished", "{c}");
+}
+
+/// Beyond loopback the run API needs the collector's token as
+/// `Authorization: Bearer`, and only that collector's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn beyond_loopback_the_run_api_needs_the_collectors_token() {
+    let sluice = start_full(TempDir::new("runs"), "admin = \"0.0.0.0:0\"\n", "");
+    let admin = std::net::SocketAddr::from(([127, 0, 0, 1], sluice.admin.port()));
+    let path = "/v1/collectors/collector-a/runs";
+    let (s, e) = api_call(admin, "POST", path, Some(&json!({})), None).await;
+    assert_eq!(
+        (s, e["field"].as_str()),
+        (401, Some("authorization")),
+        "{e}"
+    );
+    let (s, _) = api_call(admin, "POST", path, Some(&json!({})), Some("nope")).await;
+    assert_eq!(s, 401);
+    let (s, e) = api_call(
+        admin,
+        "POST",
+        path,
+        Some(&json!({})),
+        Some("tok-collector-b"),
+    )
+    .await;
+    assert_eq!((s, e["field"].as_str()), (403, Some("id")), "{e}");
+    let (s, run) = api_call(admin, "POST", path, Some(&json!({})), Some(TOKEN)).await;
+    assert_eq!(s, 201, "{run}");
 }

@@ -470,7 +470,14 @@ impl Runs {
             tokio::pin!(released);
             released.as_mut().enable();
             let lease_until = match self.try_open(name, &opening) {
-                Ok(view) => return Ok(view),
+                Ok(view) => {
+                    // The lease and its fencing token are on disk before
+                    // anyone holds them.
+                    if self.writer.is_some() {
+                        self.flush().await?;
+                    }
+                    return Ok(view);
+                }
                 Err((RunError::Held(holder), lease_until)) => {
                     if Instant::now() >= give_up {
                         return Err(RunError::Held(holder));
