@@ -445,3 +445,44 @@ print("proxy-status: sluice; error=http_request_error" in got.decode().lower())
     assert_eq!(lines, ["HTTP/1.1 400 Bad Request", "True"], "{out}");
     assert!(sim.hits("/echo").is_empty());
 }
+
+/// Issue 10 over HTTPS: a collector's identity given on the CONNECT holds
+/// for every request inside the intercepted tunnel, so its run counts
+/// them — Python requests through `HTTPS_PROXY` with credentials, a run
+/// with `request_cap = 3`: three reach the provider, the rest get the
+/// planned-stop 403.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_counts_requests_inside_intercepted_tunnels() {
+    let tokens = TempDir::new("https-run");
+    std::fs::write(tokens.join("c.token"), "tls-token\n").unwrap();
+    let s = Setup::new(
+        &["127.0.0.63"],
+        &format!(
+            "[collectors.c]\ntoken_file = \"{}\"\n",
+            tokens.join("c.token").display()
+        ),
+    )
+    .await;
+    let (status, run) = s
+        .sluice
+        .api(
+            "POST",
+            "/v1/collectors/c/runs",
+            Some(&serde_json::json!({ "request_cap": 3 })),
+        )
+        .await;
+    assert_eq!(status, 201, "{run}");
+    let ca = s.cacert();
+    let out = python_env(
+        &format!("http://c:tls-token@{}", s.sluice.proxy),
+        "import sys, requests\n\
+         with requests.Session() as session:\n\
+         \x20   codes = [session.get(sys.argv[1], timeout=20).status_code for _ in range(5)]\n\
+         print(' '.join(map(str, codes)))",
+        &[&s.sims[0].url("https", "/ok")],
+        &[("REQUESTS_CA_BUNDLE", &ca)],
+    )
+    .await;
+    assert_eq!(out.trim(), "200 200 200 403 403");
+    assert_eq!(s.sims[0].hits("/ok").len(), 3);
+}
