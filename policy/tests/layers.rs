@@ -748,6 +748,34 @@ async fn a_wait_ends_at_the_deadline() {
     assert_eq!(provider.arrivals().len(), 4);
 }
 
+/// R-RN2: an attempt whose pacing slot comes after the run's deadline is
+/// not sent: the run stops with `deadline` (it used to start late).
+#[tokio::test(start_paused = true)]
+async fn a_pacing_slot_after_the_deadline_is_not_taken() {
+    let (policy, _) = policy(fixed_rate(1.0));
+    let provider = Provider::new(|_| status(200));
+    let svc = stack(&policy, &provider);
+    let t0 = Instant::now();
+    let run = RunHandle::new(Envelope {
+        deadline: Some(t0 + Duration::from_millis(500)),
+        ..Envelope::default()
+    });
+    svc.clone().oneshot(with_run(get("a"), &run)).await.unwrap();
+    // The next slot is at t0 + 1 s, past the deadline.
+    let err = svc
+        .clone()
+        .oneshot(with_run(get("b"), &run))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, Cause::RunStopped(s) if s.reason == StopReason::Deadline),
+        "{err}"
+    );
+    assert_eq!(provider.arrivals().len(), 1);
+    assert_eq!(run.state().attempts, 1, "the late attempt does not count");
+    assert_eq!(run.state().stopped, Some(StopReason::Deadline));
+}
+
 mod budget_stop {
     use super::*;
     use proptest::prelude::*;

@@ -8,6 +8,7 @@ use tower::{Service, ServiceExt};
 use super::PacerShared;
 use crate::error::{BoxFuture, Cause};
 use crate::outcome::{self, Outcome};
+use crate::run::{RunHandle, RunStopped, StopReason};
 
 /// Time from dispatch (after the bulkhead permit) to the response head,
 /// stamped into the response's extensions by the bulkhead so that queueing
@@ -54,8 +55,20 @@ where
     fn call(&mut self, req: Request<B>) -> Self::Future {
         let inner = self.inner.clone();
         let shared = self.shared.clone();
+        let run = req.extensions().get::<RunHandle>().cloned();
         Box::pin(async move {
             let sent_at = shared.acquire().await?;
+            // A run's deadline is checked before an attempt starts: one
+            // whose pacing slot came after it is not sent (R-RN2).
+            if let Some(run) = &run {
+                if run.deadline().is_some_and(|d| sent_at >= d) {
+                    run.stop(StopReason::Deadline);
+                    return Err(RunStopped {
+                        reason: StopReason::Deadline,
+                    }
+                    .into());
+                }
+            }
             let result = inner.oneshot(req).await.map_err(Into::into);
             let (outcome, ttfb) = match &result {
                 Ok(resp) => (
