@@ -486,3 +486,45 @@ async fn a_run_counts_requests_inside_intercepted_tunnels() {
     assert_eq!(out.trim(), "200 200 200 403 403");
     assert_eq!(s.sims[0].hits("/ok").len(), 3);
 }
+
+/// Issue 10 through a raw tunnel (`intercept = false`): sluice cannot see
+/// the requests inside, so for a collector's run each CONNECT is one
+/// attempt; past the cap the CONNECT itself gets the planned-stop 403.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_counts_raw_tunnels_by_connect() {
+    let tokens = TempDir::new("raw-run");
+    std::fs::write(tokens.join("c.token"), "raw-token\n").unwrap();
+    let s = Setup::new(
+        &["127.0.0.64"],
+        &format!(
+            "[collectors.c]\ntoken_file = \"{}\"\n\
+             [providers.raw]\nhosts = [\"127.0.0.64\"]\nintercept = false\n",
+            tokens.join("c.token").display()
+        ),
+    )
+    .await;
+    let (status, _) = s
+        .sluice
+        .api(
+            "POST",
+            "/v1/collectors/c/runs",
+            Some(&serde_json::json!({ "request_cap": 2 })),
+        )
+        .await;
+    assert_eq!(status, 201);
+    let provider_ca = s._dir.join("provider-ca.pem");
+    let proxy = format!("http://c:raw-token@{}", s.sluice.proxy);
+    let url = s.sims[0].url("https", "/ok");
+    let args = ["--cacert", provider_ca.to_str().unwrap()];
+    for _ in 0..2 {
+        assert_eq!(curl(&proxy, &args, &url, T).await.status, 200);
+    }
+    let refused = curl(&proxy, &args, &url, T).await;
+    assert_ne!(refused.status, 200, "{refused:?}");
+    assert!(refused.headers.contains("403"), "{refused:?}");
+    assert!(
+        refused.headers.contains("run stopped: request_cap"),
+        "{refused:?}"
+    );
+    assert_eq!(s.sims[0].hits("/ok").len(), 2);
+}

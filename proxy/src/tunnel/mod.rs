@@ -42,6 +42,7 @@ use crate::providers::Provider;
 use crate::tunnel::tls::intercept;
 use crate::upstream;
 use sluice_policy::error::{Cause, Upstream, UpstreamKind};
+use sluice_policy::run::RunStopped;
 
 /// The first byte of a TLS record carrying a handshake.
 const TLS_HANDSHAKE: u8 = 0x16;
@@ -95,9 +96,32 @@ pub async fn connect(
     let upstream = if intercepting {
         None
     } else {
+        // sluice cannot see the requests inside a raw tunnel: for a
+        // collector's run, the CONNECT itself is the attempt.
+        let user = identity.0.as_deref();
+        let run = user.and_then(|u| app.runs.attach(u));
+        if let Some(run) = &run {
+            if let Err(reason) = run.check_attempt(tokio::time::Instant::now()) {
+                let stopped = Cause::RunStopped(RunStopped { reason });
+                if let Some(u) = user {
+                    app.runs.after(u, run, Some(&stopped));
+                }
+                return edge::refusal(&stopped).into_response();
+            }
+        }
         match open_raw(&app, &provider, &host, port, config.connect_timeout).await {
-            Ok(stream) => Some(stream),
-            Err(refusal) => return refusal,
+            Ok(stream) => {
+                if let (Some(u), Some(run)) = (user, &run) {
+                    app.runs.after(u, run, None);
+                }
+                Some(stream)
+            }
+            Err(refusal) => {
+                if let Some(run) = &run {
+                    run.release_attempt();
+                }
+                return refusal;
+            }
         }
     };
     drop(provider);
