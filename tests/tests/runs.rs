@@ -88,6 +88,10 @@ async fn a_request_cap_is_a_planned_stop_that_leaves_the_provider_alone() {
     assert_eq!(status, 201, "{run}");
     let id = run["id"].as_str().unwrap().to_string();
     let fence = run["lease"]["fencing_token"].as_u64().unwrap();
+    assert!(
+        run["lease"]["expires_at"].as_str().unwrap().ends_with('Z'),
+        "{run}"
+    );
     assert_eq!(run["pending_gaps"], 0);
     let (status, c) = sluice
         .api(

@@ -535,10 +535,25 @@ fn record_json(r: &RunRecord) -> Value {
 fn view_json(v: &RunView) -> Value {
     let mut j = record_json(&v.record);
     j["lease"] = match v.lease_expires_unix_ms {
-        Some(at) => json!({ "fencing_token": v.record.fencing_token, "expires_at_unix_ms": at }),
+        Some(at) => json!({
+            "fencing_token": v.record.fencing_token,
+            "expires_at": rfc3339(at),
+            "expires_at_unix_ms": at,
+        }),
         None => json!(null),
     };
     j
+}
+
+/// Milliseconds since the epoch as RFC 3339 UTC (`2026-11-26T06:01:02.345Z`).
+fn rfc3339(unix_ms: u64) -> String {
+    time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(unix_ms) * 1_000_000)
+        .ok()
+        .and_then(|t| {
+            t.format(&time::format_description::well_known::Rfc3339)
+                .ok()
+        })
+        .unwrap_or_default()
 }
 
 fn checkpoint_json(c: &Checkpoint) -> Value {
@@ -570,6 +585,7 @@ fn collector_json(c: &CollectorView) -> Value {
     json!({
         "name": c.name,
         "active_run": c.active.as_ref().map_or_else(unknown, view_json),
+        "lease": c.active.as_ref().map_or_else(unknown, |a| view_json(a)["lease"].clone()),
         "last_run": c.last.as_ref().map_or_else(unknown, record_json),
         "attempts": c.active.as_ref().map_or_else(unknown, |a| json!(a.record.attempts)),
         "stop_reason": c
