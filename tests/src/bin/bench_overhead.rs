@@ -80,7 +80,11 @@ async fn main() {
          max_in_flight = 10000\nmax_queue_len = 10000\n",
     );
     let direct = load(sim.addr, "/ok".to_string()).await;
+    let idle_rss = status_kib(sluice.pid(), "VmRSS");
+    let cpu_before = cpu_seconds(sluice.pid());
     let proxied = load(sluice.proxy, sim.url("http", "/ok")).await;
+    let cpu = cpu_seconds(sluice.pid()) - cpu_before;
+    let peak_rss = status_kib(sluice.pid(), "VmHWM");
     let row = |name: &str, r: &Run| {
         println!(
             "{name:<14} {:>9.0} req/s   p50 {:>7.3} ms   p99 {:>7.3} ms",
@@ -98,4 +102,37 @@ async fn main() {
         (proxied.p50.as_secs_f64() - direct.p50.as_secs_f64()) * 1e3,
         (proxied.p99.as_secs_f64() - direct.p99.as_secs_f64()) * 1e3
     );
+    // The figures the Kubernetes sidecar's requests and limits come from.
+    println!(
+        "sluice process: RSS idle {:.1} MiB, peak under this load {:.1} MiB; CPU {:.2} cores at {:.0} req/s ({:.1} µs per request)",
+        idle_rss as f64 / 1024.0,
+        peak_rss as f64 / 1024.0,
+        cpu / SECS as f64,
+        proxied.rps,
+        cpu / (proxied.rps * SECS as f64) * 1e6
+    );
+}
+
+/// A `/proc/PID/status` field in KiB.
+fn status_kib(pid: u32, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// User + system CPU seconds the process has used.
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command's closing parenthesis; utime and stime are
+    // the 12th and 13th of those.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<f64> = rest
+        .split_whitespace()
+        .map(|x| x.parse().unwrap_or(0.0))
+        .collect();
+    let ticks = f.get(11).copied().unwrap_or(0.0) + f.get(12).copied().unwrap_or(0.0);
+    ticks / 100.0
 }
