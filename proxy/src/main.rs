@@ -50,6 +50,12 @@ enum Command {
     /// credentials, keep the lease, forward SIGINT/SIGTERM, finish the run,
     /// print its summary and exit with the command's status.
     Run(RunArgs),
+    /// Copy this binary to DIR/sluice (a Kubernetes init container puts
+    /// it on a volume the collector container shares, for `sluice run`).
+    Install {
+        /// Where to put it.
+        dir: PathBuf,
+    },
 }
 
 #[derive(Debug, clap::Args)]
@@ -148,6 +154,7 @@ fn main() -> ExitCode {
     }
     let run_args = match cli.command {
         Some(Command::Ca) => return process::print_ca(&config),
+        Some(Command::Install { dir }) => return process::install(&dir),
         Some(Command::Run(args)) => Some(args),
         None => None,
     };

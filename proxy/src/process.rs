@@ -3,7 +3,7 @@
 //! the sweep of idle providers — and the commands besides serving
 //! (`sluice ca`, logging set-up) that the binary calls.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
@@ -13,7 +13,7 @@ use tokio::net::TcpListener;
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::app::{App, Shutdown};
-use crate::ca::{CaPaths, CertAuthority};
+use crate::ca::{CaError, CaPaths, CertAuthority};
 use crate::config::{Config, ConfigError};
 use crate::observe::metrics::Metrics;
 use crate::observe::Observe;
@@ -43,6 +43,35 @@ pub enum StartError {
     /// The signal handlers could not be installed.
     #[error("signals: {0}")]
     Signals(std::io::Error),
+    /// `tls.trust_dir` is set but there is no CA to put in it.
+    #[error("tls.trust_dir: there is no interception CA to write (see the error above)")]
+    NoCa,
+    /// The trust files could not be written.
+    #[error(transparent)]
+    Trust(#[from] CaError),
+}
+
+/// `sluice install DIR`: copies this binary to `DIR/sluice` — how a pod's
+/// collector container gets `sluice run` from the sidecar's image (an
+/// init container runs this into a shared volume).
+pub fn install(dir: &Path) -> ExitCode {
+    let copied = std::env::current_exe().and_then(|exe| {
+        std::fs::create_dir_all(dir)?;
+        let target = dir.join("sluice");
+        std::fs::copy(&exe, &target)?;
+        std::fs::set_permissions(&target, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
+        Ok(target)
+    });
+    match copied {
+        Ok(target) => {
+            println!("{}", target.display());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("sluice install: {}: {e}", dir.display());
+            ExitCode::FAILURE
+        }
+    }
 }
 
 /// Runs sluice until SIGTERM or SIGINT, then drains within the grace
@@ -83,6 +112,13 @@ pub async fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), Sta
             None
         }
     };
+    if let Some(dir) = &config.tls.trust_dir {
+        // Collectors in the pod read these before they start: no CA, no
+        // start (the startup probe keeps them waiting, loudly).
+        let ca = ca.as_ref().ok_or(StartError::NoCa)?;
+        CaEnv::write_to(ca, dir)?;
+        tracing::info!(dir = %dir.display(), "wrote ca.crt and ca-bundle.pem for collectors");
+    }
     let observer = Arc::new(Observe {
         metrics: metrics.clone(),
         writer: writer.clone(),
@@ -313,6 +349,46 @@ impl CaEnv {
                 Some(path)
             });
         CaEnv { cert, bundle }
+    }
+
+    /// Writes `ca.crt` and `ca-bundle.pem` (the system's roots plus the
+    /// CA, or the CA alone when the system has none) into `dir`, each
+    /// replaced whole (written aside, then renamed): a collector reading
+    /// them never sees half a file.
+    pub fn write_to(ca: &CertAuthority, dir: &Path) -> Result<CaEnv, CaError> {
+        let failed = |source| CaError::Write {
+            path: dir.to_path_buf(),
+            source,
+        };
+        std::fs::create_dir_all(dir).map_err(failed)?;
+        let own = std::fs::read(ca.cert_path()).map_err(|source| CaError::Read {
+            path: ca.cert_path().to_path_buf(),
+            source,
+        })?;
+        let mut bundle = SYSTEM_BUNDLES
+            .iter()
+            .find_map(|system| std::fs::read(system).ok())
+            .map(|mut roots| {
+                roots.push(b'\n');
+                roots
+            })
+            .unwrap_or_default();
+        bundle.extend_from_slice(&own);
+        let put = |name: &str, bytes: &[u8]| -> Result<PathBuf, CaError> {
+            let path = dir.join(name);
+            let aside = dir.join(format!(".{name}.new"));
+            std::fs::write(&aside, bytes)
+                .and_then(|()| std::fs::rename(&aside, &path))
+                .map_err(|source| CaError::Write {
+                    path: path.clone(),
+                    source,
+                })?;
+            Ok(path)
+        };
+        Ok(CaEnv {
+            cert: put("ca.crt", &own)?,
+            bundle: Some(put("ca-bundle.pem", &bundle)?),
+        })
     }
 
     /// The variables and their values.

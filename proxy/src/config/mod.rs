@@ -157,6 +157,7 @@ struct RawTls {
     ca_cert: Option<PathBuf>,
     ca_key: Option<PathBuf>,
     leaf_cache: Option<usize>,
+    trust_dir: Option<PathBuf>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -367,6 +368,10 @@ pub struct Tls {
     pub ca_key: Option<PathBuf>,
     /// Leaf certificates kept.
     pub leaf_cache: usize,
+    /// Where sluice writes, at start, the files that make collectors trust
+    /// its CA (`ca.crt`, and `ca-bundle.pem`: the system's roots plus it) —
+    /// a volume shared with the collector in a Kubernetes pod.
+    pub trust_dir: Option<PathBuf>,
 }
 
 /// Where sluice may connect.
@@ -657,6 +662,7 @@ impl Config {
             ca_cert: raw.tls.ca_cert,
             ca_key: raw.tls.ca_key,
             leaf_cache: raw.tls.leaf_cache.unwrap_or(1024),
+            trust_dir: raw.tls.trust_dir,
         };
         if tls.ca_cert.is_some() != tls.ca_key.is_some() {
             return Err(err("tls.ca_key", "tls.ca_cert and tls.ca_key go together"));
