@@ -31,6 +31,7 @@ pub mod events;
 pub mod outcome;
 pub mod pacer;
 pub mod provider;
+pub mod quota;
 pub mod retry;
 pub mod retry_after;
 pub mod run;

@@ -1,0 +1,500 @@
+//! Quotas providers advertise in their responses (R-SG1), parsed once.
+//!
+//! Two header families are in use:
+//!
+//! * the IETF httpapi draft's: the structured-field form
+//!   `RateLimit-Policy: "hour";q=5000;w=3600` with `RateLimit:
+//!   "hour";r=4210;t=1733` (later drafts), the one-header form `RateLimit:
+//!   limit=100, remaining=50, reset=30` with `RateLimit-Policy: 100;w=60`
+//!   (earlier drafts), and the separate `RateLimit-Limit`,
+//!   `RateLimit-Remaining`, `RateLimit-Reset` (delta seconds);
+//! * the widespread `X-RateLimit-Limit`, `-Remaining`, `-Reset` (GitHub and
+//!   many SaaS APIs), whose reset is delta seconds or a Unix time — told
+//!   apart by size: no window lasts 30 years, no Unix time now is that
+//!   small — and `X-RateLimit-Reset-After` (delta seconds).
+//!
+//! A header that is present but unreadable is reported as malformed and
+//! trusted for nothing; a response without either family advertises
+//! nothing. What a provider advertises is a claim: the pacer follows it
+//! only within the owner's ceiling, and keeps learning from what the
+//! provider does (a provider may advertise more than it allows).
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use http::HeaderMap;
+
+/// The longest window or reset believed (a day, like `Retry-After`).
+pub const MAX_BELIEVED: Duration = crate::retry_after::MAX_BELIEVED;
+
+/// A quota as one response advertised it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Advertised {
+    /// Requests allowed per window (the policy), if stated.
+    pub limit: Option<u64>,
+    /// The window, if stated.
+    pub window: Option<Duration>,
+    /// Requests left in the current window.
+    pub remaining: u64,
+    /// Until the window resets (the quota is whole again).
+    pub reset: Duration,
+    /// Which family said so.
+    pub family: Family,
+}
+
+/// Which header family a quota came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Family {
+    /// `RateLimit` / `RateLimit-Policy` (IETF httpapi draft, any version).
+    Ietf,
+    /// `X-RateLimit-*`.
+    XRateLimit,
+}
+
+impl Family {
+    /// The label in metrics and the readout.
+    pub fn label(self) -> &'static str {
+        match self {
+            Family::Ietf => "ratelimit",
+            Family::XRateLimit => "x-ratelimit",
+        }
+    }
+}
+
+/// Quota headers were present but could not be read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Malformed(pub Family);
+
+impl Advertised {
+    /// The rate that spends what remains evenly until the reset — never
+    /// above the policy's own rate (`limit / window`) when stated. `None`
+    /// when nothing remains (hold until the reset).
+    pub fn even_rate(&self) -> Option<f64> {
+        if self.remaining == 0 {
+            return None;
+        }
+        // A reset that has come (or rounds to 0) leaves a whole window: at
+        // most the policy's rate, or what remains per second.
+        let secs = self.reset.as_secs_f64().max(1.0);
+        let mut rate = self.remaining as f64 / secs;
+        if let Some(policy) = self.policy_rate() {
+            rate = rate.min(policy);
+        }
+        Some(rate)
+    }
+
+    /// `limit / window`, when both are stated.
+    pub fn policy_rate(&self) -> Option<f64> {
+        match (self.limit, self.window) {
+            (Some(l), Some(w)) if !w.is_zero() => Some(l as f64 / w.as_secs_f64()),
+            _ => None,
+        }
+    }
+}
+
+/// The quota a response advertises: `Ok(None)` when it advertises none.
+pub fn advertised(
+    headers: &HeaderMap,
+    now_wall: SystemTime,
+) -> Result<Option<Advertised>, Malformed> {
+    if let Some(a) = ietf(headers, now_wall)? {
+        return Ok(Some(a));
+    }
+    x_ratelimit(headers, now_wall)
+}
+
+fn text<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h str> {
+    headers.get(name).and_then(|v| v.to_str().ok())
+}
+
+fn present(headers: &HeaderMap, names: &[&str]) -> bool {
+    names.iter().any(|n| headers.contains_key(*n))
+}
+
+fn count(v: &str) -> Option<u64> {
+    let v = v.trim();
+    (!v.is_empty() && v.bytes().all(|b| b.is_ascii_digit())).then(|| v.parse().ok())?
+}
+
+fn seconds(v: &str) -> Option<Duration> {
+    count(v).map(|s| Duration::from_secs(s).min(MAX_BELIEVED))
+}
+
+/// One parameter (`q=100`) of a structured-field item or a `k=v` list.
+fn param<'a>(item: &'a str, key: &str) -> Option<&'a str> {
+    item.split([';', ','])
+        .filter_map(|p| p.split_once('='))
+        .find(|(k, _)| k.trim().eq_ignore_ascii_case(key))
+        .map(|(_, v)| v.trim())
+}
+
+/// The IETF family, any draft.
+fn ietf(headers: &HeaderMap, now_wall: SystemTime) -> Result<Option<Advertised>, Malformed> {
+    let names = [
+        "ratelimit",
+        "ratelimit-policy",
+        "ratelimit-limit",
+        "ratelimit-remaining",
+        "ratelimit-reset",
+    ];
+    if !present(headers, &names) {
+        return Ok(None);
+    }
+    let bad = Malformed(Family::Ietf);
+    let policy = text(headers, "ratelimit-policy");
+    // The policy: `"name";q=100;w=60` (structured) or `100;w=60` (earlier);
+    // of several, the most restrictive rate.
+    let mut limit = None;
+    let mut window = None;
+    if let Some(p) = policy {
+        let mut best: Option<(u64, Duration)> = None;
+        for item in split_list(p) {
+            let q =
+                param(item, "q").or_else(|| item.split(';').next().filter(|f| count(f).is_some()));
+            let w = param(item, "w");
+            let (Some(q), Some(w)) = (q.and_then(count), w.and_then(seconds)) else {
+                return Err(bad);
+            };
+            if w.is_zero() {
+                return Err(bad);
+            }
+            let rate = q as f64 / w.as_secs_f64();
+            if best.is_none_or(|(bq, bw)| rate < bq as f64 / bw.as_secs_f64()) {
+                best = Some((q, w));
+            }
+        }
+        if let Some((q, w)) = best {
+            limit = Some(q);
+            window = Some(w);
+        }
+    }
+    // Remaining and reset: `RateLimit: "name";r=50;t=30` (structured),
+    // `RateLimit: limit=100, remaining=50, reset=30`, or the separate
+    // headers.
+    let (remaining, reset, stated_limit) = match text(headers, "ratelimit") {
+        Some(v) => {
+            let r = param(v, "r").or_else(|| param(v, "remaining"));
+            let t = param(v, "t").or_else(|| param(v, "reset"));
+            let l = param(v, "limit").map(|l| count(l).ok_or(bad)).transpose()?;
+            (
+                r.map(|r| count(r).ok_or(bad)).transpose()?,
+                t.map(|t| seconds(t).ok_or(bad)).transpose()?,
+                l,
+            )
+        }
+        None => (
+            text(headers, "ratelimit-remaining")
+                .map(|r| count(r).ok_or(bad))
+                .transpose()?,
+            text(headers, "ratelimit-reset")
+                .map(|t| seconds(t).ok_or(bad))
+                .transpose()?,
+            text(headers, "ratelimit-limit")
+                .map(|l| count(l.split([',', ';']).next().unwrap_or("")).ok_or(bad))
+                .transpose()?,
+        ),
+    };
+    let _ = now_wall;
+    match (remaining, reset) {
+        (Some(remaining), Some(reset)) => Ok(Some(Advertised {
+            limit: limit.or(stated_limit),
+            // Without a policy, the window is at least the time to reset.
+            window,
+            remaining,
+            reset,
+            family: Family::Ietf,
+        })),
+        // A policy alone says what is allowed, not where we are: nothing to
+        // pace to yet.
+        (None, None) if policy.is_some() => Ok(None),
+        _ => Err(bad),
+    }
+}
+
+/// Splits a structured-field list on commas outside quotes.
+fn split_list(v: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let (mut start, mut quoted) = (0, false);
+    for (i, c) in v.char_indices() {
+        match c {
+            '"' => quoted = !quoted,
+            ',' if !quoted => {
+                out.push(v[start..i].trim());
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    out.push(v[start..].trim());
+    out.retain(|s| !s.is_empty());
+    out
+}
+
+/// `X-RateLimit-*`.
+fn x_ratelimit(headers: &HeaderMap, now_wall: SystemTime) -> Result<Option<Advertised>, Malformed> {
+    let names = [
+        "x-ratelimit-limit",
+        "x-ratelimit-remaining",
+        "x-ratelimit-reset",
+        "x-ratelimit-reset-after",
+    ];
+    if !present(headers, &names) {
+        return Ok(None);
+    }
+    let bad = Malformed(Family::XRateLimit);
+    let limit = text(headers, "x-ratelimit-limit")
+        .map(|l| count(l).ok_or(bad))
+        .transpose()?;
+    let remaining = text(headers, "x-ratelimit-remaining")
+        .map(|r| count(r).ok_or(bad))
+        .transpose()?;
+    let reset = match (
+        text(headers, "x-ratelimit-reset-after"),
+        text(headers, "x-ratelimit-reset"),
+    ) {
+        (Some(after), _) => Some(fractional_seconds(after).ok_or(bad)?),
+        (None, Some(at)) => Some(reset_value(at, now_wall).ok_or(bad)?),
+        (None, None) => None,
+    };
+    match (remaining, reset) {
+        (Some(remaining), Some(reset)) => Ok(Some(Advertised {
+            limit,
+            window: None,
+            remaining,
+            reset,
+            family: Family::XRateLimit,
+        })),
+        _ => Err(bad),
+    }
+}
+
+/// `X-RateLimit-Reset`: delta seconds, or a Unix time (seconds, possibly
+/// with a fraction). Values above 10⁹ are Unix times (2001 on): no window
+/// is 30 years long.
+fn reset_value(v: &str, now_wall: SystemTime) -> Option<Duration> {
+    let secs: f64 = v
+        .trim()
+        .parse()
+        .ok()
+        .filter(|s: &f64| s.is_finite() && *s >= 0.0)?;
+    if secs >= 1e9 {
+        let at = UNIX_EPOCH + Duration::from_secs_f64(secs);
+        return Some(
+            at.duration_since(now_wall)
+                .unwrap_or(Duration::ZERO)
+                .min(MAX_BELIEVED),
+        );
+    }
+    Some(Duration::from_secs_f64(secs).min(MAX_BELIEVED))
+}
+
+fn fractional_seconds(v: &str) -> Option<Duration> {
+    let secs: f64 = v
+        .trim()
+        .parse()
+        .ok()
+        .filter(|s: &f64| s.is_finite() && *s >= 0.0)?;
+    Some(Duration::from_secs_f64(
+        secs.min(MAX_BELIEVED.as_secs_f64()),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(
+                http::header::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                v.parse().unwrap(),
+            );
+        }
+        h
+    }
+
+    fn now() -> SystemTime {
+        UNIX_EPOCH + Duration::from_secs(1_800_000_000)
+    }
+
+    fn parse(pairs: &[(&str, &str)]) -> Result<Option<Advertised>, Malformed> {
+        advertised(&headers(pairs), now())
+    }
+
+    #[test]
+    fn structured_draft() {
+        let a = parse(&[
+            (
+                "RateLimit-Policy",
+                "\"burst\";q=100;w=60, \"day\";q=1000;w=86400",
+            ),
+            ("RateLimit", "\"day\";r=420;t=3600"),
+        ])
+        .unwrap()
+        .unwrap();
+        // The most restrictive policy: 1000 a day.
+        assert_eq!(
+            (a.limit, a.window),
+            (Some(1000), Some(Duration::from_secs(86400)))
+        );
+        assert_eq!((a.remaining, a.reset), (420, Duration::from_secs(3600)));
+        assert_eq!(a.family, Family::Ietf);
+    }
+
+    #[test]
+    fn earlier_drafts() {
+        let a = parse(&[
+            ("RateLimit", "limit=100, remaining=50, reset=30"),
+            ("RateLimit-Policy", "100;w=60"),
+        ])
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            (a.limit, a.window, a.remaining),
+            (Some(100), Some(Duration::from_secs(60)), 50)
+        );
+        assert_eq!(a.reset, Duration::from_secs(30));
+        let a = parse(&[
+            ("RateLimit-Limit", "10"),
+            ("RateLimit-Remaining", "3"),
+            ("RateLimit-Reset", "1"),
+        ])
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            (a.limit, a.window, a.remaining, a.reset),
+            (Some(10), None, 3, Duration::from_secs(1))
+        );
+    }
+
+    #[test]
+    fn x_ratelimit_with_delta_or_unix_reset() {
+        let a = parse(&[
+            ("X-RateLimit-Limit", "5000"),
+            ("X-RateLimit-Remaining", "4999"),
+            ("X-RateLimit-Reset", "1800003600"),
+        ])
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            (a.limit, a.remaining, a.reset),
+            (Some(5000), 4999, Duration::from_secs(3600))
+        );
+        assert_eq!(a.family, Family::XRateLimit);
+        let a = parse(&[("X-RateLimit-Remaining", "7"), ("X-RateLimit-Reset", "12")])
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (a.limit, a.remaining, a.reset),
+            (None, 7, Duration::from_secs(12))
+        );
+        let a = parse(&[
+            ("X-RateLimit-Remaining", "7"),
+            ("X-RateLimit-Reset-After", "1.5"),
+        ])
+        .unwrap()
+        .unwrap();
+        assert_eq!(a.reset, Duration::from_millis(1500));
+        // A Unix time in the past: the window has reset.
+        let a = parse(&[
+            ("X-RateLimit-Remaining", "0"),
+            ("X-RateLimit-Reset", "1700000000"),
+        ])
+        .unwrap()
+        .unwrap();
+        assert_eq!(a.reset, Duration::ZERO);
+    }
+
+    #[test]
+    fn nothing_advertised_and_malformed_values() {
+        assert_eq!(parse(&[("Content-Type", "text/plain")]), Ok(None));
+        assert_eq!(
+            parse(&[("RateLimit-Policy", "10;w=1")]),
+            Ok(None),
+            "a policy alone"
+        );
+        for bad in [
+            vec![("X-RateLimit-Remaining", "-1"), ("X-RateLimit-Reset", "10")],
+            vec![
+                ("X-RateLimit-Remaining", "lots"),
+                ("X-RateLimit-Reset", "10"),
+            ],
+            vec![("X-RateLimit-Remaining", "5")],
+            vec![
+                ("X-RateLimit-Remaining", "5"),
+                ("X-RateLimit-Reset", "soon"),
+            ],
+            vec![
+                ("X-RateLimit-Limit", "1e3"),
+                ("X-RateLimit-Remaining", "5"),
+                ("X-RateLimit-Reset", "1"),
+            ],
+        ] {
+            assert_eq!(parse(&bad), Err(Malformed(Family::XRateLimit)), "{bad:?}");
+        }
+        for bad in [
+            vec![("RateLimit", "\"d\";r=x;t=1")],
+            vec![
+                ("RateLimit-Policy", "\"d\";q=10;w=0"),
+                ("RateLimit", "\"d\";r=1;t=1"),
+            ],
+            vec![
+                ("RateLimit-Policy", "\"d\";q=10"),
+                ("RateLimit", "\"d\";r=1;t=1"),
+            ],
+            vec![("RateLimit-Remaining", "3")],
+        ] {
+            assert_eq!(parse(&bad), Err(Malformed(Family::Ietf)), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn even_rate_spends_what_remains_until_the_reset() {
+        let a = Advertised {
+            limit: Some(5000),
+            window: Some(Duration::from_secs(3600)),
+            remaining: 3600,
+            reset: Duration::from_secs(1800),
+            family: Family::XRateLimit,
+        };
+        // 3600 left over 1800 s is 2/s, but the policy's own rate is
+        // 5000/3600 = 1.39/s: not above it.
+        assert!((a.even_rate().unwrap() - 5000.0 / 3600.0).abs() < 1e-9);
+        let a = Advertised {
+            remaining: 100,
+            ..a
+        };
+        assert!((a.even_rate().unwrap() - 100.0 / 1800.0).abs() < 1e-9);
+        assert_eq!(Advertised { remaining: 0, ..a }.even_rate(), None);
+        let a = Advertised {
+            limit: None,
+            window: None,
+            remaining: 30,
+            reset: Duration::ZERO,
+            family: Family::XRateLimit,
+        };
+        assert_eq!(a.even_rate(), Some(30.0), "a reset that has come");
+    }
+
+    proptest::proptest! {
+        /// Any header values: a verdict, never a panic.
+        #[test]
+        fn any_values_are_handled(
+            limit in ".{0,12}", remaining in ".{0,12}", reset in ".{0,16}", policy in ".{0,40}",
+        ) {
+            let mut h = HeaderMap::new();
+            for (k, v) in [
+                ("x-ratelimit-limit", &limit),
+                ("x-ratelimit-remaining", &remaining),
+                ("x-ratelimit-reset", &reset),
+                ("ratelimit-policy", &policy),
+                ("ratelimit", &remaining),
+            ] {
+                if let Ok(v) = v.parse() {
+                    h.insert(k, v);
+                }
+            }
+            let _ = advertised(&h, now());
+        }
+    }
+}
