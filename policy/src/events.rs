@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use crate::outcome::Outcome;
 use crate::pacer::{Backoff, Refusal};
+use crate::quota::Family;
 
 /// One event.
 #[derive(Debug, Clone, PartialEq)]
@@ -33,6 +34,8 @@ pub enum Event {
     Backoff(Backoff),
     /// A retry was scheduled after this outcome.
     Retry(Outcome),
+    /// An answer's quota headers of this family could not be read.
+    QuotaMalformed(Family),
 }
 
 /// Where a provider's events go.

@@ -37,6 +37,9 @@ pub struct Advertised {
     pub remaining: u64,
     /// Until the window resets (the quota is whole again).
     pub reset: Duration,
+    /// How coarse `reset` is: a second when the header carried whole
+    /// seconds (the true reset may be up to that much earlier).
+    pub granularity: Duration,
     /// Which family said so.
     pub family: Family,
 }
@@ -72,14 +75,14 @@ impl Advertised {
         if self.remaining == 0 {
             return None;
         }
-        // A reset that has come (or rounds to 0) leaves a whole window: at
-        // most the policy's rate, or what remains per second.
-        let secs = self.reset.as_secs_f64().max(1.0);
-        let mut rate = self.remaining as f64 / secs;
-        if let Some(policy) = self.policy_rate() {
-            rate = rate.min(policy);
+        let policy = self.policy_rate();
+        if self.reset.is_zero() {
+            // The window is resetting now: a whole window ahead, at the
+            // policy's rate, or what remains per second.
+            return Some(policy.unwrap_or(self.remaining as f64));
         }
-        Some(rate)
+        let rate = self.remaining as f64 / self.reset.as_secs_f64();
+        Some(policy.map_or(rate, |p| rate.min(p)))
     }
 
     /// `limit / window`, when both are stated.
@@ -196,6 +199,7 @@ fn ietf(headers: &HeaderMap, now_wall: SystemTime) -> Result<Option<Advertised>,
     let _ = now_wall;
     match (remaining, reset) {
         (Some(remaining), Some(reset)) => Ok(Some(Advertised {
+            granularity: Duration::from_secs(1),
             limit: limit.or(stated_limit),
             // Without a policy, the window is at least the time to reset.
             window,
@@ -247,16 +251,27 @@ fn x_ratelimit(headers: &HeaderMap, now_wall: SystemTime) -> Result<Option<Adver
     let remaining = text(headers, "x-ratelimit-remaining")
         .map(|r| count(r).ok_or(bad))
         .transpose()?;
-    let reset = match (
+    let (reset, whole) = match (
         text(headers, "x-ratelimit-reset-after"),
         text(headers, "x-ratelimit-reset"),
     ) {
-        (Some(after), _) => Some(fractional_seconds(after).ok_or(bad)?),
-        (None, Some(at)) => Some(reset_value(at, now_wall).ok_or(bad)?),
-        (None, None) => None,
+        (Some(after), _) => (
+            Some(fractional_seconds(after).ok_or(bad)?),
+            !after.contains('.'),
+        ),
+        (None, Some(at)) => (
+            Some(reset_value(at, now_wall).ok_or(bad)?),
+            !at.contains('.'),
+        ),
+        (None, None) => (None, false),
     };
     match (remaining, reset) {
         (Some(remaining), Some(reset)) => Ok(Some(Advertised {
+            granularity: if whole {
+                Duration::from_secs(1)
+            } else {
+                Duration::ZERO
+            },
             limit,
             window: None,
             remaining,
@@ -455,6 +470,7 @@ mod tests {
             window: Some(Duration::from_secs(3600)),
             remaining: 3600,
             reset: Duration::from_secs(1800),
+            granularity: Duration::from_secs(1),
             family: Family::XRateLimit,
         };
         // 3600 left over 1800 s is 2/s, but the policy's own rate is
@@ -471,6 +487,7 @@ mod tests {
             window: None,
             remaining: 30,
             reset: Duration::ZERO,
+            granularity: Duration::ZERO,
             family: Family::XRateLimit,
         };
         assert_eq!(a.even_rate(), Some(30.0), "a reset that has come");

@@ -22,6 +22,14 @@
 //!   `Retry-After: {secs}` (delta-seconds); later ones 200.
 //! * `/ra-date/{secs}/{key}` — the same with an HTTP-date.
 //! * `/fail503/{n}/{key}` — the first `n` requests get 503, then 200.
+//! * `/quota/{family}/{limit}/{window_s}/{lie}` — a fixed-window quota of
+//!   `limit` requests per `window_s` seconds (windows from this path's
+//!   first request), advertised in every answer in `family` — `ietf`
+//!   (`RateLimit-Policy: "w";q=…;w=…` and `RateLimit: "w";r=…;t=…`) or `x`
+//!   (`X-RateLimit-Limit`, `-Remaining`, `-Reset` as a Unix time) — or
+//!   `none`; `lie` multiplies what it advertises (2: it claims twice what
+//!   it allows). Over the quota: 429 with `Retry-After` to the window's
+//!   end.
 //! * `/slow/{ms}` — 200 after a delay.
 //! * `/hang` — never answers.
 //! * `/reset` — closes the connection without an answer.
@@ -101,6 +109,9 @@ struct State {
     rng: Option<Rng>,
     /// When `/queue`'s server is next free.
     queue_free: Option<Instant>,
+    /// `/quota` paths: when their windows began, and the current window's
+    /// number and requests.
+    quotas: HashMap<String, (Instant, u64, u64)>,
 }
 
 impl State {
@@ -270,6 +281,7 @@ async fn answer(
     let now = Instant::now();
     let mut delay = Duration::ZERO;
     let mut retry_after: Option<String> = None;
+    let mut extra_headers: Vec<(&'static str, String)> = Vec::new();
     let mut body = Bytes::new();
     let status: u16 = {
         let mut st = state.lock().unwrap();
@@ -345,6 +357,52 @@ async fn answer(
                     200
                 }
             }
+            ["quota", family, limit, window, lie] => {
+                let limit: u64 = limit.parse().unwrap_or(1);
+                let window = Duration::from_secs(window.parse().unwrap_or(1).max(1));
+                let lie: u64 = lie.parse().unwrap_or(1);
+                let (epoch, index, used) = st.quotas.entry(path.clone()).or_insert((now, 0, 0));
+                let current = ((now - *epoch).as_secs_f64() / window.as_secs_f64()) as u64;
+                if current != *index {
+                    *index = current;
+                    *used = 0;
+                }
+                let ends = *epoch + window * (current as u32 + 1);
+                let left = ends - now;
+                let ok = *used < limit;
+                if ok {
+                    *used += 1;
+                }
+                let advertised = limit * lie;
+                let remaining = advertised.saturating_sub(*used);
+                // Whole seconds, rounded up, as servers send them.
+                let reset = left.as_secs() + u64::from(left.subsec_nanos() > 0);
+                match *family {
+                    "ietf" => {
+                        extra_headers.push((
+                            "ratelimit-policy",
+                            format!("\"w\";q={advertised};w={}", window.as_secs()),
+                        ));
+                        extra_headers.push(("ratelimit", format!("\"w\";r={remaining};t={reset}")));
+                    }
+                    "x" => {
+                        let at = SystemTime::now() + left;
+                        let unix = at
+                            .duration_since(SystemTime::UNIX_EPOCH)
+                            .map_or(0, |d| d.as_secs() + u64::from(d.subsec_nanos() > 0));
+                        extra_headers.push(("x-ratelimit-limit", advertised.to_string()));
+                        extra_headers.push(("x-ratelimit-remaining", remaining.to_string()));
+                        extra_headers.push(("x-ratelimit-reset", unix.to_string()));
+                    }
+                    _ => {}
+                }
+                if ok {
+                    200
+                } else {
+                    retry_after = Some(reset.to_string());
+                    429
+                }
+            }
             ["slow", ms] => {
                 delay = Duration::from_millis(ms.parse().unwrap_or(0));
                 200
@@ -395,6 +453,11 @@ async fn answer(
     if let Some(ra) = retry_after {
         resp.headers_mut()
             .insert("retry-after", ra.parse().unwrap());
+    }
+    for (name, value) in extra_headers {
+        if let Ok(v) = value.parse() {
+            resp.headers_mut().insert(name, v);
+        }
     }
     if let Ok(v) = header_names.join(",").parse() {
         resp.headers_mut().insert("x-seen-headers", v);

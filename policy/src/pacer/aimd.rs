@@ -449,6 +449,19 @@ impl Aimd {
         }
     }
 
+    /// Takes the rate a provider advertised (its quota, spent evenly):
+    /// the rate becomes it, within the bounds, and AIMD goes on from there —
+    /// a cut on the next throttle starts from it. No probe or recovery in
+    /// progress survives: the provider said where it stands.
+    pub fn follow(&mut self, now: Instant, rate: f64) {
+        if !(rate.is_finite() && rate > 0.0) {
+            return;
+        }
+        self.probe = None;
+        self.recover_to = None;
+        self.set_rate(now, rate.clamp(self.floor, self.ceiling));
+    }
+
     /// A request was admitted at `now`.
     pub fn on_admit(&mut self, now: Instant) {
         self.window_start.get_or_insert(now);

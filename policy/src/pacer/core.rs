@@ -10,6 +10,7 @@ use tokio::time::Instant;
 use super::aimd::{Aimd, Backoff, BackoffReason};
 use super::gcra::{interval_of, Gcra};
 use crate::outcome::Outcome;
+use crate::quota::Advertised;
 use crate::settings::ProviderSettings;
 
 /// A place in the waiting room.
@@ -53,6 +54,60 @@ pub struct PacerCore {
     last_backoff: Option<Backoff>,
     /// When anything last happened, for idle eviction.
     last_seen: Option<Instant>,
+    /// The quota the provider advertises, while it does (R-SG1).
+    quota: Option<Quota>,
+}
+
+/// A provider's advertised quota as the pacer follows it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Quota {
+    /// The last advertisement.
+    advertised: Advertised,
+    /// The latest the window may reset (holds last until then): the
+    /// earliest this window's answers said.
+    hi: Instant,
+    /// The earliest it may reset (what remains is spent by then): headers
+    /// carry whole seconds, so up to one before what they say.
+    lo: Instant,
+    /// When the last answered request of this window was sent.
+    last_sent: Instant,
+    /// When the current window began, as far as seen (a send between the
+    /// last answer of the old window and the first of the new).
+    started: Option<Instant>,
+    /// How long a window lasts: advertised, or between two starts seen.
+    window: Option<Duration>,
+    /// The even rate: what remains, spread until the reset.
+    rate: Option<f64>,
+    /// No throttle since the provider began advertising: its word sets the
+    /// rate. After one (it promised more than it allows), the rate is the
+    /// lower of its word and what AIMD learns.
+    trusted: bool,
+    /// Answers in a row without the headers; at [`QUOTA_GONE`] the quota
+    /// is forgotten and AIMD alone paces.
+    missing: u32,
+}
+
+/// A window length measured between two window starts, to whole seconds
+/// (windows are stated in seconds).
+fn round_window(d: Duration) -> Duration {
+    Duration::from_secs(d.as_secs_f64().round() as u64)
+}
+
+/// Answers in a row without quota headers after which the pacer stops
+/// following the last advertisement.
+const QUOTA_GONE: u32 = 3;
+
+/// The quota a provider advertises, for the readout.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct QuotaSnapshot {
+    /// The last advertisement.
+    pub advertised: Advertised,
+    /// Until the window resets.
+    pub reset_in: Duration,
+    /// The even rate it is paced at (before the ceiling and AIMD).
+    pub rate_rps: Option<f64>,
+    /// Whether its word sets the rate (no throttle since it began).
+    pub trusted: bool,
 }
 
 /// A readout of the pacer: what metrics, the admin API and the store read.
@@ -83,6 +138,10 @@ pub struct PacerSnapshot {
     pub on_trial: bool,
     /// The last cut of the rate.
     pub last_backoff: Option<Backoff>,
+    /// The quota the provider advertises, while it does.
+    pub quota: Option<QuotaSnapshot>,
+    /// What the pace follows: `advertised` or `learned`.
+    pub authority: &'static str,
 }
 
 /// What an outcome did to the pacer.
@@ -126,6 +185,7 @@ impl PacerCore {
             max_queue_wait: settings.max_queue_wait,
             last_backoff: None,
             last_seen: None,
+            quota: None,
         }
     }
 
@@ -154,7 +214,7 @@ impl PacerCore {
     }
 
     fn sync_interval(&mut self) {
-        let interval = interval_of(self.aimd.rate());
+        let interval = interval_of(self.pace_rate());
         if interval != self.gcra.interval() {
             self.gcra.set_interval(interval);
         }
@@ -162,7 +222,131 @@ impl PacerCore {
 
     /// The current rate.
     pub fn rate(&self) -> f64 {
-        self.aimd.rate()
+        self.pace_rate()
+    }
+
+    /// The rate requests are paced at: AIMD's, and while the provider
+    /// advertises a quota never above its even rate.
+    fn pace_rate(&self) -> f64 {
+        match self.quota.and_then(|q| q.rate) {
+            Some(even) => self.aimd.rate().min(even.max(self.aimd.floor())),
+            None => self.aimd.rate(),
+        }
+    }
+
+    /// Which authority the pace follows: `advertised` while the provider
+    /// advertises a quota, else `learned`.
+    pub fn authority(&self) -> &'static str {
+        if self.quota.is_some() {
+            "advertised"
+        } else {
+            "learned"
+        }
+    }
+
+    /// What an answer's quota headers say (R-SG1): `Some` — pace to it
+    /// (spend what remains evenly until the reset; nothing left holds the
+    /// provider until the reset, like `Retry-After`); `None` — the answer
+    /// carried none.
+    pub fn on_quota(
+        &mut self,
+        advertised: Option<Advertised>,
+        sent_at: Instant,
+        now: Instant,
+    ) -> Feedback {
+        let mut fb = Feedback::default();
+        let Some(adv) = advertised else {
+            if let Some(q) = self.quota.as_mut() {
+                q.missing += 1;
+                if q.missing >= QUOTA_GONE {
+                    self.quota = None;
+                    self.sync_interval();
+                    fb.increased = true;
+                }
+            }
+            return fb;
+        };
+        // When the window resets, as this answer says: whole seconds may
+        // be rounded, so the true reset is within a second before it.
+        let said = now + adv.reset;
+        let rounding = adv.granularity;
+        let mut q = match self.quota {
+            // The same window: less remains, and the reset is where it was.
+            Some(q)
+                if adv.remaining <= q.advertised.remaining
+                    && said <= q.hi + Duration::from_secs(1) =>
+            {
+                let hi = q.hi.min(said);
+                Quota {
+                    hi,
+                    lo: q.lo.max(said.checked_sub(rounding).unwrap_or(now)).min(hi),
+                    ..q
+                }
+            }
+            // A new window began between the last answer's send and this
+            // one's: that fixes where windows start, to within one send.
+            Some(q) => {
+                let start = sent_at;
+                let window = adv
+                    .window
+                    .or_else(|| q.started.map(|prev| round_window(start - prev)))
+                    .filter(|w| !w.is_zero());
+                let mut hi = said;
+                let mut lo = said.checked_sub(rounding).unwrap_or(now);
+                if let Some(w) = window {
+                    hi = hi.min(start + w);
+                    lo = lo.max(q.last_sent + w).min(hi);
+                }
+                Quota {
+                    hi,
+                    lo,
+                    started: Some(start),
+                    window,
+                    ..q
+                }
+            }
+            None => Quota {
+                advertised: adv,
+                hi: said,
+                lo: said.checked_sub(rounding).unwrap_or(now),
+                rate: None,
+                trusted: true,
+                missing: 0,
+                last_sent: sent_at,
+                started: None,
+                window: adv.window,
+            },
+        };
+        q.advertised = adv;
+        q.missing = 0;
+        q.last_sent = q.last_sent.max(sent_at);
+        // Spend what remains by the earliest the window may reset — once
+        // that has passed, at the policy's own rate (the reset may come any
+        // moment) or, with no policy stated, by the latest it may come; hold,
+        // when nothing remains, until the latest.
+        let left = if q.lo > now {
+            q.lo - now
+        } else if adv.policy_rate().is_some() {
+            Duration::ZERO
+        } else {
+            q.hi.saturating_duration_since(now)
+        };
+        q.rate = Advertised { reset: left, ..adv }.even_rate();
+        if q.rate.is_none() && self.hold_until.is_none_or(|h| h < q.hi) {
+            self.hold_until = Some(q.hi);
+            fb.hold_until = Some(q.hi);
+        }
+        let before = self.gcra.interval();
+        let (trusted, rate) = (q.trusted, q.rate);
+        self.quota = Some(q);
+        if trusted {
+            if let Some(r) = rate {
+                self.aimd.follow(now, r);
+            }
+        }
+        self.sync_interval();
+        fb.increased = self.gcra.interval() < before;
+        fb
     }
 
     /// When the pacer last saw a request or an outcome.
@@ -224,7 +408,7 @@ impl PacerCore {
         }
         if ahead == 0 && at <= now {
             self.waiting.remove(&ticket);
-            self.gcra.admit(now);
+            self.gcra.admit_waited(now);
             self.aimd.on_admit(now);
             self.last_seen = Some(now);
             return Admission::Go;
@@ -293,6 +477,11 @@ impl PacerCore {
                 } else {
                     BackoffReason::Throttled
                 };
+                // Throttled while following its word: the provider allows
+                // less than it advertises; AIMD learns the rest.
+                if let Some(q) = self.quota.as_mut() {
+                    q.trusted = false;
+                }
                 fb.backoff = self.aimd.on_throttle(sent_at, now, reason);
             }
             Outcome::Timeout => {
@@ -318,7 +507,7 @@ impl PacerCore {
     /// A readout for metrics, the admin API and the store.
     pub fn snapshot(&self, now: Instant) -> PacerSnapshot {
         PacerSnapshot {
-            rate_rps: self.aimd.rate(),
+            rate_rps: self.pace_rate(),
             interval: self.gcra.interval(),
             ceiling_rps: self.aimd.ceiling(),
             start_rps: self.start_rps,
@@ -329,6 +518,13 @@ impl PacerCore {
             error_baseline: self.aimd.error_baseline(),
             on_trial: self.aimd.in_trial(),
             last_backoff: self.last_backoff,
+            quota: self.quota.map(|q| QuotaSnapshot {
+                advertised: q.advertised,
+                reset_in: q.hi.saturating_duration_since(now),
+                rate_rps: q.rate,
+                trusted: q.trusted,
+            }),
+            authority: self.authority(),
         }
     }
 }
@@ -361,5 +557,76 @@ mod tests {
         let not_found = drive(Outcome::ClientError { status: 404 }, 10);
         assert!(ok > 20.0, "{ok}");
         assert_eq!(not_found, ok);
+    }
+
+    fn advert(remaining: u64, reset_ms: u64) -> Option<Advertised> {
+        Some(Advertised {
+            limit: Some(600),
+            window: Some(Duration::from_secs(60)),
+            remaining,
+            reset: Duration::from_millis(reset_ms),
+            granularity: Duration::ZERO,
+            family: crate::quota::Family::Ietf,
+        })
+    }
+
+    /// R-SG1: from the first answer that advertises a quota, the pace is
+    /// what remains spread until the reset (within the policy's rate), not
+    /// the cold start; without the headers for a few answers, AIMD paces
+    /// again.
+    #[test]
+    fn an_advertised_quota_sets_the_pace_at_once() {
+        let mut core = PacerCore::new(&ProviderSettings::with_ceiling(50.0));
+        let now = Instant::now();
+        assert_eq!(core.rate(), 5.0, "cold start");
+        assert_eq!(core.authority(), "learned");
+        core.on_quota(advert(300, 60_000), now, now);
+        assert!((core.rate() - 5.0).abs() < 1e-9, "300 over 60 s");
+        core.on_quota(advert(590, 59_000), now, now);
+        assert!((core.rate() - 10.0).abs() < 1e-9, "never above 600/60 s");
+        assert_eq!(core.authority(), "advertised");
+        for _ in 0..QUOTA_GONE {
+            core.on_quota(None, now, now);
+        }
+        assert_eq!(core.authority(), "learned");
+        assert!(
+            (core.rate() - 10.0).abs() < 1e-9,
+            "AIMD goes on from the advertised rate"
+        );
+    }
+
+    /// Nothing left: held until the reset, like `Retry-After`.
+    #[test]
+    fn nothing_left_holds_until_the_reset() {
+        let mut core = PacerCore::new(&ProviderSettings::with_ceiling(50.0));
+        let now = Instant::now();
+        let fb = core.on_quota(advert(0, 2_500), now, now);
+        assert_eq!(fb.hold_until, Some(now + Duration::from_millis(2_500)));
+        assert_eq!(core.next_slot(now), now + Duration::from_millis(2_500));
+    }
+
+    /// A provider that throttles below what it advertises is no longer
+    /// taken at its word: AIMD cuts from the advertised rate and its later
+    /// adverts only cap the pace.
+    #[test]
+    fn a_throttle_below_the_advert_hands_the_pace_to_aimd() {
+        let mut core = PacerCore::new(&ProviderSettings::with_ceiling(50.0));
+        let now = Instant::now();
+        core.on_quota(advert(590, 59_000), now, now);
+        assert!((core.rate() - 10.0).abs() < 1e-9);
+        let later = now + Duration::from_millis(200);
+        core.on_outcome(
+            &Outcome::Throttled {
+                status: 429,
+                retry_after: None,
+            },
+            later,
+            None,
+            later,
+        );
+        let cut = core.rate();
+        assert!(cut < 10.0, "cut from the advertised rate: {cut}");
+        core.on_quota(advert(580, 58_000), later, later);
+        assert_eq!(core.rate(), cut, "its word no longer raises the pace");
     }
 }

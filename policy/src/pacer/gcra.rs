@@ -16,6 +16,10 @@ use tokio::time::Instant;
 /// Lateness below this is the timer's rounding, not idle time.
 pub const TIMER_SLACK: Duration = Duration::from_millis(1);
 
+/// A queued request's wake-up lateness up to this is not charged to the
+/// schedule ([`Gcra::admit_waited`]).
+pub const WAKE_SLACK: Duration = Duration::from_millis(5);
+
 /// GCRA state: theoretical arrival time, emission interval, tolerance.
 #[derive(Debug, Clone)]
 pub struct Gcra {
@@ -83,6 +87,21 @@ impl Gcra {
             None => now,
             Some(tat) if now <= tat + TIMER_SLACK => tat,
             Some(_) => now,
+        };
+        self.tat = Some(base + self.interval);
+    }
+
+    /// Admits a request that waited in the queue for its slot: its lateness
+    /// is the time it took to wake up, never idle time, so up to
+    /// [`WAKE_SLACK`] (and half an interval) of it is not charged to the
+    /// schedule. Without this, a ~1 ms wake-up on every slot paces a queue
+    /// at 20 req/s at 19.6 (measured) — and a provider's per-second quota
+    /// is never fully used.
+    pub fn admit_waited(&mut self, now: Instant) {
+        let slack = WAKE_SLACK.min(self.interval / 2).max(TIMER_SLACK);
+        let base = match self.tat {
+            Some(tat) if now <= tat + slack => tat,
+            _ => now,
         };
         self.tat = Some(base + self.interval);
     }

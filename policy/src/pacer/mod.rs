@@ -32,13 +32,16 @@ use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
 
 pub use self::aimd::{Backoff, BackoffReason};
-pub use self::core::{Admission, Feedback, PacerCore, PacerSnapshot, Refusal, Ticket};
+pub use self::core::{
+    Admission, Feedback, PacerCore, PacerSnapshot, QuotaSnapshot, Refusal, Ticket,
+};
 pub use self::error::RateLimited;
 pub use self::layer::PacerLayer;
 pub use self::service::{Pacer, ResponseFuture, Ttfb};
 use crate::error::Cause;
 use crate::events::{emit, Event, EventSink};
 use crate::outcome::Outcome;
+use crate::quota::{Advertised, Malformed};
 use crate::settings::ProviderSettings;
 
 /// The pacer state of one provider, shared by all its services.
@@ -90,6 +93,29 @@ impl PacerShared {
         }
         if let Some(b) = fb.backoff {
             emit(&self.events, Event::Backoff(b));
+        }
+    }
+
+    /// Feeds back the quota headers of an answer (R-SG1): an advertised
+    /// quota sets the pace; malformed headers are counted and ignored.
+    pub fn quota(&self, parsed: Result<Option<Advertised>, Malformed>, sent_at: Instant) {
+        let advertised = match parsed {
+            Ok(a) => a,
+            Err(Malformed(family)) => {
+                emit(&self.events, Event::QuotaMalformed(family));
+                None
+            }
+        };
+        let now = Instant::now();
+        let fb = self.lock().on_quota(advertised, sent_at, now);
+        if fb.changed() {
+            self.notify();
+        }
+        if let Some(until) = fb.hold_until {
+            emit(
+                &self.events,
+                Event::Hold(until.saturating_duration_since(now)),
+            );
         }
     }
 

@@ -8,6 +8,7 @@ use tower::{Service, ServiceExt};
 use super::PacerShared;
 use crate::error::{BoxFuture, Cause};
 use crate::outcome::{self, Outcome};
+use crate::quota;
 use crate::run::{RunHandle, RunStopped, StopReason};
 
 /// Time from dispatch (after the bulkhead permit) to the response head,
@@ -78,6 +79,12 @@ where
                 Err(e) => (Outcome::of_error(e), None),
             };
             shared.feedback(outcome, sent_at, ttfb);
+            if let Ok(resp) = &result {
+                shared.quota(
+                    quota::advertised(resp.headers(), SystemTime::now()),
+                    sent_at,
+                );
+            }
             result
         })
     }

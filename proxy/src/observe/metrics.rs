@@ -58,6 +58,11 @@ pub struct Metrics {
     upgraded_open: IntGauge,
     interception_failures: IntCounterVec,
     visibility: IntGaugeVec,
+    quota_limit: GaugeVec,
+    quota_remaining: GaugeVec,
+    quota_reset: GaugeVec,
+    quota_advertised: IntGaugeVec,
+    quota_malformed: IntCounterVec,
     /// Providers in the table.
     pub providers_tracked: IntGauge,
     /// Stores that could not be opened and were moved aside, by reason.
@@ -311,6 +316,36 @@ impl Metrics {
                 "1: sluice sees each request; 0: raw tunnels only (visibility lost)",
                 p,
             ),
+            quota_limit: gauge(
+                &r,
+                "provider_quota_limit",
+                "Requests per window the provider advertises (absent when it advertises none)",
+                p,
+            ),
+            quota_remaining: gauge(
+                &r,
+                "provider_quota_remaining",
+                "Requests left in the provider's advertised window",
+                p,
+            ),
+            quota_reset: gauge(
+                &r,
+                "provider_quota_reset_seconds",
+                "Seconds until the provider's advertised window resets",
+                p,
+            ),
+            quota_advertised: int_gauge(
+                &r,
+                "provider_pace_advertised",
+                "1 while the pace follows the provider's advertised quota, 0 while it is learned",
+                p,
+            ),
+            quota_malformed: counter(
+                &r,
+                "quota_headers_malformed_total",
+                "Answers whose quota headers could not be read (ignored), by header family",
+                &["provider", "family"],
+            ),
             providers_tracked,
             store_cold_starts: counter(
                 &r,
@@ -481,6 +516,10 @@ impl Metrics {
                 .with_label_values(&[label, b.reason.label()])
                 .inc(),
             Event::Retry(o) => self.retries.with_label_values(&[label, o.label()]).inc(),
+            Event::QuotaMalformed(family) => self
+                .quota_malformed
+                .with_label_values(&[label, family.label()])
+                .inc(),
         }
     }
 
@@ -503,6 +542,9 @@ impl Metrics {
             &self.hold,
             &self.error_baseline,
             &self.latency_baseline,
+            &self.quota_limit,
+            &self.quota_remaining,
+            &self.quota_reset,
         ] {
             g.reset();
         }
@@ -513,6 +555,7 @@ impl Metrics {
             &self.breaker_state,
             &self.budget,
             &self.visibility,
+            &self.quota_advertised,
         ] {
             g.reset();
         }
@@ -527,6 +570,20 @@ impl Metrics {
                 .set(s.pacer.interval.as_secs_f64());
             self.ceiling.with_label_values(&l).set(s.pacer.ceiling_rps);
             self.start.with_label_values(&l).set(s.pacer.start_rps);
+            self.quota_advertised
+                .with_label_values(&l)
+                .set(i64::from(s.pacer.quota.is_some()));
+            if let Some(q) = &s.pacer.quota {
+                if let Some(limit) = q.advertised.limit {
+                    self.quota_limit.with_label_values(&l).set(limit as f64);
+                }
+                self.quota_remaining
+                    .with_label_values(&l)
+                    .set(q.advertised.remaining as f64);
+                self.quota_reset
+                    .with_label_values(&l)
+                    .set(q.reset_in.as_secs_f64());
+            }
             if let Some(limit) = s.pacer.limit_rps {
                 self.limit.with_label_values(&l).set(limit);
             }
