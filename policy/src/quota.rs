@@ -51,6 +51,9 @@ pub enum Family {
     Ietf,
     /// `X-RateLimit-*`.
     XRateLimit,
+    /// None advertised: a fixed window learned from the provider's
+    /// `Retry-After`s.
+    Learned,
 }
 
 impl Family {
@@ -59,6 +62,7 @@ impl Family {
         match self {
             Family::Ietf => "ratelimit",
             Family::XRateLimit => "x-ratelimit",
+            Family::Learned => "learned_window",
         }
     }
 }

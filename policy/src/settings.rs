@@ -64,6 +64,14 @@ macro_rules! provider_settings {
             /// permit; a request that would wait longer is refused at once with
             /// `Retry-After`. Shorter than common 30 s client timeouts.
             max_queue_wait: ::std::time::Duration = ::std::time::Duration::from_secs(15),
+            /// While the provider holds us off (its `Retry-After`, or its
+            /// advertised quota spent until the window resets), a request may
+            /// wait this long for its slot instead of `max_queue_wait`: a
+            /// windowed quota's wait is paced, not refused through. Below
+            /// the 30 s timeout common in HTTP clients (Python requests with
+            /// `timeout=30`, many SDKs), with 2 s for the request itself, so
+            /// a waiter is sent before its client gives up.
+            max_hold_wait: ::std::time::Duration = ::std::time::Duration::from_secs(28),
             /// How many requests may wait for a pacing slot: the per-provider
             /// waiting room; beyond it refuse, never grow memory.
             max_queue_len: usize = 256,

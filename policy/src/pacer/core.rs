@@ -51,11 +51,31 @@ pub struct PacerCore {
     next_ticket: u64,
     max_queue_len: usize,
     max_queue_wait: Duration,
+    max_hold_wait: Duration,
     last_backoff: Option<Backoff>,
     /// When anything last happened, for idle eviction.
     last_seen: Option<Instant>,
     /// The quota the provider advertises, while it does (R-SG1).
     quota: Option<Quota>,
+    /// A windowed quota learned from where the provider's `Retry-After`s
+    /// point, when it advertises none.
+    window: WindowLearner,
+}
+
+/// Learns a fixed-window quota from a provider that advertises none: its
+/// 429s carry a `Retry-After` reaching to the window's end, so two of them
+/// a window apart give the window (the distance between the ends) and the
+/// quota (the answers sent in between). Once learned, answers are counted
+/// into windows and the quota is paced like an advertised one.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+struct WindowLearner {
+    /// Where the last throttle said its window ends.
+    boundary: Option<Instant>,
+    /// Clean answers to requests sent since that boundary.
+    since: u64,
+    /// The learned quota: requests per window, the window, the current
+    /// window's start and the answers counted in it.
+    learned: Option<(u64, Duration, Instant, u64)>,
 }
 
 /// A provider's advertised quota as the pacer follows it.
@@ -76,6 +96,8 @@ struct Quota {
     started: Option<Instant>,
     /// How long a window lasts: advertised, or between two starts seen.
     window: Option<Duration>,
+    /// Learned from `Retry-After`s, not advertised.
+    synthetic: bool,
     /// The even rate: what remains, spread until the reset.
     rate: Option<f64>,
     /// No throttle since the provider began advertising: its word sets the
@@ -183,9 +205,11 @@ impl PacerCore {
             next_ticket: 0,
             max_queue_len: settings.max_queue_len,
             max_queue_wait: settings.max_queue_wait,
+            max_hold_wait: settings.max_hold_wait,
             last_backoff: None,
             last_seen: None,
             quota: None,
+            window: WindowLearner::default(),
         }
     }
 
@@ -202,6 +226,7 @@ impl PacerCore {
         self.gcra.set_burst(settings.burst);
         self.max_queue_len = settings.max_queue_len;
         self.max_queue_wait = settings.max_queue_wait;
+        self.max_hold_wait = settings.max_hold_wait;
         self.aimd.set_latency_factor(settings.soft_throttle_factor);
         self.sync_interval();
     }
@@ -237,10 +262,10 @@ impl PacerCore {
     /// Which authority the pace follows: `advertised` while the provider
     /// advertises a quota, else `learned`.
     pub fn authority(&self) -> &'static str {
-        if self.quota.is_some() {
-            "advertised"
-        } else {
-            "learned"
+        match self.quota {
+            Some(q) if q.synthetic => "learned_window",
+            Some(_) => "advertised",
+            None => "learned",
         }
     }
 
@@ -255,6 +280,10 @@ impl PacerCore {
         now: Instant,
     ) -> Feedback {
         let mut fb = Feedback::default();
+        let (advertised, synthetic) = match advertised {
+            Some(a) => (Some(a), false),
+            None => (self.learned_advert(now), true),
+        };
         let Some(adv) = advertised else {
             if let Some(q) = self.quota.as_mut() {
                 q.missing += 1;
@@ -306,6 +335,7 @@ impl PacerCore {
                 }
             }
             None => Quota {
+                synthetic,
                 advertised: adv,
                 hi: said,
                 lo: said.checked_sub(rounding).unwrap_or(now),
@@ -318,6 +348,7 @@ impl PacerCore {
             },
         };
         q.advertised = adv;
+        q.synthetic = synthetic;
         q.missing = 0;
         q.last_sent = q.last_sent.max(sent_at);
         // Spend what remains by the earliest the window may reset — once
@@ -349,6 +380,44 @@ impl PacerCore {
         fb
     }
 
+    /// A 429 said its window ends at `end`. A window after the last such
+    /// end, the distance between them is the window and the answers sent
+    /// in between the quota; learned, it is paced like an advertised one
+    /// (a fresh trust: a provider whose window changed is learned anew).
+    fn learn_window(&mut self, end: Instant) {
+        let w = &mut self.window;
+        if let Some(prev) = w.boundary {
+            let window = round_window(end.saturating_duration_since(prev));
+            // Retry-After is whole seconds: ends a window apart differ by
+            // a whole number of seconds, give or take one.
+            if window >= Duration::from_secs(2) && w.since > 0 {
+                w.learned = Some((w.since, window, end, 0));
+                if self.quota.is_some_and(|q| q.synthetic) {
+                    self.quota = None;
+                }
+            }
+        }
+        w.boundary = Some(end);
+        w.since = 0;
+    }
+
+    /// The quota a learned window stands for now, as if advertised.
+    fn learned_advert(&self, now: Instant) -> Option<Advertised> {
+        let (limit, window, mut start, mut used) = self.window.learned?;
+        while now >= start + window {
+            start += window;
+            used = 0;
+        }
+        Some(Advertised {
+            limit: Some(limit),
+            window: Some(window),
+            remaining: limit.saturating_sub(used),
+            reset: (start + window).saturating_duration_since(now),
+            granularity: Duration::from_secs(1),
+            family: crate::quota::Family::Learned,
+        })
+    }
+
     /// When the pacer last saw a request or an outcome.
     pub fn last_seen(&self) -> Option<Instant> {
         self.last_seen
@@ -375,7 +444,7 @@ impl PacerCore {
         if self.waiting.len() >= self.max_queue_len {
             return Err((Refusal::QueueFull, wait));
         }
-        if wait > self.max_queue_wait {
+        if wait > self.patience(now) {
             return Err((Refusal::WaitTooLong, wait));
         }
         let ticket = Ticket(self.next_ticket);
@@ -428,7 +497,17 @@ impl PacerCore {
 
     /// The queue's deadline for a request arriving at `now`.
     pub fn deadline(&self, now: Instant) -> Instant {
-        now + self.max_queue_wait
+        now + self.patience(now)
+    }
+
+    /// How long a request may wait for its slot: `max_queue_wait`, or
+    /// `max_hold_wait` while the provider holds us off — a windowed quota's
+    /// reset is waited for, not refused through.
+    pub fn patience(&self, now: Instant) -> Duration {
+        match self.hold_until {
+            Some(h) if h > now => self.max_queue_wait.max(self.max_hold_wait),
+            _ => self.max_queue_wait,
+        }
     }
 
     /// Feeds back what an attempt admitted at `sent_at` came back with.
@@ -448,6 +527,16 @@ impl PacerCore {
             // is the provider working normally: a clean answer for the rate,
             // like a success (but never retried, never a breaker failure).
             Outcome::Success | Outcome::ClientError { .. } => {
+                if self.window.boundary.is_some_and(|b| sent_at >= b) {
+                    self.window.since += 1;
+                }
+                if let Some((_, w, start, used)) = self.window.learned.as_mut() {
+                    while now >= *start + *w {
+                        *start += *w;
+                        *used = 0;
+                    }
+                    *used += 1;
+                }
                 let change = self.aimd.on_clean(sent_at, now, ttfb);
                 fb.increased = change.increased;
                 fb.backoff = change.backoff;
@@ -470,6 +559,9 @@ impl PacerCore {
                     if self.hold_until.is_none_or(|h| h < until) {
                         self.hold_until = Some(until);
                         fb.hold_until = Some(until);
+                    }
+                    if status == 429 {
+                        self.learn_window(until);
                     }
                 }
                 let reason = if status == 503 {

@@ -156,7 +156,7 @@ impl PacerShared {
     pub async fn acquire(&self) -> Result<Instant, Cause> {
         let now = Instant::now();
         let arrived = now;
-        let (ticket, deadline) = {
+        let (ticket, mut patience) = {
             let mut core = self.lock();
             if core.try_admit(now) {
                 drop(core);
@@ -164,7 +164,7 @@ impl PacerShared {
                 return Ok(now);
             }
             match core.enqueue(now) {
-                Ok(t) => (t, core.deadline(now)),
+                Ok(t) => (t, core.patience(now)),
                 Err((refusal, wait)) => {
                     emit(&self.events, Event::Shed(refusal));
                     return Err(RateLimited::new(refusal, wait).into());
@@ -183,7 +183,13 @@ impl PacerShared {
         loop {
             changed.borrow_and_update();
             let now = Instant::now();
-            let admission = self.lock().poll(ticket, deadline, now);
+            // A hold that came while this request waited lets it wait
+            // through the hold; one that ended does not shorten its wait.
+            let admission = {
+                let mut core = self.lock();
+                patience = patience.max(core.patience(now));
+                core.poll(ticket, arrived + patience, now)
+            };
             match admission {
                 Admission::Go => {
                     guard.ticket = None;

@@ -572,7 +572,7 @@ impl Metrics {
             self.start.with_label_values(&l).set(s.pacer.start_rps);
             self.quota_advertised
                 .with_label_values(&l)
-                .set(i64::from(s.pacer.quota.is_some()));
+                .set(i64::from(s.pacer.authority == "advertised"));
             if let Some(q) = &s.pacer.quota {
                 if let Some(limit) = q.advertised.limit {
                     self.quota_limit.with_label_values(&l).set(limit as f64);
