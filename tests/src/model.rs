@@ -61,6 +61,19 @@ pub enum Behaviour {
     /// A provider that never refuses but serves at most `limit` requests a
     /// second, in arrival order: pushed past it, every answer slows down.
     Queue,
+    /// A fixed-window quota: `limit × window` requests per window (windows
+    /// from the start); over it, 429 with `Retry-After` (whole seconds) to
+    /// the window's end. With `advertise`, every answer carries
+    /// `RateLimit-Policy` and `RateLimit` (delta seconds, rounded up), the
+    /// quota multiplied by `lie`.
+    Window {
+        /// The window.
+        window: Duration,
+        /// Whether answers advertise the quota.
+        advertise: bool,
+        /// What it advertises over what it allows (1: the truth).
+        lie: u32,
+    },
 }
 
 /// One answer the provider gave.
@@ -72,6 +85,30 @@ pub struct Answer {
     pub status: u16,
     /// Time to the answer.
     pub latency: Duration,
+    /// `Retry-After`, whole seconds, if any.
+    pub retry_after: Option<u64>,
+    /// The advertised quota: (policy quota, window s, remaining, reset s).
+    pub advert: Option<(u64, u64, u64, u64)>,
+}
+
+impl Answer {
+    /// The answer's headers, as a real provider would send them.
+    pub fn headers(&self) -> http::HeaderMap {
+        let mut h = http::HeaderMap::new();
+        if let Some(ra) = self.retry_after {
+            h.insert(http::header::RETRY_AFTER, ra.into());
+        }
+        if let Some((q, w, r, t)) = self.advert {
+            if let (Ok(p), Ok(l)) = (
+                format!("\"w\";q={q};w={w}").parse(),
+                format!("\"w\";r={r};t={t}").parse(),
+            ) {
+                h.insert("ratelimit-policy", p);
+                h.insert("ratelimit", l);
+            }
+        }
+        h
+    }
 }
 
 /// A hidden limit: a token bucket refilled at `rate` up to `burst`.
@@ -154,6 +191,11 @@ pub struct Provider {
     free_at: Instant,
     rng: Rng,
     log: Vec<Answer>,
+    /// The limit (requests per second) and, for `Window`, when windows
+    /// began and the current window's number and count.
+    limit: f64,
+    started: Instant,
+    window_at: (u64, u64),
 }
 
 impl Provider {
@@ -166,16 +208,54 @@ impl Provider {
             free_at: now,
             rng: Rng::new(seed),
             log: Vec::new(),
+            limit,
+            started: now,
+            window_at: (0, 0),
         }
     }
 
     /// Moves the hidden limit.
     pub fn set_limit(&mut self, limit: f64) {
         self.bucket.set(limit, burst_of(limit));
+        self.limit = limit;
     }
 
     /// Answers a request arriving at `now`.
     pub fn answer(&mut self, now: Instant) -> Answer {
+        if let Behaviour::Window {
+            window,
+            advertise,
+            lie,
+        } = self.behaviour
+        {
+            let quota = (self.limit * window.as_secs_f64()).round() as u64;
+            let index = ((now - self.started).as_secs_f64() / window.as_secs_f64()) as u64;
+            if index != self.window_at.0 {
+                self.window_at = (index, 0);
+            }
+            let ok = self.window_at.1 < quota;
+            if ok {
+                self.window_at.1 += 1;
+            }
+            let ends = self.started + window * (index as u32 + 1);
+            let left = ends - now;
+            let reset = left.as_secs() + u64::from(left.subsec_nanos() > 0);
+            let advertised = quota * u64::from(lie);
+            let a = Answer {
+                at: now,
+                status: if ok { 200 } else { 429 },
+                latency: LATENCY,
+                retry_after: (!ok).then_some(reset),
+                advert: advertise.then_some((
+                    advertised,
+                    window.as_secs(),
+                    advertised.saturating_sub(self.window_at.1),
+                    reset,
+                )),
+            };
+            self.log.push(a);
+            return a;
+        }
         let took = self.bucket.take(now);
         let (status, latency) = match self.behaviour {
             Behaviour::Bucket { over } => (if took { 200 } else { over }, LATENCY),
@@ -201,11 +281,14 @@ impl Provider {
                 self.free_at = start + Duration::from_secs_f64(1.0 / self.bucket.rate());
                 (200, LATENCY + (self.free_at - now))
             }
+            Behaviour::Window { .. } => unreachable!("answered above"),
         };
         let a = Answer {
             at: now,
             status,
             latency,
+            retry_after: None,
+            advert: None,
         };
         self.log.push(a);
         a
@@ -252,7 +335,7 @@ pub trait Gate: Send + Sync + 'static {
     /// Waits for the request's turn; returns when it was let go.
     fn before_send(self: Arc<Self>) -> impl std::future::Future<Output = Instant> + Send;
     /// Learns from the answer to a request let go at `sent_at`.
-    fn on_response(&self, sent_at: Instant, status: u16, latency: Duration);
+    fn on_response(&self, sent_at: Instant, answer: &Answer);
 }
 
 // ------------------------------------------------------------------ sluice
@@ -278,13 +361,19 @@ impl Gate for Sluice {
             }
         }
     }
-    fn on_response(&self, sent_at: Instant, status: u16, latency: Duration) {
+    fn on_response(&self, sent_at: Instant, answer: &Answer) {
+        let headers = answer.headers();
         let outcome = Outcome::of(
-            http::StatusCode::from_u16(status).expect("a status"),
-            &http::HeaderMap::new(),
+            http::StatusCode::from_u16(answer.status).expect("a status"),
+            &headers,
             std::time::SystemTime::now(),
         );
-        self.0.feedback(Some(outcome), sent_at, Some(latency));
+        self.0
+            .feedback(Some(outcome), sent_at, Some(answer.latency));
+        self.0.quota(
+            sluice_policy::quota::advertised(&headers, std::time::SystemTime::now()),
+            sent_at,
+        );
     }
 }
 
@@ -411,10 +500,14 @@ impl Gate for Aws {
                 }
                 (1.0 - s.capacity) / s.fill_rate
             };
-            tokio::time::sleep(Duration::from_secs_f64(wait)).await;
+            // At least a millisecond: a wait that rounds to zero would not
+            // move the paused clock, and a capacity a hair under 1 would
+            // never refill (botocore, on a real clock, always moves on).
+            tokio::time::sleep(Duration::from_secs_f64(wait.max(0.001))).await;
         }
     }
-    fn on_response(&self, _sent_at: Instant, status: u16, _latency: Duration) {
+    fn on_response(&self, _sent_at: Instant, answer: &Answer) {
+        let status = answer.status;
         // botocore counts 429 and 503 among throttling errors.
         let throttled = status == 429 || status == 503;
         let mut s = self.0.lock().unwrap();
@@ -472,7 +565,8 @@ impl Gate for AutoThrottle {
         tokio::time::sleep_until(at).await;
         at
     }
-    fn on_response(&self, _sent_at: Instant, status: u16, latency: Duration) {
+    fn on_response(&self, _sent_at: Instant, answer: &Answer) {
+        let (status, latency) = (answer.status, answer.latency);
         let mut s = self.0.lock().unwrap();
         let target = latency.as_secs_f64() / Self::TARGET_CONCURRENCY;
         let new = ((s.delay + target) / 2.0).max(target).min(Self::MAX_DELAY);
@@ -522,7 +616,7 @@ pub async fn run<G: Gate>(gate: Arc<G>, scenario: &Scenario) -> (Provider, Insta
                 let sent_at = gate.clone().before_send().await;
                 let a = provider.lock().unwrap().answer(Instant::now());
                 tokio::time::sleep(a.latency).await;
-                gate.on_response(sent_at, a.status, a.latency);
+                gate.on_response(sent_at, &a);
             }
         }));
     }

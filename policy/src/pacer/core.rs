@@ -69,8 +69,10 @@ pub struct PacerCore {
 /// into windows and the quota is paced like an advertised one.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 struct WindowLearner {
-    /// Where the last throttle said its window ends.
+    /// Where the last throttle said its window ends, and how far off that
+    /// was.
     boundary: Option<Instant>,
+    held: Duration,
     /// Clean answers to requests sent since that boundary.
     since: u64,
     /// The learned quota: requests per window, the window, the current
@@ -384,13 +386,15 @@ impl PacerCore {
     /// end, the distance between them is the window and the answers sent
     /// in between the quota; learned, it is paced like an advertised one
     /// (a fresh trust: a provider whose window changed is learned anew).
-    fn learn_window(&mut self, end: Instant) {
+    fn learn_window(&mut self, end: Instant, wait: Duration) {
         let w = &mut self.window;
         if let Some(prev) = w.boundary {
             let window = round_window(end.saturating_duration_since(prev));
-            // Retry-After is whole seconds: ends a window apart differ by
-            // a whole number of seconds, give or take one.
-            if window >= Duration::from_secs(2) && w.since > 0 {
+            // A fixed window's 429 sends us to its end, a large part of the
+            // window away; a token bucket's short Retry-Afters (a second)
+            // at a steady interval are not a window.
+            let long = |held: Duration| held >= Duration::from_secs(2) && held * 4 >= window;
+            if window >= Duration::from_secs(2) && w.since > 0 && long(w.held) && long(wait) {
                 w.learned = Some((w.since, window, end, 0));
                 if self.quota.is_some_and(|q| q.synthetic) {
                     self.quota = None;
@@ -398,6 +402,7 @@ impl PacerCore {
             }
         }
         w.boundary = Some(end);
+        w.held = wait;
         w.since = 0;
     }
 
@@ -561,7 +566,7 @@ impl PacerCore {
                         fb.hold_until = Some(until);
                     }
                     if status == 429 {
-                        self.learn_window(until);
+                        self.learn_window(until, wait);
                     }
                 }
                 let reason = if status == 503 {

@@ -19,6 +19,10 @@
 //!    The owner's ceiling is 200 req/s; the provider takes 1,000.
 //! 4. A provider that never refuses but queues past 20 req/s: goodput and
 //!    median latency over the last half of 240 s.
+//! 5. Quotas in fixed windows (R-SG1): per second, per 30 s and per hour,
+//!    advertised in `RateLimit` headers (truthfully or twice over) or not
+//!    at all (429 with `Retry-After` to the window's end): goodput and 429
+//!    share over the last half of 240 s.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -118,6 +122,9 @@ fn main() {
     }
     if args.first().map(String::as_str) == Some("sweep") {
         return sweep();
+    }
+    if args.first().map(String::as_str) == Some("quota") {
+        return quotas();
     }
     println!(
         "1. hidden token-bucket limit, 429 over it; {CLIENTS} naive clients, 40 ms latency; \
@@ -271,6 +278,42 @@ fn main() {
         "{:<16} | {:>22} | {:>22} | {:>22}",
         "20 req/s", cells[0], cells[1], cells[2]
     );
+
+    quotas();
+}
+
+/// 5. Quotas in fixed windows (`bench_pacers quota` runs only these).
+fn quotas() {
+    println!(
+        "\n5. quotas in windows (issue 12), advertised in RateLimit headers or not: goodput / 429 \
+         share over the last half of {} s, ceiling 50 req/s",
+        PHASE.as_secs()
+    );
+    let window = |secs: u64, advertise: bool, lie: u32| Behaviour::Window {
+        window: Duration::from_secs(secs),
+        advertise,
+        lie,
+    };
+    for (name, behaviour, limit) in [
+        ("20 per 1 s, advertised", window(1, true, 1), 20.0),
+        ("300 per 30 s, advertised", window(30, true, 1), 10.0),
+        ("36,000 per hour, advertised", window(3600, true, 1), 10.0),
+        ("20 per 1 s, advertised 2×", window(1, true, 2), 20.0),
+        ("300 per 30 s, no headers", window(30, false, 1), 10.0),
+    ] {
+        let s = scenario(behaviour, &[limit], PHASE);
+        let cells: Vec<String> = (0..3)
+            .map(|who| {
+                let (p, start) = play(who, &s, 50.0);
+                let end = start + PHASE;
+                cell(&p.figures(end - PHASE / 2, end, limit))
+            })
+            .collect();
+        println!(
+            "{name:<28} | {:>22} | {:>22} | {:>22}",
+            cells[0], cells[1], cells[2]
+        );
+    }
 }
 
 /// `bench_pacers trace BEHAVIOUR LIMIT [LIMIT…]`: sluice alone, one line per
