@@ -129,16 +129,19 @@ fn honest(f: &Figures) {
     collectors_saw_only_200s(f);
 }
 
-/// Per-second windows, the IETF structured-field headers.
+/// Per-second windows, the IETF structured-field headers (with
+/// `X-RateLimit-*`, which state no window, per-second windows reach 0.988
+/// of the quota: not yet 0.99 — see the note).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn per_second_quota_ietf_headers() {
     honest(&run("127.0.0.71", "ietf", 20, 1, 1, 20).await);
 }
 
-/// Per-minute windows, `X-RateLimit-*` with a Unix-time reset.
+/// Per-minute windows, in both header families.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn per_minute_quota_x_ratelimit_headers() {
+async fn per_minute_quota_both_families() {
     honest(&run("127.0.0.72", "x", 600, 60, 1, 20).await);
+    honest(&run("127.0.0.79", "ietf", 600, 60, 1, 20).await);
 }
 
 /// Per-hour windows: 36,000 an hour is paced at 10/s from the first
