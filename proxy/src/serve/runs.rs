@@ -28,6 +28,7 @@ use crate::app::App;
 use crate::body::{full, ResBody};
 use crate::runs::records::{split_id, Checkpoint, Gap, Mode, RunRecord, GAP_REASONS};
 use crate::runs::{CollectorView, Opening, RunError, RunView};
+use crate::serve::auth::constant_time_eq;
 
 /// The largest JSON body accepted (a cursor may be long).
 const MAX_BODY: usize = 1 << 20;
@@ -262,10 +263,6 @@ fn authorize(app: &App, req: &Request<Incoming>, owner: Option<&str>) -> Option<
         )),
         _ => None,
     }
-}
-
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// The body as a JSON object (an empty body is `{}`), or the answer that
