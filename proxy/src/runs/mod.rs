@@ -226,6 +226,33 @@ impl Runs {
         runs
     }
 
+    /// The active run `id`, or why not: finished, expired, interrupted
+    /// (from the registry or the store) — or unknown.
+    fn active<'a>(&self, reg: &'a mut Registry, id: &str) -> Result<&'a mut Active, RunError> {
+        let (name, seq) = split_id(id).ok_or(RunError::UnknownRun)?;
+        let stored = || {
+            let v = self
+                .store
+                .as_ref()?
+                .get(RunTree::Runs, &seq_key(name, seq))?;
+            serde_json::from_slice::<RunRecord>(&v)
+                .ok()
+                .map(|r| r.phase)
+        };
+        let ended = reg.ended.get(id).map(|r| r.phase);
+        let slot = reg.slots.get_mut(name).ok_or(RunError::UnknownRun)?;
+        match slot.active.as_mut() {
+            Some(a) if a.record.id == id => Ok(a),
+            _ => {
+                let last = slot.last.as_ref().filter(|l| l.id == id).map(|l| l.phase);
+                match ended.or(last).or_else(stored) {
+                    Some(phase) => Err(RunError::NotActive(phase.label())),
+                    None => Err(RunError::UnknownRun),
+                }
+            }
+        }
+    }
+
     /// Sets the per-collector gauges (active run, pending gaps); the
     /// counters move as things happen.
     pub fn export(&self) {
@@ -328,6 +355,15 @@ impl Runs {
     fn write(&self, t: RunTree, key: Vec<u8>, record: &impl serde::Serialize) {
         if let (Some(w), Ok(value)) = (&self.writer, serde_json::to_vec(record)) {
             w.put(t, key, value);
+        }
+    }
+
+    /// Makes what was written durable soon; nobody waits on it.
+    fn flush_soon(&self) {
+        if let Some(w) = self.writer.clone() {
+            tokio::spawn(async move {
+                let _ = w.flush().await;
+            });
         }
     }
 
@@ -447,12 +483,7 @@ impl Runs {
             }
         }
         tracing::info!(collector = %name, reason = reason.label(), gaps = written, "run stopped; remainder deferred as gap records");
-        // Durable soon; nobody waits on it here.
-        if let Some(w) = self.writer.clone() {
-            tokio::spawn(async move {
-                let _ = w.flush().await;
-            });
-        }
+        self.flush_soon();
     }
 
     /// Opens a run for `name`, or says which run holds the lease. With
@@ -623,15 +654,11 @@ impl Runs {
 
     /// Renews the lease of the active run `id`.
     pub fn heartbeat(&self, id: &str) -> Result<RunView, RunError> {
-        self.renew(id).map_err(|e| self.explain(id, e))
-    }
-
-    fn renew(&self, id: &str) -> Result<RunView, RunError> {
         let now = Instant::now();
         self.sweep(now);
         let mut reg = self.lock();
         let ttl = reg.lease_ttl;
-        let active = active_mut(&mut reg, id)?;
+        let active = self.active(&mut reg, id)?;
         active.lease_until = now + ttl;
         Ok(RunView {
             record: active.snapshot(),
@@ -641,23 +668,15 @@ impl Runs {
 
     /// Finishes the active run `id`: its summary.
     pub fn finish(&self, id: &str) -> Result<RunRecord, RunError> {
-        self.end_run(id).map_err(|e| self.explain(id, e))
-    }
-
-    fn end_run(&self, id: &str) -> Result<RunRecord, RunError> {
         self.sweep(Instant::now());
         let mut reg = self.lock();
-        active_mut(&mut reg, id)?;
+        self.active(&mut reg, id)?;
         let name = split_id(id).map(|(n, _)| n.to_string()).unwrap_or_default();
         self.settle(&mut reg, &name);
         let record = self
             .end(&mut reg, &name, Phase::Finished)
             .ok_or(RunError::UnknownRun)?;
-        if let Some(w) = self.writer.clone() {
-            tokio::spawn(async move {
-                let _ = w.flush().await;
-            });
-        }
+        self.flush_soon();
         Ok(record)
     }
 
@@ -712,24 +731,10 @@ impl Runs {
         cursor: String,
         fencing_token: u64,
     ) -> Result<Checkpoint, RunError> {
-        self.commit(id, stream, mode, slice, cursor, fencing_token)
-            .await
-            .map_err(|e| self.explain(id, e))
-    }
-
-    async fn commit(
-        &self,
-        id: &str,
-        stream: &str,
-        mode: Mode,
-        slice: u64,
-        cursor: String,
-        fencing_token: u64,
-    ) -> Result<Checkpoint, RunError> {
         self.sweep(Instant::now());
         let (name, key, previous, checkpoint) = {
             let mut reg = self.lock();
-            let active = active_mut(&mut reg, id)?;
+            let active = self.active(&mut reg, id)?;
             if active.record.fencing_token != fencing_token {
                 return Err(RunError::StaleFence(active.record.fencing_token));
             }
@@ -839,24 +844,11 @@ impl Runs {
         reason: String,
         detail: Option<String>,
     ) -> Result<Gap, RunError> {
-        self.record_gap(id, stream, cursor, reason, detail)
-            .await
-            .map_err(|e| self.explain(id, e))
-    }
-
-    async fn record_gap(
-        &self,
-        id: &str,
-        stream: String,
-        cursor: Option<String>,
-        reason: String,
-        detail: Option<String>,
-    ) -> Result<Gap, RunError> {
         debug_assert!(GAP_REASONS.contains(&reason.as_str()));
         self.sweep(Instant::now());
         let gap = {
             let mut reg = self.lock();
-            let name = active_mut(&mut reg, id)?.record.collector.clone();
+            let name = self.active(&mut reg, id)?.record.collector.clone();
             if self.writer.is_none() {
                 return Err(RunError::NotDurable("no state store".into()));
             }
@@ -991,36 +983,8 @@ impl Runs {
     }
 }
 
-impl Runs {
-    /// Why `id` is not an active run: finished, expired, … or unknown.
-    fn explain(&self, id: &str, e: RunError) -> RunError {
-        if !matches!(e, RunError::UnknownRun) {
-            return e;
-        }
-        match self.get(id) {
-            Ok(view) => RunError::NotActive(view.record.phase.label()),
-            Err(_) => e,
-        }
-    }
-}
-
 fn fence_key(name: &str) -> Vec<u8> {
     let mut k = b"fence\0".to_vec();
     k.extend_from_slice(name.as_bytes());
     k
-}
-
-/// The active run `id`, or why not.
-fn active_mut<'a>(reg: &'a mut Registry, id: &str) -> Result<&'a mut Active, RunError> {
-    let (name, _) = split_id(id).ok_or(RunError::UnknownRun)?;
-    let known = reg.ended.get(id).map(|r| r.phase);
-    let slot = reg.slots.get_mut(name).ok_or(RunError::UnknownRun)?;
-    match slot.active.as_mut() {
-        Some(a) if a.record.id == id => Ok(a),
-        _ => match (known, slot.last.as_ref().filter(|l| l.id == id)) {
-            (Some(phase), _) => Err(RunError::NotActive(phase.label())),
-            (None, Some(last)) => Err(RunError::NotActive(last.phase.label())),
-            (None, None) => Err(RunError::UnknownRun),
-        },
-    }
 }
