@@ -87,15 +87,20 @@ pub fn oversize_head(headers: &HeaderMap, limit: usize) -> Option<Response<ResBo
 /// `Transfer-Encoding` (RFC 9112 §6.1; see [`crate::framing`]): 400, and
 /// the connection closes. Counted and logged without the request's data.
 pub fn ambiguous_length(app: &App) -> Response<ResBody> {
-    let reason = "ambiguous_length";
-    app.metrics.bad_request(reason);
-    tracing::warn!(reason, "malformed request refused");
-    let mut resp = Refusal::new(
-        StatusCode::BAD_REQUEST,
-        "http_request_error",
+    bad_request(
+        app,
+        "ambiguous_length",
         "a request must not carry both Content-Length and Transfer-Encoding",
     )
-    .into_response();
+}
+
+/// A malformed request's 400: counted by `reason`, logged without the
+/// request's data, the connection closed.
+fn bad_request(app: &App, reason: &'static str, details: &'static str) -> Response<ResBody> {
+    app.metrics.bad_request(reason);
+    tracing::warn!(reason, "malformed request refused");
+    let mut resp =
+        Refusal::new(StatusCode::BAD_REQUEST, "http_request_error", details).into_response();
     resp.headers_mut()
         .insert(header::CONNECTION, HeaderValue::from_static("close"));
     resp
@@ -109,18 +114,11 @@ fn malformed(app: &App, target: &Target) -> Option<Response<ResBody>> {
     if !invalid_port(&target.authority) {
         return None;
     }
-    let reason = "invalid_port";
-    app.metrics.bad_request(reason);
-    tracing::warn!(reason, "malformed request refused");
-    let mut resp = Refusal::new(
-        StatusCode::BAD_REQUEST,
-        "http_request_error",
+    Some(bad_request(
+        app,
+        "invalid_port",
         "the target's port must be 1 to 65535",
-    )
-    .into_response();
-    resp.headers_mut()
-        .insert(header::CONNECTION, HeaderValue::from_static("close"));
-    Some(resp)
+    ))
 }
 
 /// A port is written but is not 1 to 65535.

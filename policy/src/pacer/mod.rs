@@ -82,6 +82,11 @@ impl PacerShared {
         };
         let now = Instant::now();
         let fb = self.lock().on_outcome(&outcome, sent_at, ttfb, now);
+        self.announce(fb, now);
+    }
+
+    /// Wakes waiters if their slots moved and reports a hold or a cut.
+    fn announce(&self, fb: Feedback, now: Instant) {
         if fb.changed() {
             self.notify();
         }
@@ -108,15 +113,7 @@ impl PacerShared {
         };
         let now = Instant::now();
         let fb = self.lock().on_quota(advertised, sent_at, now);
-        if fb.changed() {
-            self.notify();
-        }
-        if let Some(until) = fb.hold_until {
-            emit(
-                &self.events,
-                Event::Hold(until.saturating_duration_since(now)),
-            );
-        }
+        self.announce(fb, now);
     }
 
     /// Locks the decision state. A poisoned lock is recovered: the state is
