@@ -93,10 +93,7 @@ struct Quota {
     lo: Instant,
     /// When the last answered request of this window was sent.
     last_sent: Instant,
-    /// When the current window began, as far as seen (a send between the
-    /// last answer of the old window and the first of the new).
-    started: Option<Instant>,
-    /// How long a window lasts: advertised, or between two starts seen.
+    /// How long a window lasts: advertised, or between two resets seen.
     window: Option<Duration>,
     /// Learned from `Retry-After`s, not advertised.
     synthetic: bool,
@@ -111,7 +108,7 @@ struct Quota {
     missing: u32,
 }
 
-/// A window length measured between two window starts, to whole seconds
+/// A window length measured between two resets or window ends, to whole seconds
 /// (windows are stated in seconds).
 fn round_window(d: Duration) -> Duration {
     Duration::from_secs(d.as_secs_f64().round() as u64)
@@ -302,10 +299,11 @@ impl PacerCore {
         let said = now + adv.reset;
         let rounding = adv.granularity;
         let mut q = match self.quota {
-            // The same window: less remains, and the reset is where it was.
+            // The same window: less remains, and the reset is where it was
+            // (a reset said a whole second later is the next window's).
             Some(q)
                 if adv.remaining <= q.advertised.remaining
-                    && said <= q.hi + Duration::from_secs(1) =>
+                    && said < q.hi + Duration::from_secs(1) =>
             {
                 let hi = q.hi.min(said);
                 Quota {
@@ -315,23 +313,45 @@ impl PacerCore {
                 }
             }
             // A new window began between the last answer's send and this
-            // one's: that fixes where windows start, to within one send.
+            // one's.
             Some(q) => {
-                let start = sent_at;
+                // Consecutive windows reset a window apart: to the second
+                // when resets are Unix times, within one when they count
+                // seconds (the old window's earliest reset is within its
+                // rounding). Windows with no answer in them make a multiple:
+                // the shortest seen is the window.
+                let seen = round_window(said.saturating_duration_since(q.hi));
                 let window = adv
                     .window
-                    .or_else(|| q.started.map(|prev| round_window(start - prev)))
+                    .or(match (q.window, seen.is_zero()) {
+                        (Some(w), false) => Some(w.min(seen)),
+                        (w, true) => w,
+                        (None, false) => Some(seen),
+                    })
                     .filter(|w| !w.is_zero());
                 let mut hi = said;
                 let mut lo = said.checked_sub(rounding).unwrap_or(now);
                 if let Some(w) = window {
-                    hi = hi.min(start + w);
-                    lo = lo.max(q.last_sent + w).min(hi);
+                    // The window began after the last send of the old one
+                    // and before this one's: it ends a window after.
+                    hi = hi.min(sent_at + w);
+                    lo = lo.max(q.last_sent + w);
+                    // The next window after the old one: what was known of
+                    // its end carries over, so the bounds narrow with each
+                    // window to the closest sends on either side of a reset.
+                    if said < q.hi + w + rounding / 2 {
+                        hi = hi.min(q.hi + w);
+                        lo = lo.max(q.lo + w);
+                    }
+                    if lo > hi {
+                        // The windows moved: this answer's word alone.
+                        hi = said.min(sent_at + w);
+                        lo = said.checked_sub(rounding).unwrap_or(now).min(hi);
+                    }
                 }
                 Quota {
                     hi,
                     lo,
-                    started: Some(start),
                     window,
                     ..q
                 }
@@ -345,7 +365,6 @@ impl PacerCore {
                 trusted: true,
                 missing: 0,
                 last_sent: sent_at,
-                started: None,
                 window: adv.window,
             },
         };
@@ -355,14 +374,26 @@ impl PacerCore {
         q.last_sent = q.last_sent.max(sent_at);
         // Spend what remains by the earliest the window may reset — once
         // that has passed, at the policy's own rate (the reset may come any
-        // moment) or, with no policy stated, by the latest it may come; hold,
-        // when nothing remains, until the latest.
-        let left = if q.lo > now {
-            q.lo - now
-        } else if adv.policy_rate().is_some() {
-            Duration::ZERO
-        } else {
-            q.hi.saturating_duration_since(now)
+        // moment); hold, when nothing remains, until the latest. While the
+        // window's length is unknown (its first answers, with no policy
+        // stated), the two may be a whole rounding apart: spent by the
+        // earliest, the rest of the time would be a hold; spread to the
+        // latest, only what this window has left is slower — the lesser
+        // loss when the reset is near (a per-second window); when it is
+        // far, the two lose the same and spending by the earliest is
+        // sooner.
+        let adv = Advertised {
+            window: adv.window.or(q.window),
+            ..adv
+        };
+        let unsure = q.hi.saturating_duration_since(q.lo);
+        let left = match adv.window {
+            None if q.hi.saturating_duration_since(now) < unsure * 4 => {
+                q.hi.saturating_duration_since(now)
+            }
+            _ if q.lo > now => q.lo - now,
+            Some(_) => Duration::ZERO,
+            None => q.hi.saturating_duration_since(now),
         };
         q.rate = Advertised { reset: left, ..adv }.even_rate();
         if q.rate.is_none() && self.hold_until.is_none_or(|h| h < q.hi) {
