@@ -368,7 +368,12 @@ impl PacerCore {
                 window: adv.window,
             },
         };
-        q.advertised = adv;
+        // A window not stated but measured is the quota's window.
+        q.advertised = Advertised {
+            window: adv.window.or(q.window),
+            ..adv
+        };
+        let adv = q.advertised;
         q.synthetic = synthetic;
         q.missing = 0;
         q.last_sent = q.last_sent.max(sent_at);
@@ -382,10 +387,6 @@ impl PacerCore {
         // loss when the reset is near (a per-second window); when it is
         // far, the two lose the same and spending by the earliest is
         // sooner.
-        let adv = Advertised {
-            window: adv.window.or(q.window),
-            ..adv
-        };
         let unsure = q.hi.saturating_duration_since(q.lo);
         let left = match adv.window {
             None if q.hi.saturating_duration_since(now) < unsure * 4 => {
@@ -721,6 +722,50 @@ mod tests {
             (core.rate() - 10.0).abs() < 1e-9,
             "AIMD goes on from the advertised rate"
         );
+    }
+
+    /// A per-second window advertised as `X-RateLimit-*` (no window stated,
+    /// the reset a whole Unix second, the windows' phase 0.37 s off the
+    /// second): the window is measured between two resets, and from the
+    /// third window on every window is used whole, never over.
+    #[test]
+    fn an_unstated_per_second_window_is_measured_and_used_whole() {
+        let mut core = PacerCore::new(&ProviderSettings::with_ceiling(50.0));
+        let t0 = Instant::now();
+        let wall = |t: Instant| (t - t0).as_secs_f64() + 0.37;
+        let (mut now, mut window, mut used) = (t0, 0u64, 0u64);
+        let mut per_window = Vec::new();
+        let mut over = 0;
+        while now < t0 + Duration::from_secs(10) {
+            let current = (now - t0).as_secs();
+            if current != window {
+                per_window.push(used);
+                (window, used) = (current, 0);
+            }
+            if core.try_admit(now) {
+                if used < 20 {
+                    used += 1;
+                } else {
+                    over += 1;
+                }
+                let end = wall(t0 + Duration::from_secs(current + 1));
+                let reset = Duration::from_secs_f64(end.ceil() - wall(now));
+                let adv = Advertised {
+                    limit: Some(20),
+                    window: None,
+                    remaining: 20 - used,
+                    reset,
+                    granularity: Duration::from_secs(1),
+                    family: crate::quota::Family::XRateLimit,
+                };
+                core.on_quota(Some(adv), now, now);
+            }
+            now += Duration::from_millis(1);
+        }
+        assert_eq!(over, 0, "never over the quota: {per_window:?}");
+        assert!(per_window[2..].iter().all(|&n| n == 20), "{per_window:?}");
+        let q = core.snapshot(now).quota.unwrap();
+        assert_eq!(q.advertised.window, Some(Duration::from_secs(1)));
     }
 
     /// Nothing left: held until the reset, like `Retry-After`.
