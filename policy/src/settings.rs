@@ -129,6 +129,12 @@ macro_rules! provider_settings {
             /// Largest request body kept for replay; bigger bodies are not
             /// retried.
             replay_limit: usize = 64 * 1024,
+            /// Share this provider's budget — its pacing schedule, learned
+            /// rate, throttle point and `Retry-After` hold — with every
+            /// replica through `[shared] redis` (R-DS1): a provider's limit
+            /// belongs to its credential, not to a pod. Off: each replica
+            /// learns alone.
+            shared: bool = false,
         }
     };
 }

@@ -294,6 +294,9 @@ pub struct Aimd {
     window_delivered: u32,
     /// The rate was cut during the current window.
     window_cut: bool,
+    /// A shared budget made this replica wait during the current window:
+    /// its demand saturated the shared pace, whatever share it admitted.
+    window_pressed: bool,
     /// Clean answers per second over the last closed window.
     delivered: Option<f64>,
     /// Clean, saturated windows spent at or above the settle point.
@@ -349,6 +352,7 @@ impl Aimd {
             cold_error_cut: false,
             window_start: None,
             window_admitted: 0,
+            window_pressed: false,
             window_delivered: 0,
             window_cut: false,
             delivered: None,
@@ -396,6 +400,11 @@ impl Aimd {
     /// The ceiling.
     pub fn ceiling(&self) -> f64 {
         self.ceiling
+    }
+
+    /// The increase window.
+    pub fn window(&self) -> Duration {
+        self.window
     }
 
     /// The floor.
@@ -460,6 +469,31 @@ impl Aimd {
         self.probe = None;
         self.recover_to = None;
         self.set_rate(now, rate.clamp(self.floor, self.ceiling));
+    }
+
+    /// Takes the rate and throttle point a shared budget holds (R-DS1):
+    /// every replica's AIMD goes on from the one rate. A probe in progress
+    /// survives a raise (another replica's step of the same probe) but not
+    /// a cut.
+    pub fn adopt(&mut self, now: Instant, rate: f64, limit: Option<f64>) {
+        if !(rate.is_finite() && rate > 0.0) {
+            return;
+        }
+        let rate = rate.clamp(self.floor, self.ceiling);
+        if rate < self.rate {
+            self.probe = None;
+            self.recover_to = None;
+        }
+        self.set_rate(now, rate);
+        if let Some(l) = limit.filter(|l| l.is_finite() && *l > 0.0) {
+            self.limit = Some(l);
+        }
+    }
+
+    /// A shared budget made this replica wait: its demand saturates the
+    /// shared pace.
+    pub fn on_pressed(&mut self) {
+        self.window_pressed = true;
     }
 
     /// A request was admitted at `now`.
@@ -704,7 +738,8 @@ impl Aimd {
             return Change::default();
         }
         let secs = elapsed.as_secs_f64();
-        let saturated = f64::from(self.window_admitted) >= SATURATION * self.rate * secs;
+        let saturated =
+            self.window_pressed || f64::from(self.window_admitted) >= SATURATION * self.rate * secs;
         let clean = !self.window_cut && !self.errors.window_spoiled();
         let admitted = self.window_admitted;
         // A window of a few answers is too coarse a measure of delivery.
@@ -713,6 +748,7 @@ impl Aimd {
         self.errors.roll();
         self.window_start = Some(now);
         self.window_admitted = 0;
+        self.window_pressed = false;
         self.window_delivered = 0;
         self.window_cut = false;
         if self.latency.judge(self.latency_factor).is_some() {

@@ -9,6 +9,7 @@ use tokio::time::Instant;
 
 use super::aimd::{Aimd, Backoff, BackoffReason};
 use super::gcra::{interval_of, Gcra};
+use super::shared::{Proposal, SharedView};
 use crate::outcome::Outcome;
 use crate::quota::Advertised;
 use crate::settings::ProviderSettings;
@@ -57,6 +58,12 @@ pub struct PacerCore {
     last_seen: Option<Instant>,
     /// The quota the provider advertises, while it does (R-SG1).
     quota: Option<Quota>,
+    /// The shared budget's rate as last seen, when the budget is shared
+    /// (R-DS1).
+    shared_rate: Option<f64>,
+    /// The shared budget could not be reached: pacing alone at this share
+    /// (one over the replicas) of the last shared rate.
+    alone: Option<u32>,
     /// A windowed quota learned from where the provider's `Retry-After`s
     /// point, when it advertises none.
     window: WindowLearner,
@@ -208,6 +215,8 @@ impl PacerCore {
             last_backoff: None,
             last_seen: None,
             quota: None,
+            shared_rate: None,
+            alone: None,
             window: WindowLearner::default(),
         }
     }
@@ -250,12 +259,89 @@ impl PacerCore {
     }
 
     /// The rate requests are paced at: AIMD's, and while the provider
-    /// advertises a quota never above its even rate.
+    /// advertises a quota never above its even rate; pacing alone while a
+    /// shared budget is unreachable, this replica's share of it (never
+    /// above the last shared rate: no replica grows it alone).
     fn pace_rate(&self) -> f64 {
-        match self.quota.and_then(|q| q.rate) {
+        let rate = match self.quota.and_then(|q| q.rate) {
             Some(even) => self.aimd.rate().min(even.max(self.aimd.floor())),
             None => self.aimd.rate(),
+        };
+        match (self.alone, self.shared_rate) {
+            (Some(replicas), Some(shared)) => rate.min(shared) / f64::from(replicas.max(1)),
+            (Some(replicas), None) => rate / f64::from(replicas.max(1)),
+            _ => rate,
         }
+    }
+
+    /// What this replica proposes to a shared budget nobody has started.
+    pub fn proposal(&self) -> Proposal {
+        Proposal {
+            rate: self.aimd.rate(),
+            limit: self.aimd.limit(),
+        }
+    }
+
+    /// The shared budget answered (R-DS1): its rate, throttle point and
+    /// hold become this replica's, and pacing alone (if it was) ends.
+    pub fn adopt_shared(&mut self, view: &SharedView, now: Instant) -> Feedback {
+        let mut fb = Feedback::default();
+        let before = self.gcra.interval();
+        self.alone = None;
+        self.shared_rate = Some(view.rate);
+        self.aimd.adopt(now, view.rate, view.limit);
+        if let Some(hold) = view.hold.filter(|h| !h.is_zero()) {
+            let until = now + hold;
+            if self.hold_until.is_none_or(|h| h < until) {
+                self.hold_until = Some(until);
+                fb.hold_until = Some(until);
+            }
+        }
+        self.sync_interval();
+        // Faster or slower, waiters' slots moved (it is not this replica's
+        // cut or raise: nothing to report back).
+        fb.increased = self.gcra.interval() != before;
+        fb
+    }
+
+    /// The shared budget could not answer: pace alone at one share of the
+    /// last shared rate until it answers again.
+    pub fn pace_alone(&mut self, replicas: u32) -> Feedback {
+        let before = self.gcra.interval();
+        self.alone = Some(replicas.max(1));
+        self.sync_interval();
+        Feedback {
+            increased: self.gcra.interval() != before,
+            ..Feedback::default()
+        }
+    }
+
+    /// How many requests may wait.
+    pub fn max_queue_len(&self) -> usize {
+        self.max_queue_len
+    }
+
+    /// Whether this replica paces alone because its shared budget is
+    /// unreachable.
+    pub fn alone(&self) -> bool {
+        self.alone.is_some()
+    }
+
+    /// A shared budget made this replica's request wait: its demand
+    /// saturates the shared pace.
+    pub fn pressed(&mut self) {
+        self.aimd.on_pressed();
+    }
+
+    /// The learned rate and throttle point, before any quota or share:
+    /// what a shared budget is told.
+    pub fn learned(&self) -> (f64, Option<f64>) {
+        (self.aimd.rate(), self.aimd.limit())
+    }
+
+    /// The increase window (at most one shared raise per window).
+    pub fn increase_window(&self) -> Duration {
+        self.aimd.window()
     }
 
     /// Which authority the pace follows: `advertised` while the provider

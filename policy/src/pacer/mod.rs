@@ -21,13 +21,16 @@ mod error;
 pub mod gcra;
 mod layer;
 mod service;
+pub mod shared;
 pub mod signals;
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use std::time::Duration;
 
+use rand::RngExt;
 use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
 
@@ -38,11 +41,21 @@ pub use self::core::{
 pub use self::error::RateLimited;
 pub use self::layer::PacerLayer;
 pub use self::service::{Pacer, ResponseFuture, Ttfb};
+pub use self::shared::{Proposal, SharedAdmit, SharedBudget, SharedChange, SharedView};
 use crate::error::Cause;
 use crate::events::{emit, Event, EventSink};
 use crate::outcome::Outcome;
 use crate::quota::{Advertised, Malformed};
 use crate::settings::ProviderSettings;
+
+/// How late a replica may take a shared slot without the schedule losing
+/// it: the next slot is spaced from the one due, not from when it was taken
+/// (the store's GCRA, like [`gcra::Gcra::admit_waited`]).
+pub const SHARED_SLACK: Duration = Duration::from_millis(5);
+
+/// The random spread of replicas' wake-ups for one shared slot, within
+/// [`SHARED_SLACK`].
+const SHARED_SPREAD: Duration = Duration::from_millis(2);
 
 /// The pacer state of one provider, shared by all its services.
 pub struct PacerShared {
@@ -55,6 +68,14 @@ pub struct PacerShared {
     waiters: Mutex<HashMap<Ticket, Arc<Notify>>>,
     /// Where pacing events go.
     events: Option<EventSink>,
+    /// With a shared budget, this replica's requests ask the store one at
+    /// a time, in arrival order.
+    turn: tokio::sync::Mutex<()>,
+    /// Requests waiting for their turn.
+    turn_waiting: AtomicUsize,
+    /// The budget shared with other replicas, when the provider's is
+    /// (R-DS1).
+    budget: Mutex<Option<Arc<dyn SharedBudget>>>,
 }
 
 impl PacerShared {
@@ -70,6 +91,9 @@ impl PacerShared {
             changed: watch::Sender::new(()),
             waiters: Mutex::new(HashMap::new()),
             events,
+            turn: tokio::sync::Mutex::new(()),
+            turn_waiting: AtomicUsize::new(0),
+            budget: Mutex::new(None),
         })
     }
 
@@ -82,7 +106,46 @@ impl PacerShared {
         };
         let now = Instant::now();
         let fb = self.lock().on_outcome(&outcome, sent_at, ttfb, now);
+        self.share(&fb, sent_at);
         self.announce(fb, now);
+    }
+
+    /// Shares the budget with other replicas through `budget` (R-DS1), or
+    /// stops sharing it (`None`).
+    pub fn set_budget(&self, budget: Option<Arc<dyn SharedBudget>>) {
+        *self.budget.lock().unwrap_or_else(|p| p.into_inner()) = budget;
+    }
+
+    fn budget(&self) -> Option<Arc<dyn SharedBudget>> {
+        self.budget
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Reports what this replica learned to the shared budget: a cut (once
+    /// per congestion epoch there), a raise, a hold.
+    fn share(&self, fb: &Feedback, sent_at: Instant) {
+        let Some(budget) = self.budget() else {
+            return;
+        };
+        let (rate, limit, every) = {
+            let core = self.lock();
+            let (rate, limit) = core.learned();
+            (rate, limit, core.increase_window())
+        };
+        if let Some(until) = fb.hold_until {
+            budget.report(SharedChange::Hold { until });
+        }
+        if fb.backoff.is_some() {
+            budget.report(SharedChange::Cut {
+                sent_at,
+                rate,
+                limit,
+            });
+        } else if fb.increased {
+            budget.report(SharedChange::Raise { rate, limit, every });
+        }
     }
 
     /// Wakes waiters if their slots moved and reports a hold or a cut.
@@ -113,6 +176,7 @@ impl PacerShared {
         };
         let now = Instant::now();
         let fb = self.lock().on_quota(advertised, sent_at, now);
+        self.share(&fb, sent_at);
         self.announce(fb, now);
     }
 
@@ -149,10 +213,88 @@ impl PacerShared {
     }
 
     /// Waits for a pacing slot for one request, FIFO among this provider's
-    /// requests. Returns the instant it was admitted, or [`RateLimited`].
+    /// requests — and, when the budget is shared, for the provider's next
+    /// slot in the shared schedule. Returns the instant it was admitted, or
+    /// [`RateLimited`].
     pub async fn acquire(&self) -> Result<Instant, Cause> {
-        let now = Instant::now();
-        let arrived = now;
+        let arrived = Instant::now();
+        let Some(budget) = self.budget() else {
+            return self.acquire_here(arrived).await;
+        };
+        if self.lock().alone() {
+            // The store did not answer lately: this replica's share, paced
+            // here; the store is asked again below (and rejoined if it
+            // answers).
+            self.acquire_here(arrived).await?;
+        }
+        self.acquire_shared(&*budget, arrived).await
+    }
+
+    /// The shared slot (R-DS1): this replica's requests ask in turn (FIFO,
+    /// the waiting room's bounds), each until its slot is taken; a wait the
+    /// store names is slept here, within the request's patience. A store
+    /// that cannot answer sends the request at once, and from then on this
+    /// replica paces alone at its share until the store answers again.
+    async fn acquire_shared(
+        &self,
+        budget: &dyn SharedBudget,
+        arrived: Instant,
+    ) -> Result<Instant, Cause> {
+        let (max_len, patience) = {
+            let core = self.lock();
+            (core.max_queue_len(), core.patience(arrived))
+        };
+        let queued = TurnCount::enter(&self.turn_waiting);
+        if queued.ahead >= max_len {
+            emit(&self.events, Event::Shed(Refusal::QueueFull));
+            return Err(RateLimited::new(Refusal::QueueFull, patience).into());
+        }
+        let Ok(_turn) = tokio::time::timeout_at(arrived + patience, self.turn.lock()).await else {
+            emit(&self.events, Event::Shed(Refusal::WaitTooLong));
+            return Err(RateLimited::new(Refusal::WaitTooLong, patience).into());
+        };
+        drop(queued);
+        loop {
+            let proposal = self.lock().proposal();
+            let answer = budget.admit(proposal).await;
+            let now = Instant::now();
+            let Some(answer) = answer else {
+                let fb = self.lock().pace_alone(budget.replicas());
+                self.announce(fb, now);
+                return Ok(now);
+            };
+            let patience = {
+                let mut core = self.lock();
+                let fb = core.adopt_shared(&answer.view, now);
+                if !answer.admitted {
+                    core.pressed();
+                }
+                drop(core);
+                self.announce(fb, now);
+                self.lock().patience(now)
+            };
+            if answer.admitted {
+                emit(
+                    &self.events,
+                    Event::PacingWait(now.saturating_duration_since(arrived)),
+                );
+                return Ok(now);
+            }
+            if now + answer.wait > arrived + patience {
+                emit(&self.events, Event::Shed(Refusal::WaitTooLong));
+                return Err(RateLimited::new(Refusal::WaitTooLong, answer.wait).into());
+            }
+            // Replicas told of the same slot wake a little apart, so the
+            // slot goes to a random one of them, not always the same (the
+            // store forgives a late sender `SHARED_SLACK`).
+            let spread = SHARED_SPREAD.mul_f64(rand::rng().random_range(0.0..1.0));
+            tokio::time::sleep(answer.wait + spread).await;
+        }
+    }
+
+    /// Waits for this replica's own pacing slot.
+    async fn acquire_here(&self, arrived: Instant) -> Result<Instant, Cause> {
+        let now = arrived;
         let (ticket, mut patience) = {
             let mut core = self.lock();
             if core.try_admit(now) {
@@ -221,6 +363,26 @@ impl std::fmt::Debug for PacerShared {
             .field("core", &self.core)
             .field("events", &self.events.is_some())
             .finish()
+    }
+}
+
+/// One request counted among those waiting for their turn, until dropped.
+struct TurnCount<'a> {
+    count: &'a AtomicUsize,
+    /// How many were waiting before it.
+    ahead: usize,
+}
+
+impl<'a> TurnCount<'a> {
+    fn enter(count: &'a AtomicUsize) -> Self {
+        let ahead = count.fetch_add(1, Ordering::Relaxed);
+        TurnCount { count, ahead }
+    }
+}
+
+impl Drop for TurnCount<'_> {
+    fn drop(&mut self) {
+        self.count.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

@@ -1,0 +1,271 @@
+//! A budget shared by replicas (R-DS1): the seam between the pacer and
+//! whatever holds the one schedule all replicas pace by.
+//!
+//! A provider's limit belongs to its credential, not to a pod. With a
+//! shared budget the pacer still queues its own requests (FIFO, bounded
+//! wait), but a request locally admitted must also take the provider's
+//! next slot in the shared schedule; what one replica learns — a cut, a
+//! raise, a `Retry-After` hold — is reported to it, and every admission
+//! brings back the rate and hold all replicas pace by. The proxy implements
+//! it over Redis; the policy only knows this trait, so pacing stays pure
+//! and testable with a clock.
+//!
+//! When the shared store cannot answer within its call timeout, `admit`
+//! answers `None` and the pacer paces alone at its share of the last shared
+//! rate (`rate / replicas`): degraded, never failing a request for it.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// The future a shared budget's admission returns.
+pub type AdmitFuture<'a> = Pin<Box<dyn Future<Output = Option<SharedAdmit>> + Send + 'a>>;
+
+/// What one replica knows when it asks for a shared slot: used to start a
+/// budget nobody has started yet (or one the store lost).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Proposal {
+    /// This replica's learned rate.
+    pub rate: f64,
+    /// Where this replica saw throttling begin, if it did.
+    pub limit: Option<f64>,
+}
+
+/// The shared state, as an admission found it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SharedView {
+    /// The rate all replicas pace by together.
+    pub rate: f64,
+    /// Where throttling began, as any replica saw it.
+    pub limit: Option<f64>,
+    /// Time left on a hold any replica was told of.
+    pub hold: Option<Duration>,
+}
+
+/// The answer to one shared admission.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SharedAdmit {
+    /// The slot was taken: send now.
+    pub admitted: bool,
+    /// Not admitted: the next slot is this far away (sleep, then ask again).
+    pub wait: Duration,
+    /// The shared state.
+    pub view: SharedView,
+}
+
+/// What one replica learned, for all of them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum SharedChange {
+    /// A throttle to a request sent at `sent_at` cut the rate to `rate`.
+    /// Applied once per congestion epoch: a request sent before the last
+    /// shared cut cuts nothing (the whole overshoot is one cut).
+    Cut {
+        /// When the throttled request was sent.
+        sent_at: Instant,
+        /// The rate after the cut.
+        rate: f64,
+        /// Where throttling began.
+        limit: Option<f64>,
+    },
+    /// Clean, saturated windows grew the rate to `rate`: applied at most
+    /// once per `every` (the increase window), so replicas growing from the
+    /// same rate grow it once.
+    Raise {
+        /// The proposed rate.
+        rate: f64,
+        /// The throttle point after the raise (`None` when a probe found
+        /// it moved).
+        limit: Option<f64>,
+        /// At most one raise this often.
+        every: Duration,
+    },
+    /// The provider asked every request to wait until `until`.
+    Hold {
+        /// The end of the hold.
+        until: Instant,
+    },
+}
+
+/// A budget shared with other replicas. Implementations bound every call
+/// by a timeout and never fail a request: `None` from `admit` means
+/// "pace alone for now".
+pub trait SharedBudget: Send + Sync {
+    /// Takes the provider's next slot, or says how far away it is.
+    fn admit(&self, proposal: Proposal) -> AdmitFuture<'_>;
+    /// Reports what this replica learned (fire and forget).
+    fn report(&self, change: SharedChange);
+    /// How many replicas share the budget: a replica pacing alone takes
+    /// this share of the last shared rate.
+    fn replicas(&self) -> u32;
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+    use crate::pacer::PacerShared;
+    use crate::settings::ProviderSettings;
+
+    /// One schedule in memory, as the proxy keeps it in Redis: strict GCRA
+    /// at the shared rate, the hold, the cut epoch.
+    #[derive(Default)]
+    struct Store {
+        tat: Option<Instant>,
+        rate: Option<f64>,
+        hold: Option<Instant>,
+        cut_at: Option<Instant>,
+        up: bool,
+        cuts: u32,
+    }
+
+    struct Fake(Mutex<Store>);
+
+    impl SharedBudget for Fake {
+        fn admit(&self, proposal: Proposal) -> AdmitFuture<'_> {
+            let now = Instant::now();
+            let mut s = self.0.lock().unwrap();
+            let answer = s.up.then(|| {
+                let rate = *s.rate.get_or_insert(proposal.rate);
+                let at = [s.tat, s.hold]
+                    .into_iter()
+                    .flatten()
+                    .fold(now, Instant::max);
+                let admitted = at <= now;
+                if admitted {
+                    let due = s.tat.unwrap_or(now).max(now - crate::pacer::SHARED_SLACK);
+                    s.tat = Some(due + Duration::from_secs_f64(1.0 / rate));
+                }
+                SharedAdmit {
+                    admitted,
+                    wait: at - now,
+                    view: SharedView {
+                        rate,
+                        limit: None,
+                        hold: s.hold.map(|h| h.saturating_duration_since(now)),
+                    },
+                }
+            });
+            Box::pin(async move { answer })
+        }
+
+        fn report(&self, change: SharedChange) {
+            let mut s = self.0.lock().unwrap();
+            match change {
+                SharedChange::Cut { sent_at, rate, .. } => {
+                    if s.cut_at.is_none_or(|c| sent_at > c) {
+                        s.rate = Some(rate);
+                        s.cut_at = Some(Instant::now());
+                        s.cuts += 1;
+                    }
+                }
+                SharedChange::Raise { .. } => {}
+                SharedChange::Hold { until } => {
+                    s.hold = Some(s.hold.map_or(until, |h| h.max(until)));
+                }
+            }
+        }
+
+        fn replicas(&self) -> u32 {
+            2
+        }
+    }
+
+    /// Two replicas, each with saturating demand, for `secs`: how many
+    /// each sent.
+    async fn run(pacers: &[Arc<PacerShared>], secs: u64) -> Vec<u32> {
+        let end = Instant::now() + Duration::from_secs(secs);
+        let mut tasks = Vec::new();
+        for p in pacers {
+            for _ in 0..4 {
+                let p = p.clone();
+                tasks.push(tokio::spawn(async move {
+                    let mut sent = 0;
+                    while Instant::now() < end {
+                        if p.acquire().await.is_ok_and(|at| at < end) {
+                            sent += 1;
+                        }
+                    }
+                    sent
+                }));
+            }
+        }
+        let mut per = vec![0; pacers.len()];
+        for (i, t) in tasks.into_iter().enumerate() {
+            per[i / 4] += t.await.unwrap();
+        }
+        per
+    }
+
+    fn replicas(fake: &Arc<Fake>) -> Vec<Arc<PacerShared>> {
+        (0..2)
+            .map(|_| {
+                let p = PacerShared::new(&ProviderSettings::with_ceiling(50.0));
+                p.set_budget(Some(fake.clone() as Arc<dyn SharedBudget>));
+                p
+            })
+            .collect()
+    }
+
+    /// R-DS1: two replicas pace by one schedule — together at the shared
+    /// rate, not each at it — and one replica's hold holds the other;
+    /// with the store down each paces alone at its share.
+    #[tokio::test(start_paused = true)]
+    async fn replicas_pace_by_one_schedule_and_one_hold() {
+        let fake = Arc::new(Fake(Mutex::new(Store {
+            up: true,
+            ..Store::default()
+        })));
+        let pacers = replicas(&fake);
+        let per = run(&pacers, 10).await;
+        let total: u32 = per.iter().sum();
+        // The cold start, 5 req/s, over 10 s: 50 together.
+        assert!((49..=52).contains(&total), "{per:?}");
+        assert!(per.iter().all(|&n| n >= 15), "both got a share: {per:?}");
+
+        // A hold one replica was told of holds the other.
+        let sent = Instant::now();
+        pacers[0].feedback(
+            Some(crate::outcome::Outcome::Throttled {
+                status: 429,
+                retry_after: Some(Duration::from_secs(3)),
+            }),
+            sent,
+            None,
+        );
+        assert_eq!(fake.0.lock().unwrap().cuts, 1, "the cut is shared");
+        let before = Instant::now();
+        pacers[1].acquire().await.unwrap();
+        assert!(
+            Instant::now() - before >= Duration::from_secs(3),
+            "held by the other replica's Retry-After"
+        );
+        // The same overshoot seen by the other replica cuts nothing more.
+        pacers[1].feedback(
+            Some(crate::outcome::Outcome::Throttled {
+                status: 429,
+                retry_after: None,
+            }),
+            sent,
+            None,
+        );
+        assert_eq!(fake.0.lock().unwrap().cuts, 1, "one cut per epoch");
+
+        // The store down: each paces alone at half the last shared rate.
+        let shared = fake.0.lock().unwrap().rate.unwrap();
+        fake.0.lock().unwrap().up = false;
+        let per = run(&pacers, 20).await;
+        let total: u32 = per.iter().sum();
+        let expected = shared * 20.0;
+        assert!(
+            f64::from(total) <= expected * 1.1 + 2.0 && f64::from(total) >= expected * 0.8,
+            "alone, together at most the shared rate: {per:?}, shared {shared}"
+        );
+        assert!(pacers.iter().all(|p| p.lock().alone()));
+        fake.0.lock().unwrap().up = true;
+        run(&pacers, 1).await;
+        assert!(pacers.iter().all(|p| !p.lock().alone()), "rejoined");
+    }
+}
