@@ -26,6 +26,7 @@ pub mod providers;
 pub mod runner;
 pub mod runs;
 pub mod serve;
+pub mod shared;
 pub mod store;
 pub mod tunnel;
 pub mod upstream;

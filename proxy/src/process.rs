@@ -12,6 +12,8 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::signal::unix::{signal, SignalKind};
 
+use crate::shared::SharedStore;
+use crate::config::redact_url;
 use crate::app::{App, Shutdown};
 use crate::ca::{CaError, CaPaths, CertAuthority};
 use crate::config::{Config, ConfigError};
@@ -123,7 +125,19 @@ pub async fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), Sta
         metrics: metrics.clone(),
         writer: writer.clone(),
     });
-    let providers = Providers::new(&config, upstream, Some(observer));
+    let shared = match &config.shared {
+        Some(shared) => {
+            let store = SharedStore::new(shared, config.extra_ca.as_deref())?;
+            tracing::info!(
+                redis = %redact_url(&shared.redis),
+                replicas = shared.replicas,
+                "shared budgets through Redis"
+            );
+            Some(store)
+        }
+        None => None,
+    };
+    let providers = Providers::new(&config, upstream, Some(observer)).with_shared(shared);
     if let Some(store) = &store {
         restore(&providers, store, &metrics, config.limits.state_max_age);
     }

@@ -25,6 +25,7 @@ use tokio::time::Instant;
 
 use crate::body::ProxyBody;
 use crate::config::{normalise_host, Config, Limits, NamedProvider};
+use crate::shared::{ProviderBudget, SharedStore};
 use crate::upstream::Upstream;
 
 /// The provider every unknown host shares once the table is full.
@@ -58,6 +59,8 @@ pub struct Provider {
     raw_tunnels: AtomicBool,
     /// Milliseconds since the table's epoch at last use.
     last_used: AtomicU64,
+    /// Its budget in Redis, while shared (R-DS1).
+    budget: Mutex<Option<Arc<ProviderBudget>>>,
 }
 
 impl std::fmt::Debug for Provider {
@@ -90,6 +93,8 @@ pub struct Providers {
     kept: Mutex<HashMap<String, Kept>>,
     upstream: Upstream,
     observer: Option<Arc<dyn Observer>>,
+    /// Where shared budgets live, when `[shared]` is configured.
+    shared: Option<Arc<SharedStore>>,
 }
 
 impl std::fmt::Debug for Providers {
@@ -113,7 +118,15 @@ impl Providers {
             kept: Mutex::new(HashMap::new()),
             upstream,
             observer,
+            shared: None,
         }
+    }
+
+    /// Shares the budgets of providers with `shared = true` through this
+    /// store (R-DS1).
+    pub fn with_shared(mut self, store: Option<Arc<SharedStore>>) -> Self {
+        self.shared = store;
+        self
     }
 
     fn rules(&self) -> std::sync::RwLockReadGuard<'_, Rules> {
@@ -228,7 +241,9 @@ impl Providers {
             restored: kept.is_some(),
             raw_tunnels: AtomicBool::new(false),
             last_used: AtomicU64::new(0),
+            budget: Mutex::new(None),
         };
+        p.share(self.shared.as_ref(), p.policy.settings().shared);
         p.touch(self.epoch, now);
         p
     }
@@ -339,6 +354,7 @@ impl Providers {
                 Some(n) => (n.settings.clone(), n.intercept),
                 None => (config.defaults.clone(), config.defaults_intercept),
             };
+            p.share(self.shared.as_ref(), settings.shared);
             p.policy.update_settings(settings);
             p.intercept.store(intercept, Ordering::Relaxed);
         }
@@ -346,6 +362,31 @@ impl Providers {
 }
 
 impl Provider {
+    /// Shares its budget through `store` (or stops sharing it).
+    fn share(&self, store: Option<&Arc<SharedStore>>, shared: bool) {
+        let mut budget = self.budget.lock().unwrap_or_else(|p| p.into_inner());
+        match (store.filter(|_| shared), budget.is_some()) {
+            (Some(store), false) => {
+                let b = store.budget(&self.name);
+                self.policy.pacer.set_budget(Some(b.clone()));
+                *budget = Some(b);
+            }
+            (None, true) => {
+                self.policy.pacer.set_budget(None);
+                *budget = None;
+            }
+            _ => {}
+        }
+    }
+
+    /// Its shared budget, while shared.
+    pub fn budget(&self) -> Option<Arc<ProviderBudget>> {
+        self.budget
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
     fn touch(&self, epoch: Instant, now: Instant) {
         let ms = now.saturating_duration_since(epoch).as_millis() as u64;
         self.last_used.store(ms, Ordering::Relaxed);

@@ -9,4 +9,5 @@ pub mod clients;
 pub mod harness;
 pub mod model;
 pub mod pki;
+pub mod redis;
 pub mod sim;

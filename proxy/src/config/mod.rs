@@ -136,6 +136,17 @@ struct RawConfig {
     collectors: BTreeMap<String, RawCollector>,
     #[serde(default)]
     runs: RawRuns,
+    #[serde(default)]
+    shared: RawShared,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawShared {
+    redis: Option<String>,
+    key_prefix: Option<String>,
+    replicas: Option<u32>,
+    call_timeout: Option<Dur>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -452,6 +463,41 @@ pub struct Runs {
     pub max_cooldown_waits: u32,
 }
 
+/// Budgets shared by replicas through Redis (R-DS1).
+#[derive(Clone, PartialEq, Eq)]
+pub struct Shared {
+    /// `redis://` or `rediss://` URL (trusted like upstream servers: the
+    /// bundled web roots, or `upstream.extra_ca` when set).
+    pub redis: String,
+    /// Every key starts with it (`{prefix}:{provider}`).
+    pub key_prefix: String,
+    /// The replicas expected to share a budget: a replica that cannot reach
+    /// Redis paces at this share of the last shared rate.
+    pub replicas: u32,
+    /// The longest any Redis call may take before the replica paces alone.
+    pub call_timeout: Duration,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The URL may carry a password.
+        f.debug_struct("Shared")
+            .field("redis", &redact_url(&self.redis))
+            .field("key_prefix", &self.key_prefix)
+            .field("replicas", &self.replicas)
+            .field("call_timeout", &self.call_timeout)
+            .finish()
+    }
+}
+
+/// A URL with any `user:password@` removed.
+pub fn redact_url(url: &str) -> String {
+    match (url.split_once("://"), url.rfind('@')) {
+        (Some((scheme, _)), Some(at)) => format!("{scheme}://…@{}", &url[at + 1..]),
+        _ => url.to_string(),
+    }
+}
+
 /// The validated config.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -482,6 +528,8 @@ pub struct Config {
     pub collectors: BTreeMap<String, Collector>,
     /// Runs.
     pub runs: Runs,
+    /// Budgets shared through Redis, if configured.
+    pub shared: Option<Shared>,
     /// Process limits.
     pub limits: Limits,
 }
@@ -623,6 +671,48 @@ impl Config {
         if runs.lease_ttl < Duration::from_secs(1) {
             return Err(err("runs.lease_ttl", "must be at least 1s"));
         }
+        let shared = match raw.shared.redis {
+            Some(url) => {
+                let scheme_ok = url.starts_with("redis://") || url.starts_with("rediss://");
+                if !scheme_ok || url.contains(char::is_whitespace) {
+                    return Err(err(
+                        "shared.redis",
+                        "a URL like \"redis://host:6379/0\" or \"rediss://host:6380/0\"",
+                    ));
+                }
+                let key_prefix = raw.shared.key_prefix.unwrap_or_else(|| "sluice".into());
+                if key_prefix.is_empty() || key_prefix.contains(['{', '}']) {
+                    return Err(err(
+                        "shared.key_prefix",
+                        "must be non-empty, without '{' or '}' (the provider is the key's hash tag)",
+                    ));
+                }
+                let replicas = raw.shared.replicas.unwrap_or(1);
+                if replicas == 0 {
+                    return Err(err("shared.replicas", "must be at least 1"));
+                }
+                let call_timeout = raw
+                    .shared
+                    .call_timeout
+                    .map_or(Duration::from_millis(50), |d| d.0);
+                if call_timeout.is_zero() {
+                    return Err(err("shared.call_timeout", "must be greater than zero"));
+                }
+                Some(Shared {
+                    redis: url,
+                    key_prefix,
+                    replicas,
+                    call_timeout,
+                })
+            }
+            None if raw.shared.key_prefix.is_some()
+                || raw.shared.replicas.is_some()
+                || raw.shared.call_timeout.is_some() =>
+            {
+                return Err(err("shared.redis", "required by the other [shared] keys"));
+            }
+            None => None,
+        };
         let l = raw.limits;
         let limits = Limits {
             max_providers: l.max_providers.unwrap_or(1024),
@@ -696,6 +786,7 @@ impl Config {
             credentials: Credentials(credentials),
             collectors,
             runs,
+            shared,
             limits,
         };
         config.check()?;
@@ -713,6 +804,17 @@ impl Config {
                     self.listen
                 ),
             ));
+        }
+        if self.shared.is_none() {
+            if self.defaults.shared {
+                return Err(err("defaults.shared", "needs [shared] redis"));
+            }
+            if let Some(p) = self.providers.iter().find(|p| p.settings.shared) {
+                return Err(err(
+                    format!("providers.{}.shared", p.name),
+                    "needs [shared] redis",
+                ));
+            }
         }
         if self.listen == self.admin && self.listen.port() != 0 {
             return Err(err("admin", "must differ from listen"));

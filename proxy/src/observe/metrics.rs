@@ -15,6 +15,7 @@
 use std::collections::HashSet;
 use std::sync::Mutex;
 
+use crate::shared::{BudgetMode, BudgetReadout};
 use prometheus::{
     exponential_buckets, CounterVec, Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounter,
     IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
@@ -62,6 +63,9 @@ pub struct Metrics {
     quota_remaining: GaugeVec,
     quota_reset: GaugeVec,
     quota_advertised: IntGaugeVec,
+    shared_state: IntGaugeVec,
+    shared_rate: GaugeVec,
+    shared_share: GaugeVec,
     quota_malformed: IntCounterVec,
     /// Providers in the table.
     pub providers_tracked: IntGauge,
@@ -340,6 +344,24 @@ impl Metrics {
                 "1 while the pace follows the provider's advertised quota, 0 while it is learned",
                 p,
             ),
+            shared_state: int_gauge(
+                &r,
+                "shared_budget_state",
+                "1 for the state of a shared provider's budget on this replica: shared (paced by Redis), degraded (Redis unreachable: pacing alone at rate / replicas) or joining",
+                &["provider", "state"],
+            ),
+            shared_rate: gauge(
+                &r,
+                "shared_rate_rps",
+                "The rate all replicas pace a shared provider by, as last seen in Redis",
+                p,
+            ),
+            shared_share: gauge(
+                &r,
+                "shared_admission_share",
+                "This replica's share of a shared provider's admissions lately (0-1)",
+                p,
+            ),
             quota_malformed: counter(
                 &r,
                 "quota_headers_malformed_total",
@@ -532,8 +554,13 @@ impl Metrics {
 
     /// Sets the per-provider gauges from snapshots; providers no longer in
     /// the table disappear from them.
-    pub fn refresh<'a>(&self, snapshots: impl Iterator<Item = (&'a ProviderSnapshot, bool)>) {
+    pub fn refresh<'a>(
+        &self,
+        snapshots: impl Iterator<Item = (&'a ProviderSnapshot, bool, Option<BudgetReadout>)>,
+    ) {
         for g in [
+            &self.shared_rate,
+            &self.shared_share,
             &self.rate,
             &self.interval,
             &self.ceiling,
@@ -556,14 +583,28 @@ impl Metrics {
             &self.budget,
             &self.visibility,
             &self.quota_advertised,
+            &self.shared_state,
         ] {
             g.reset();
         }
         let mut n = 0;
-        for (s, visible) in snapshots {
+        for (s, visible, budget) in snapshots {
             n += 1;
             let l = self.label(&s.name);
             let l = [l.as_str()];
+            if let Some(b) = budget {
+                for mode in [BudgetMode::Shared, BudgetMode::Degraded, BudgetMode::Joining] {
+                    self.shared_state
+                        .with_label_values(&[l[0], mode.label()])
+                        .set(i64::from(b.mode == mode));
+                }
+                if let Some(r) = b.rate_rps {
+                    self.shared_rate.with_label_values(&l).set(r);
+                }
+                if let Some(share) = b.share {
+                    self.shared_share.with_label_values(&l).set(share);
+                }
+            }
             self.rate.with_label_values(&l).set(s.pacer.rate_rps);
             self.interval
                 .with_label_values(&l)

@@ -99,9 +99,13 @@ fn route(app: &App, req: Request<Incoming>) -> Response<ResBody> {
             let now = Instant::now();
             let snaps: Vec<_> = providers
                 .iter()
-                .map(|p| (p.policy.snapshot(now), p.visible()))
+                .map(|p| {
+                    let budget = p.budget().map(|b| b.readout());
+                    (p.policy.snapshot(now), p.visible(), budget)
+                })
                 .collect();
-            app.metrics.refresh(snaps.iter().map(|(s, v)| (s, *v)));
+            app.metrics
+                .refresh(snaps.iter().map(|(s, v, b)| (s, *v, *b)));
             app.runs.export();
             text(
                 StatusCode::OK,
@@ -236,6 +240,15 @@ fn provider_json(app: &App, p: &Provider, with_evidence: bool) -> Value {
             "bulkhead_waiting": s.bulkhead_waiting,
         },
         "retry_budget_left": s.retry_budget_left,
+        "shared": p.budget().map_or_else(|| json!(false), |b| {
+            let b = b.readout();
+            json!({
+                "state": b.mode.label(),
+                "rate_rps": b.rate_rps.map_or_else(unknown, |r| json!(r)),
+                "share": b.share.map_or_else(unknown, |s| json!(s)),
+                "admitted_here": b.admitted_here,
+            })
+        }),
         "intercept": p.intercept(),
         "request_visibility": p.visible(),
         "breaker": breaker,
@@ -265,6 +278,7 @@ fn unknown_json(app: &App, name: &str, with_evidence: bool) -> Value {
         "cut_on_trial": "unknown",
         "pace_authority": "unknown",
         "quota": "unknown",
+        "shared": "unknown",
         "last_backoff": "unknown",
         "hold": "unknown",
         "queue": "unknown",

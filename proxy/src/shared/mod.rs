@@ -1,0 +1,493 @@
+//! Budgets shared by replicas through Redis (R-DS1).
+//!
+//! A provider's limit belongs to its credential, not to a pod: with
+//! `[shared] redis` and a provider's `shared = true`, every replica paces
+//! that provider by one schedule kept in Redis. Each provider is one hash,
+//! `{prefix}:{provider}` — the braces make the provider the key's hash
+//! tag, so a Redis Cluster keeps it in one slot — holding the GCRA
+//! theoretical arrival time, the shared rate, the throttle point, the
+//! `Retry-After` hold, the time of the last cut and of the last raise, and
+//! a count of admissions.
+//!
+//! Four Lua scripts, loaded once and run by SHA (`EVALSHA`, reloaded by the
+//! client on `NOSCRIPT`), change it atomically, on the Redis server's clock
+//! (`TIME`), so replica clocks do not matter:
+//! - [`ADMIT`]: the next slot is taken if it is due (a hold counts as not
+//!   due), else its distance is returned and the replica sleeps and asks
+//!   again. Every answer carries the shared rate, throttle point and hold.
+//! - [`CUT`]: a throttle cuts the shared rate once per congestion epoch: a
+//!   request sent before the last shared cut cuts nothing, so eight
+//!   replicas meeting one overshoot cut once.
+//! - [`RAISE`]: a replica whose demand saturated the shared pace proposes
+//!   the rate it grew to; at most one raise per increase window (and none
+//!   within a window of a cut) is applied.
+//! - [`HOLD`]: one replica's `Retry-After` holds every replica.
+//!
+//! Every call is bounded by `call_timeout`. A call that fails or times out
+//! puts the replica on its own — it paces at `rate / replicas` from the
+//! last shared state and says so (`sluice_shared_budget_state`, the
+//! readout) — and Redis is not asked again for [`RETRY_DOWN`]; the first
+//! answer after that rejoins. No request fails because Redis is down.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::Script;
+use sluice_policy::pacer::shared::AdmitFuture;
+use sluice_policy::pacer::{Proposal, SharedAdmit, SharedBudget, SharedChange, SharedView};
+use tokio::time::Instant;
+
+use crate::config::{redact_url, ConfigError, Shared};
+
+/// After a failed call, Redis is not asked again for this long: requests do
+/// not each pay the call timeout while it is down.
+pub const RETRY_DOWN: Duration = Duration::from_secs(1);
+
+/// A shared budget nobody touched for a day is forgotten by Redis.
+const KEY_TTL_MS: u64 = 24 * 3600 * 1000;
+
+/// How often this replica's share of the admissions is measured.
+const SHARE_EVERY: Duration = Duration::from_secs(5);
+
+/// Takes the provider's next slot if it is due. KEYS[1]: the provider's
+/// hash. ARGV: this replica's rate and throttle point (they start a budget
+/// nobody has), the lateness forgiven (ms), the key's TTL (ms). Returns
+/// admitted (0/1), the wait (ms), the shared rate, throttle point (or ""),
+/// the hold left (ms) and the admissions counted.
+pub const ADMIT: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
+local f = redis.call('HMGET', KEYS[1], 'tat', 'rate', 'hold', 'limit', 'admitted')
+local rate = tonumber(f[2])
+local limit = f[4] or ''
+if not rate or rate <= 0 then
+  rate = tonumber(ARGV[1])
+  redis.call('HSET', KEYS[1], 'rate', ARGV[1])
+  if ARGV[2] ~= '' then
+    redis.call('HSET', KEYS[1], 'limit', ARGV[2])
+    limit = ARGV[2]
+  end
+end
+local tat = tonumber(f[1]) or 0
+local hold = tonumber(f[3]) or 0
+local at = math.max(tat, hold, now)
+local admitted = 0
+local count = tonumber(f[5]) or 0
+if at <= now then
+  local due = math.max(tat, hold, now - tonumber(ARGV[3]))
+  redis.call('HSET', KEYS[1], 'tat', tostring(due + 1000 / rate))
+  count = redis.call('HINCRBY', KEYS[1], 'admitted', 1)
+  admitted = 1
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[4])
+return {admitted, tostring(at - now), tostring(rate), limit, tostring(math.max(hold - now, 0)), count}
+";
+
+/// Cuts the shared rate, once per congestion epoch. ARGV: how long ago
+/// the throttled request was sent (ms), the rate after the cut, the
+/// throttle point (or ""), the TTL (ms). Returns 1 if it cut.
+pub const CUT: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
+local f = redis.call('HMGET', KEYS[1], 'rate', 'cut')
+if now - tonumber(ARGV[1]) <= (tonumber(f[2]) or 0) then
+  return 0
+end
+local rate = tonumber(ARGV[2])
+local current = tonumber(f[1])
+if current and current < rate then
+  rate = current
+end
+redis.call('HSET', KEYS[1], 'rate', tostring(rate), 'cut', tostring(now))
+if ARGV[3] ~= '' then
+  redis.call('HSET', KEYS[1], 'limit', ARGV[3])
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[4])
+return 1
+";
+
+/// Raises the shared rate, at most once per increase window and not within
+/// one of a cut. ARGV: the proposed rate, the throttle point (or "": none),
+/// the window (ms), the TTL (ms). Returns 1 if it raised.
+pub const RAISE: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
+local f = redis.call('HMGET', KEYS[1], 'rate', 'raised', 'cut')
+local current = tonumber(f[1])
+local rate = tonumber(ARGV[1])
+local last = math.max(tonumber(f[2]) or 0, tonumber(f[3]) or 0)
+if (current and rate <= current) or now - last < tonumber(ARGV[3]) then
+  return 0
+end
+redis.call('HSET', KEYS[1], 'rate', ARGV[1], 'raised', tostring(now))
+if ARGV[2] ~= '' then
+  redis.call('HSET', KEYS[1], 'limit', ARGV[2])
+else
+  redis.call('HDEL', KEYS[1], 'limit')
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[4])
+return 1
+";
+
+/// Holds every replica. ARGV: the hold from now (ms), the TTL (ms).
+pub const HOLD: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
+local hold = now + tonumber(ARGV[1])
+if hold > (tonumber(redis.call('HGET', KEYS[1], 'hold')) or 0) then
+  redis.call('HSET', KEYS[1], 'hold', tostring(hold))
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return 1
+";
+
+struct Scripts {
+    admit: Script,
+    cut: Script,
+    raise: Script,
+    hold: Script,
+}
+
+/// The connection to Redis every shared provider uses.
+pub struct SharedStore {
+    conn: ConnectionManager,
+    prefix: String,
+    replicas: u32,
+    timeout: Duration,
+    scripts: Scripts,
+    /// After a failed call: not asked again before this instant.
+    down_until: Mutex<Option<Instant>>,
+    /// For logs: the URL without credentials.
+    url: String,
+}
+
+impl std::fmt::Debug for SharedStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedStore")
+            .field("url", &self.url)
+            .field("prefix", &self.prefix)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SharedStore {
+    /// A store for `[shared]`; connects lazily (a Redis down at start is
+    /// the degraded mode, not a failed start). `rediss://` trusts the
+    /// bundled web roots, or `extra_ca` (PEM) when the upstream has one.
+    pub fn new(config: &Shared, extra_ca: Option<&Path>) -> Result<Arc<Self>, ConfigError> {
+        let bad = |reason: String| ConfigError {
+            key: "shared.redis".into(),
+            reason,
+        };
+        let client = match extra_ca.filter(|_| config.redis.starts_with("rediss://")) {
+            Some(path) => {
+                let pem = std::fs::read(path).map_err(|e| ConfigError {
+                    key: "upstream.extra_ca".into(),
+                    reason: format!("cannot read {}: {e}", path.display()),
+                })?;
+                redis::Client::build_with_tls(
+                    config.redis.as_str(),
+                    redis::TlsCertificates {
+                        client_tls: None,
+                        root_cert: Some(pem),
+                    },
+                )
+            }
+            None => redis::Client::open(config.redis.as_str()),
+        }
+        .map_err(|e| bad(e.to_string()))?;
+        let manager = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(config.call_timeout))
+            .set_response_timeout(Some(config.call_timeout))
+            .set_number_of_retries(1)
+            .set_min_delay(Duration::from_millis(50))
+            .set_max_delay(RETRY_DOWN);
+        let conn = ConnectionManager::new_lazy_with_config(client, manager)
+            .map_err(|e| bad(e.to_string()))?;
+        Ok(Arc::new(SharedStore {
+            conn,
+            prefix: config.key_prefix.clone(),
+            replicas: config.replicas,
+            timeout: config.call_timeout,
+            scripts: Scripts {
+                admit: Script::new(ADMIT),
+                cut: Script::new(CUT),
+                raise: Script::new(RAISE),
+                hold: Script::new(HOLD),
+            },
+            down_until: Mutex::new(None),
+            url: redact_url(&config.redis),
+        }))
+    }
+
+    /// The shared budget of one provider.
+    pub fn budget(self: &Arc<Self>, provider: &str) -> Arc<ProviderBudget> {
+        // Braces would end the hash tag early.
+        let tag: String = provider
+            .chars()
+            .map(|c| if c == '{' || c == '}' { '_' } else { c })
+            .collect();
+        Arc::new(ProviderBudget {
+            store: self.clone(),
+            key: format!("{}:{{{tag}}}", self.prefix),
+            provider: provider.to_string(),
+            state: Mutex::new(BudgetState::default()),
+        })
+    }
+
+    /// Whether a failure lately says not to ask yet.
+    fn resting(&self, now: Instant) -> bool {
+        self.down_until
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some_and(|d| now < d)
+    }
+
+    fn failed(&self, now: Instant) {
+        *self.down_until.lock().unwrap_or_else(|p| p.into_inner()) = Some(now + RETRY_DOWN);
+    }
+
+    /// Runs a script within the call timeout; `None` on any failure (which
+    /// rests the store for [`RETRY_DOWN`]).
+    async fn run<T: redis::FromRedisValue>(
+        &self,
+        invocation: redis::ScriptInvocation<'_>,
+        provider: &str,
+    ) -> Option<T> {
+        let mut conn = self.conn.clone();
+        let result = tokio::time::timeout(self.timeout, invocation.invoke_async(&mut conn)).await;
+        match result {
+            Ok(Ok(v)) => Some(v),
+            Ok(Err(e)) => {
+                self.failed(Instant::now());
+                tracing::debug!(provider, redis = %self.url, error = %e, "shared budget call failed");
+                None
+            }
+            Err(_) => {
+                self.failed(Instant::now());
+                tracing::debug!(provider, redis = %self.url, "shared budget call timed out");
+                None
+            }
+        }
+    }
+}
+
+/// Whether a replica paces by the shared budget or alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum BudgetMode {
+    /// Not yet asked.
+    #[default]
+    Joining,
+    /// Pacing by the shared budget.
+    Shared,
+    /// Redis did not answer: pacing alone at its share.
+    Degraded,
+}
+
+impl BudgetMode {
+    /// The label in metrics and the readout.
+    pub fn label(self) -> &'static str {
+        match self {
+            BudgetMode::Joining => "joining",
+            BudgetMode::Shared => "shared",
+            BudgetMode::Degraded => "degraded",
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct BudgetState {
+    mode: BudgetMode,
+    /// The shared rate as last seen.
+    rate: Option<f64>,
+    /// Admissions this replica took.
+    here: u64,
+    /// Admissions counted by the store, as last seen.
+    all: u64,
+    /// The counts when the share was last measured.
+    sampled: Option<(Instant, u64, u64)>,
+    /// This replica's share of the admissions over the last measure.
+    share: Option<f64>,
+}
+
+/// What the readout and metrics show of a shared provider.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BudgetReadout {
+    /// Shared, degraded or joining.
+    pub mode: BudgetMode,
+    /// The shared rate as last seen.
+    pub rate_rps: Option<f64>,
+    /// This replica's share of the shared admissions lately.
+    pub share: Option<f64>,
+    /// Admissions this replica took through the shared budget.
+    pub admitted_here: u64,
+}
+
+/// One provider's budget in the store.
+pub struct ProviderBudget {
+    store: Arc<SharedStore>,
+    key: String,
+    provider: String,
+    state: Mutex<BudgetState>,
+}
+
+impl std::fmt::Debug for ProviderBudget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProviderBudget")
+            .field("key", &self.key)
+            .finish_non_exhaustive()
+    }
+}
+
+fn opt(v: Option<f64>) -> String {
+    v.map_or_else(String::new, |v| v.to_string())
+}
+
+fn millis(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+impl ProviderBudget {
+    fn state(&self) -> std::sync::MutexGuard<'_, BudgetState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The readout.
+    pub fn readout(&self) -> BudgetReadout {
+        let s = self.state();
+        BudgetReadout {
+            mode: s.mode,
+            rate_rps: s.rate,
+            share: s.share,
+            admitted_here: s.here,
+        }
+    }
+
+    fn set_mode(&self, mode: BudgetMode) {
+        let mut s = self.state();
+        if s.mode != mode {
+            match mode {
+                BudgetMode::Degraded => tracing::warn!(
+                    provider = %self.provider,
+                    redis = %self.store.url,
+                    replicas = self.store.replicas,
+                    "shared budget unreachable: pacing alone at this replica's share"
+                ),
+                _ => tracing::info!(provider = %self.provider, "shared budget joined"),
+            }
+            s.mode = mode;
+        }
+    }
+
+    async fn ask(&self, proposal: Proposal) -> Option<SharedAdmit> {
+        let now = Instant::now();
+        if self.store.resting(now) {
+            self.set_mode(BudgetMode::Degraded);
+            return None;
+        }
+        let mut invocation = self.store.scripts.admit.prepare_invoke();
+        invocation
+            .key(&self.key)
+            .arg(proposal.rate.to_string())
+            .arg(opt(proposal.limit))
+            .arg(millis(sluice_policy::pacer::SHARED_SLACK))
+            .arg(KEY_TTL_MS);
+        let reply: Option<(i64, String, String, String, String, u64)> =
+            self.store.run(invocation, &self.provider).await;
+        let Some((admitted, wait, rate, limit, hold, count)) = reply else {
+            self.set_mode(BudgetMode::Degraded);
+            return None;
+        };
+        let ms = |v: &str| {
+            v.parse::<f64>()
+                .ok()
+                .filter(|v| v.is_finite() && *v > 0.0)
+                .map_or(Duration::ZERO, |v| Duration::from_secs_f64(v / 1000.0))
+        };
+        let rate: f64 = rate.parse().ok().filter(|r: &f64| *r > 0.0)?;
+        let view = SharedView {
+            rate,
+            limit: limit.parse().ok(),
+            hold: Some(ms(&hold)).filter(|h| !h.is_zero()),
+        };
+        self.set_mode(BudgetMode::Shared);
+        let mut s = self.state();
+        s.rate = Some(rate);
+        s.all = count;
+        if admitted == 1 {
+            s.here += 1;
+            let now = Instant::now();
+            match s.sampled {
+                Some((at, all0, here0)) if now - at >= SHARE_EVERY => {
+                    let all = count.saturating_sub(all0);
+                    if all > 0 {
+                        s.share = Some((s.here - here0) as f64 / all as f64);
+                    }
+                    s.sampled = Some((now, count, s.here));
+                }
+                None => s.sampled = Some((now, count, s.here)),
+                _ => {}
+            }
+        }
+        Some(SharedAdmit {
+            admitted: admitted == 1,
+            wait: ms(&wait),
+            view,
+        })
+    }
+}
+
+impl SharedBudget for ProviderBudget {
+    fn admit(&self, proposal: Proposal) -> AdmitFuture<'_> {
+        Box::pin(self.ask(proposal))
+    }
+
+    fn report(&self, change: SharedChange) {
+        let now = Instant::now();
+        if self.store.resting(now) {
+            return;
+        }
+        let store = self.store.clone();
+        let key = self.key.clone();
+        let provider = self.provider.clone();
+        tokio::spawn(async move {
+            let scripts = &store.scripts;
+            let mut invocation = match change {
+                SharedChange::Cut {
+                    sent_at,
+                    rate,
+                    limit,
+                } => {
+                    let mut i = scripts.cut.prepare_invoke();
+                    i.key(&key)
+                        .arg(millis(now.saturating_duration_since(sent_at)))
+                        .arg(rate.to_string())
+                        .arg(opt(limit));
+                    i
+                }
+                SharedChange::Raise { rate, limit, every } => {
+                    let mut i = scripts.raise.prepare_invoke();
+                    i.key(&key)
+                        .arg(rate.to_string())
+                        .arg(opt(limit))
+                        .arg(millis(every));
+                    i
+                }
+                SharedChange::Hold { until } => {
+                    let mut i = scripts.hold.prepare_invoke();
+                    i.key(&key)
+                        .arg(millis(until.saturating_duration_since(now)));
+                    i
+                }
+            };
+            invocation.arg(KEY_TTL_MS);
+            let _: Option<i64> = store.run(invocation, &provider).await;
+        });
+    }
+
+    fn replicas(&self) -> u32 {
+        self.store.replicas
+    }
+}

@@ -1,0 +1,94 @@
+//! A real `redis-server` on loopback for the shared-budget tests (Debian's
+//! package; `scripts/test` installs it when missing).
+
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::harness::TempDir;
+
+/// A running `redis-server`, killed on drop.
+#[derive(Debug)]
+pub struct Redis {
+    child: Option<Child>,
+    /// Its port on 127.0.0.1.
+    pub port: u16,
+    dir: TempDir,
+}
+
+impl Redis {
+    /// Starts one on a free port, waiting until it accepts connections.
+    pub fn start() -> Redis {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let mut r = Redis {
+            child: None,
+            port,
+            dir: TempDir::new("redis"),
+        };
+        r.restart();
+        r
+    }
+
+    /// `redis://127.0.0.1:{port}/0`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/0", self.port)
+    }
+
+    /// Kills it (`kill -9`: no goodbye to its clients).
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts it again on the same port, empty (no persistence).
+    pub fn restart(&mut self) {
+        self.kill();
+        let child = Command::new("redis-server")
+            .args([
+                "--bind",
+                "127.0.0.1",
+                "--port",
+                &self.port.to_string(),
+                "--save",
+                "",
+                "--enable-debug-command",
+                "local",
+                "--appendonly",
+                "no",
+                "--dir",
+            ])
+            .arg(&self.dir.0)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server (apt-get install redis-server)");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            assert!(Instant::now() < deadline, "redis-server did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Runs `redis-cli` against it.
+    pub fn cli(&self, args: &[&str]) -> String {
+        let out = Command::new("redis-cli")
+            .args(["-p", &self.port.to_string()])
+            .args(args)
+            .output()
+            .expect("redis-cli");
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}

@@ -1,0 +1,265 @@
+//! One budget across replicas (issue 13, R-DS1): real `redis-server`
+//! processes on loopback, several real sluice processes sharing one
+//! provider through it, naive Python clients per replica — judged at the
+//! simulated provider.
+
+use std::time::{Duration, Instant};
+
+use sluice_tests::clients::{curl, naive_clients};
+use sluice_tests::harness::Sluice;
+use sluice_tests::redis::Redis;
+use sluice_tests::sim::Sim;
+
+fn config(ip: &str, redis: Option<&Redis>, replicas: u32) -> String {
+    let shared = match redis {
+        Some(r) => format!(
+            "[shared]\nredis = \"{}\"\nreplicas = {replicas}\ncall_timeout = \"50ms\"\n",
+            r.url()
+        ),
+        None => String::new(),
+    };
+    format!(
+        "[destinations]\nallow = [\"127.0.0.0/8\"]\n{shared}[providers.p]\nhosts = [\"{ip}\"]\nceiling_rps = 50.0\nshared = {}\n",
+        redis.is_some()
+    )
+}
+
+fn replicas(n: u32, ip: &str, redis: Option<&Redis>) -> Vec<Sluice> {
+    (0..n)
+        .map(|_| Sluice::start(&config(ip, redis, n)))
+        .collect()
+}
+
+/// Drives every replica with its own naive clients for `secs`, all at
+/// once; what the clients saw, per replica.
+async fn drive(replicas: &[Sluice], url: &str, clients: u32, secs: u32) -> Vec<String> {
+    let tasks: Vec<_> = replicas
+        .iter()
+        .map(|s| {
+            let (proxy, url) = (s.proxy_url(), url.to_string());
+            tokio::spawn(async move { naive_clients(&proxy, &url, clients, secs, &[]).await })
+        })
+        .collect();
+    let mut out = Vec::new();
+    for t in tasks {
+        out.push(t.await.unwrap());
+    }
+    out
+}
+
+async fn metric(s: &Sluice, prefix: &str) -> Option<String> {
+    let (_, body) = s.admin_get("/metrics").await;
+    body.lines()
+        .find(|l| l.starts_with(prefix))
+        .map(str::to_string)
+}
+
+/// Eight replicas, 16 naive clients, a hidden 20 req/s limit answered with
+/// `Retry-After`: shared, the provider sees what one sluice would show it;
+/// not shared, several times the 429s. Both run side by side and print.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eight_replicas_pace_like_one() {
+    let redis = Redis::start();
+    let (shared_sim, alone_sim) = (Sim::start("127.0.0.81").await, Sim::start("127.0.0.82").await);
+    shared_sim.set_limit(20.0, 10.0);
+    alone_sim.set_limit(20.0, 10.0);
+    let shared = replicas(8, "127.0.0.81", Some(&redis));
+    let alone = replicas(8, "127.0.0.82", None);
+    let path = "/limited-ra/1";
+    let (a, b) = (
+        shared_sim.url("http", path),
+        alone_sim.url("http", path),
+    );
+    let (seen_shared, seen_alone) = tokio::join!(
+        drive(&shared, &a, 2, 60),
+        drive(&alone, &b, 2, 60)
+    );
+    let f_shared = shared_sim.figures(path, 30, 60, 20.0);
+    let f_alone = alone_sim.figures(path, 30, 60, 20.0);
+    println!("shared:     {f_shared:?}\n  clients {seen_shared:?}");
+    println!("not shared: {f_alone:?}\n  clients {seen_alone:?}");
+    let (_, readout) = shared[0].admin_get("/v1/providers/p").await;
+    println!("replica 0: {readout}");
+    assert!(
+        f_shared.throttled_share <= 0.005,
+        "shared: ≤ 0.5 % 429s over the second half: {f_shared:?}"
+    );
+    assert!(f_shared.goodput >= 0.95, "shared goodput: {f_shared:?}");
+    assert!(
+        f_alone.throttled_share >= 3.0 * f_shared.throttled_share.max(0.001),
+        "not shared shows several times more 429s: {f_alone:?} vs {f_shared:?}"
+    );
+    let v: serde_json::Value = serde_json::from_str(&readout).unwrap();
+    assert_eq!(v["shared"]["state"], "shared", "{readout}");
+    let share = v["shared"]["share"].as_f64().expect("a measured share");
+    assert!(share > 0.02 && share < 0.4, "one replica's share: {share}");
+    let state = metric(&shared[0], "sluice_shared_budget_state{provider=\"p\",state=\"shared\"}").await;
+    assert_eq!(state.as_deref().map(|l| l.ends_with(" 1")), Some(true), "{state:?}");
+}
+
+/// A `Retry-After` answered to one replica holds all of them: the provider
+/// sees nothing from any replica until the hold ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_after_to_one_replica_holds_every_replica() {
+    let redis = Redis::start();
+    let sim = Sim::start("127.0.0.83").await;
+    let reps = replicas(3, "127.0.0.83", Some(&redis));
+    // Every replica joins the shared budget first.
+    for r in &reps {
+        let reply = curl(&r.proxy_url(), &[], &sim.url("http", "/ok"), Duration::from_secs(10)).await;
+        assert_eq!(reply.status, 200);
+    }
+    // Replica 0 meets a 429 with Retry-After: 3 (and waits it out itself).
+    let (proxy0, ra) = (reps[0].proxy_url(), sim.url("http", "/ra/3/x"));
+    let held = curl(&proxy0, &[], &ra, Duration::from_secs(20));
+    let ok = sim.url("http", "/ok");
+    let others = async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let (p1, p2) = (reps[1].proxy_url(), reps[2].proxy_url());
+        let (a, b) = tokio::join!(
+            curl(&p1, &[], &ok, Duration::from_secs(20)),
+            curl(&p2, &[], &ok, Duration::from_secs(20))
+        );
+        vec![a.status, b.status]
+    };
+    let (first, statuses) = tokio::join!(held, others);
+    assert_eq!(first.status, 200, "replica 0 waited out its hold");
+    assert_eq!(statuses, vec![200, 200]);
+    let hits = sim.hits("/");
+    let throttled = hits.iter().find(|h| h.status == 429).expect("the 429");
+    let during: Vec<_> = hits
+        .iter()
+        .filter(|h| h.at > throttled.at && h.at < throttled.at + Duration::from_millis(2950))
+        .collect();
+    assert!(
+        during.is_empty(),
+        "nothing from any replica during the hold: {during:?}"
+    );
+    let after = hits.iter().filter(|h| h.at > throttled.at).count();
+    assert_eq!(after, 3, "the held request and the two others, after the hold");
+}
+
+/// A replica joining a warm shared provider starts at the learned rate
+/// (its share of it through the one schedule), not cold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_replica_starts_warm() {
+    let redis = Redis::start();
+    let sim = Sim::start("127.0.0.84").await;
+    sim.set_limit(20.0, 10.0);
+    let first = replicas(2, "127.0.0.84", Some(&redis));
+    drive(&first, &sim.url("http", "/limited-ra/1"), 2, 20).await;
+    let (_, warm) = first[0].admin_get("/v1/providers/p").await;
+    let warm: serde_json::Value = serde_json::from_str(&warm).unwrap();
+    let learned = warm["shared"]["rate_rps"].as_f64().expect("a shared rate");
+    assert!(learned > 10.0, "learned well past the 5 req/s cold start: {warm}");
+    let late = Sluice::start(&config("127.0.0.84", Some(&redis), 3));
+    let reply = curl(&late.proxy_url(), &[], &sim.url("http", "/ok"), Duration::from_secs(10)).await;
+    assert_eq!(reply.status, 200);
+    let (_, readout) = late.admin_get("/v1/providers/p").await;
+    println!("warm {learned:.1} req/s; the new replica: {readout}");
+    let v: serde_json::Value = serde_json::from_str(&readout).unwrap();
+    assert_eq!(v["shared"]["state"], "shared");
+    let rate = v["rate_rps"].as_f64().unwrap();
+    assert!(
+        (rate - learned).abs() <= learned * 0.3,
+        "the new replica paces by the learned {learned:.1} req/s, not cold: {rate}"
+    );
+}
+
+/// Redis killed mid-run: nothing fails, each replica paces alone at its
+/// share (together within the limit × 1.1) and says it is degraded; Redis
+/// back: shared again within a few seconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_down_degrades_and_rejoins() {
+    let mut redis = Redis::start();
+    let sim = Sim::start("127.0.0.85").await;
+    sim.set_limit(20.0, 10.0);
+    let reps = replicas(4, "127.0.0.85", Some(&redis));
+    let url = sim.url("http", "/limited-ra/1");
+    let state_line = "sluice_shared_budget_state{provider=\"p\",state=";
+    let script = async {
+        tokio::time::sleep(Duration::from_secs(20)).await;
+        redis.kill();
+        let killed = Instant::now();
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let mut states = Vec::new();
+        for r in &reps {
+            states.push(metric(r, &format!("{state_line}\"degraded\"}}")).await);
+        }
+        tokio::time::sleep(Duration::from_secs(12)).await;
+        let down = killed.elapsed();
+        redis.restart();
+        let back = Instant::now();
+        let mut rejoined = None;
+        while back.elapsed() < Duration::from_secs(10) {
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            let mut all = true;
+            for r in &reps {
+                let l = metric(r, &format!("{state_line}\"shared\"}}")).await;
+                all &= l.is_some_and(|l| l.ends_with(" 1"));
+            }
+            if all {
+                rejoined = Some(back.elapsed());
+                break;
+            }
+        }
+        (states, down, rejoined)
+    };
+    let (seen, (states, down, rejoined)) = tokio::join!(drive(&reps, &url, 2, 50), script);
+    println!("clients: {seen:?}; degraded metrics: {states:?}; down {down:?}; rejoined after {rejoined:?}");
+    for s in &seen {
+        let words: Vec<&str> = s.split_whitespace().collect();
+        assert!(
+            words.iter().all(|w| w.starts_with("200=")),
+            "no request failed because Redis was down: {seen:?}"
+        );
+    }
+    for s in &states {
+        assert!(s.as_deref().is_some_and(|l| l.ends_with(" 1")), "degraded: {states:?}");
+    }
+    assert!(rejoined.is_some(), "shared again within 10 s of Redis' return");
+    // While Redis was down (from 2 s after the kill to the restart): the
+    // replicas together within the limit × 1.1.
+    let hits = sim.hits("/limited-ra");
+    let start = hits.first().unwrap().at;
+    let (a, b) = (start + Duration::from_secs(22), start + Duration::from_secs(20) + down);
+    let n = hits.iter().filter(|h| h.at >= a && h.at < b).count();
+    let rate = n as f64 / (b - a).as_secs_f64();
+    println!("while Redis was down: {rate:.1} req/s at the provider");
+    assert!(rate <= 22.0, "together within the limit × 1.1: {rate:.1} req/s");
+    assert!(rate >= 10.0, "and still working: {rate:.1} req/s");
+}
+
+/// A Redis that answers slowly (`DEBUG SLEEP`) does not stall requests
+/// beyond the call timeout (50 ms): they go on, paced alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_redis_does_not_stall_requests() {
+    let redis = Redis::start();
+    let sim = Sim::start("127.0.0.86").await;
+    let s = Sluice::start(&config("127.0.0.86", Some(&redis), 2));
+    let url = sim.url("http", "/ok");
+    assert_eq!(curl(&s.proxy_url(), &[], &url, Duration::from_secs(10)).await.status, 200);
+    let port = redis.port.to_string();
+    let sleeper = tokio::process::Command::new("redis-cli")
+        .args(["-p", &port, "DEBUG", "SLEEP", "4"])
+        .output();
+    let requests = async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let mut took = Vec::new();
+        for _ in 0..3 {
+            let t = Instant::now();
+            let r = curl(&s.proxy_url(), &[], &url, Duration::from_secs(10)).await;
+            took.push((r.status, t.elapsed()));
+        }
+        took
+    };
+    let (slept, took) = tokio::join!(sleeper, requests);
+    assert!(slept.unwrap().status.success());
+    println!("requests while Redis slept 4 s: {took:?}");
+    for (status, t) in &took {
+        assert_eq!(*status, 200);
+        assert!(*t < Duration::from_secs(2), "not stalled by Redis: {took:?}");
+    }
+    let degraded = metric(&s, "sluice_shared_budget_state{provider=\"p\",state=\"degraded\"}").await;
+    println!("{degraded:?}");
+}
