@@ -12,16 +12,16 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::signal::unix::{signal, SignalKind};
 
-use crate::shared::SharedStore;
-use crate::config::redact_url;
 use crate::app::{App, Shutdown};
 use crate::ca::{CaError, CaPaths, CertAuthority};
+use crate::config::redact_url;
 use crate::config::{Config, ConfigError};
 use crate::observe::metrics::Metrics;
 use crate::observe::Observe;
 use crate::providers::Providers;
 use crate::runs::Runs;
 use crate::serve::admin;
+use crate::shared::SharedStore;
 use crate::store::{LearnedRecord, Store, StoreWriter};
 use crate::upstream::guard::Guard;
 use crate::upstream::{self, Upstream};

@@ -593,7 +593,11 @@ impl Metrics {
             let l = self.label(&s.name);
             let l = [l.as_str()];
             if let Some(b) = budget {
-                for mode in [BudgetMode::Shared, BudgetMode::Degraded, BudgetMode::Joining] {
+                for mode in [
+                    BudgetMode::Shared,
+                    BudgetMode::Degraded,
+                    BudgetMode::Joining,
+                ] {
                     self.shared_state
                         .with_label_values(&[l[0], mode.label()])
                         .set(i64::from(b.mode == mode));
