@@ -141,6 +141,7 @@ async fn per_second_quota_both_families() {
         run("127.0.0.71", "x", 20, 1, 1, 90),
         run("127.0.0.70", "ietf", 20, 1, 1, 90)
     );
+    println!("x-ratelimit {x:?}\nratelimit {ietf:?}");
     honest(&x);
     honest(&ietf);
 }

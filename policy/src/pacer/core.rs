@@ -381,20 +381,26 @@ impl PacerCore {
             return fb;
         };
         // When the window resets, as this answer says: whole seconds may
-        // be rounded, so the true reset is within a second before it.
+        // be rounded up, so the true reset is within a second before it —
+        // and a reset counted from when the provider answered is later
+        // still by the time the answer took to come back (at most since
+        // the send), so the earliest it may be is that much before.
         let said = now + adv.reset;
         let rounding = adv.granularity;
+        let earliest = said
+            .checked_sub(rounding + now.saturating_duration_since(sent_at))
+            .unwrap_or(now);
         let mut q = match self.quota {
-            // The same window: less remains, and the reset is where it was
-            // (a reset said a whole second later is the next window's).
-            Some(q)
-                if adv.remaining <= q.advertised.remaining
-                    && said < q.hi + Duration::from_secs(1) =>
-            {
+            // The same window: no more remains than before, and the request
+            // was sent before the latest the window may end. (Not judged by
+            // the reset it states: rounded to whole seconds from an answer
+            // that came back late, a reset in the same window can read a
+            // whole second later.)
+            Some(q) if adv.remaining <= q.advertised.remaining && sent_at < q.hi => {
                 let hi = q.hi.min(said);
                 Quota {
                     hi,
-                    lo: q.lo.max(said.checked_sub(rounding).unwrap_or(now)).min(hi),
+                    lo: q.lo.max(earliest).min(hi),
                     ..q
                 }
             }
@@ -416,11 +422,14 @@ impl PacerCore {
                     })
                     .filter(|w| !w.is_zero());
                 let mut hi = said;
-                let mut lo = said.checked_sub(rounding).unwrap_or(now);
+                let mut lo = earliest;
                 if let Some(w) = window {
                     // The window began after the last send of the old one
-                    // and before this one's: it ends a window after.
-                    hi = hi.min(sent_at + w);
+                    // and before this answer came back (not before this
+                    // request's send: it may have reached the provider
+                    // late): it ends a window after. The latest end must
+                    // never be early — a hold that ends early is a 429.
+                    hi = hi.min(now + w);
                     lo = lo.max(q.last_sent + w);
                     // The next window after the old one: what was known of
                     // its end carries over, so the bounds narrow with each
@@ -431,8 +440,8 @@ impl PacerCore {
                     }
                     if lo > hi {
                         // The windows moved: this answer's word alone.
-                        hi = said.min(sent_at + w);
-                        lo = said.checked_sub(rounding).unwrap_or(now).min(hi);
+                        hi = said.min(now + w);
+                        lo = earliest.min(hi);
                     }
                 }
                 Quota {
@@ -446,7 +455,7 @@ impl PacerCore {
                 synthetic,
                 advertised: adv,
                 hi: said,
-                lo: said.checked_sub(rounding).unwrap_or(now),
+                lo: earliest,
                 rate: None,
                 trusted: true,
                 missing: 0,
