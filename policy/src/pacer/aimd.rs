@@ -292,6 +292,10 @@ pub struct Aimd {
     window_admitted: u32,
     /// Clean answers in the current window.
     window_delivered: u32,
+    /// Of the window's admissions, this replica's: all of them, unless a
+    /// shared budget counts every replica's (then this replica's answers
+    /// are its share of what the provider delivered).
+    window_here: u32,
     /// The rate was cut during the current window.
     window_cut: bool,
     /// A shared budget made this replica wait during the current window:
@@ -354,6 +358,7 @@ impl Aimd {
             window_admitted: 0,
             window_pressed: false,
             window_delivered: 0,
+            window_here: 0,
             window_cut: false,
             delivered: None,
             plateau: 0,
@@ -480,11 +485,22 @@ impl Aimd {
             return;
         }
         let rate = rate.clamp(self.floor, self.ceiling);
-        if rate < self.rate {
-            self.probe = None;
-            self.recover_to = None;
+        // The same rate, as it came back through the store: nothing new.
+        if (rate - self.rate).abs() > self.rate * 1e-9 {
+            if rate < self.rate {
+                self.probe = None;
+                self.recover_to = None;
+            } else if self.probe.is_none() && self.limit.is_some_and(|l| rate > l * SETTLE * 1.001)
+            {
+                // Raised past the settle point: another replica is probing,
+                // and a throttle now is that probe's — judged as one.
+                self.probe = Some(Probe {
+                    windows: 1,
+                    clean_rate: self.rate,
+                });
+            }
+            self.set_rate(now, rate);
         }
-        self.set_rate(now, rate);
         if let Some(l) = limit.filter(|l| l.is_finite() && *l > 0.0) {
             self.limit = Some(l);
         }
@@ -498,8 +514,22 @@ impl Aimd {
 
     /// A request was admitted at `now`.
     pub fn on_admit(&mut self, now: Instant) {
+        self.on_admitted(now, 1);
+        self.on_admitted_here();
+    }
+
+    /// `n` requests were admitted by `now` — by every replica, when the
+    /// budget is shared: saturation and the wait before a probe are
+    /// measured on the one schedule, as one sluice would.
+    pub fn on_admitted(&mut self, now: Instant, n: u32) {
         self.window_start.get_or_insert(now);
-        self.window_admitted = self.window_admitted.saturating_add(1);
+        self.window_admitted = self.window_admitted.saturating_add(n);
+    }
+
+    /// This replica took one of the admissions counted by
+    /// [`Aimd::on_admitted`] (a shared budget's).
+    pub fn on_admitted_here(&mut self) {
+        self.window_here = self.window_here.saturating_add(1);
     }
 
     fn new_epoch(&self, sent_at: Instant) -> bool {
@@ -741,15 +771,29 @@ impl Aimd {
         let saturated =
             self.window_pressed || f64::from(self.window_admitted) >= SATURATION * self.rate * secs;
         let clean = !self.window_cut && !self.errors.window_spoiled();
-        let admitted = self.window_admitted;
+        // The wait before a probe counts this replica's own admissions.
+        // Shared, a failed probe holds every replica (the hold is shared)
+        // and costs the whole fleet a `Retry-After`: the replicas probe
+        // together as rarely as each would alone.
+        let admitted = self.window_here;
         // A window of a few answers is too coarse a measure of delivery.
-        self.delivered = (self.window_delivered >= DELIVERED_MIN_ANSWERS)
-            .then(|| f64::from(self.window_delivered) / secs);
+        // Shared, this replica's answers are a sample of the provider's:
+        // the share of its admissions answered cleanly, of every replica's
+        // admissions.
+        let delivered = if self.window_here > 0 && self.window_admitted > self.window_here {
+            let clean = (f64::from(self.window_delivered) / f64::from(self.window_here)).min(1.0);
+            f64::from(self.window_admitted) * clean
+        } else {
+            f64::from(self.window_delivered)
+        };
+        self.delivered =
+            (delivered >= f64::from(DELIVERED_MIN_ANSWERS)).then_some(delivered / secs);
         self.errors.roll();
         self.window_start = Some(now);
         self.window_admitted = 0;
         self.window_pressed = false;
         self.window_delivered = 0;
+        self.window_here = 0;
         self.window_cut = false;
         if self.latency.judge(self.latency_factor).is_some() {
             let backoff = self.cut(now, BackoffReason::Latency);

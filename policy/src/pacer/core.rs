@@ -61,6 +61,8 @@ pub struct PacerCore {
     /// The shared budget's rate as last seen, when the budget is shared
     /// (R-DS1).
     shared_rate: Option<f64>,
+    /// The shared budget's admission count as last seen.
+    shared_count: Option<u64>,
     /// The shared budget could not be reached: pacing alone at this share
     /// (one over the replicas) of the last shared rate.
     alone: Option<u32>,
@@ -216,6 +218,7 @@ impl PacerCore {
             last_seen: None,
             quota: None,
             shared_rate: None,
+            shared_count: None,
             alone: None,
             window: WindowLearner::default(),
         }
@@ -290,6 +293,14 @@ impl PacerCore {
         self.alone = None;
         self.shared_rate = Some(view.rate);
         self.aimd.adopt(now, view.rate, view.limit);
+        // Every replica's admissions since this replica last asked: the
+        // window's demand and delivery are the provider's, not this
+        // replica's share of them.
+        if let Some(prev) = self.shared_count.filter(|p| view.admitted > *p) {
+            let n = u32::try_from(view.admitted - prev).unwrap_or(u32::MAX);
+            self.aimd.on_admitted(now, n);
+        }
+        self.shared_count = Some(view.admitted);
         if let Some(hold) = view.hold.filter(|h| !h.is_zero()) {
             let until = now + hold;
             if self.hold_until.is_none_or(|h| h < until) {
@@ -325,6 +336,11 @@ impl PacerCore {
     /// unreachable.
     pub fn alone(&self) -> bool {
         self.alone.is_some()
+    }
+
+    /// This replica took a slot of the shared budget.
+    pub fn admitted_here(&mut self) {
+        self.aimd.on_admitted_here();
     }
 
     /// A shared budget made this replica's request wait: its demand

@@ -266,7 +266,9 @@ impl PacerShared {
             let patience = {
                 let mut core = self.lock();
                 let fb = core.adopt_shared(&answer.view, now);
-                if !answer.admitted {
+                if answer.admitted {
+                    core.admitted_here();
+                } else {
                     core.pressed();
                 }
                 drop(core);

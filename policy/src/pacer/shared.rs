@@ -42,6 +42,8 @@ pub struct SharedView {
     pub limit: Option<f64>,
     /// Time left on a hold any replica was told of.
     pub hold: Option<Duration>,
+    /// Admissions by every replica so far (a counter; 0 if not kept).
+    pub admitted: u64,
 }
 
 /// The answer to one shared admission.
@@ -145,6 +147,7 @@ mod tests {
                         rate,
                         limit: None,
                         hold: s.hold.map(|h| h.saturating_duration_since(now)),
+                        admitted: 0,
                     },
                 }
             });

@@ -51,6 +51,10 @@ const KEY_TTL_MS: u64 = 24 * 3600 * 1000;
 /// How often this replica's share of the admissions is measured.
 const SHARE_EVERY: Duration = Duration::from_secs(5);
 
+/// Rates and limits are kept as the text a replica sent (Lua's `tostring`
+/// keeps 14 digits: a rate read back a hair lower than written would look
+/// like a cut to every replica).
+///
 /// Takes the provider's next slot if it is due. KEYS[1]: the provider's
 /// hash. ARGV: this replica's rate and throttle point (they start a budget
 /// nobody has), the lateness forgiven (ms), the key's TTL (ms). Returns
@@ -61,9 +65,11 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
 local f = redis.call('HMGET', KEYS[1], 'tat', 'rate', 'hold', 'limit', 'admitted')
 local rate = tonumber(f[2])
+local rate_text = f[2]
 local limit = f[4] or ''
 if not rate or rate <= 0 then
   rate = tonumber(ARGV[1])
+  rate_text = ARGV[1]
   redis.call('HSET', KEYS[1], 'rate', ARGV[1])
   if ARGV[2] ~= '' then
     redis.call('HSET', KEYS[1], 'limit', ARGV[2])
@@ -82,7 +88,7 @@ if at <= now then
   admitted = 1
 end
 redis.call('PEXPIRE', KEYS[1], ARGV[4])
-return {admitted, tostring(at - now), tostring(rate), limit, tostring(math.max(hold - now, 0)), count}
+return {admitted, tostring(at - now), rate_text, limit, tostring(math.max(hold - now, 0)), count}
 ";
 
 /// Cuts the shared rate, once per congestion epoch. ARGV: how long ago
@@ -95,12 +101,11 @@ local f = redis.call('HMGET', KEYS[1], 'rate', 'cut')
 if now - tonumber(ARGV[1]) <= (tonumber(f[2]) or 0) then
   return 0
 end
-local rate = tonumber(ARGV[2])
 local current = tonumber(f[1])
-if current and current < rate then
-  rate = current
+if not current or tonumber(ARGV[2]) < current then
+  redis.call('HSET', KEYS[1], 'rate', ARGV[2])
 end
-redis.call('HSET', KEYS[1], 'rate', tostring(rate), 'cut', tostring(now))
+redis.call('HSET', KEYS[1], 'cut', tostring(now))
 if ARGV[3] ~= '' then
   redis.call('HSET', KEYS[1], 'limit', ARGV[3])
 end
@@ -411,6 +416,7 @@ impl ProviderBudget {
             rate,
             limit: limit.parse().ok(),
             hold: Some(ms(&hold)).filter(|h| !h.is_zero()),
+            admitted: count,
         };
         self.set_mode(BudgetMode::Shared);
         let mut s = self.state();
