@@ -49,9 +49,12 @@ use crate::quota::{Advertised, Malformed};
 use crate::settings::ProviderSettings;
 
 /// How late a replica may take a shared slot without the schedule losing
-/// it: the next slot is spaced from the one due, not from when it was taken
-/// (the store's GCRA, like [`gcra::Gcra::admit_waited`]).
-pub const SHARED_SLACK: Duration = Duration::from_millis(5);
+/// it (and never more than half an interval): the next slot is spaced from
+/// the one due, not from when it was taken (the store's GCRA, like
+/// [`gcra::Gcra::admit_waited`]). Wider than one process's wake-up slack:
+/// a shared slot is taken after a sleep, a Redis round trip and the race
+/// with the other replicas, each late by a few milliseconds on a busy host.
+pub const SHARED_SLACK: Duration = Duration::from_millis(25);
 
 /// The random spread of replicas' wake-ups for one shared slot, within
 /// [`SHARED_SLACK`].

@@ -57,7 +57,8 @@ const SHARE_EVERY: Duration = Duration::from_secs(5);
 ///
 /// Takes the provider's next slot if it is due. KEYS[1]: the provider's
 /// hash. ARGV: this replica's rate and throttle point (they start a budget
-/// nobody has), the lateness forgiven (ms), the key's TTL (ms). Returns
+/// nobody has), the lateness forgiven (ms; at most half an interval), the
+/// key's TTL (ms). Returns
 /// admitted (0/1), the wait (ms), the shared rate, throttle point (or ""),
 /// the hold left (ms) and the admissions counted.
 pub const ADMIT: &str = r"
@@ -82,7 +83,7 @@ local at = math.max(tat, hold, now)
 local admitted = 0
 local count = tonumber(f[5]) or 0
 if at <= now then
-  local due = math.max(tat, hold, now - tonumber(ARGV[3]))
+  local due = math.max(tat, hold, now - math.min(tonumber(ARGV[3]), 500 / rate))
   redis.call('HSET', KEYS[1], 'tat', tostring(due + 1000 / rate))
   count = redis.call('HINCRBY', KEYS[1], 'admitted', 1)
   admitted = 1
