@@ -292,6 +292,14 @@ pub struct Aimd {
     window_admitted: u32,
     /// Clean answers in the current window.
     window_delivered: u32,
+    /// Answers of any kind in the current window.
+    window_answers: u32,
+    /// Shared: every replica's admissions counted over `window_span`
+    /// (between the store's answers they were read from; spans that a
+    /// hold cut into are left out, their rate is not the provider's).
+    window_counted: u32,
+    /// See `window_counted`.
+    window_span: Duration,
     /// Of the window's admissions, this replica's: all of them, unless a
     /// shared budget counts every replica's (then this replica's answers
     /// are its share of what the provider delivered).
@@ -359,6 +367,9 @@ impl Aimd {
             window_pressed: false,
             window_delivered: 0,
             window_here: 0,
+            window_answers: 0,
+            window_counted: 0,
+            window_span: Duration::ZERO,
             window_cut: false,
             delivered: None,
             plateau: 0,
@@ -526,6 +537,17 @@ impl Aimd {
         self.window_admitted = self.window_admitted.saturating_add(n);
     }
 
+    /// A shared budget counted `n` admissions by every replica over `span`
+    /// (between two of its answers to this replica; `None` when a hold cut
+    /// into it).
+    pub fn on_shared_admitted(&mut self, now: Instant, n: u32, span: Option<Duration>) {
+        self.on_admitted(now, n);
+        if let Some(span) = span {
+            self.window_counted = self.window_counted.saturating_add(n);
+            self.window_span += span;
+        }
+    }
+
     /// This replica took one of the admissions counted by
     /// [`Aimd::on_admitted`] (a shared budget's).
     pub fn on_admitted_here(&mut self) {
@@ -541,6 +563,7 @@ impl Aimd {
     /// It may close the window, and so grow the rate or, on a latency
     /// shift, cut it.
     pub fn on_clean(&mut self, sent_at: Instant, now: Instant, ttfb: Option<Duration>) -> Change {
+        self.window_answers = self.window_answers.saturating_add(1);
         self.errors
             .record(false, Attribution::Noise, self.rate_at(sent_at));
         self.window_delivered = self.window_delivered.saturating_add(1);
@@ -556,6 +579,7 @@ impl Aimd {
     /// A server error other than a bare 503 (500, 502, 504…) or a failed
     /// connection: never a cut; counted against the error baseline.
     pub fn on_error(&mut self, sent_at: Instant, now: Instant) {
+        self.window_answers = self.window_answers.saturating_add(1);
         let kind = if !self.new_epoch(sent_at) {
             Attribution::Throttle
         } else if self.trial.is_none() && self.errors.evidence(self.rate).noise() {
@@ -585,6 +609,7 @@ impl Aimd {
         now: Instant,
         reason: BackoffReason,
     ) -> Option<Backoff> {
+        self.window_answers = self.window_answers.saturating_add(1);
         if !self.new_epoch(sent_at) {
             // An echo of the throttle already acted on.
             self.errors
@@ -689,6 +714,7 @@ impl Aimd {
         now: Instant,
         reason: BackoffReason,
     ) -> Option<Backoff> {
+        self.window_answers = self.window_answers.saturating_add(1);
         self.window_cut = true;
         let fresh = self.new_epoch(sent_at);
         self.errors
@@ -777,23 +803,26 @@ impl Aimd {
         // together as rarely as each would alone.
         let admitted = self.window_here;
         // A window of a few answers is too coarse a measure of delivery.
-        // Shared, this replica's answers are a sample of the provider's:
-        // the share of its admissions answered cleanly, of every replica's
-        // admissions.
-        let delivered = if self.window_here > 0 && self.window_admitted > self.window_here {
-            let clean = (f64::from(self.window_delivered) / f64::from(self.window_here)).min(1.0);
-            f64::from(self.window_admitted) * clean
+        self.delivered = if self.window_answers > 0 && !self.window_span.is_zero() {
+            // Shared: every replica's admissions over the time they were
+            // counted in, times the share of this replica's answers that
+            // were clean (a sample of the provider's).
+            let clean = f64::from(self.window_delivered) / f64::from(self.window_answers);
+            (self.window_counted >= DELIVERED_MIN_ANSWERS)
+                .then(|| f64::from(self.window_counted) / self.window_span.as_secs_f64() * clean)
         } else {
-            f64::from(self.window_delivered)
+            (self.window_delivered >= DELIVERED_MIN_ANSWERS)
+                .then(|| f64::from(self.window_delivered) / secs)
         };
-        self.delivered =
-            (delivered >= f64::from(DELIVERED_MIN_ANSWERS)).then_some(delivered / secs);
         self.errors.roll();
         self.window_start = Some(now);
         self.window_admitted = 0;
         self.window_pressed = false;
         self.window_delivered = 0;
         self.window_here = 0;
+        self.window_answers = 0;
+        self.window_counted = 0;
+        self.window_span = Duration::ZERO;
         self.window_cut = false;
         if self.latency.judge(self.latency_factor).is_some() {
             let backoff = self.cut(now, BackoffReason::Latency);

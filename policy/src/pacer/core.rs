@@ -61,8 +61,8 @@ pub struct PacerCore {
     /// The shared budget's rate as last seen, when the budget is shared
     /// (R-DS1).
     shared_rate: Option<f64>,
-    /// The shared budget's admission count as last seen.
-    shared_count: Option<u64>,
+    /// The shared budget's admission count as last seen, and when.
+    shared_count: Option<(u64, Instant)>,
     /// The shared budget could not be reached: pacing alone at this share
     /// (one over the replicas) of the last shared rate.
     alone: Option<u32>,
@@ -296,11 +296,15 @@ impl PacerCore {
         // Every replica's admissions since this replica last asked: the
         // window's demand and delivery are the provider's, not this
         // replica's share of them.
-        if let Some(prev) = self.shared_count.filter(|p| view.admitted > *p) {
+        if let Some((prev, at)) = self.shared_count.filter(|(p, _)| view.admitted > *p) {
             let n = u32::try_from(view.admitted - prev).unwrap_or(u32::MAX);
-            self.aimd.on_admitted(now, n);
+            let held = self.hold_until.is_some_and(|h| h > at);
+            let span = (!held).then(|| now.saturating_duration_since(at));
+            self.aimd.on_shared_admitted(now, n, span);
         }
-        self.shared_count = Some(view.admitted);
+        if self.shared_count.is_none_or(|(p, _)| view.admitted != p) {
+            self.shared_count = Some((view.admitted, now));
+        }
         if let Some(hold) = view.hold.filter(|h| !h.is_zero()) {
             let until = now + hold;
             if self.hold_until.is_none_or(|h| h < until) {
