@@ -7,6 +7,7 @@
 
 pub mod clients;
 pub mod harness;
+pub mod load;
 pub mod model;
 pub mod pki;
 pub mod redis;

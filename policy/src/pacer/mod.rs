@@ -266,7 +266,7 @@ impl PacerShared {
                 self.announce(fb, now);
                 return Ok(now);
             };
-            let patience = {
+            let (fb, patience) = {
                 let mut core = self.lock();
                 let fb = core.adopt_shared(&answer.view, now);
                 if answer.admitted {
@@ -274,10 +274,9 @@ impl PacerShared {
                 } else {
                     core.pressed();
                 }
-                drop(core);
-                self.announce(fb, now);
-                self.lock().patience(now)
+                (fb, core.patience(now))
             };
+            self.announce(fb, now);
             if answer.admitted {
                 emit(
                     &self.events,

@@ -11,65 +11,12 @@
 //! the machine can do, so only the proxy's own work is measured).
 //! Printed: requests per second and latency percentiles, and the ratios.
 
-use std::time::Duration;
-
-use bytes::Bytes;
-use http::Request;
-use http_body_util::{BodyExt, Empty};
-use hyper_util::rt::TokioIo;
 use sluice_tests::harness::Sluice;
+use sluice_tests::load::{load, Run};
 use sluice_tests::sim::Sim;
-use tokio::net::TcpStream;
-use tokio::time::Instant;
 
 const CONNS: usize = 32;
 const SECS: u64 = 5;
-
-struct Run {
-    rps: f64,
-    p50: Duration,
-    p99: Duration,
-}
-
-async fn load(connect_to: std::net::SocketAddr, uri: String) -> Run {
-    let end = Instant::now() + Duration::from_secs(SECS);
-    let mut tasks = Vec::new();
-    for _ in 0..CONNS {
-        let uri = uri.clone();
-        tasks.push(tokio::spawn(async move {
-            let stream = TcpStream::connect(connect_to).await.expect("connect");
-            stream.set_nodelay(true).unwrap();
-            let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-                .await
-                .expect("handshake");
-            tokio::spawn(conn);
-            let mut latencies = Vec::new();
-            while Instant::now() < end {
-                let req = Request::get(uri.as_str())
-                    .header("host", "bench")
-                    .body(Empty::<Bytes>::new())
-                    .unwrap();
-                let t = Instant::now();
-                let resp = send.send_request(req).await.expect("request");
-                assert_eq!(resp.status(), 200);
-                resp.into_body().collect().await.expect("body");
-                latencies.push(t.elapsed());
-            }
-            latencies
-        }));
-    }
-    let mut all = Vec::new();
-    for t in tasks {
-        all.extend(t.await.unwrap());
-    }
-    all.sort();
-    let pct = |p: f64| all[((all.len() as f64 * p) as usize).min(all.len() - 1)];
-    Run {
-        rps: all.len() as f64 / SECS as f64,
-        p50: pct(0.50),
-        p99: pct(0.99),
-    }
-}
 
 #[tokio::main]
 async fn main() {
@@ -79,10 +26,10 @@ async fn main() {
          [defaults]\nceiling_rps = 1000000.0\nstart_rps = 999999.0\nburst = 1000\n\
          max_in_flight = 10000\nmax_queue_len = 10000\n",
     );
-    let direct = load(sim.addr, "/ok".to_string()).await;
+    let direct = load(sim.addr, "/ok".to_string(), CONNS, SECS).await;
     let idle_rss = status_kib(sluice.pid(), "VmRSS");
     let cpu_before = cpu_seconds(sluice.pid());
-    let proxied = load(sluice.proxy, sim.url("http", "/ok")).await;
+    let proxied = load(sluice.proxy, sim.url("http", "/ok"), CONNS, SECS).await;
     let cpu = cpu_seconds(sluice.pid()) - cpu_before;
     let peak_rss = status_kib(sluice.pid(), "VmHWM");
     let row = |name: &str, r: &Run| {

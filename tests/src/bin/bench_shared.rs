@@ -13,67 +13,13 @@
 //! percentiles, the difference at the median, and Redis round trips per
 //! request (the server's own count of script calls).
 
-use std::time::Duration;
-
-use bytes::Bytes;
-use http::Request;
-use http_body_util::{BodyExt, Empty};
-use hyper_util::rt::TokioIo;
 use sluice_tests::harness::Sluice;
+use sluice_tests::load::{load, Run};
 use sluice_tests::redis::Redis;
 use sluice_tests::sim::Sim;
-use tokio::net::TcpStream;
-use tokio::time::Instant;
 
 const CONNS: usize = 4;
 const SECS: u64 = 5;
-
-struct Run {
-    requests: usize,
-    rps: f64,
-    p50: Duration,
-    p99: Duration,
-}
-
-async fn load(proxy: std::net::SocketAddr, uri: String) -> Run {
-    let end = Instant::now() + Duration::from_secs(SECS);
-    let mut tasks = Vec::new();
-    for _ in 0..CONNS {
-        let uri = uri.clone();
-        tasks.push(tokio::spawn(async move {
-            let stream = TcpStream::connect(proxy).await.expect("connect");
-            stream.set_nodelay(true).unwrap();
-            let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-                .await
-                .expect("handshake");
-            tokio::spawn(conn);
-            let mut latencies = Vec::new();
-            while Instant::now() < end {
-                let req = Request::get(uri.as_str())
-                    .body(Empty::<Bytes>::new())
-                    .unwrap();
-                let t = Instant::now();
-                let resp = send.send_request(req).await.expect("request");
-                assert_eq!(resp.status(), 200);
-                resp.into_body().collect().await.expect("body");
-                latencies.push(t.elapsed());
-            }
-            latencies
-        }));
-    }
-    let mut all = Vec::new();
-    for t in tasks {
-        all.extend(t.await.unwrap());
-    }
-    all.sort();
-    let pct = |p: f64| all[((all.len() as f64 * p) as usize).min(all.len() - 1)];
-    Run {
-        requests: all.len(),
-        rps: all.len() as f64 / SECS as f64,
-        p50: pct(0.50),
-        p99: pct(0.99),
-    }
-}
 
 /// Script calls the Redis server has run so far.
 fn script_calls(redis: &Redis) -> u64 {
@@ -105,11 +51,11 @@ async fn main() {
     };
     let uri = sim.url("http", "/ok");
     let local = Sluice::start(&config(false));
-    let alone = load(local.proxy, uri.clone()).await;
+    let alone = load(local.proxy, uri.clone(), CONNS, SECS).await;
     drop(local);
     let shared = Sluice::start(&config(true));
     let before = script_calls(&redis);
-    let together = load(shared.proxy, uri).await;
+    let together = load(shared.proxy, uri, CONNS, SECS).await;
     let calls = script_calls(&redis) - before;
     let row = |name: &str, r: &Run| {
         println!(
