@@ -36,6 +36,10 @@ pub enum Event {
     Retry(Outcome),
     /// An answer's quota headers of this family could not be read.
     QuotaMalformed(Family),
+    /// The controller found the provider's failures to be an outage
+    /// (`true`), or the outage ended with a clean answer and the rate from
+    /// before it was given back (`false`) (R-SG4).
+    Outage(bool),
 }
 
 /// Where a provider's events go.

@@ -10,15 +10,13 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::breaker::{
-    BreakerShared, BreakerSnapshot, CallPermit, CircuitOpen, State, TransitionSink,
-};
+use crate::breaker::{BreakerShared, BreakerSnapshot, CallPermit, State, TransitionSink};
 use crate::bulkhead::BulkheadShared;
 use crate::error::Cause;
 use crate::events::EventSink;
 use crate::pacer::{PacerShared, PacerSnapshot};
 use crate::retry::{Jitter, RetryShared};
-use crate::run::{Pressure, StopReason};
+use crate::run::{Cooldown, Cycle, Pressure, StopReason};
 use crate::settings::ValidSettings;
 use crate::timeout::SharedDuration;
 
@@ -169,10 +167,7 @@ impl ProviderPolicy {
     /// one pacing slot is taken. Report how the connection went with
     /// [`TunnelAdmission::connected`].
     pub async fn admit_tunnel(&self) -> Result<TunnelAdmission, Cause> {
-        let permit = self
-            .breaker
-            .acquire()
-            .map_err(|retry_after| CircuitOpen { retry_after })?;
+        let permit = self.breaker.acquire()?;
         // If pacing refuses, the permit is dropped: it counts for nothing.
         self.pacer.acquire().await?;
         Ok(TunnelAdmission { permit })
@@ -181,8 +176,8 @@ impl ProviderPolicy {
     /// What a run's request would meet at this provider at a given
     /// instant, when it is source pressure a run waits out (R-RN8): the
     /// breaker open, or a `Retry-After` hold longer than
-    /// `max_retry_after_wait`. How long, and the reason the run would stop
-    /// with.
+    /// `max_retry_after_wait`. How long, the reason the provider's part of
+    /// the run would stop with, and which cool-down cycle it is.
     pub fn pressure(&self) -> Pressure {
         let (breaker, pacer, retry) =
             (self.breaker.clone(), self.pacer.clone(), self.retry.clone());
@@ -190,11 +185,19 @@ impl ProviderPolicy {
             let b = breaker.snapshot(now);
             if b.state == State::Open {
                 if let Some(left) = b.open_remaining.filter(|l| !l.is_zero()) {
-                    return Some((left, StopReason::CircuitOpen));
+                    return Some(Cooldown {
+                        wait: left,
+                        reason: StopReason::CircuitOpen,
+                        cycle: Cycle::Open(breaker.cycle()),
+                    });
                 }
             }
-            let hold = pacer.snapshot(now).hold_remaining?;
-            (hold > retry.settings().max_retry_after_wait).then_some((hold, StopReason::RetryAfter))
+            let (hold, cycle) = pacer.lock().hold_left(now)?;
+            (hold > retry.settings().max_retry_after_wait).then_some(Cooldown {
+                wait: hold,
+                reason: StopReason::RetryAfter,
+                cycle: Cycle::Hold(cycle),
+            })
         })
     }
 

@@ -92,7 +92,11 @@ pub fn refusal(cause: &Cause) -> Refusal {
         Cause::RunStopped(e) => (
             StatusCode::FORBIDDEN,
             "http_request_denied",
-            format!("run stopped: {}", e.reason.label()),
+            match &e.provider {
+                // Only this provider's part of the run stopped (R-RN8).
+                Some(p) => format!("run stopped: {} (provider {p})", e.reason.label()),
+                None => format!("run stopped: {}", e.reason.label()),
+            },
         ),
         Cause::AttemptTimeout => (
             StatusCode::GATEWAY_TIMEOUT,
@@ -166,6 +170,7 @@ mod tests {
     fn carries_proxy_status_and_retry_after() {
         let err = Cause::CircuitOpen(CircuitOpen {
             retry_after: Duration::from_millis(2500),
+            cycle: 1,
         });
         let resp = refusal(&err).into_response();
         assert_eq!(resp.status(), 503);

@@ -7,4 +7,7 @@ use std::time::Duration;
 pub struct CircuitOpen {
     /// Time until the breaker lets a probe through.
     pub retry_after: Duration,
+    /// The open period it belongs to ([`super::Breaker::cycle`]): a run's
+    /// requests waiting out the same one count as one wait (R-RN8).
+    pub cycle: u64,
 }

@@ -127,16 +127,30 @@ impl BreakerShared {
     }
 
     /// Asks for a permit now, publishing the Open → HalfOpen transition if
-    /// the reset timeout has passed. `Err` is the time until a probe may go.
-    pub fn acquire(self: &Arc<Self>) -> Result<CallPermit, std::time::Duration> {
-        let (permit, transition) = self.lock().try_acquire(Instant::now());
+    /// the reset timeout has passed. `Err` says how long until a probe may
+    /// go, and which open period this is.
+    pub fn acquire(self: &Arc<Self>) -> Result<CallPermit, CircuitOpen> {
+        let (permit, transition, cycle) = {
+            let mut b = self.lock();
+            let (permit, transition) = b.try_acquire(Instant::now());
+            (permit, transition, b.cycle())
+        };
         if let Some(t) = transition {
             self.publish(t);
         }
-        permit.map(|permit| CallPermit {
-            shared: self.clone(),
-            permit: Some(permit),
-        })
+        match permit {
+            Ok(permit) => Ok(CallPermit {
+                shared: self.clone(),
+                permit: Some(permit),
+            }),
+            Err(retry_after) => Err(CircuitOpen { retry_after, cycle }),
+        }
+    }
+
+    /// The open period the breaker is in or last was in (see
+    /// [`Breaker::cycle`]).
+    pub fn cycle(&self) -> u64 {
+        self.lock().cycle()
     }
 
     /// A readout at `now` (moving Open → HalfOpen if due, and publishing

@@ -5,7 +5,7 @@ use std::time::SystemTime;
 use http::{Request, Response};
 use tower::{Service, ServiceExt};
 
-use super::{BreakerShared, CircuitOpen};
+use super::BreakerShared;
 use crate::error::{BoxFuture, Cause};
 use crate::outcome::{self, Outcome};
 
@@ -38,16 +38,14 @@ where
         Box::pin(async move {
             let permit = match shared.acquire() {
                 Ok(p) => p,
-                Err(wait) => match shared.wait_for_probe() {
+                Err(open) => match shared.wait_for_probe() {
                     // Opted in: wait for the half-open probe, within the
                     // queue wait, then ask once more.
-                    Some(max) if wait <= max => {
-                        tokio::time::sleep(wait).await;
-                        shared
-                            .acquire()
-                            .map_err(|retry_after| CircuitOpen { retry_after })?
+                    Some(max) if open.retry_after <= max => {
+                        tokio::time::sleep(open.retry_after).await;
+                        shared.acquire()?
                     }
-                    _ => return Err(CircuitOpen { retry_after: wait }.into()),
+                    _ => return Err(open.into()),
                 },
             };
             let result = inner.oneshot(req).await.map_err(Into::into);

@@ -9,6 +9,13 @@ use crate::settings::ProviderSettings;
 /// Buckets in the sliding window.
 const BUCKETS: usize = 10;
 
+/// Failures in a row that open the breaker once they span half its window,
+/// whatever the window's count: an outage at a rate the pacer has cut (or
+/// at a provider's low rate) never fills `breaker_min_calls`, and the
+/// window's older successes outweigh its failures (R-SG4). Half a window
+/// of nothing but failures is not a blip; five of them are not a fluke.
+pub const STREAK_MIN_FAILURES: u32 = 5;
+
 /// The standard breaker states.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum State {
@@ -51,6 +58,9 @@ pub enum Reason {
     ProbesSucceeded,
     /// A half-open probe failed.
     ProbeFailed,
+    /// Every call failed for half the window (R-SG4): an outage, however
+    /// few calls the rate let through.
+    FailureStreak,
 }
 
 impl Reason {
@@ -61,6 +71,7 @@ impl Reason {
             Reason::ResetTimeout => "reset_timeout",
             Reason::ProbesSucceeded => "probes_succeeded",
             Reason::ProbeFailed => "probe_failed",
+            Reason::FailureStreak => "failure_streak",
         }
     }
 }
@@ -136,6 +147,12 @@ pub struct Breaker {
     probes_in_flight: u32,
     /// Probes answered with success in this half-open spell.
     probe_successes: u32,
+    /// Failures in a row while closed: when the first came, how many.
+    streak: Option<(Instant, u32)>,
+    /// Times the breaker has opened: names an open period (with the
+    /// half-open spell after it), so that many requests waiting out one
+    /// period count as one wait (R-RN8).
+    opens: u64,
 }
 
 impl Breaker {
@@ -153,7 +170,15 @@ impl Breaker {
             probes: settings.breaker_half_open_probes,
             probes_in_flight: 0,
             probe_successes: 0,
+            streak: None,
+            opens: 0,
         }
+    }
+
+    /// The open period the breaker is in or last was in: a number that
+    /// changes each time it opens.
+    pub fn cycle(&self) -> u64 {
+        self.opens
     }
 
     /// Applies new settings (config reload); state and window are kept.
@@ -172,6 +197,9 @@ impl Breaker {
     /// Restores a saved state (R-PS1). An open breaker stays open for the
     /// time it had left.
     pub fn restore(&mut self, state: State, open_remaining: Option<Duration>, now: Instant) {
+        if state == State::Open {
+            self.opens += 1;
+        }
         self.state = state;
         self.probes_in_flight = 0;
         self.probe_successes = 0;
@@ -238,6 +266,10 @@ impl Breaker {
         self.since = now;
         self.probes_in_flight = 0;
         self.probe_successes = 0;
+        self.streak = None;
+        if to == State::Open {
+            self.opens += 1;
+        }
         if to == State::Closed {
             self.buckets = [Bucket::default(); BUCKETS];
         }
@@ -276,9 +308,21 @@ impl Breaker {
             (Permit::Normal, State::Closed) => {
                 self.count(failure, now);
                 let (calls, failures) = self.totals(now);
-                let tripped = calls >= self.min_calls
-                    && f64::from(failures) >= self.failure_ratio * f64::from(calls);
-                tripped.then(|| self.go(State::Open, Reason::FailureRate, now, calls, failures))
+                if calls >= self.min_calls
+                    && f64::from(failures) >= self.failure_ratio * f64::from(calls)
+                {
+                    return Some(self.go(State::Open, Reason::FailureRate, now, calls, failures));
+                }
+                if !failure {
+                    self.streak = None;
+                    return None;
+                }
+                let (first, n) = self.streak.get_or_insert((now, 0));
+                *n += 1;
+                let (first, n) = (*first, *n);
+                let span = self.bucket_len * BUCKETS as u32 / 2;
+                (n >= STREAK_MIN_FAILURES && now.saturating_duration_since(first) >= span)
+                    .then(|| self.go(State::Open, Reason::FailureStreak, now, n, n))
             }
             (Permit::Probe, State::HalfOpen) => {
                 self.probes_in_flight = self.probes_in_flight.saturating_sub(1);

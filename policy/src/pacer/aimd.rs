@@ -20,6 +20,22 @@
 //! nothing). Other 5xx and connect errors never cut; within the baseline
 //! they do not even stop growth. A 404 is a clean answer.
 //!
+//! **Outage or throttle (R-SG4).** A throttle's failures fall when the rate
+//! falls: a token bucket lets the next request through at once, a sliding
+//! window within its length. An outage fails everything at any rate. So a
+//! run of failures with no clean answer between them (a [`Streak`]) may
+//! cut at most [`STREAK_MAX_CUTS`] times; past that the rate is held where
+//! it is, and once every answer has gone on failing for
+//! [`OUTAGE_PERSIST`] at a rate no cut has changed, the controller calls
+//! it an outage: the breaker decides (it opens on a failure streak however
+//! low the rate), and the first clean answer after it gives back the rate
+//! and the throttle point from before the streak — no limit is learned
+//! from an outage. Failures that come back within [`RELAPSE`] of that
+//! were the restored rate's: they are judged as a throttle, without a
+//! hold on the cuts, so a limiter that only looks like an outage (one
+//! that counts its refusals over a long window) is not restored into
+//! twice.
+//!
 //! **Settling.** A throttle costs more than the one 429: with a
 //! `Retry-After` hold the provider's whole capacity for the hold is lost.
 //! So the controller does not saw-tooth around the limit like plain AIMD.
@@ -104,6 +120,22 @@ pub const TRIAL_MAX_ANSWERS: f64 = 3000.0;
 pub const TRIAL_SIGNIFICANCE: f64 = 0.01;
 /// A trial still undecided after this long confirms its cut.
 pub const TRIAL_MAX_AGE: Duration = Duration::from_secs(30);
+/// Cuts a failure streak may make with no clean answer between its
+/// failures: enough to leave a throttle's limit (two cuts take the rate
+/// under half of where the streak began, and slow start overshoots by at
+/// most half), few enough that an outage leaves the rate at half its
+/// value, not at the floor where the provider's return would be seen once
+/// every ten seconds.
+pub const STREAK_MAX_CUTS: u32 = 2;
+/// Failures in a row are an outage once they have gone on this long
+/// (and for at least two increase windows) since the streak's last cut: a
+/// throttle stops failing soon after the rate falls under its limit.
+pub const OUTAGE_PERSIST: Duration = Duration::from_secs(2);
+/// …and counted at least this many failures.
+pub const OUTAGE_MIN_FAILURES: u32 = 10;
+/// A failure streak that begins this soon after an outage gave the rate
+/// back is that rate's doing: a throttle.
+pub const RELAPSE: Duration = Duration::from_secs(5);
 
 /// Why the rate was cut.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -158,6 +190,70 @@ pub struct Backoff {
     pub from_rps: f64,
     /// The rate after.
     pub to_rps: f64,
+}
+
+/// What the controller believes about a provider's failures (R-SG4): the
+/// readout and metrics say it, with why.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Condition {
+    /// Failures fall with the rate (or the provider said so: 429, 503
+    /// with `Retry-After`): the rate is cut and the throttle point kept.
+    Throttle,
+    /// Every answer fails whatever the rate: the breaker decides, and the
+    /// rate from before is given back when the provider answers again.
+    Outage,
+}
+
+impl Condition {
+    /// A bounded label for metrics and the readout.
+    pub fn label(self) -> &'static str {
+        match self {
+            Condition::Throttle => "throttle",
+            Condition::Outage => "outage",
+        }
+    }
+}
+
+/// What the controller makes of the provider's recent failures, with the
+/// evidence, for the readout.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Belief {
+    /// Outage or throttle.
+    pub condition: Condition,
+    /// Why, as a bounded label.
+    pub why: &'static str,
+    /// Failures in a row so far (0 for a throttle the provider named).
+    pub failures: u32,
+    /// Since when.
+    pub since: Instant,
+}
+
+/// Failures in a row: no clean answer to a request sent since the first
+/// of them.
+#[derive(Debug, Clone, Copy)]
+struct Streak {
+    /// When the first failure's request was sent: a clean answer to a
+    /// request sent earlier says nothing about now.
+    first_sent: Instant,
+    /// When the first failure came back.
+    began: Instant,
+    /// Failures counted.
+    failures: u32,
+    /// The rate, throttle point and its weakness before the streak's
+    /// first cut: what an outage gives back.
+    rate_before: f64,
+    /// See `rate_before`.
+    limit_before: Option<f64>,
+    /// See `rate_before`.
+    weak_before: bool,
+    /// Cuts made during the streak.
+    cuts: u32,
+    /// The streak's last cut, or its beginning.
+    last_cut: Instant,
+    /// It began within [`RELAPSE`] of an outage's end: a throttle.
+    relapse: bool,
+    /// It was found to be an outage, at this instant.
+    outage_at: Option<Instant>,
 }
 
 /// A cut made on ambiguous evidence, waiting for its verdict.
@@ -336,6 +432,15 @@ pub struct Aimd {
     /// Recent rate changes (when, the rate before), oldest first: an answer
     /// is evidence about the rate its request was *sent* at.
     changes: VecDeque<(Instant, f64)>,
+    /// Failures in a row, if the last answers were failures.
+    streak: Option<Streak>,
+    /// When the last outage ended (its rate given back).
+    outage_ended: Option<Instant>,
+    /// Outages seen, for the metrics.
+    outages: u64,
+    /// When a throttle the provider named (429, 503 with `Retry-After`)
+    /// last cut, for the readout.
+    named_throttle: Option<Instant>,
 }
 
 /// Bare-503 cuts taken without a trial after one confirmed them.
@@ -382,6 +487,10 @@ impl Aimd {
             trial: None,
             changes: VecDeque::new(),
             unavailable_throttles: 0,
+            streak: None,
+            outage_ended: None,
+            outages: 0,
+            named_throttle: None,
         }
     }
 
@@ -446,6 +555,65 @@ impl Aimd {
     /// Whether a cut on ambiguous evidence awaits its verdict.
     pub fn in_trial(&self) -> bool {
         self.trial.is_some()
+    }
+
+    /// Outages seen since start.
+    pub fn outages(&self) -> u64 {
+        self.outages
+    }
+
+    /// Whether the controller believes the provider is down.
+    pub fn in_outage(&self) -> bool {
+        self.streak.is_some_and(|s| s.outage_at.is_some())
+    }
+
+    /// What the controller makes of the recent failures at `now`, if
+    /// anything: an outage while one is believed; a throttle while a
+    /// streak of failures is being cut on, a cut awaits its trial, or a
+    /// throttle the provider named is less than [`TRIAL_MAX_AGE`] old.
+    pub fn belief(&self, now: Instant) -> Option<Belief> {
+        if let Some(s) = self.streak {
+            if let Some(at) = s.outage_at {
+                return Some(Belief {
+                    condition: Condition::Outage,
+                    why: if s.cuts > 0 {
+                        "failures_went_on_at_a_lower_rate"
+                    } else {
+                        "every_answer_failed"
+                    },
+                    failures: s.failures,
+                    since: at,
+                });
+            }
+            if s.cuts > 0 {
+                return Some(Belief {
+                    condition: Condition::Throttle,
+                    why: if s.relapse {
+                        "failures_came_back_with_the_rate"
+                    } else {
+                        "failures_in_a_row_cut_on_trial"
+                    },
+                    failures: s.failures,
+                    since: s.began,
+                });
+            }
+        }
+        if let Some(t) = self.trial {
+            return Some(Belief {
+                condition: Condition::Throttle,
+                why: "errors_above_noise_cut_on_trial",
+                failures: 0,
+                since: t.cut_at,
+            });
+        }
+        self.named_throttle
+            .filter(|at| now.saturating_duration_since(*at) < TRIAL_MAX_AGE)
+            .map(|at| Belief {
+                condition: Condition::Throttle,
+                why: "provider_named_it",
+                failures: 0,
+                since: at,
+            })
     }
 
     /// Changes the bounds (config reload); the rate is clamped to them.
@@ -572,14 +740,93 @@ impl Aimd {
                 self.latency.observe(t);
             }
         }
+        if self.end_streak(sent_at, now) {
+            let mut change = self.close_window(now);
+            change.increased = true;
+            return change;
+        }
         self.trial_answer(sent_at, false, now);
         self.close_window(now)
+    }
+
+    /// A failure (a bare 503, a timeout, another 5xx, a failed connection)
+    /// to a request sent at `sent_at`: counted in the streak, which may now
+    /// be found an outage. Returns whether the rate is held (the streak
+    /// has cut as often as it may, or it is an outage).
+    fn streak_failure(&mut self, sent_at: Instant, now: Instant) -> bool {
+        let relapse = self
+            .outage_ended
+            .is_some_and(|at| now.saturating_duration_since(at) < RELAPSE);
+        let persist = OUTAGE_PERSIST.max(self.window * 2);
+        let streak = self.streak.get_or_insert(Streak {
+            first_sent: sent_at,
+            began: now,
+            failures: 0,
+            rate_before: self.rate,
+            limit_before: self.limit,
+            weak_before: self.limit_weak,
+            cuts: 0,
+            last_cut: now,
+            relapse,
+            outage_at: None,
+        });
+        streak.failures = streak.failures.saturating_add(1);
+        if streak.relapse {
+            return false;
+        }
+        let held = streak.outage_at.is_some() || streak.cuts >= STREAK_MAX_CUTS;
+        if streak.outage_at.is_none()
+            && streak.failures >= OUTAGE_MIN_FAILURES
+            && now.saturating_duration_since(streak.last_cut) >= persist
+        {
+            // Every answer failed, at a rate no cut has changed for a
+            // while: not the rate's doing. No trial or probe survives it.
+            streak.outage_at = Some(now);
+            self.outages += 1;
+            self.trial = None;
+            self.recover_to = None;
+            self.reset_plateau();
+            return true;
+        }
+        held
+    }
+
+    /// A clean answer to a request sent at `sent_at` ends a streak of
+    /// failures sent after it. An outage's end gives back the rate and
+    /// the throttle point from before it (a clean answer: R-AI4 holds).
+    /// Returns whether it did.
+    fn end_streak(&mut self, sent_at: Instant, now: Instant) -> bool {
+        let Some(streak) = self.streak.filter(|s| sent_at >= s.first_sent) else {
+            return false;
+        };
+        self.streak = None;
+        if streak.outage_at.is_none() {
+            return false;
+        }
+        self.limit = streak.limit_before;
+        self.limit_weak = streak.weak_before;
+        self.trial = None;
+        self.recover_to = None;
+        self.reset_plateau();
+        // The outage's failures are neither noise nor a throttle's: the
+        // rate evidence they left would mislead the next judgement.
+        self.errors.forget_episode();
+        self.latency.clear();
+        self.outage_ended = Some(now);
+        let back = streak.rate_before.clamp(self.floor, self.ceiling);
+        if back > self.rate {
+            self.set_rate(now, back);
+            true
+        } else {
+            false
+        }
     }
 
     /// A server error other than a bare 503 (500, 502, 504…) or a failed
     /// connection: never a cut; counted against the error baseline.
     pub fn on_error(&mut self, sent_at: Instant, now: Instant) {
         self.window_answers = self.window_answers.saturating_add(1);
+        self.streak_failure(sent_at, now);
         let kind = if !self.new_epoch(sent_at) {
             Attribution::Throttle
         } else if self.trial.is_none() && self.errors.evidence(self.rate).noise() {
@@ -610,10 +857,18 @@ impl Aimd {
         reason: BackoffReason,
     ) -> Option<Backoff> {
         self.window_answers = self.window_answers.saturating_add(1);
+        let held = self.streak_failure(sent_at, now);
         if !self.new_epoch(sent_at) {
             // An echo of the throttle already acted on.
             self.errors
                 .record(true, Attribution::Throttle, self.rate_at(sent_at));
+            return None;
+        }
+        if held {
+            // Failures in a row that two cuts did not stop, or an outage:
+            // the rate stays; the breaker decides (R-SG4).
+            self.errors
+                .record(true, Attribution::Unknown, self.rate_at(sent_at));
             return None;
         }
         if self.unavailable_throttles > 0
@@ -719,6 +974,9 @@ impl Aimd {
         let fresh = self.new_epoch(sent_at);
         self.errors
             .record(true, Attribution::Throttle, self.rate_at(sent_at));
+        // The provider is there and says it is pushing back: no outage.
+        self.streak = None;
+        self.named_throttle = Some(now);
         if !fresh {
             return None;
         }
@@ -933,6 +1191,10 @@ impl Aimd {
             (Some(_), None) => (from, from * self.decrease),
         };
         self.limit = Some(limit);
+        if let Some(streak) = self.streak.as_mut() {
+            streak.cuts += 1;
+            streak.last_cut = now;
+        }
         self.reset_plateau();
         self.recover_to = None;
         self.last_decrease = Some(now);

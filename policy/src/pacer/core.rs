@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::aimd::{Aimd, Backoff, BackoffReason};
+use super::aimd::{Aimd, Backoff, BackoffReason, Belief};
 use super::gcra::{interval_of, Gcra};
 use super::shared::{Proposal, SharedView};
 use crate::outcome::Outcome;
@@ -47,6 +47,10 @@ pub struct PacerCore {
     start_rps: f64,
     /// Nothing is admitted before this instant (a provider's `Retry-After`).
     hold_until: Option<Instant>,
+    /// Holds begun (one that lengthens a hold still in force is the same
+    /// one): names a hold, so that a run's requests waiting out one count
+    /// one wait (R-RN8).
+    holds: u64,
     /// Tickets of requests waiting, in arrival order.
     waiting: BTreeSet<Ticket>,
     next_ticket: u64,
@@ -172,6 +176,11 @@ pub struct PacerSnapshot {
     pub quota: Option<QuotaSnapshot>,
     /// What the pace follows: `advertised` or `learned`.
     pub authority: &'static str,
+    /// Whether the controller takes the recent failures for an outage or
+    /// a throttle, and why (R-SG4); `None` when nothing is failing.
+    pub belief: Option<Belief>,
+    /// Outages seen since start.
+    pub outages: u64,
 }
 
 /// What an outcome did to the pacer.
@@ -183,6 +192,8 @@ pub struct Feedback {
     pub hold_until: Option<Instant>,
     /// The rate grew.
     pub increased: bool,
+    /// An outage was found (`true`) or ended (`false`) (R-SG4).
+    pub outage: Option<bool>,
 }
 
 impl Feedback {
@@ -209,6 +220,7 @@ impl PacerCore {
             aimd,
             start_rps: start,
             hold_until: None,
+            holds: 0,
             waiting: BTreeSet::new(),
             next_ticket: 0,
             max_queue_len: settings.max_queue_len,
@@ -306,11 +318,7 @@ impl PacerCore {
             self.shared_count = Some((view.admitted, now));
         }
         if let Some(hold) = view.hold.filter(|h| !h.is_zero()) {
-            let until = now + hold;
-            if self.hold_until.is_none_or(|h| h < until) {
-                self.hold_until = Some(until);
-                fb.hold_until = Some(until);
-            }
+            fb.hold_until = self.hold(now, now + hold);
         }
         self.sync_interval();
         // Faster or slower, waiters' slots moved (it is not this replica's
@@ -512,9 +520,8 @@ impl PacerCore {
             None => q.hi.saturating_duration_since(now),
         };
         q.rate = Advertised { reset: left, ..adv }.even_rate();
-        if q.rate.is_none() && self.hold_until.is_none_or(|h| h < q.hi) {
-            self.hold_until = Some(q.hi);
-            fb.hold_until = Some(q.hi);
+        if q.rate.is_none() {
+            fb.hold_until = self.hold(now, q.hi);
         }
         let before = self.gcra.interval();
         let (trusted, rate) = (q.trusted, q.rate);
@@ -674,6 +681,7 @@ impl PacerCore {
     ) -> Feedback {
         self.last_seen = Some(now);
         let mut fb = Feedback::default();
+        let (outages, in_outage) = (self.aimd.outages(), self.aimd.in_outage());
         match *outcome {
             // A client error (404 for a deleted record, 400 for a bad id)
             // is the provider working normally: a clean answer for the rate,
@@ -708,10 +716,7 @@ impl PacerCore {
             } => {
                 if let Some(wait) = retry_after {
                     let until = now + wait;
-                    if self.hold_until.is_none_or(|h| h < until) {
-                        self.hold_until = Some(until);
-                        fb.hold_until = Some(until);
-                    }
+                    fb.hold_until = self.hold(now, until);
                     if status == 429 {
                         self.learn_window(until, wait);
                     }
@@ -738,8 +743,33 @@ impl PacerCore {
         if fb.backoff.is_some() {
             self.last_backoff = fb.backoff;
         }
+        if self.aimd.outages() > outages {
+            fb.outage = Some(true);
+        } else if in_outage && !self.aimd.in_outage() {
+            fb.outage = Some(false);
+        }
         self.sync_interval();
         fb
+    }
+
+    /// Holds every request until `until` unless a longer hold is in force;
+    /// returns the new end if it moved.
+    fn hold(&mut self, now: Instant, until: Instant) -> Option<Instant> {
+        if self.hold_until.is_some_and(|h| h >= until) {
+            return None;
+        }
+        if self.hold_until.is_none_or(|h| h <= now) {
+            self.holds += 1;
+        }
+        self.hold_until = Some(until);
+        Some(until)
+    }
+
+    /// The hold in force at `now`: time left, and which hold it is.
+    pub fn hold_left(&self, now: Instant) -> Option<(Duration, u64)> {
+        self.hold_until
+            .filter(|h| *h > now)
+            .map(|h| (h - now, self.holds))
     }
 
     /// The earliest instant a new request arriving at `now` could be sent.
@@ -769,6 +799,8 @@ impl PacerCore {
                 trusted: q.trusted,
             }),
             authority: self.authority(),
+            belief: self.aimd.belief(now),
+            outages: self.aimd.outages(),
         }
     }
 }

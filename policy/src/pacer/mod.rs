@@ -34,7 +34,7 @@ use rand::RngExt;
 use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
 
-pub use self::aimd::{Backoff, BackoffReason};
+pub use self::aimd::{Backoff, BackoffReason, Belief, Condition};
 pub use self::core::{
     Admission, Feedback, PacerCore, PacerSnapshot, QuotaSnapshot, Refusal, Ticket,
 };
@@ -164,6 +164,9 @@ impl PacerShared {
         }
         if let Some(b) = fb.backoff {
             emit(&self.events, Event::Backoff(b));
+        }
+        if let Some(began) = fb.outage {
+            emit(&self.events, Event::Outage(began));
         }
     }
 

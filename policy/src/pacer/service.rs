@@ -64,10 +64,7 @@ where
             if let Some(run) = &run {
                 if run.deadline().is_some_and(|d| sent_at >= d) {
                     run.stop(StopReason::Deadline);
-                    return Err(RunStopped {
-                        reason: StopReason::Deadline,
-                    }
-                    .into());
+                    return Err(RunStopped::run(StopReason::Deadline).into());
                 }
             }
             let result = inner.oneshot(req).await.map_err(Into::into);

@@ -158,6 +158,17 @@ impl ErrorTally {
         }
     }
 
+    /// Forgets an outage's failures (R-SG4): they are neither noise nor
+    /// a throttle's, and left in the per-rate counts they would read as
+    /// errors at every rate. The established baseline stays.
+    pub fn forget_episode(&mut self) {
+        self.cur = Count::default();
+        self.prev = Count::default();
+        self.all = Count::default();
+        self.recent = [Count::default(); 2];
+        self.by_rate.clear();
+    }
+
     /// Closes the window: it joins the long memory.
     pub fn roll(&mut self) {
         let keep = 1.0 - 1.0 / ERROR_MEMORY_WINDOWS;

@@ -1,33 +1,36 @@
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use http::{Request, Response};
 use tokio::time::Instant;
 use tower::{Layer, Service, ServiceExt};
 
-use super::{RunHandle, RunStopped, StopReason};
+use super::{Cooldown, Cycle, RunHandle, StopReason};
 use crate::error::{BoxFuture, Cause};
 use crate::outcome;
 use crate::retry::policy::clone_request;
 use crate::retry::ReplayBody;
 
 /// What a run's request would meet at the provider at an instant, when it
-/// is source pressure worth waiting out: how long, and the reason the run
-/// stops with if it cannot wait ([`crate::ProviderPolicy::pressure`]).
-pub type Pressure = Arc<dyn Fn(Instant) -> Option<(Duration, StopReason)> + Send + Sync>;
+/// is source pressure worth waiting out
+/// ([`crate::ProviderPolicy::pressure`]).
+pub type Pressure = Arc<dyn Fn(Instant) -> Option<Cooldown> + Send + Sync>;
 
 /// Checks the run envelope of each attempt (first or retry) before it
-/// starts, and makes a run's request wait out source pressure (R-RN8).
+/// starts, and makes a run's request wait out source pressure (R-RN8),
+/// counted per cool-down cycle of this provider.
 #[derive(Clone, Default)]
 pub struct RunLayer {
+    provider: Arc<str>,
     pressure: Option<Pressure>,
 }
 
 impl RunLayer {
-    /// A gate that waits out what `pressure` reports.
-    pub fn new(pressure: Pressure) -> Self {
+    /// The gate of `provider`, waiting out what `pressure` reports.
+    pub fn new(provider: &str, pressure: Pressure) -> Self {
         RunLayer {
+            provider: provider.into(),
             pressure: Some(pressure),
         }
     }
@@ -45,6 +48,7 @@ impl<S> Layer<S> for RunLayer {
     fn layer(&self, inner: S) -> RunGate<S> {
         RunGate {
             inner,
+            provider: self.provider.clone(),
             pressure: self.pressure.clone(),
         }
     }
@@ -54,6 +58,7 @@ impl<S> Layer<S> for RunLayer {
 #[derive(Clone)]
 pub struct RunGate<S> {
     inner: S,
+    provider: Arc<str>,
     pressure: Option<Pressure>,
 }
 
@@ -85,16 +90,16 @@ where
             return Box::pin(async move { inner.oneshot(req).await.map_err(Into::into) });
         };
         let pressure = self.pressure.clone();
+        let provider = self.provider.clone();
         Box::pin(async move {
             let mut req = req;
             loop {
                 let now = Instant::now();
-                run.check_attempt(now)
-                    .map_err(|reason| RunStopped { reason })?;
+                run.check_attempt(&provider, now)?;
                 // Known source pressure: wait it out before sending.
-                if let Some((wait, reason)) = pressure.as_ref().and_then(|p| p(now)) {
+                if let Some(cooldown) = pressure.as_ref().and_then(|p| p(now)) {
                     run.release_attempt();
-                    wait_out(&run, wait, reason).await?;
+                    wait_out(&run, &provider, &cooldown).await?;
                     continue;
                 }
                 let copy = clone_request(&req);
@@ -104,9 +109,9 @@ where
                     Ok(resp) => {
                         // Only an answer that is not a failure says the
                         // provider recovered: a probe that fails again does
-                        // not restart the run's count of waits.
+                        // not restart the run's count of cycles.
                         if !outcome::of_response(resp, SystemTime::now()).is_breaker_failure() {
-                            run.reached();
+                            run.reached(&provider);
                         }
                         return result;
                     }
@@ -115,9 +120,15 @@ where
                 // sluice refused it: it never reached the provider.
                 run.release_attempt();
                 match (cause, copy) {
-                    // The breaker opened since the check: wait, then again.
+                    // The breaker opened since the check (or its half-open
+                    // probes are all out): wait, then again.
                     (Cause::CircuitOpen(open), Some(copy)) => {
-                        wait_out(&run, open.retry_after, StopReason::CircuitOpen).await?;
+                        let cooldown = Cooldown {
+                            wait: open.retry_after,
+                            reason: StopReason::CircuitOpen,
+                            cycle: Cycle::Open(open.cycle),
+                        };
+                        wait_out(&run, &provider, &cooldown).await?;
                         req = copy;
                     }
                     _ => return result,
@@ -127,14 +138,13 @@ where
     }
 }
 
-/// Waits out `wait` of source pressure for a run's request — never past
+/// Waits out a cool-down of `provider` for a run's request — never past
 /// the run's deadline (the next check then stops the run, planned) — or
-/// stops the run with `reason` when it has waited as often in a row as it
-/// may.
-async fn wait_out(run: &RunHandle, wait: Duration, reason: StopReason) -> Result<(), Cause> {
-    run.wait_for(reason)
-        .map_err(|reason| RunStopped { reason })?;
-    let until = Instant::now() + wait;
+/// stops the provider's part of the run when it has waited out as many
+/// cycles in a row as it may.
+async fn wait_out(run: &RunHandle, provider: &str, cooldown: &Cooldown) -> Result<(), Cause> {
+    run.wait_for(provider, cooldown)?;
+    let until = Instant::now() + cooldown.wait;
     let until = run.deadline().map_or(until, |d| until.min(d));
     tokio::time::sleep_until(until).await;
     Ok(())

@@ -13,6 +13,11 @@
 //! * the check sits outside the breaker and pacer in the stack, so a budget
 //!   refusal never touches their state (R-RN3).
 //!
+//! * source pressure is waited out per cool-down cycle and per provider
+//!   (R-RN8): every request of the run that waits out the same open
+//!   period or hold counts as one wait, and a provider that keeps
+//!   re-opening stops only its own part of the run.
+//!
 //! With nothing configured, the envelope is unbounded and behaviour is
 //! unchanged. A run travels with each request as a [`RunHandle`] in the
 //! request's extensions.
@@ -97,10 +102,49 @@ pub struct Envelope {
     /// Retries allowed as a share of the run's first attempts (at least
     /// one retry once there is a first attempt).
     pub retry_ratio: Option<f64>,
-    /// Consecutive waits for source pressure (an open circuit, a long
-    /// `Retry-After` hold) a request may make before the run stops with a
-    /// source-pressure reason (R-RN8). 0: no waiting.
+    /// Cool-down cycles of one provider (an open period of its circuit, a
+    /// long `Retry-After` hold) the run may wait out in a row before that
+    /// provider's part of it stops with a source-pressure reason (R-RN8).
+    /// 0: no waiting.
     pub max_cooldown_waits: u32,
+}
+
+/// One cool-down of a provider that a run's requests wait out: an open
+/// period of its breaker (with the half-open spell after it), or one
+/// `Retry-After` hold. However many of the run's requests wait it out, it
+/// counts as one wait (R-RN8).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cycle {
+    /// The breaker's open period of this number.
+    Open(u64),
+    /// The pacer's hold of this number.
+    Hold(u64),
+}
+
+/// What a run's request would meet at a provider: source pressure worth
+/// waiting out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cooldown {
+    /// How long until it ends.
+    pub wait: std::time::Duration,
+    /// The reason the provider's part of the run stops with if it cannot
+    /// be waited out.
+    pub reason: StopReason,
+    /// Which cool-down it is.
+    pub cycle: Cycle,
+}
+
+/// A run's waits for one provider (R-RN8).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ProviderWaits {
+    /// Cool-down cycles waited out since the provider last answered
+    /// soundly.
+    pub cycles: u32,
+    /// The cycle last counted: the run's other requests waiting out the
+    /// same one do not count again.
+    pub last: Option<Cycle>,
+    /// This provider's part of the run stopped (source pressure), and why.
+    pub stopped: Option<StopReason>,
 }
 
 /// A run's counters.
@@ -112,12 +156,13 @@ pub struct RunState {
     pub attempts: u64,
     /// Retries taken.
     pub retries: u64,
-    /// Source-pressure waits since the provider last answered without a
-    /// failure.
-    pub cooldown_waits: u32,
-    /// Source-pressure waits in all.
+    /// Per provider: the cool-downs waited out and whether its part of the
+    /// run stopped. A sound answer from one provider says nothing about
+    /// another.
+    pub providers: std::collections::BTreeMap<String, ProviderWaits>,
+    /// Source-pressure cool-downs waited out in all (each counted once).
     pub waits_total: u64,
-    /// Why the run stopped, once it has.
+    /// Why the whole run stopped, once it has (a budget).
     pub stopped: Option<StopReason>,
 }
 
@@ -130,11 +175,16 @@ impl RunState {
         }
     }
 
-    /// Checks the envelope before an attempt starts at `now`, and counts it
-    /// if it may go.
-    pub fn check_attempt(&mut self, now: Instant) -> Result<(), StopReason> {
+    /// Checks the envelope before an attempt to `provider` starts at
+    /// `now`, and counts it if it may go. A budget past its end stops the
+    /// whole run; a provider whose part stopped refuses only its own
+    /// attempts.
+    pub fn check_attempt(&mut self, provider: &str, now: Instant) -> Result<(), RunStopped> {
         if let Some(reason) = self.stopped {
-            return Err(reason);
+            return Err(RunStopped::run(reason));
+        }
+        if let Some(reason) = self.providers.get(provider).and_then(|p| p.stopped) {
+            return Err(RunStopped::provider(reason, provider));
         }
         let reason = if self.envelope.deadline.is_some_and(|d| now >= d) {
             Some(StopReason::Deadline)
@@ -149,7 +199,7 @@ impl RunState {
         };
         if let Some(reason) = reason {
             self.stopped.get_or_insert(reason);
-            return Err(reason);
+            return Err(RunStopped::run(reason));
         }
         self.attempts += 1;
         Ok(())
@@ -173,26 +223,48 @@ impl RunState {
         self.attempts = self.attempts.saturating_sub(1);
     }
 
-    /// The provider answered without a failure: the source-pressure waits
-    /// start over.
-    pub fn reached(&mut self) {
-        self.cooldown_waits = 0;
+    /// `provider` answered without a failure: its cool-down cycles start
+    /// over.
+    pub fn reached(&mut self, provider: &str) {
+        if let Some(p) = self.providers.get_mut(provider) {
+            p.cycles = 0;
+            p.last = None;
+        }
     }
 
-    /// A request is about to wait out source pressure. `Err` with the
-    /// reason once that would be more consecutive waits than the envelope
-    /// allows: the run stops (R-RN8's cycle guard).
-    pub fn wait_for(&mut self, reason: StopReason) -> Result<(), StopReason> {
+    /// A request is about to wait out `cooldown` at `provider`. The first
+    /// request to wait out a cycle counts it; the others wait with it for
+    /// free. `Err` once that would be more cycles in a row than the
+    /// envelope allows: the provider's part of the run stops with the
+    /// cool-down's reason (R-RN8's cycle guard); the rest of the run goes
+    /// on.
+    pub fn wait_for(&mut self, provider: &str, cooldown: &Cooldown) -> Result<(), RunStopped> {
         if let Some(r) = self.stopped {
-            return Err(r);
+            return Err(RunStopped::run(r));
         }
-        if self.cooldown_waits >= self.envelope.max_cooldown_waits {
-            self.stopped = Some(reason);
-            return Err(reason);
+        let max = self.envelope.max_cooldown_waits;
+        let p = self.providers.entry(provider.to_string()).or_default();
+        if let Some(r) = p.stopped {
+            return Err(RunStopped::provider(r, provider));
         }
-        self.cooldown_waits += 1;
+        if p.last == Some(cooldown.cycle) {
+            return Ok(());
+        }
+        if p.cycles >= max {
+            p.stopped = Some(cooldown.reason);
+            return Err(RunStopped::provider(cooldown.reason, provider));
+        }
+        p.cycles += 1;
+        p.last = Some(cooldown.cycle);
         self.waits_total += 1;
         Ok(())
+    }
+
+    /// Providers whose part of the run stopped, with why.
+    pub fn stopped_providers(&self) -> impl Iterator<Item = (&str, StopReason)> {
+        self.providers
+            .iter()
+            .filter_map(|(name, p)| p.stopped.map(|r| (name.as_str(), r)))
     }
 }
 
@@ -221,8 +293,8 @@ impl RunHandle {
     }
 
     /// See [`RunState::check_attempt`].
-    pub fn check_attempt(&self, now: Instant) -> Result<(), StopReason> {
-        self.lock().check_attempt(now)
+    pub fn check_attempt(&self, provider: &str, now: Instant) -> Result<(), RunStopped> {
+        self.lock().check_attempt(provider, now)
     }
 
     /// See [`RunState::can_retry`].
@@ -236,13 +308,13 @@ impl RunHandle {
     }
 
     /// See [`RunState::reached`].
-    pub fn reached(&self) {
-        self.lock().reached();
+    pub fn reached(&self, provider: &str) {
+        self.lock().reached(provider);
     }
 
     /// See [`RunState::wait_for`].
-    pub fn wait_for(&self, reason: StopReason) -> Result<(), StopReason> {
-        self.lock().wait_for(reason)
+    pub fn wait_for(&self, provider: &str, cooldown: &Cooldown) -> Result<(), RunStopped> {
+        self.lock().wait_for(provider, cooldown)
     }
 
     /// The run's deadline, if any.
@@ -286,7 +358,7 @@ mod tests {
         let t = Instant::now();
         let mut s = RunState::default();
         for i in 0..10_000 {
-            assert!(s.check_attempt(t + Duration::from_secs(i)).is_ok());
+            assert!(s.check_attempt("p", t + Duration::from_secs(i)).is_ok());
         }
         assert!(s.can_retry());
     }
@@ -299,39 +371,71 @@ mod tests {
             ..Envelope::default()
         });
         assert!(!s.can_retry(), "nothing to retry yet");
-        s.check_attempt(t).unwrap();
+        s.check_attempt("p", t).unwrap();
         assert!(s.can_retry(), "at least one retry once there is a first");
-        s.check_attempt(t).unwrap();
+        s.check_attempt("p", t).unwrap();
         s.retries += 1;
         for _ in 0..9 {
-            s.check_attempt(t).unwrap();
+            s.check_attempt("p", t).unwrap();
         }
         // 10 firsts, 1 retry: a second is within 0.2 × 10.
         assert!(s.can_retry());
-        s.check_attempt(t).unwrap();
+        s.check_attempt("p", t).unwrap();
         s.retries += 1;
         assert!(!s.can_retry(), "2 retries of 10 firsts");
     }
 
+    fn open(n: u64) -> Cooldown {
+        Cooldown {
+            wait: Duration::from_secs(5),
+            reason: StopReason::CircuitOpen,
+            cycle: Cycle::Open(n),
+        }
+    }
+
+    /// R-RN8: many requests waiting out one open period are one wait; a
+    /// sound answer from another provider does not reset the count; the
+    /// cycle guard stops only that provider's part of the run.
     #[test]
-    fn waits_are_bounded_in_a_row_and_reset_by_an_attempt() {
+    fn waits_count_cycles_per_provider() {
         let mut s = RunState::new(Envelope {
             max_cooldown_waits: 2,
             ..Envelope::default()
         });
-        assert!(s.wait_for(StopReason::CircuitOpen).is_ok());
-        assert!(s.wait_for(StopReason::CircuitOpen).is_ok());
-        s.reached();
-        assert!(s.wait_for(StopReason::CircuitOpen).is_ok());
-        assert!(s.wait_for(StopReason::RetryAfter).is_ok());
+        for _ in 0..8 {
+            assert!(
+                s.wait_for("a", &open(1)).is_ok(),
+                "one cycle, eight waiters"
+            );
+        }
+        assert_eq!(s.providers["a"].cycles, 1);
+        s.reached("b");
+        assert!(s.wait_for("a", &open(2)).is_ok());
+        assert_eq!(s.providers["a"].cycles, 2, "b's answer is not a's");
+        s.reached("a");
+        assert!(s.wait_for("a", &open(3)).is_ok());
+        let hold = Cooldown {
+            reason: StopReason::RetryAfter,
+            cycle: Cycle::Hold(1),
+            ..open(0)
+        };
+        assert!(s.wait_for("a", &hold).is_ok());
+        let err = s.wait_for("a", &open(4)).unwrap_err();
+        assert_eq!(err.reason, StopReason::CircuitOpen);
+        assert_eq!(err.provider.as_deref(), Some("a"));
+        assert!(err.reason.is_source_pressure());
+        assert_eq!(s.stopped, None, "the run goes on");
+        let now = Instant::now();
         assert_eq!(
-            s.wait_for(StopReason::RetryAfter),
-            Err(StopReason::RetryAfter)
+            s.check_attempt("a", now).unwrap_err().provider.as_deref(),
+            Some("a")
         );
-        assert_eq!(s.stopped, Some(StopReason::RetryAfter));
-        assert!(s.stopped.unwrap().is_source_pressure());
-        assert_eq!(s.check_attempt(Instant::now()), Err(StopReason::RetryAfter));
+        assert!(s.check_attempt("b", now).is_ok(), "other providers go on");
         assert_eq!(s.waits_total, 4);
+        assert_eq!(
+            s.stopped_providers().collect::<Vec<_>>(),
+            [("a", StopReason::CircuitOpen)]
+        );
     }
 
     #[test]
@@ -342,18 +446,25 @@ mod tests {
             deadline: Some(t + Duration::from_secs(5)),
             ..Envelope::default()
         });
-        assert!(s.check_attempt(t).is_ok());
-        assert!(s.check_attempt(t).is_ok());
-        assert_eq!(s.check_attempt(t), Err(StopReason::RequestCap));
+        assert!(s.check_attempt("p", t).is_ok());
+        assert!(s.check_attempt("p", t).is_ok());
+        assert_eq!(
+            s.check_attempt("p", t).unwrap_err().reason,
+            StopReason::RequestCap
+        );
         assert_eq!(s.stopped, Some(StopReason::RequestCap));
         let mut s = RunState::new(Envelope {
             deadline: Some(t + Duration::from_secs(5)),
             ..Envelope::default()
         });
-        assert!(s.check_attempt(t + Duration::from_millis(4999)).is_ok());
+        assert!(s
+            .check_attempt("p", t + Duration::from_millis(4999))
+            .is_ok());
         assert_eq!(
-            s.check_attempt(t + Duration::from_secs(5)),
-            Err(StopReason::Deadline)
+            s.check_attempt("p", t + Duration::from_secs(5))
+                .unwrap_err()
+                .reason,
+            StopReason::Deadline
         );
     }
 }

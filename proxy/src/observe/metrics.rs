@@ -22,6 +22,7 @@ use prometheus::{
 };
 use sluice_policy::breaker::Transition;
 use sluice_policy::events::Event;
+use sluice_policy::pacer::Condition;
 use sluice_policy::provider::ProviderSnapshot;
 
 /// The label every provider beyond the label cap shares.
@@ -40,6 +41,8 @@ pub struct Metrics {
     error_baseline: GaugeVec,
     latency_baseline: GaugeVec,
     on_trial: IntGaugeVec,
+    condition: IntGaugeVec,
+    outages: IntCounterVec,
     queue: IntGaugeVec,
     in_flight: IntGaugeVec,
     breaker_state: IntGaugeVec,
@@ -362,6 +365,18 @@ impl Metrics {
                 "This replica's share of a shared provider's admissions lately (0-1)",
                 p,
             ),
+            condition: int_gauge(
+                &r,
+                "provider_condition",
+                "1 for what the controller takes the provider's recent failures for: outage (every answer fails whatever the rate) or throttle (failures fall with the rate); both 0 when nothing fails",
+                &["provider", "condition"],
+            ),
+            outages: counter(
+                &r,
+                "provider_outages_total",
+                "Outages found: failures in a row that went on at a rate no cut changed (R-SG4)",
+                p,
+            ),
             quota_malformed: counter(
                 &r,
                 "quota_headers_malformed_total",
@@ -447,6 +462,7 @@ impl Metrics {
     /// `increase()` see them from the start rather than from the first
     /// event (the label combinations are fixed and few).
     pub fn init_provider(&self, label: &str) {
+        self.outages.with_label_values(&[label]);
         for reason in sluice_policy::pacer::BackoffReason::ALL {
             self.backoffs.with_label_values(&[label, reason.label()]);
         }
@@ -462,6 +478,7 @@ impl Metrics {
             ("open", "half_open", "reset_timeout"),
             ("half_open", "closed", "probes_succeeded"),
             ("half_open", "open", "probe_failed"),
+            ("closed", "open", "failure_streak"),
         ] {
             self.transitions
                 .with_label_values(&[label, from, to, reason]);
@@ -538,6 +555,8 @@ impl Metrics {
                 .with_label_values(&[label, b.reason.label()])
                 .inc(),
             Event::Retry(o) => self.retries.with_label_values(&[label, o.label()]).inc(),
+            Event::Outage(true) => self.outages.with_label_values(&[label]).inc(),
+            Event::Outage(false) => {}
             Event::QuotaMalformed(family) => self
                 .quota_malformed
                 .with_label_values(&[label, family.label()])
@@ -577,6 +596,7 @@ impl Metrics {
         }
         for g in [
             &self.on_trial,
+            &self.condition,
             &self.queue,
             &self.in_flight,
             &self.breaker_state,
@@ -643,6 +663,11 @@ impl Metrics {
             self.on_trial
                 .with_label_values(&l)
                 .set(i64::from(s.pacer.on_trial));
+            for c in [Condition::Outage, Condition::Throttle] {
+                self.condition
+                    .with_label_values(&[l[0], c.label()])
+                    .set(i64::from(s.pacer.belief.is_some_and(|b| b.condition == c)));
+            }
             self.hold
                 .with_label_values(&l)
                 .set(s.pacer.hold_remaining.map_or(0.0, |h| h.as_secs_f64()));

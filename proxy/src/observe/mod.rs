@@ -42,6 +42,14 @@ impl Observer for Observe {
                     to_rps = b.to_rps,
                     "rate cut"
                 ),
+                Event::Outage(true) => tracing::warn!(
+                    provider = %provider,
+                    "every answer fails whatever the rate: an outage, not a throttle; the breaker decides"
+                ),
+                Event::Outage(false) => tracing::info!(
+                    provider = %provider,
+                    "outage over: the rate from before it is back"
+                ),
                 Event::Hold(d) => tracing::info!(
                     provider = %provider,
                     hold_ms = d.as_millis() as u64,

@@ -102,6 +102,8 @@ struct Active {
     lease_until: Instant,
     /// Gap records were written for its stop.
     settled: bool,
+    /// Providers whose stop's gap records were written.
+    settled_providers: std::collections::BTreeSet<String>,
     /// Attempts already counted in the metrics.
     counted: u64,
 }
@@ -115,6 +117,10 @@ impl Active {
         r.retries = s.retries;
         r.cooldown_waits = s.waits_total;
         r.stop_reason = s.stopped.map(|s| s.label().to_string());
+        r.provider_stops = s
+            .stopped_providers()
+            .map(|(p, reason)| (p.to_string(), reason.label().to_string()))
+            .collect();
         r
     }
 }
@@ -424,27 +430,63 @@ impl Runs {
         Some(record)
     }
 
-    /// If `name`'s active run has stopped and its gaps are not written yet:
-    /// one gap record per stream it checkpointed in its mode, with the last
-    /// committed cursor and the stop reason (one record with no cursor when
-    /// there is no checkpoint yet) — the remainder, deferred and resumable.
+    /// If `name`'s active run has stopped, or a provider's part of it
+    /// has (R-RN8), and its gaps are not written yet: one gap record per
+    /// stream it checkpointed in its mode, with the last committed cursor
+    /// and the stop reason (one record with no cursor when there is no
+    /// checkpoint yet) — the remainder, deferred and resumable. A
+    /// provider's stop names the provider.
     fn settle(&self, reg: &mut Registry, name: &str) {
         let Some(active) = reg.slots.get(name).and_then(|s| s.active.as_ref()) else {
             return;
         };
-        if active.settled {
-            return;
-        }
         let now = Instant::now();
         let state = active.handle.state();
-        let reason = match state.stopped {
-            Some(r) => r,
-            // A deadline that passed with no request to see it.
-            None if state.envelope.deadline.is_some_and(|d| now >= d) => {
-                active.handle.stop(StopReason::Deadline);
-                StopReason::Deadline
+        let providers: Vec<(String, StopReason)> = state
+            .stopped_providers()
+            .filter(|(p, _)| !active.settled_providers.contains(*p))
+            .map(|(p, r)| (p.to_string(), r))
+            .collect();
+        let run_stop = if active.settled {
+            None
+        } else {
+            match state.stopped {
+                Some(r) => Some(r),
+                // A deadline that passed with no request to see it.
+                None if state.envelope.deadline.is_some_and(|d| now >= d) => {
+                    active.handle.stop(StopReason::Deadline);
+                    Some(StopReason::Deadline)
+                }
+                None => None,
             }
-            None => return,
+        };
+        for (provider, reason) in providers {
+            let written = self.write_gaps(reg, name, reason, Some(&provider));
+            if let Some(active) = reg.slots.get_mut(name).and_then(|s| s.active.as_mut()) {
+                active.settled_providers.insert(provider.clone());
+            }
+            tracing::info!(collector = %name, provider = %provider, reason = reason.label(), gaps = written, "a provider's part of the run stopped; its remainder deferred as gap records");
+        }
+        if let Some(reason) = run_stop {
+            let written = self.write_gaps(reg, name, reason, None);
+            if let Some(active) = reg.slots.get_mut(name).and_then(|s| s.active.as_mut()) {
+                active.settled = true;
+            }
+            tracing::info!(collector = %name, reason = reason.label(), gaps = written, "run stopped; remainder deferred as gap records");
+        }
+    }
+
+    /// Writes the gap records of a stop (see [`Runs::settle`]) and the
+    /// run's record with their count; returns how many.
+    fn write_gaps(
+        &self,
+        reg: &mut Registry,
+        name: &str,
+        reason: StopReason,
+        provider: Option<&str>,
+    ) -> u64 {
+        let Some(active) = reg.slots.get(name).and_then(|s| s.active.as_ref()) else {
+            return 0;
         };
         let (mode, run_id) = (active.record.mode, active.record.id.clone());
         let mut streams: Vec<(String, Option<String>)> = reg
@@ -466,6 +508,7 @@ impl Runs {
                 reason: reason.label().to_string(),
                 detail: None,
                 run: Some(run_id.clone()),
+                provider: provider.map(str::to_string),
                 at_unix_ms: unix_ms_now(),
             };
             self.write(RunTree::Gaps, seq_key(name, seq), &gap);
@@ -474,7 +517,6 @@ impl Runs {
         if let Some(slot) = reg.slots.get_mut(name) {
             slot.pending_gaps += written;
             if let Some(active) = slot.active.as_mut() {
-                active.settled = true;
                 active.record.gaps_recorded += written;
                 let record = active.snapshot();
                 if let Some((_, seq)) = split_id(&record.id) {
@@ -482,8 +524,8 @@ impl Runs {
                 }
             }
         }
-        tracing::info!(collector = %name, reason = reason.label(), gaps = written, "run stopped; remainder deferred as gap records");
         self.flush_soon();
+        written
     }
 
     /// Opens a run for `name`, or says which run holds the lease. With
@@ -553,6 +595,7 @@ impl Runs {
             ended_unix_ms: None,
             phase: Phase::Active,
             stop_reason: None,
+            provider_stops: Default::default(),
             attempts: 0,
             retries: 0,
             cooldown_waits: 0,
@@ -571,6 +614,7 @@ impl Runs {
             handle,
             lease_until: now + ttl,
             settled: false,
+            settled_providers: Default::default(),
             counted: 0,
         };
         let view = RunView {
@@ -860,6 +904,7 @@ impl Runs {
                 reason,
                 detail,
                 run: Some(id.to_string()),
+                provider: None,
                 at_unix_ms: unix_ms_now(),
             };
             self.write(RunTree::Gaps, seq_key(&name, seq), &gap);

@@ -90,6 +90,10 @@ pub struct RunRecord {
     pub phase: Phase,
     /// Why it stopped, if a budget or source pressure stopped it.
     pub stop_reason: Option<String>,
+    /// Providers whose part of the run stopped (source pressure, R-RN8),
+    /// with why; the rest of the run went on.
+    #[serde(default)]
+    pub provider_stops: BTreeMap<String, String>,
     /// Attempts that reached the provider.
     pub attempts: u64,
     /// Retries among them.
@@ -131,6 +135,10 @@ pub struct Gap {
     pub detail: Option<String>,
     /// The run that recorded it.
     pub run: Option<String>,
+    /// The provider whose part of the run stopped, when only its part did
+    /// (R-RN8).
+    #[serde(default)]
+    pub provider: Option<String>,
     /// When (ms since the epoch).
     pub at_unix_ms: u64,
 }

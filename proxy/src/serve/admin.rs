@@ -214,6 +214,13 @@ fn provider_json(app: &App, p: &Provider, with_evidence: bool) -> Value {
         "baseline_ttfb_ms": s.pacer.baseline_ttfb.map_or_else(unknown, |b| json!(ms(b))),
         "error_baseline": s.pacer.error_baseline.map_or_else(unknown, |e| json!(e)),
         "cut_on_trial": s.pacer.on_trial,
+        "condition": s.pacer.belief.map_or_else(|| json!({ "state": "clear" }), |b| json!({
+            "state": b.condition.label(),
+            "why": b.why,
+            "failures_in_a_row": b.failures,
+            "since_ms": now.saturating_duration_since(b.since).as_millis() as u64,
+        })),
+        "outages": s.pacer.outages,
         "pace_authority": s.pacer.authority,
         "quota": s.pacer.quota.map_or_else(unknown, |q| json!({
             "family": q.advertised.family.label(),
@@ -276,6 +283,8 @@ fn unknown_json(app: &App, name: &str, with_evidence: bool) -> Value {
         "baseline_ttfb_ms": "unknown",
         "error_baseline": "unknown",
         "cut_on_trial": "unknown",
+        "condition": "unknown",
+        "outages": "unknown",
         "pace_authority": "unknown",
         "quota": "unknown",
         "shared": "unknown",

@@ -521,6 +521,7 @@ fn record_json(r: &RunRecord) -> Value {
         "ended_unix_ms": r.ended_unix_ms,
         "duration_s": (duration_s.max(0.0) * 1000.0).round() / 1000.0,
         "stop_reason": r.stop_reason,
+        "provider_stops": r.provider_stops,
         "attempts": r.attempts,
         "retries": r.retries,
         "cooldown_waits": r.cooldown_waits,
@@ -572,6 +573,7 @@ fn gap_json(g: &Gap) -> Value {
         "cursor": g.cursor,
         "reason": g.reason,
         "detail": g.detail,
+        "provider": g.provider,
         "run": g.run,
         "at_unix_ms": g.at_unix_ms,
     })

@@ -42,7 +42,6 @@ use crate::providers::Provider;
 use crate::tunnel::tls::intercept;
 use crate::upstream;
 use sluice_policy::error::{Cause, Upstream, UpstreamKind};
-use sluice_policy::run::RunStopped;
 
 /// The first byte of a TLS record carrying a handshake.
 const TLS_HANDSHAKE: u8 = 0x16;
@@ -101,8 +100,8 @@ pub async fn connect(
         let user = identity.0.as_deref();
         let run = user.and_then(|u| app.runs.attach(u));
         if let Some(run) = &run {
-            if let Err(reason) = run.check_attempt(tokio::time::Instant::now()) {
-                let stopped = Cause::RunStopped(RunStopped { reason });
+            if let Err(stopped) = run.check_attempt(&provider.name, tokio::time::Instant::now()) {
+                let stopped = Cause::RunStopped(stopped);
                 if let Some(u) = user {
                     app.runs.after(u, run, Some(&stopped));
                 }
