@@ -1036,3 +1036,261 @@ async fn opted_in_methods_are_retried() {
     assert_eq!(seen.len(), 2);
     assert_eq!(seen[1].1, "body kept for replay", "the same body, replayed");
 }
+
+// ------------------------------------------------- outages (issue 18)
+
+/// Spawns `n` requests of `run` (or none) at once; returns what each got.
+async fn concurrently(
+    svc: &ProviderService<String, ()>,
+    run: Option<&RunHandle>,
+    n: usize,
+) -> Vec<Result<u16, Cause>> {
+    let tasks: Vec<_> = (0..n)
+        .map(|i| {
+            let req = match run {
+                Some(run) => with_run(get(format!("c{i}")), run),
+                None => get(format!("c{i}")),
+            };
+            tokio::spawn(svc.clone().oneshot(req))
+        })
+        .collect();
+    let mut out = Vec::new();
+    for t in tasks {
+        out.push(t.await.unwrap().map(|r| r.status().as_u16()));
+    }
+    out
+}
+
+/// The seeds' first scenario (001, "an open circuit with budget remaining
+/// waits out the cool-down and resumes"), with eight requests of the run
+/// waiting at once: one open period is one wait, however many wait it out
+/// — a run allowed a single wait goes on — and every request succeeds
+/// once the provider is back (R-RN8).
+#[tokio::test(start_paused = true)]
+async fn eight_waiters_of_one_open_period_are_one_wait() {
+    let (policy, _) = policy(quick_breaker());
+    let provider = Provider::new(|n| if n < 4 { status(500) } else { status(200) });
+    let svc = stack(&policy, &provider);
+    for i in 0..4 {
+        let r = svc.clone().oneshot(get(i.to_string())).await.unwrap();
+        assert_eq!(r.status(), 500);
+    }
+    let run = RunHandle::new(Envelope {
+        request_cap: Some(100),
+        max_cooldown_waits: 1,
+        ..Envelope::default()
+    });
+    let t0 = Instant::now();
+    let got = concurrently(&svc, Some(&run), 8).await;
+    assert!(
+        got.iter().all(|r| matches!(r, Ok(200))),
+        "{:?}",
+        got.iter()
+            .map(|r| r.as_ref().map_err(|e| e.to_string()))
+            .collect::<Vec<_>>()
+    );
+    assert!(Instant::now() - t0 >= Duration::from_secs(5), "waited");
+    let state = run.state();
+    assert_eq!(state.waits_total, 1, "{state:?}");
+    assert_eq!(state.stopped, None);
+    assert_eq!(state.attempts, 8, "the waits were not attempts");
+}
+
+/// The seeds' second scenario ("genuine budget exhaustion during the wait
+/// defers"), concurrent: eight requests waiting out an open circuit when
+/// the run's deadline passes all stop with `deadline` — a budget reason,
+/// the whole run — at the deadline, and nothing more is sent.
+#[tokio::test(start_paused = true)]
+async fn a_deadline_during_the_wait_stops_every_waiter_planned() {
+    let (policy, _) = policy(quick_breaker());
+    let provider = Provider::new(|_| status(500));
+    let svc = stack(&policy, &provider);
+    for i in 0..4 {
+        let _ = svc.clone().oneshot(get(i.to_string())).await;
+    }
+    let t0 = Instant::now();
+    let run = RunHandle::new(Envelope {
+        deadline: Some(t0 + Duration::from_secs(2)),
+        max_cooldown_waits: 3,
+        ..Envelope::default()
+    });
+    let got = concurrently(&svc, Some(&run), 8).await;
+    for r in &got {
+        match r {
+            Err(Cause::RunStopped(s)) => {
+                assert_eq!(s.reason, StopReason::Deadline);
+                assert_eq!(s.provider, None, "a budget stop is run-wide");
+            }
+            other => panic!("{:?}", other.as_ref().map_err(|e| e.to_string())),
+        }
+    }
+    assert_eq!(Instant::now() - t0, Duration::from_secs(2));
+    assert_eq!(provider.arrivals().len(), 4);
+    assert_eq!(run.state().stopped, Some(StopReason::Deadline));
+}
+
+/// The seeds' third scenario ("a circuit that keeps re-opening converges
+/// to a bounded defer"), with eight concurrent requests: each re-opening
+/// is one cycle whatever the concurrency; after `max_cooldown_waits`
+/// cycles the provider's part of the run stops with `circuit_open` —
+/// within `max_cooldown_waits × breaker_open_for` (the probes answer at
+/// once) — while the run itself goes on at another provider.
+#[tokio::test(start_paused = true)]
+async fn a_circuit_that_keeps_reopening_stops_only_its_providers_part() {
+    let (dead_policy, evidence) = policy(quick_breaker());
+    let dead = Provider::new(|_| status(500));
+    let dead_svc = stack(&dead_policy, &dead);
+    let other_policy = ProviderPolicy::new(
+        "other.test",
+        ProviderSettings::default().validated().unwrap(),
+        PolicyOptions::default(),
+    );
+    let healthy = Provider::new(|_| status(200));
+    let healthy_svc = stack(&other_policy, &healthy);
+    for i in 0..4 {
+        let _ = dead_svc.clone().oneshot(get(i.to_string())).await;
+    }
+    let run = RunHandle::new(Envelope {
+        request_cap: Some(30),
+        max_cooldown_waits: 3,
+        ..Envelope::default()
+    });
+    let t0 = Instant::now();
+    let got = concurrently(&dead_svc, Some(&run), 8).await;
+    let elapsed = Instant::now() - t0;
+    let (mut probes, mut stopped) = (0, 0);
+    for r in &got {
+        match r {
+            // The request that went as a half-open probe gets the answer.
+            Ok(500) => probes += 1,
+            Err(Cause::RunStopped(s)) => {
+                assert_eq!(s.reason, StopReason::CircuitOpen);
+                assert_eq!(s.provider.as_deref(), Some("provider.test"));
+                stopped += 1;
+            }
+            other => panic!("{:?}", other.as_ref().map_err(|e| e.to_string())),
+        }
+    }
+    assert_eq!((probes, stopped), (3, 5));
+    assert!(elapsed <= Duration::from_secs(15), "{elapsed:?}");
+    assert!(elapsed >= Duration::from_secs(14), "{elapsed:?}");
+    // Four to open it, then one failing probe per re-opening.
+    assert_eq!(dead.arrivals().len(), 4 + 3);
+    let opens = evidence
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|t| t.to == State::Open)
+        .count();
+    assert_eq!(opens, 4, "opened, then re-opened three times");
+    let state = run.state();
+    assert_eq!(state.waits_total, 3);
+    assert_eq!(state.stopped, None, "the run goes on");
+    // The other provider's requests keep succeeding until the run's own
+    // budget ends: 30 attempts, 7 of them spent at the dead provider.
+    let mut ok = 0;
+    loop {
+        match healthy_svc.clone().oneshot(with_run(get("h"), &run)).await {
+            Ok(r) => {
+                assert_eq!(r.status(), 200);
+                ok += 1;
+            }
+            Err(Cause::RunStopped(s)) => {
+                assert_eq!((s.reason, s.provider), (StopReason::RequestCap, None));
+                break;
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert_eq!(ok, 30 - 3);
+    assert_eq!(run.state().stopped, Some(StopReason::RequestCap));
+}
+
+/// R-SG4, R-CB1: an outage at a low rate never fills
+/// `breaker_min_calls` in the window (1 req/s, 10 s window, 20 calls
+/// needed), yet the breaker opens once every call has failed for half
+/// the window — with `failure_streak` as its evidence.
+#[tokio::test(start_paused = true)]
+async fn an_outage_at_a_low_rate_opens_the_breaker_on_the_streak() {
+    let mut settings = fixed_rate(1.0);
+    settings.retry_max_attempts = 1;
+    let (policy, evidence) = policy(settings);
+    let provider = Provider::new(|_| status(502));
+    let svc = stack(&policy, &provider);
+    let t0 = Instant::now();
+    let mut open_at = None;
+    for i in 0..30 {
+        match svc.clone().oneshot(get(i.to_string())).await {
+            Ok(r) => assert_eq!(r.status(), 502),
+            Err(Cause::CircuitOpen(_)) => {
+                open_at.get_or_insert(Instant::now() - t0);
+                sleep(Duration::from_millis(500)).await;
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    let t = evidence.lock().unwrap()[0].clone();
+    assert_eq!(
+        (t.from, t.to, t.reason),
+        (State::Closed, State::Open, Reason::FailureStreak)
+    );
+    assert_eq!((t.calls, t.failures), (6, 6), "{t:?}");
+    assert!(t.calls < 20, "below breaker_min_calls");
+    // The sixth failure, at 5 s, spans half the window.
+    assert_eq!(open_at, Some(Duration::from_secs(5)));
+}
+
+/// R-SG4 through the whole stack, eight requests at a time: a provider
+/// paced at its ceiling fails every request with a bare 503 for 3 s. The
+/// rate is held (two cuts at most), the failures are found an outage, and
+/// the first success afterwards gives the ceiling back; no throttle point
+/// is learned.
+#[tokio::test(start_paused = true)]
+async fn a_three_second_outage_of_bare_503s_costs_no_rate() {
+    let settings = ProviderSettings::with_ceiling(50.0);
+    let (policy, _) = policy(settings);
+    let t0 = Instant::now();
+    let down = (t0 + Duration::from_secs(20), t0 + Duration::from_secs(23));
+    let provider = Provider::new(move |_| {
+        let now = Instant::now();
+        if now >= down.0 && now < down.1 {
+            status(503)
+        } else {
+            status(200)
+        }
+    });
+    let svc = stack(&policy, &provider);
+    // (a batch of eight takes 160 ms at 50 req/s: stop before the outage)
+    while Instant::now() + Duration::from_millis(500) < down.0 {
+        concurrently(&svc, None, 8).await;
+    }
+    let before = policy.snapshot(Instant::now()).pacer;
+    assert_eq!(before.rate_rps, 50.0, "{before:?}");
+    let mut lowest = before.rate_rps;
+    let mut outage = false;
+    while Instant::now() < down.1 {
+        concurrently(&svc, None, 8).await;
+        let during = policy.snapshot(Instant::now()).pacer;
+        lowest = lowest.min(during.rate_rps);
+        outage |=
+            during.belief.map(|b| b.condition) == Some(sluice_policy::pacer::Condition::Outage);
+    }
+    assert!(outage, "the failures were found an outage");
+    assert!(lowest >= 50.0 * 0.7 * 0.7 - 1e-9, "held at {lowest}");
+    let back = down.1 + Duration::from_secs(1);
+    while Instant::now() < back {
+        concurrently(&svc, None, 8).await;
+    }
+    let after = policy.snapshot(Instant::now()).pacer;
+    assert_eq!(after.rate_rps, 50.0, "{after:?}");
+    assert_eq!(after.limit_rps, None);
+    assert_eq!(after.belief, None);
+    assert_eq!(after.outages, 1);
+    // Successes over the second after the outage: the full rate (±1).
+    let ok = provider
+        .arrivals()
+        .iter()
+        .filter(|(at, _)| *at >= down.1 && *at < back)
+        .count();
+    assert!(ok >= 48, "{ok} in the second after");
+}

@@ -434,8 +434,10 @@ pub struct Aimd {
     changes: VecDeque<(Instant, f64)>,
     /// Failures in a row, if the last answers were failures.
     streak: Option<Streak>,
-    /// When the last outage ended (its rate given back).
-    outage_ended: Option<Instant>,
+    /// When the last outage ended (its rate given back), and when the
+    /// clean answer that ended it was sent: failures to requests sent
+    /// before that are the outage's last echoes.
+    outage_ended: Option<(Instant, Instant)>,
     /// Outages seen, for the metrics.
     outages: u64,
     /// When a throttle the provider named (429, 503 with `Retry-After`)
@@ -749,6 +751,12 @@ impl Aimd {
         self.close_window(now)
     }
 
+    /// Whether a failure to a request sent at `sent_at` is an echo of the
+    /// outage that a clean answer to a later request already ended.
+    fn outage_echo(&self, sent_at: Instant) -> bool {
+        self.outage_ended.is_some_and(|(_, ended)| sent_at < ended)
+    }
+
     /// A failure (a bare 503, a timeout, another 5xx, a failed connection)
     /// to a request sent at `sent_at`: counted in the streak, which may now
     /// be found an outage. Returns whether the rate is held (the streak
@@ -756,7 +764,7 @@ impl Aimd {
     fn streak_failure(&mut self, sent_at: Instant, now: Instant) -> bool {
         let relapse = self
             .outage_ended
-            .is_some_and(|at| now.saturating_duration_since(at) < RELAPSE);
+            .is_some_and(|(at, _)| now.saturating_duration_since(at) < RELAPSE);
         let persist = OUTAGE_PERSIST.max(self.window * 2);
         let streak = self.streak.get_or_insert(Streak {
             first_sent: sent_at,
@@ -812,7 +820,7 @@ impl Aimd {
         // rate evidence they left would mislead the next judgement.
         self.errors.forget_episode();
         self.latency.clear();
-        self.outage_ended = Some(now);
+        self.outage_ended = Some((now, sent_at));
         let back = streak.rate_before.clamp(self.floor, self.ceiling);
         if back > self.rate {
             self.set_rate(now, back);
@@ -826,6 +834,9 @@ impl Aimd {
     /// connection: never a cut; counted against the error baseline.
     pub fn on_error(&mut self, sent_at: Instant, now: Instant) {
         self.window_answers = self.window_answers.saturating_add(1);
+        if self.outage_echo(sent_at) {
+            return;
+        }
         self.streak_failure(sent_at, now);
         let kind = if !self.new_epoch(sent_at) {
             Attribution::Throttle
@@ -857,6 +868,9 @@ impl Aimd {
         reason: BackoffReason,
     ) -> Option<Backoff> {
         self.window_answers = self.window_answers.saturating_add(1);
+        if self.outage_echo(sent_at) {
+            return None;
+        }
         let held = self.streak_failure(sent_at, now);
         if !self.new_epoch(sent_at) {
             // An echo of the throttle already acted on.
@@ -1361,5 +1375,157 @@ mod tests {
         assert!(cuts >= 1);
         assert!(a.limit().is_some());
         assert!(a.in_trial() || a.rate() < before);
+    }
+
+    /// Sends at the rate for `ms` milliseconds, each answer given by
+    /// `answer`.
+    fn fail_for(a: &mut Aimd, t: &mut Instant, ms: u64, answer: impl Fn(&mut Aimd, Instant)) {
+        let end = *t + Duration::from_millis(ms);
+        while *t < end {
+            let step = Duration::from_secs_f64(1.0 / a.rate());
+            a.on_admit(*t);
+            answer(a, *t);
+            *t += step;
+        }
+    }
+
+    fn bare_503(a: &mut Aimd, at: Instant) {
+        a.on_ambiguous(at, at, BackoffReason::Unavailable);
+    }
+
+    /// R-SG4: a provider paced at its ceiling answers every request with a
+    /// bare 503 for 3 s (a deploy). The streak cuts twice at most, is found
+    /// an outage, and the first clean answer after it gives the rate back:
+    /// no throttle point is learned from it.
+    #[test]
+    fn a_short_outage_of_bare_503s_gives_the_rate_back() {
+        let mut t = Instant::now();
+        let mut a = Aimd::new(5.0, 0.1, 50.0, 0.7, W);
+        saturate(&mut a, &mut t, 12);
+        assert_eq!(a.rate(), 50.0);
+        assert_eq!(a.limit(), None);
+        fail_for(&mut a, &mut t, 3000, bare_503);
+        assert!(a.rate() >= 50.0 * 0.7 * 0.7 - 1e-9, "held: {}", a.rate());
+        assert!(a.in_outage(), "{:?}", a.belief(t));
+        assert_eq!(a.belief(t).unwrap().condition, Condition::Outage);
+        assert_eq!(a.outages(), 1);
+        let change = a.on_clean(t, t, Some(Duration::from_millis(40)));
+        assert!(change.increased);
+        assert_eq!(a.rate(), 50.0, "the rate from before the outage");
+        assert_eq!(a.limit(), None, "no throttle point from an outage");
+        assert!(!a.in_outage());
+        assert_eq!(a.belief(t), None);
+        // And it stays there: the outage left no evidence behind.
+        let cuts = run(&mut a, &mut t, 30, 0);
+        assert_eq!((cuts, a.rate()), (0, 50.0));
+    }
+
+    /// R-SG4 with a throttle point already learned: an outage neither
+    /// moves it nor leaves the rate below the settle point.
+    #[test]
+    fn an_outage_keeps_the_learned_throttle_point() {
+        let mut t = Instant::now();
+        let mut a = Aimd::new(5.0, 0.1, 200.0, 0.7, W);
+        a.restore(19.0, Some(20.0), None);
+        saturate(&mut a, &mut t, 3);
+        let (rate, limit) = (a.rate(), a.limit());
+        fail_for(&mut a, &mut t, 10_000, bare_503);
+        assert!(a.in_outage());
+        a.on_clean(t, t, None);
+        assert_eq!((a.rate(), a.limit()), (rate, limit));
+    }
+
+    /// R-SG4: refused or reset connections never cut, but a streak of them
+    /// is an outage all the same (the readout says so), and nothing is cut.
+    #[test]
+    fn refused_connections_are_an_outage_without_a_cut() {
+        let mut t = Instant::now();
+        let mut a = Aimd::new(5.0, 0.1, 50.0, 0.7, W);
+        saturate(&mut a, &mut t, 12);
+        fail_for(&mut a, &mut t, 3000, |a, at| a.on_error(at, at));
+        assert_eq!(a.rate(), 50.0);
+        assert_eq!(a.belief(t).unwrap().condition, Condition::Outage);
+        assert_eq!(a.belief(t).unwrap().why, "every_answer_failed");
+        a.on_clean(t, t, None);
+        assert_eq!((a.rate(), a.limit(), a.belief(t)), (50.0, None, None));
+    }
+
+    /// R-SG3 stays: a limiter that refuses everything while it is pushed
+    /// past its limit and nothing once the rate is under it (a sliding
+    /// window counting its refusals, answering bare 503s) is a throttle:
+    /// its failures stop within a second of the cuts, so they are never
+    /// an outage, the cuts stand and a throttle point is kept.
+    #[test]
+    fn failures_that_stop_after_the_cuts_are_a_throttle() {
+        let mut t = Instant::now();
+        let mut a = Aimd::new(5.0, 0.1, 200.0, 0.7, W);
+        // Slow start to 30 req/s against a limit of 20.
+        while a.rate() < 30.0 {
+            saturate(&mut a, &mut t, 1);
+        }
+        let before = a.rate();
+        // The window: what was sent over the last second, refusals too.
+        let mut sent: VecDeque<Instant> = VecDeque::new();
+        let mut statuses = Vec::new();
+        let end = t + Duration::from_secs(30);
+        while t < end {
+            a.on_admit(t);
+            while sent.front().is_some_and(|s| *s + W <= t) {
+                sent.pop_front();
+            }
+            sent.push_back(t);
+            if sent.len() > 20 {
+                bare_503(&mut a, t);
+                statuses.push(503);
+            } else {
+                a.on_clean(t, t, Some(Duration::from_millis(40)));
+                statuses.push(200);
+            }
+            assert!(!a.in_outage(), "at {:?}", t);
+            t += Duration::from_secs_f64(1.0 / a.rate());
+        }
+        assert!(a.rate() < before && a.rate() <= 20.5, "{}", a.rate());
+        assert!(a.limit().is_some_and(|l| l < before), "{:?}", a.limit());
+        assert_eq!(a.outages(), 0);
+    }
+
+    /// R-SG4: failures that come back as soon as an outage gave the rate
+    /// back were that rate's doing: judged as a throttle, cut on without a
+    /// hold, and never restored into a second time.
+    #[test]
+    fn failures_right_after_an_outage_are_a_throttle() {
+        let mut t = Instant::now();
+        let mut a = Aimd::new(5.0, 0.1, 50.0, 0.7, W);
+        saturate(&mut a, &mut t, 12);
+        fail_for(&mut a, &mut t, 3000, bare_503);
+        a.on_clean(t, t, None);
+        assert_eq!(a.rate(), 50.0);
+        t += Duration::from_millis(100);
+        fail_for(&mut a, &mut t, 6000, bare_503);
+        assert!(!a.in_outage());
+        assert_eq!(a.outages(), 1);
+        assert!(a.rate() < 50.0 * 0.7 * 0.7, "cut on: {}", a.rate());
+        assert_eq!(a.belief(t).unwrap().condition, Condition::Throttle);
+        assert_eq!(a.belief(t).unwrap().why, "failures_came_back_with_the_rate");
+    }
+
+    /// R-AI4 through an outage: no error ever raises the rate; only the
+    /// clean answer after it does.
+    #[test]
+    fn an_outage_never_raises_the_rate_on_an_error() {
+        let mut t = Instant::now();
+        let mut a = Aimd::new(5.0, 0.1, 50.0, 0.7, W);
+        saturate(&mut a, &mut t, 12);
+        let mut last = a.rate();
+        fail_for(&mut a, &mut t, 5000, |a, at| {
+            a.on_ambiguous(at, at, BackoffReason::Timeout);
+        });
+        for _ in 0..50 {
+            t += Duration::from_millis(50);
+            a.on_ambiguous(t, t, BackoffReason::Unavailable);
+            a.on_error(t, t);
+            assert!(a.rate() <= last);
+            last = a.rate();
+        }
     }
 }
