@@ -38,6 +38,12 @@
 //!   (`x-seen-host`).
 //! * `/stall` — 200 whose body sends one chunk (`partial`) and then
 //!   nothing, forever.
+//!
+//! Outages, whatever the path: [`Sim::set_outage`] answers every request
+//! with a bare status (a deploy's `503`s) or resets every connection
+//! before an answer; [`Sim::stop`] closes the listener and every open
+//! connection (the provider's process gone: connections refused) and
+//! [`Sim::restart`] listens on the same port again.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -100,9 +106,19 @@ impl std::fmt::Display for Figures {
     }
 }
 
+/// An outage the simulator plays, whatever the path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outage {
+    /// Every request gets this status, bare (no `Retry-After`).
+    Status(u16),
+    /// Every connection is reset before an answer.
+    Reset,
+}
+
 #[derive(Debug, Default)]
 struct State {
     hits: Vec<Hit>,
+    outage: Option<Outage>,
     counts: HashMap<String, u32>,
     bucket: Option<TokenBucket>,
     /// The random paths' generator (seeded: repeatable).
@@ -125,17 +141,26 @@ impl State {
 }
 
 /// A running simulator; stops when dropped.
-#[derive(Debug)]
 pub struct Sim {
     /// Where it listens.
     pub addr: SocketAddr,
     state: Arc<Mutex<State>>,
+    tls: Option<tokio_rustls::TlsAcceptor>,
     task: tokio::task::JoinHandle<()>,
+    /// Closes every open connection when the simulator stops.
+    stop: tokio::sync::watch::Sender<bool>,
+}
+
+impl std::fmt::Debug for Sim {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sim").field("addr", &self.addr).finish()
+    }
 }
 
 impl Drop for Sim {
     fn drop(&mut self) {
         self.task.abort();
+        self.stop.send_replace(true);
     }
 }
 
@@ -160,37 +185,41 @@ impl Sim {
         let listener = TcpListener::bind((ip, port)).await.expect("bind simulator");
         let addr = listener.local_addr().unwrap();
         let state: Arc<Mutex<State>> = Arc::default();
-        let st = state.clone();
-        let task = tokio::spawn(async move {
-            loop {
-                let Ok((stream, _)) = listener.accept().await else {
-                    continue;
-                };
-                let st = st.clone();
-                let tls = tls.clone();
-                tokio::spawn(async move {
-                    let service = service_fn(move |req| {
-                        let st = st.clone();
-                        async move { answer(st, req).await }
-                    });
-                    let builder =
-                        hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-                    match tls {
-                        Some(acceptor) => {
-                            if let Ok(s) = acceptor.accept(stream).await {
-                                let _ = builder.serve_connection(TokioIo::new(s), service).await;
-                            }
-                        }
-                        None => {
-                            let _ = builder
-                                .serve_connection(TokioIo::new(stream), service)
-                                .await;
-                        }
-                    }
-                });
-            }
-        });
-        Sim { addr, state, task }
+        let (stop, _) = tokio::sync::watch::channel(false);
+        let task = tokio::spawn(accept(listener, state.clone(), tls.clone(), stop.clone()));
+        Sim {
+            addr,
+            state,
+            tls,
+            task,
+            stop,
+        }
+    }
+
+    /// Plays an outage (or ends it, `None`), whatever the path.
+    pub fn set_outage(&self, outage: Option<Outage>) {
+        self.state.lock().unwrap().outage = outage;
+    }
+
+    /// The provider's process goes away: the listener and every open
+    /// connection close, and new connections are refused.
+    pub fn stop(&mut self) {
+        self.task.abort();
+        self.stop.send_replace(true);
+    }
+
+    /// The provider comes back on the same address.
+    pub async fn restart(&mut self) {
+        let listener = TcpListener::bind(self.addr)
+            .await
+            .expect("bind the simulator again");
+        self.stop.send_replace(false);
+        self.task = tokio::spawn(accept(
+            listener,
+            self.state.clone(),
+            self.tls.clone(),
+            self.stop.clone(),
+        ));
     }
 
     /// Sets the hidden limit of `/limited`: a token bucket.
@@ -240,6 +269,49 @@ impl Sim {
     }
 }
 
+/// Accepts and serves connections until aborted; each connection closes
+/// when `stop` says so.
+async fn accept(
+    listener: TcpListener,
+    st: Arc<Mutex<State>>,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    stop: tokio::sync::watch::Sender<bool>,
+) {
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            continue;
+        };
+        let st = st.clone();
+        let tls = tls.clone();
+        let mut stopped = stop.subscribe();
+        tokio::spawn(async move {
+            let service = service_fn(move |req| {
+                let st = st.clone();
+                async move { answer(st, req).await }
+            });
+            let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+            let serve = async {
+                match tls {
+                    Some(acceptor) => {
+                        if let Ok(s) = acceptor.accept(stream).await {
+                            let _ = builder.serve_connection(TokioIo::new(s), service).await;
+                        }
+                    }
+                    None => {
+                        let _ = builder
+                            .serve_connection(TokioIo::new(stream), service)
+                            .await;
+                    }
+                }
+            };
+            tokio::select! {
+                _ = serve => {}
+                _ = stopped.wait_for(|s| *s) => {}
+            }
+        });
+    }
+}
+
 type Body = BoxBody<Bytes, std::io::Error>;
 
 /// A body that sends one chunk and then stalls forever.
@@ -283,6 +355,32 @@ async fn answer(
     let mut retry_after: Option<String> = None;
     let mut extra_headers: Vec<(&'static str, String)> = Vec::new();
     let mut body = Bytes::new();
+    let outage = state.lock().unwrap().outage;
+    if let Some(outage) = outage {
+        state.lock().unwrap().hits.push(Hit {
+            at: now,
+            path: path.clone(),
+            status: match outage {
+                Outage::Status(code) => code,
+                Outage::Reset => 0,
+            },
+            version,
+            delay: Duration::ZERO,
+        });
+        return match outage {
+            Outage::Status(code) => {
+                let mut resp =
+                    Response::new(Full::new(Bytes::new()).map_err(|e| match e {}).boxed());
+                *resp.status_mut() =
+                    StatusCode::from_u16(code).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
+                Ok(resp)
+            }
+            Outage::Reset => Err(std::io::Error::new(
+                std::io::ErrorKind::ConnectionReset,
+                "outage: reset",
+            )),
+        };
+    }
     let status: u16 = {
         let mut st = state.lock().unwrap();
         let n = {

@@ -1,0 +1,370 @@
+//! Outages are not throttles, end to end (issue 18; R-SG4, R-RN8, R-SG3,
+//! R-CB1): the real binary on the default config plus a collector, naive
+//! Python clients configured only by their proxy variables, providers on
+//! loopback that can take far more than the default ceiling and go down
+//! the ways real ones do — a deploy's bare `503`s, the process gone
+//! (connections refused, then back on the same port), connections reset
+//! before an answer.
+//!
+//! One timeline, side by side for a plain proxy user and for a collector
+//! under `sluice run` (budget to spare), each with its own three
+//! providers:
+//!
+//! ```text
+//! 0 ── ramp ── 8 ── 20 s before ── 28 ─ 3 s down ─ 31 ── 20 s after ── 51
+//!      ── 10 s down ── 61 ── breaker_open_for + 5 s ── 71 ── 5 s measured ── 76
+//! ```
+//!
+//! Measured at the provider: successes over the 20 s after the short
+//! outage against the 20 s before it (≥ 0.9), and successes per second
+//! over the 5 s after `breaker_open_for` + 5 s of the long outage's end
+//! against the 20 s before it (≥ 0.9). Afterwards no throttle point below
+//! the pre-outage rate, the rate back at the ceiling, two outages found
+//! and said so; the run never stopped and its collector never got a
+//! `run stopped` refusal; the provider readouts of the two sides agree.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde_json::Value;
+use sluice_tests::harness::{Sluice, TempDir};
+use sluice_tests::sim::{Outage, Sim};
+use tokio::time::Instant;
+
+const TOKEN: &str = "tok-outage";
+const SHORT: (f64, f64) = (28.0, 31.0);
+const LONG: (f64, f64) = (51.0, 61.0);
+/// `breaker_open_for` (the default, 5 s) + 5 s.
+const BACK_WITHIN: f64 = 10.0;
+const END: f64 = 76.0;
+
+/// How a provider goes down.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Kind {
+    /// Every request answered with a bare `503`.
+    Unavailable,
+    /// The process stops: connections refused until it is back.
+    Refused,
+    /// Every connection reset before an answer.
+    Reset,
+}
+
+const KINDS: [Kind; 3] = [Kind::Unavailable, Kind::Refused, Kind::Reset];
+
+/// The collector's naive clients: `clients` threads per URL, each sending
+/// GETs back to back until `secs` have passed, no backoff of their own.
+/// Prints `{url: {status: count}}` as JSON.
+const CLIENTS: &str = r#"
+import json, sys, threading, time, requests
+clients, secs, urls = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3:]
+deadline = time.monotonic() + secs
+counts = {u: {} for u in urls}
+lock = threading.Lock()
+def run(url):
+    s = requests.Session()
+    while time.monotonic() < deadline:
+        try:
+            r = s.get(url, timeout=30)
+            code = str(r.status_code)
+            if r.status_code == 403 and "run stopped" in r.headers.get("proxy-status", ""):
+                code = "403-run-stopped"
+        except Exception as e:
+            code = type(e).__name__
+        with lock:
+            counts[url][code] = counts[url].get(code, 0) + 1
+threads = [threading.Thread(target=run, args=(u,)) for u in urls for _ in range(clients)]
+for t in threads: t.start()
+for t in threads: t.join()
+print(json.dumps(counts))
+"#;
+
+struct Side {
+    name: &'static str,
+    sluice: Sluice,
+    sims: Vec<(Kind, Sim)>,
+}
+
+async fn side(name: &'static str, ips: [&str; 3]) -> Side {
+    let dir = TempDir::new(&format!("outage-{name}"));
+    std::fs::write(dir.join("a.token"), format!("{TOKEN}\n")).unwrap();
+    // The default config, plus loopback providers allowed and a collector.
+    let config = format!(
+        "[destinations]\nallow = [\"127.0.0.0/8\"]\n\
+         [collectors.collector-a]\ntoken_file = \"{}\"\n",
+        dir.join("a.token").display()
+    );
+    let sluice = Sluice::start_in(dir, &config);
+    let mut sims = Vec::new();
+    for (kind, ip) in KINDS.into_iter().zip(ips) {
+        sims.push((kind, Sim::start(ip).await));
+    }
+    Side { name, sluice, sims }
+}
+
+fn urls(side: &Side) -> Vec<String> {
+    side.sims
+        .iter()
+        .map(|(_, sim)| sim.url("http", "/ok"))
+        .collect()
+}
+
+/// Starts the clients: the collector with no run open, or under `sluice
+/// run` with budget to spare.
+fn clients(side: &Side, per_url: u32, under_run: bool) -> tokio::process::Child {
+    let mut cmd = if under_run {
+        let mut c = tokio::process::Command::new(sluice_tests::harness::binary());
+        c.args(["run", "--collector", "collector-a", "--token-file"])
+            .arg(side.sluice.dir.join("a.token"))
+            .args([
+                "--request-cap",
+                "1000000",
+                "--deadline",
+                "300s",
+                "--admin-url",
+            ])
+            .arg(format!("http://{}", side.sluice.admin))
+            .arg("--proxy-url")
+            .arg(format!("http://{}", side.sluice.proxy))
+            .args(["--", "python3", "-c", CLIENTS]);
+        for v in [
+            "http_proxy",
+            "HTTP_PROXY",
+            "https_proxy",
+            "HTTPS_PROXY",
+            "no_proxy",
+            "NO_PROXY",
+        ] {
+            c.env_remove(v);
+        }
+        c
+    } else {
+        let mut c = tokio::process::Command::new("python3");
+        c.args(["-c", CLIENTS]);
+        // The same collector, with no run open: a proxy user like any.
+        let proxy = format!("http://collector-a:{TOKEN}@{}", side.sluice.proxy);
+        sluice_tests::clients::with_proxy(&mut c, &proxy);
+        c
+    };
+    cmd.arg(per_url.to_string())
+        .arg(format!("{END}"))
+        .args(urls(side))
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    cmd.spawn().expect("start the clients")
+}
+
+async fn at(t0: Instant, secs: f64) {
+    tokio::time::sleep_until(t0 + Duration::from_secs_f64(secs)).await;
+}
+
+async fn down(sims: &mut [(Kind, Sim)]) {
+    for (kind, sim) in sims.iter_mut() {
+        match kind {
+            Kind::Unavailable => sim.set_outage(Some(Outage::Status(503))),
+            Kind::Refused => sim.stop(),
+            Kind::Reset => sim.set_outage(Some(Outage::Reset)),
+        }
+    }
+}
+
+async fn up(sims: &mut [(Kind, Sim)]) {
+    for (kind, sim) in sims.iter_mut() {
+        match kind {
+            Kind::Refused => sim.restart().await,
+            _ => sim.set_outage(None),
+        }
+    }
+}
+
+/// Successes the provider answered between `from` and `to` seconds.
+fn ok(sim: &Sim, t0: Instant, from: f64, to: f64) -> usize {
+    let (a, b) = (
+        t0 + Duration::from_secs_f64(from),
+        t0 + Duration::from_secs_f64(to),
+    );
+    sim.hits("/")
+        .iter()
+        .filter(|h| h.status == 200 && h.at >= a && h.at < b)
+        .count()
+}
+
+/// The readout of the provider at `sim`.
+async fn readout(sluice: &Sluice, sim: &Sim) -> Value {
+    let (status, body) = sluice.admin_get("/v1/providers").await;
+    assert_eq!(status, 200, "{body}");
+    let all: Value = serde_json::from_str(&body).unwrap();
+    let host = sim.addr.ip().to_string();
+    all["providers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"].as_str() == Some(host.as_str()))
+        .cloned()
+        .unwrap_or_else(|| panic!("no readout for {host}: {all}"))
+}
+
+/// What the provider's readout says it learned, for comparing the sides.
+fn learned(p: &Value) -> Value {
+    serde_json::json!({
+        "rate_rps": p["rate_rps"],
+        "throttle_point_rps": p["throttle_point_rps"],
+        "condition": p["condition"]["state"],
+        "outages": p["outages"],
+        "breaker": p["breaker"]["state"],
+    })
+}
+
+/// The breaker's evidence, as (from, to, reason).
+async fn evidence(sluice: &Sluice, sim: &Sim) -> Vec<String> {
+    let host = sim.addr.ip().to_string();
+    let (_, body) = sluice.admin_get(&format!("/v1/providers/{host}")).await;
+    let v: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+    v["breaker"]["evidence"]
+        .as_array()
+        .map(|list| {
+            list.iter()
+                .map(|t| format!("{}>{}:{}", t["from"], t["to"], t["reason"]).replace('"', ""))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// One timeline for both sides at `per_url` clients per provider.
+async fn ride_out(per_url: u32, plain_ips: [&str; 3], run_ips: [&str; 3]) {
+    let mut plain = side("plain", plain_ips).await;
+    let mut run = side("run", run_ips).await;
+    let t0 = Instant::now();
+    let plain_clients = clients(&plain, per_url, false);
+    let run_clients = clients(&run, per_url, true);
+    at(t0, SHORT.0).await;
+    down(&mut plain.sims).await;
+    down(&mut run.sims).await;
+    at(t0, SHORT.1).await;
+    up(&mut plain.sims).await;
+    up(&mut run.sims).await;
+    at(t0, LONG.0).await;
+    down(&mut plain.sims).await;
+    down(&mut run.sims).await;
+    at(t0, LONG.1).await;
+    up(&mut plain.sims).await;
+    up(&mut run.sims).await;
+    let plain_out =
+        tokio::time::timeout(Duration::from_secs(120), plain_clients.wait_with_output())
+            .await
+            .expect("the plain clients finished")
+            .unwrap();
+    let run_out = tokio::time::timeout(Duration::from_secs(120), run_clients.wait_with_output())
+        .await
+        .expect("the run's clients finished")
+        .unwrap();
+    let run_stderr = String::from_utf8_lossy(&run_out.stderr);
+    assert!(
+        plain_out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&plain_out.stderr)
+    );
+    assert_eq!(run_out.status.code(), Some(0), "sluice run: {run_stderr}");
+
+    let mut failures = Vec::new();
+    let mut learned_by_side: BTreeMap<(&str, String), Value> = BTreeMap::new();
+    for (side, out) in [(&plain, &plain_out), (&run, &run_out)] {
+        let seen: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|_| {
+            panic!("clients printed {:?}", String::from_utf8_lossy(&out.stdout))
+        });
+        for (kind, sim) in &side.sims {
+            let label = format!("{} {kind:?} ({per_url} clients)", side.name);
+            let before = ok(sim, t0, SHORT.0 - 20.0, SHORT.0);
+            let after = ok(sim, t0, SHORT.1, SHORT.1 + 20.0);
+            let long_before = ok(sim, t0, LONG.0 - 20.0, LONG.0) as f64 / 20.0;
+            let back = ok(sim, t0, LONG.1 + BACK_WITHIN, LONG.1 + BACK_WITHIN + 5.0) as f64 / 5.0;
+            // The first second after the return at 0.9 of the rate before.
+            let recovered = (0..15)
+                .find(|s| {
+                    let from = LONG.1 + f64::from(*s);
+                    ok(sim, t0, from, from + 1.0) as f64 >= 0.9 * long_before
+                })
+                .map_or("never".to_string(), |s| format!("{s} s"));
+            let p = readout(&side.sluice, sim).await;
+            let statuses = &seen[sim.url("http", "/ok")];
+            println!(
+                "{label}: 3 s outage: {after} successes in the 20 s after / {before} before = {:.3}; \
+                 10 s outage: {back:.1}/s at +{BACK_WITHIN}..+{} s / {long_before:.1}/s before = {:.3} \
+                 (0.9 reached {recovered} after the return); clients saw {statuses}; readout {}; evidence {:?}",
+                after as f64 / before.max(1) as f64,
+                BACK_WITHIN + 5.0,
+                back / long_before.max(0.1),
+                learned(&p),
+                evidence(&side.sluice, sim).await,
+            );
+            if (after as f64) < 0.9 * before as f64 {
+                failures.push(format!("{label}: 3 s outage cost more than 10 %"));
+            }
+            if back < 0.9 * long_before {
+                failures.push(format!("{label}: not back within breaker_open_for + 5 s"));
+            }
+            let pre_rate = before as f64 / 20.0;
+            let tp = &p["throttle_point_rps"];
+            if tp.as_f64().is_some_and(|tp| tp < pre_rate) {
+                failures.push(format!("{label}: a throttle point {tp} below {pre_rate}"));
+            }
+            if p["rate_rps"] != p["ceiling_rps"] {
+                failures.push(format!("{label}: rate {} after", p["rate_rps"]));
+            }
+            if p["outages"] != 2 {
+                failures.push(format!("{label}: {} outages found, not 2", p["outages"]));
+            }
+            if statuses.get("403-run-stopped").is_some() {
+                failures.push(format!("{label}: the collector got run-stopped refusals"));
+            }
+            learned_by_side.insert((side.name, format!("{kind:?}")), learned(&p));
+        }
+    }
+    // The run never stopped, for any provider.
+    assert!(run_stderr.contains("finished"), "{run_stderr}");
+    let (_, runs) = run
+        .sluice
+        .api("GET", "/v1/collectors/collector-a/runs", None)
+        .await;
+    let last = &runs["runs"][0];
+    println!("run: {last}");
+    if last["stop_reason"] != Value::Null || last["provider_stops"] != serde_json::json!({}) {
+        failures.push(format!("the run stopped: {last}"));
+    }
+    if last["refusals"].get("circuit_open").is_some() {
+        failures.push(format!(
+            "the run's requests were refused at an open circuit: {last}"
+        ));
+    }
+    // The provider readouts are as without the run.
+    for kind in KINDS {
+        let k = format!("{kind:?}");
+        let (a, b) = (
+            &learned_by_side[&("plain", k.clone())],
+            &learned_by_side[&("run", k.clone())],
+        );
+        if a != b {
+            failures.push(format!("{k}: with the run {b}, without {a}"));
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// Issue 18's Done-when, first two lines, at 8 and then 32 clients per
+/// provider (one after the other: the machine has two cores).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outages_are_ridden_out_at_full_speed_with_and_without_a_run() {
+    ride_out(
+        8,
+        ["127.0.1.1", "127.0.1.2", "127.0.1.3"],
+        ["127.0.1.4", "127.0.1.5", "127.0.1.6"],
+    )
+    .await;
+    ride_out(
+        32,
+        ["127.0.1.7", "127.0.1.8", "127.0.1.9"],
+        ["127.0.1.10", "127.0.1.11", "127.0.1.12"],
+    )
+    .await;
+}
