@@ -368,3 +368,159 @@ async fn outages_are_ridden_out_at_full_speed_with_and_without_a_run() {
     )
     .await;
 }
+
+/// A collector's threads, one group per URL: each thread sends GETs back
+/// to back and stops at a planned stop (`403 run stopped`). Prints per
+/// URL the statuses and the wall-clock time of the first planned stop
+/// with its `Proxy-Status`.
+const UNTIL_STOPPED: &str = r#"
+import json, sys, threading, time, requests
+clients, secs, urls = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3:]
+deadline = time.monotonic() + secs
+out = {u: {"statuses": {}, "stopped_at": None, "proxy_status": None} for u in urls}
+lock = threading.Lock()
+def run(url):
+    s = requests.Session()
+    while time.monotonic() < deadline:
+        try:
+            r = s.get(url, timeout=30)
+            code = str(r.status_code)
+        except Exception as e:
+            r, code = None, type(e).__name__
+        with lock:
+            o = out[url]
+            o["statuses"][code] = o["statuses"].get(code, 0) + 1
+            ps = r.headers.get("proxy-status", "") if r is not None else ""
+            if code == "403" and "run stopped" in ps:
+                if o["stopped_at"] is None:
+                    o["stopped_at"], o["proxy_status"] = time.time(), ps
+                return
+threads = [threading.Thread(target=run, args=(u,)) for u in urls for _ in range(clients)]
+for t in threads: t.start()
+for t in threads: t.join()
+print(json.dumps(out))
+"#;
+
+/// Issue 18's Done-when, third line (R-RN8): a provider down for good
+/// under `sluice run`, with a second, healthy provider in the same run.
+/// Eight threads on each. The dead provider's part stops with
+/// `circuit_open` after `max_cooldown_waits` (3) cycles — each cycle one
+/// wait, whatever the concurrency — within 3 × (`breaker_open_for` +
+/// probe) + one attempt timeout of its first opening, with a gap record
+/// naming it; the healthy provider's requests keep succeeding until the
+/// run's own budget (its request cap) ends, run-wide.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_provider_stops_only_its_part_of_the_run() {
+    let dir = TempDir::new("outage-dead");
+    std::fs::write(dir.join("a.token"), format!("{TOKEN}\n")).unwrap();
+    let config = format!(
+        "[destinations]\nallow = [\"127.0.0.0/8\"]\n\
+         [collectors.collector-a]\ntoken_file = \"{}\"\n",
+        dir.join("a.token").display()
+    );
+    let sluice = Sluice::start_in(dir, &config);
+    let mut dead = Sim::start("127.0.1.31").await;
+    dead.stop();
+    let healthy = Sim::start("127.0.1.32").await;
+    let (dead_url, healthy_url) = (dead.url("http", "/ok"), healthy.url("http", "/ok"));
+    const CAP: u64 = 1500;
+    let out = tokio::process::Command::new(sluice_tests::harness::binary())
+        .args(["run", "--collector", "collector-a", "--token-file"])
+        .arg(sluice.dir.join("a.token"))
+        .args(["--request-cap", &CAP.to_string(), "--admin-url"])
+        .arg(format!("http://{}", sluice.admin))
+        .arg("--proxy-url")
+        .arg(format!("http://{}", sluice.proxy))
+        .args(["--", "python3", "-c", UNTIL_STOPPED, "8", "120"])
+        .args([&dead_url, &healthy_url])
+        .env_remove("http_proxy")
+        .env_remove("HTTP_PROXY")
+        .env_remove("no_proxy")
+        .env_remove("NO_PROXY")
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(180), out)
+        .await
+        .expect("the collector finished")
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let seen: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|_| panic!("{}\n{stderr}", String::from_utf8_lossy(&out.stdout)));
+    println!("collector saw {seen}\n{stderr}");
+    // A planned stop: the command's own status comes back (R-RN9).
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+
+    let d = &seen[&dead_url];
+    let ps = d["proxy_status"].as_str().unwrap_or_default();
+    assert!(
+        ps.contains("run stopped: circuit_open (provider 127.0.1.31)"),
+        "{d}"
+    );
+    let h = &seen[&healthy_url];
+    assert!(
+        h["proxy_status"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("run stopped: request_cap"),
+        "{h}"
+    );
+    assert_eq!(h["statuses"].get("503"), None, "{h}");
+
+    let (_, runs) = sluice
+        .api("GET", "/v1/collectors/collector-a/runs", None)
+        .await;
+    let run = &runs["runs"][0];
+    println!("run: {run}");
+    assert_eq!(run["stop_reason"], "request_cap", "{run}");
+    assert_eq!(
+        run["provider_stops"],
+        serde_json::json!({ "127.0.1.31": "circuit_open" }),
+        "{run}"
+    );
+    assert_eq!(run["cooldown_waits"], 3, "one wait per cycle: {run}");
+    assert_eq!(run["attempts"], CAP, "{run}");
+    // Every attempt the healthy provider saw succeeded, and it saw the
+    // rest of the cap once the dead provider's part stopped.
+    let healthy_ok = healthy.hits("/").iter().filter(|h| h.status == 200).count() as u64;
+    let dead_attempts = CAP - healthy_ok;
+    println!(
+        "the healthy provider answered {healthy_ok}; the dead one took {dead_attempts} attempts"
+    );
+    assert_eq!(h["statuses"]["200"].as_u64(), Some(healthy_ok), "{h}");
+
+    // Evidence: opened, then re-opened on each cycle's failed probe.
+    let (_, body) = sluice.admin_get("/v1/providers/127.0.1.31").await;
+    let p: Value = serde_json::from_str(&body).unwrap();
+    let ev = p["breaker"]["evidence"].as_array().unwrap();
+    let opens: Vec<&Value> = ev.iter().filter(|t| t["to"] == "open").collect();
+    assert_eq!(opens.len(), 4, "opened and re-opened three times: {ev:?}");
+    let first_open_s = opens[0]["at_unix_ms"].as_f64().unwrap() / 1000.0;
+    let stopped_s = d["stopped_at"].as_f64().unwrap();
+    let bound = 3.0 * (5.0 + 1.0) + 30.0;
+    println!(
+        "the dead provider's part stopped {:.1} s after its first opening (bound {bound} s)",
+        stopped_s - first_open_s
+    );
+    assert!(stopped_s - first_open_s <= bound);
+    assert!(
+        stopped_s - first_open_s >= 3.0 * 5.0 - 1.0,
+        "waited the cycles out"
+    );
+
+    // The gap record names the provider.
+    let (_, page) = sluice
+        .api("GET", "/v1/collectors/collector-a/gaps", None)
+        .await;
+    let gaps = page["gaps"].as_array().unwrap();
+    assert!(
+        gaps.iter()
+            .any(|g| g["reason"] == "circuit_open" && g["provider"] == "127.0.1.31"),
+        "{page}"
+    );
+    assert!(
+        gaps.iter()
+            .any(|g| g["reason"] == "request_cap" && g["provider"].is_null()),
+        "{page}"
+    );
+}

@@ -233,8 +233,9 @@ async fn a_deadline_lets_the_request_in_flight_finish() {
 }
 
 /// R-RN8: a run meeting an open circuit waits it out and succeeds once
-/// the provider recovers; against a provider that never recovers it stops
-/// after `max_cooldown_waits` waits with `circuit_open`, and records it.
+/// the provider recovers; against a provider that never recovers, that
+/// provider's part of it stops after `max_cooldown_waits` cycles with
+/// `circuit_open`, and a gap record names the provider.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_open_circuit_is_waited_out_within_the_run() {
     let recovering = Sim::start("127.0.0.59").await;
@@ -276,7 +277,7 @@ async fn an_open_circuit_is_waited_out_within_the_run() {
             assert!(
                 r.header("proxy-status")
                     .unwrap_or_default()
-                    .contains("run stopped: circuit_open"),
+                    .contains("run stopped: circuit_open (provider dead)"),
                 "{r:?}"
             );
             break;
@@ -293,11 +294,19 @@ async fn an_open_circuit_is_waited_out_within_the_run() {
     let (_, summary) = sluice
         .api("POST", &format!("/v1/runs/{id}/finish"), None)
         .await;
-    assert_eq!(summary["stop_reason"], "circuit_open", "{summary}");
+    // Only the dead provider's part of the run stopped (R-RN8): the run
+    // itself did not, and the gap record names the provider.
+    assert_eq!(summary["stop_reason"], Value::Null, "{summary}");
+    assert_eq!(
+        summary["provider_stops"],
+        json!({ "dead": "circuit_open" }),
+        "{summary}"
+    );
     let (_, page) = sluice
         .api("GET", "/v1/collectors/collector-a/gaps", None)
         .await;
     assert_eq!(page["gaps"][0]["reason"], "circuit_open", "{page}");
+    assert_eq!(page["gaps"][0]["provider"], "dead", "{page}");
 }
 
 /// R-RN4: one run per collector — a second gets 409 naming the holder
