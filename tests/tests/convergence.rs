@@ -196,3 +196,30 @@ fn a_provider_that_slows_down_past_its_limit_is_paced() {
         f.median_latency
     );
 }
+
+/// Issue 18's relaxed R-SG2 line at low rates: a 5 → 10 req/s doubling
+/// is found within 60 s — ≥ 90 % of the new limit over the 60–90 s after
+/// the change — while a stable 5 req/s limit costs ≤ 0.5 % refusals over
+/// five minutes once found (the five minutes after the first, which holds
+/// the cold start's slow-start overshoot). (At ≥ 20 req/s the 15 s figure
+/// of `doubles_20` and `doubles_100` stands.)
+#[test]
+fn a_slow_provider_finds_a_doubled_limit_within_a_minute() {
+    let s = limits(Behaviour::Bucket { over: 429 }, &[5.0, 10.0]);
+    let change = PHASE.as_secs();
+    let f = figures(&s, 40.0, change + 60, change + 90, 10.0);
+    check("doubles_5 at 60–90 s", &f, 0.9, 0.005);
+    let steady = Scenario {
+        phase: Duration::from_secs(360),
+        ..limits(Behaviour::Bucket { over: 429 }, &[5.0])
+    };
+    let cold = figures(&steady, 20.0, 0, 60, 5.0);
+    println!(
+        "{:>24}: refused {:.2} % of {} attempts",
+        "steady_5 first minute",
+        cold.refused_share * 100.0,
+        cold.attempts
+    );
+    let f = figures(&steady, 20.0, 60, 360, 5.0);
+    check("steady_5 over 5 min", &f, 0.95, 0.005);
+}
