@@ -64,20 +64,6 @@ pub enum UpstreamKind {
     ClientBody,
 }
 
-impl UpstreamKind {
-    /// Whether a new attempt might succeed. A prohibited destination, an
-    /// untrusted certificate or a name that does not exist will not change
-    /// by retrying.
-    pub fn is_retryable(self) -> bool {
-        matches!(
-            self,
-            UpstreamKind::ConnectionRefused
-                | UpstreamKind::ConnectionTimeout
-                | UpstreamKind::ConnectionClosed
-        )
-    }
-}
-
 /// An upstream attempt failed before a response head arrived. It reaches
 /// the layers as [`Cause::Upstream`].
 #[derive(Debug)]
@@ -130,7 +116,6 @@ impl Cause {
         let sluice = |retry_after| ErrorInfo {
             fault: Fault::Sluice,
             outcome: None,
-            retryable: false,
             retry_after,
         };
         match self {
@@ -141,7 +126,6 @@ impl Cause {
             Cause::AttemptTimeout => ErrorInfo {
                 fault: Fault::Upstream,
                 outcome: Some(Outcome::Timeout),
-                retryable: true,
                 retry_after: None,
             },
             Cause::Upstream(e) => {
@@ -163,9 +147,17 @@ impl Cause {
                     },
                     outcome: (!client).then_some(match e.kind {
                         UpstreamKind::ConnectionTimeout => Outcome::Timeout,
-                        _ => Outcome::ConnectError,
+                        // A new attempt might get through a refused or
+                        // reset connection; a name that does not resolve,
+                        // an untrusted certificate or a peer that does not
+                        // speak HTTP will not change by retrying.
+                        kind => Outcome::ConnectError {
+                            retryable: matches!(
+                                kind,
+                                UpstreamKind::ConnectionRefused | UpstreamKind::ConnectionClosed
+                            ),
+                        },
                     }),
-                    retryable: e.kind.is_retryable(),
                     retry_after: None,
                 }
             }
@@ -233,10 +225,9 @@ into_cause!(RateLimited, CircuitOpen, BulkheadFull, RunStopped, Upstream);
 pub struct ErrorInfo {
     /// Whose fault it is.
     pub fault: Fault,
-    /// What the attempt came back with, if it reached the provider.
+    /// What the attempt came back with, if it reached the provider; whether
+    /// a retry may help is its [`Outcome::is_retryable`].
     pub outcome: Option<Outcome>,
-    /// Whether a retry may help.
-    pub retryable: bool,
     /// When to come back, if known.
     pub retry_after: Option<Duration>,
 }

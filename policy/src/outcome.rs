@@ -1,9 +1,11 @@
 //! One classification of what an attempt came back with, shared by every
 //! layer.
 //!
-//! The pacer, the breaker, the retry policy and the metrics all need to know
-//! "was that a throttle? may it be retried? is it the provider's fault?".
-//! Deciding it once, here, means they cannot disagree.
+//! The pacer, the breaker, the retry policy, the run envelope and the
+//! metrics all need to know "did it reach the provider? was that a
+//! throttle? may it be retried? does it count against the provider?".
+//! Deciding it once, here — [`Outcome::of_result`] for whatever an attempt
+//! came back with, and the predicates below — means they cannot disagree.
 
 use std::time::{Duration, SystemTime};
 
@@ -39,7 +41,12 @@ pub enum Outcome {
     Timeout,
     /// No connection could be made (refused, reset before a response, DNS,
     /// TLS handshake).
-    ConnectError,
+    ConnectError {
+        /// Whether a new attempt might get through: a refused or reset
+        /// connection might; a name that does not resolve, an untrusted
+        /// certificate or a peer that does not speak HTTP will not.
+        retryable: bool,
+    },
 }
 
 impl Outcome {
@@ -61,29 +68,43 @@ impl Outcome {
 
     /// Classifies an error from below a layer. `None` means the error is
     /// sluice's own refusal (pacer queue full, breaker open, bulkhead full,
-    /// run stopped): no request reached the provider, so the provider's
-    /// state must not learn anything from it.
+    /// run stopped) or the client's fault: no request reached the provider,
+    /// so the provider's state must not learn anything from it.
     pub fn of_error(err: &Cause) -> Option<Self> {
         error::attempt_outcome(err)
     }
 
-    /// Whether a retry may help: 429, 408, 5xx, connect errors, timeouts
-    /// (R-RB1). Other 4xx never are.
-    pub fn is_retryable(&self) -> bool {
-        !matches!(self, Outcome::Success | Outcome::ClientError { .. })
+    /// What an attempt came back with — a response or a failure — as every
+    /// layer sees it; `None` when it never reached the provider (see
+    /// [`Outcome::of_error`]). The one place a result becomes an outcome.
+    pub fn of_result<R>(
+        result: &Result<http::Response<R>, Cause>,
+        now_wall: SystemTime,
+    ) -> Option<Self> {
+        match result {
+            Ok(resp) => Some(of_response(resp, now_wall)),
+            Err(e) => Outcome::of_error(e),
+        }
     }
 
-    /// Whether this is the provider pushing back (a source-pressure signal,
-    /// R-RN3), as opposed to success or the client's own mistake.
-    pub fn is_source_pressure(&self) -> bool {
-        self.is_retryable()
+    /// Whether a retry may help: 429, 408, 5xx, timeouts, and connections
+    /// that were refused or reset (R-RB1). Other 4xx never are, nor
+    /// failures a new attempt cannot change (DNS, TLS, not HTTP).
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Outcome::Success | Outcome::ClientError { .. } => false,
+            Outcome::ConnectError { retryable } => *retryable,
+            Outcome::Throttled { .. } | Outcome::ServerError { .. } | Outcome::Timeout => true,
+        }
     }
 
     /// Whether the breaker counts this as a failure (R-CB1: failure or
-    /// throttle). A client error is the client's fault and counts as a
-    /// healthy provider.
+    /// throttle), and a run waits for a sound answer after it (R-RN8):
+    /// everything but a success and the client's own mistake — a provider
+    /// whose name does not resolve is as unreachable as one that refuses,
+    /// though retrying will not help.
     pub fn is_breaker_failure(&self) -> bool {
-        self.is_retryable()
+        !matches!(self, Outcome::Success | Outcome::ClientError { .. })
     }
 
     /// A short, bounded label for metrics and logs.
@@ -94,7 +115,7 @@ impl Outcome {
             Outcome::ServerError { .. } => "server_error",
             Outcome::ClientError { .. } => "client_error",
             Outcome::Timeout => "timeout",
-            Outcome::ConnectError => "connect_error",
+            Outcome::ConnectError { .. } => "connect_error",
         }
     }
 
@@ -167,11 +188,48 @@ mod tests {
     fn only_pressure_is_retryable() {
         assert!(!of(200, None).is_retryable());
         assert!(!of(404, None).is_retryable());
-        assert!(!of(400, None).is_source_pressure());
+        assert!(!of(400, None).is_breaker_failure());
         for code in [429, 408, 500, 502, 503, 504] {
             assert!(of(code, None).is_retryable(), "{code}");
-            assert!(of(code, None).is_source_pressure(), "{code}");
+            assert!(of(code, None).is_breaker_failure(), "{code}");
         }
-        assert!(Outcome::ConnectError.is_retryable());
+        assert!(Outcome::ConnectError { retryable: true }.is_retryable());
+    }
+
+    /// One decision for every layer: a failure that reached the provider
+    /// is classified the same whether the retry policy, the breaker or the
+    /// run asks; sluice's own refusals and the client's faults are nothing.
+    #[test]
+    fn results_are_classified_once() {
+        use crate::error::{CircuitOpen, Upstream, UpstreamKind};
+        let now = SystemTime::UNIX_EPOCH;
+        let err =
+            |kind| -> Result<http::Response<()>, Cause> { Err(Upstream::new(kind, "x").into()) };
+        let dns = Outcome::of_result(&err(UpstreamKind::Dns), now).unwrap();
+        assert_eq!(dns, Outcome::ConnectError { retryable: false });
+        assert!(!dns.is_retryable(), "a name that does not resolve stays so");
+        assert!(dns.is_breaker_failure(), "but the provider is unreachable");
+        let refused = Outcome::of_result(&err(UpstreamKind::ConnectionRefused), now).unwrap();
+        assert!(refused.is_retryable() && refused.is_breaker_failure());
+        assert_eq!(
+            Outcome::of_result(&err(UpstreamKind::ConnectionTimeout), now),
+            Some(Outcome::Timeout)
+        );
+        assert_eq!(
+            Outcome::of_result(&err(UpstreamKind::ClientBody), now),
+            None
+        );
+        assert_eq!(
+            Outcome::of_result(&err(UpstreamKind::Prohibited), now),
+            None
+        );
+        let open: Result<http::Response<()>, Cause> = Err(CircuitOpen {
+            retry_after: Duration::from_secs(1),
+            cycle: 1,
+        }
+        .into());
+        assert_eq!(Outcome::of_result(&open, now), None);
+        let ok: Result<http::Response<()>, Cause> = Ok(http::Response::new(()));
+        assert_eq!(Outcome::of_result(&ok, now), Some(Outcome::Success));
     }
 }

@@ -29,7 +29,7 @@ fn outcome() -> impl Strategy<Value = Outcome> {
         1 => (400u16..500).prop_filter("not 408/429", |s| *s != 408 && *s != 429)
             .prop_map(|status| Outcome::ClientError { status }),
         1 => Just(Outcome::Timeout),
-        1 => Just(Outcome::ConnectError),
+        1 => Just(Outcome::ConnectError { retryable: true }),
     ]
 }
 

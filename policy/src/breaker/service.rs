@@ -7,7 +7,7 @@ use tower::{Service, ServiceExt};
 
 use super::BreakerShared;
 use crate::error::{BoxFuture, Cause};
-use crate::outcome::{self, Outcome};
+use crate::outcome::Outcome;
 
 /// Fails fast while the provider's circuit is open; counts outcomes.
 #[derive(Debug, Clone)]
@@ -49,10 +49,7 @@ where
                 },
             };
             let result = inner.oneshot(req).await.map_err(Into::into);
-            let outcome = match &result {
-                Ok(resp) => Some(outcome::of_response(resp, SystemTime::now())),
-                Err(e) => Outcome::of_error(e),
-            };
+            let outcome = Outcome::of_result(&result, SystemTime::now());
             permit.finish(outcome.map(|o| o.is_breaker_failure()));
             result
         })

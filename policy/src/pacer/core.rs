@@ -736,7 +736,7 @@ impl PacerCore {
             Outcome::Timeout => {
                 fb.backoff = self.aimd.on_ambiguous(sent_at, now, BackoffReason::Timeout);
             }
-            Outcome::ServerError { .. } | Outcome::ConnectError => {
+            Outcome::ServerError { .. } | Outcome::ConnectError { .. } => {
                 self.aimd.on_error(sent_at, now);
             }
         }

@@ -7,7 +7,7 @@ use tower::{Service, ServiceExt};
 
 use super::PacerShared;
 use crate::error::{BoxFuture, Cause};
-use crate::outcome::{self, Outcome};
+use crate::outcome::Outcome;
 use crate::quota;
 use crate::run::{RunHandle, RunStopped, StopReason};
 
@@ -68,13 +68,11 @@ where
                 }
             }
             let result = inner.oneshot(req).await.map_err(Into::into);
-            let (outcome, ttfb) = match &result {
-                Ok(resp) => (
-                    Some(outcome::of_response(resp, SystemTime::now())),
-                    resp.extensions().get::<Ttfb>().map(|t| t.0),
-                ),
-                Err(e) => (Outcome::of_error(e), None),
-            };
+            let outcome = Outcome::of_result(&result, SystemTime::now());
+            let ttfb = result
+                .as_ref()
+                .ok()
+                .and_then(|resp| resp.extensions().get::<Ttfb>().map(|t| t.0));
             shared.feedback(outcome, sent_at, ttfb);
             if let Ok(resp) = &result {
                 shared.quota(

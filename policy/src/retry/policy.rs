@@ -6,7 +6,7 @@ use tokio::time::{Instant, Sleep};
 
 use super::{ReplayBody, RetryShared};
 use crate::error::Cause;
-use crate::outcome;
+use crate::outcome::Outcome;
 use crate::run::RunHandle;
 
 /// tower's retry policy for one request to one provider: decides from the
@@ -52,17 +52,8 @@ where
         // What reached the provider, if anything did: sluice's own refusals
         // (breaker open, queue full, run stopped) did not, so they neither
         // deposit into nor draw from the provider's budget (R-RN3).
-        let (outcome, retryable) = match result {
-            Ok(resp) => {
-                let o = outcome::of_response(resp, SystemTime::now());
-                (Some(o), o.is_retryable())
-            }
-            Err(e) => {
-                let info = e.info();
-                (info.outcome, info.retryable)
-            }
-        };
-        let outcome = outcome?;
+        let outcome = Outcome::of_result(result, SystemTime::now())?;
+        let retryable = outcome.is_retryable();
         if self.answered == 0 {
             self.shared.budget().deposit(now);
         }

@@ -8,7 +8,7 @@ use tower::{Layer, Service, ServiceExt};
 
 use super::{Cooldown, Cycle, RunHandle, StopReason};
 use crate::error::{BoxFuture, Cause};
-use crate::outcome;
+use crate::outcome::Outcome;
 use crate::retry::policy::clone_request;
 use crate::retry::ReplayBody;
 
@@ -104,30 +104,32 @@ where
                 }
                 let copy = clone_request(&req);
                 let result = inner.clone().oneshot(req).await.map_err(Into::into);
-                let cause = match &result {
-                    Err(cause) if cause.info().outcome.is_none() => cause,
-                    Ok(resp) => {
-                        // Only an answer that is not a failure says the
-                        // provider recovered: a probe that fails again does
-                        // not restart the run's count of cycles.
-                        if !outcome::of_response(resp, SystemTime::now()).is_breaker_failure() {
+                match Outcome::of_result(&result, SystemTime::now()) {
+                    // Only an answer that is not a failure says the
+                    // provider recovered: a probe that fails again does not
+                    // restart the run's count of cycles.
+                    Some(o) => {
+                        if !o.is_breaker_failure() {
                             run.reached(&provider);
                         }
                         return result;
                     }
-                    Err(_) => return result,
+                    // sluice refused it (or the client's request could not
+                    // be sent): it never reached the provider.
+                    None => run.release_attempt(),
+                }
+                let open = match &result {
+                    Err(Cause::CircuitOpen(open)) => Some(Cooldown {
+                        wait: open.retry_after,
+                        reason: StopReason::CircuitOpen,
+                        cycle: Cycle::Open(open.cycle),
+                    }),
+                    _ => None,
                 };
-                // sluice refused it: it never reached the provider.
-                run.release_attempt();
-                match (cause, copy) {
+                match (open, copy) {
                     // The breaker opened since the check (or its half-open
                     // probes are all out): wait, then again.
-                    (Cause::CircuitOpen(open), Some(copy)) => {
-                        let cooldown = Cooldown {
-                            wait: open.retry_after,
-                            reason: StopReason::CircuitOpen,
-                            cycle: Cycle::Open(open.cycle),
-                        };
+                    (Some(cooldown), Some(copy)) => {
                         wait_out(&run, &provider, &cooldown).await?;
                         req = copy;
                     }
