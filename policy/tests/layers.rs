@@ -722,33 +722,16 @@ async fn a_circuit_that_never_recovers_stops_the_run() {
     assert_eq!(provider.arrivals().len(), 6);
 }
 
-/// R-RN8 within the deadline: a wait never runs past the run's deadline;
-/// the next check stops the run, planned (`deadline`).
-#[tokio::test(start_paused = true)]
-async fn a_wait_ends_at_the_deadline() {
+/// A provider that fails everything, its breaker opened by four failures
+/// (`quick_breaker`), and its stack.
+async fn opened_dead_provider() -> (Provider, ProviderService<String, ()>) {
     let (policy, _) = policy(quick_breaker());
     let provider = Provider::new(|_| status(500));
     let svc = stack(&policy, &provider);
     for i in 0..4 {
         let _ = svc.clone().oneshot(get(i.to_string())).await;
     }
-    let t0 = Instant::now();
-    let run = RunHandle::new(Envelope {
-        deadline: Some(t0 + Duration::from_secs(2)),
-        max_cooldown_waits: 3,
-        ..Envelope::default()
-    });
-    let err = svc
-        .clone()
-        .oneshot(with_run(get("r"), &run))
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(&err, Cause::RunStopped(s) if s.reason == StopReason::Deadline),
-        "{err}"
-    );
-    assert_eq!(Instant::now() - t0, Duration::from_secs(2));
-    assert_eq!(provider.arrivals().len(), 4);
+    (provider, svc)
 }
 
 /// R-RN2: an attempt whose pacing slot comes after the run's deadline is
@@ -1097,17 +1080,13 @@ async fn eight_waiters_of_one_open_period_are_one_wait() {
 }
 
 /// The seeds' second scenario ("genuine budget exhaustion during the wait
-/// defers"), concurrent: eight requests waiting out an open circuit when
-/// the run's deadline passes all stop with `deadline` — a budget reason,
-/// the whole run — at the deadline, and nothing more is sent.
+/// defers"), concurrent; R-RN8 within the deadline: eight requests waiting
+/// out an open circuit when the run's deadline passes all stop with
+/// `deadline` — a budget reason, the whole run — at the deadline (a wait
+/// never runs past it), and nothing more is sent.
 #[tokio::test(start_paused = true)]
 async fn a_deadline_during_the_wait_stops_every_waiter_planned() {
-    let (policy, _) = policy(quick_breaker());
-    let provider = Provider::new(|_| status(500));
-    let svc = stack(&policy, &provider);
-    for i in 0..4 {
-        let _ = svc.clone().oneshot(get(i.to_string())).await;
-    }
+    let (provider, svc) = opened_dead_provider().await;
     let t0 = Instant::now();
     let run = RunHandle::new(Envelope {
         deadline: Some(t0 + Duration::from_secs(2)),

@@ -52,13 +52,16 @@ enum Kind {
 const KINDS: [Kind; 3] = [Kind::Unavailable, Kind::Refused, Kind::Reset];
 
 /// The collector's naive clients: `clients` threads per URL, each sending
-/// GETs back to back until `secs` have passed, no backoff of their own.
-/// Prints `{url: {status: count}}` as JSON.
+/// GETs back to back until `secs` have passed, no backoff of their own —
+/// or, with `stop`, until it meets a planned stop (`403 run stopped`), as
+/// a collector that defers the rest to its next run. Prints per URL the
+/// statuses seen, and the wall-clock time of the first planned stop with
+/// its `Proxy-Status`, as JSON.
 const CLIENTS: &str = r#"
 import json, sys, threading, time, requests
-clients, secs, urls = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3:]
+clients, secs, stop, urls = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3] == "stop", sys.argv[4:]
 deadline = time.monotonic() + secs
-counts = {u: {} for u in urls}
+out = {u: {"statuses": {}, "stopped_at": None, "proxy_status": None} for u in urls}
 lock = threading.Lock()
 def run(url):
     s = requests.Session()
@@ -66,16 +69,21 @@ def run(url):
         try:
             r = s.get(url, timeout=30)
             code = str(r.status_code)
-            if r.status_code == 403 and "run stopped" in r.headers.get("proxy-status", ""):
-                code = "403-run-stopped"
         except Exception as e:
-            code = type(e).__name__
+            r, code = None, type(e).__name__
         with lock:
-            counts[url][code] = counts[url].get(code, 0) + 1
+            o = out[url]
+            o["statuses"][code] = o["statuses"].get(code, 0) + 1
+            ps = r.headers.get("proxy-status", "") if r is not None else ""
+            if code == "403" and "run stopped" in ps:
+                if o["stopped_at"] is None:
+                    o["stopped_at"], o["proxy_status"] = time.time(), ps
+                if stop:
+                    return
 threads = [threading.Thread(target=run, args=(u,)) for u in urls for _ in range(clients)]
 for t in threads: t.start()
 for t in threads: t.join()
-print(json.dumps(counts))
+print(json.dumps(out))
 "#;
 
 struct Side {
@@ -84,16 +92,21 @@ struct Side {
     sims: Vec<(Kind, Sim)>,
 }
 
-async fn side(name: &'static str, ips: [&str; 3]) -> Side {
-    let dir = TempDir::new(&format!("outage-{name}"));
+/// A sluice on the default config, plus loopback providers allowed and
+/// the collector `collector-a`.
+fn start(tag: &str) -> Sluice {
+    let dir = TempDir::new(&format!("outage-{tag}"));
     std::fs::write(dir.join("a.token"), format!("{TOKEN}\n")).unwrap();
-    // The default config, plus loopback providers allowed and a collector.
     let config = format!(
         "[destinations]\nallow = [\"127.0.0.0/8\"]\n\
          [collectors.collector-a]\ntoken_file = \"{}\"\n",
         dir.join("a.token").display()
     );
-    let sluice = Sluice::start_in(dir, &config);
+    Sluice::start_in(dir, &config)
+}
+
+async fn side(name: &'static str, ips: [&str; 3]) -> Side {
+    let sluice = start(name);
     let mut sims = Vec::new();
     for (kind, ip) in KINDS.into_iter().zip(ips) {
         sims.push((kind, Sim::start(ip).await));
@@ -147,6 +160,7 @@ fn clients(side: &Side, per_url: u32, under_run: bool) -> tokio::process::Child 
     };
     cmd.arg(per_url.to_string())
         .arg(format!("{END}"))
+        .arg("go")
         .args(urls(side))
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
@@ -287,7 +301,8 @@ async fn ride_out(per_url: u32, plain_ips: [&str; 3], run_ips: [&str; 3]) {
                 })
                 .map_or("never".to_string(), |s| format!("{s} s"));
             let p = readout(&side.sluice, sim).await;
-            let statuses = &seen[sim.url("http", "/ok")];
+            let seen = &seen[sim.url("http", "/ok")];
+            let statuses = &seen["statuses"];
             println!(
                 "{label}: 3 s outage: {after} successes in the 20 s after / {before} before = {:.3}; \
                  10 s outage: {back:.1}/s at +{BACK_WITHIN}..+{} s / {long_before:.1}/s before = {:.3} \
@@ -315,7 +330,7 @@ async fn ride_out(per_url: u32, plain_ips: [&str; 3], run_ips: [&str; 3]) {
             if p["outages"] != 2 {
                 failures.push(format!("{label}: {} outages found, not 2", p["outages"]));
             }
-            if statuses.get("403-run-stopped").is_some() {
+            if !seen["stopped_at"].is_null() {
                 failures.push(format!("{label}: the collector got run-stopped refusals"));
             }
             learned_by_side.insert((side.name, format!("{kind:?}")), learned(&p));
@@ -369,38 +384,6 @@ async fn outages_are_ridden_out_at_full_speed_with_and_without_a_run() {
     .await;
 }
 
-/// A collector's threads, one group per URL: each thread sends GETs back
-/// to back and stops at a planned stop (`403 run stopped`). Prints per
-/// URL the statuses and the wall-clock time of the first planned stop
-/// with its `Proxy-Status`.
-const UNTIL_STOPPED: &str = r#"
-import json, sys, threading, time, requests
-clients, secs, urls = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3:]
-deadline = time.monotonic() + secs
-out = {u: {"statuses": {}, "stopped_at": None, "proxy_status": None} for u in urls}
-lock = threading.Lock()
-def run(url):
-    s = requests.Session()
-    while time.monotonic() < deadline:
-        try:
-            r = s.get(url, timeout=30)
-            code = str(r.status_code)
-        except Exception as e:
-            r, code = None, type(e).__name__
-        with lock:
-            o = out[url]
-            o["statuses"][code] = o["statuses"].get(code, 0) + 1
-            ps = r.headers.get("proxy-status", "") if r is not None else ""
-            if code == "403" and "run stopped" in ps:
-                if o["stopped_at"] is None:
-                    o["stopped_at"], o["proxy_status"] = time.time(), ps
-                return
-threads = [threading.Thread(target=run, args=(u,)) for u in urls for _ in range(clients)]
-for t in threads: t.start()
-for t in threads: t.join()
-print(json.dumps(out))
-"#;
-
 /// Issue 18's Done-when, third line (R-RN8): a provider down for good
 /// under `sluice run`, with a second, healthy provider in the same run.
 /// Eight threads on each. The dead provider's part stops with
@@ -411,14 +394,7 @@ print(json.dumps(out))
 /// run's own budget (its request cap) ends, run-wide.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_provider_stops_only_its_part_of_the_run() {
-    let dir = TempDir::new("outage-dead");
-    std::fs::write(dir.join("a.token"), format!("{TOKEN}\n")).unwrap();
-    let config = format!(
-        "[destinations]\nallow = [\"127.0.0.0/8\"]\n\
-         [collectors.collector-a]\ntoken_file = \"{}\"\n",
-        dir.join("a.token").display()
-    );
-    let sluice = Sluice::start_in(dir, &config);
+    let sluice = start("dead");
     let mut dead = Sim::start("127.0.1.31").await;
     dead.stop();
     let healthy = Sim::start("127.0.1.32").await;
@@ -431,7 +407,7 @@ async fn a_dead_provider_stops_only_its_part_of_the_run() {
         .arg(format!("http://{}", sluice.admin))
         .arg("--proxy-url")
         .arg(format!("http://{}", sluice.proxy))
-        .args(["--", "python3", "-c", UNTIL_STOPPED, "8", "120"])
+        .args(["--", "python3", "-c", CLIENTS, "8", "120", "stop"])
         .args([&dead_url, &healthy_url])
         .env_remove("http_proxy")
         .env_remove("HTTP_PROXY")
