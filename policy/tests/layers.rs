@@ -1273,3 +1273,82 @@ async fn a_three_second_outage_of_bare_503s_costs_no_rate() {
         .count();
     assert!(ok >= 48, "{ok} in the second after");
 }
+
+/// Eight requests at a time on `svc` until `until`; a batch that sluice
+/// refused at once (an open circuit) is followed by 10 ms of the clients'
+/// own time, or the paused clock would never move.
+async fn keep_busy(svc: &ProviderService<String, ()>, until: Instant) {
+    while Instant::now() < until {
+        let start = Instant::now();
+        concurrently(svc, None, 8).await;
+        if Instant::now() == start {
+            sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+/// R-SG4 through the whole stack, eight requests at a time, for a 10 s
+/// outage of each kind: the breaker opens (on its failure streak or
+/// ratio), and by `breaker_open_for` + 5 s after the provider's return the
+/// successes are back at ≥ 0.9 of the rate before; no throttle point is
+/// learned and the rate is the ceiling's.
+async fn a_ten_second_outage(during: Reply) {
+    let (policy, evidence) = policy(ProviderSettings::with_ceiling(50.0));
+    let t0 = Instant::now();
+    let down = (t0 + Duration::from_secs(30), t0 + Duration::from_secs(40));
+    let provider = Provider::new(move |_| {
+        let now = Instant::now();
+        if now >= down.0 && now < down.1 {
+            during
+        } else {
+            status(200)
+        }
+    });
+    let svc = stack(&policy, &provider);
+    keep_busy(&svc, down.1 + Duration::from_secs(15)).await;
+    let ok = |from: Instant, secs: u64| {
+        provider
+            .arrivals()
+            .iter()
+            .filter(|(at, _)| *at >= from && *at < from + Duration::from_secs(secs))
+            .count() as f64
+            / secs as f64
+    };
+    let before = ok(down.0 - Duration::from_secs(10), 10);
+    // (arrivals after the return are all answered 200)
+    let back = ok(down.1 + Duration::from_secs(10), 5);
+    assert!(before >= 49.0, "{before}/s before");
+    assert!(back >= 0.9 * before, "{back}/s back against {before}/s");
+    let opened = evidence
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|t| t.to == State::Open && t.at >= down.0 && t.at < down.1);
+    assert!(opened, "the breaker reached its verdict");
+    let p = policy.snapshot(Instant::now()).pacer;
+    assert_eq!((p.rate_rps, p.limit_rps, p.belief), (50.0, None, None));
+    assert_eq!(p.outages, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_ten_second_outage_of_bare_503s_is_ridden_out() {
+    a_ten_second_outage(status(503)).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_ten_second_outage_of_refused_connections_is_ridden_out() {
+    a_ten_second_outage(Reply {
+        error: Some(UpstreamKind::ConnectionRefused),
+        ..status(0)
+    })
+    .await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_ten_second_outage_of_reset_connections_is_ridden_out() {
+    a_ten_second_outage(Reply {
+        error: Some(UpstreamKind::ConnectionClosed),
+        ..status(0)
+    })
+    .await;
+}
