@@ -19,22 +19,22 @@ use sluice::{config, process, runner};
 struct Cli {
     /// The TOML config file (see sluice.example.toml). Without one, safe
     /// defaults.
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", global = true)]
     config: Option<PathBuf>,
     /// Check a config file and exit: 0 if valid, 2 with the key if not.
     #[arg(long, value_name = "FILE", conflicts_with = "config")]
     check_config: Option<PathBuf>,
     /// Proxy listen address (overrides `listen`).
-    #[arg(long, value_name = "ADDR")]
+    #[arg(long, value_name = "ADDR", global = true)]
     listen: Option<SocketAddr>,
     /// Admin listen address (overrides `admin`).
-    #[arg(long, value_name = "ADDR")]
+    #[arg(long, value_name = "ADDR", global = true)]
     admin: Option<SocketAddr>,
     /// State directory (overrides `state_dir`).
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR", global = true)]
     state_dir: Option<PathBuf>,
     /// Log format.
-    #[arg(long, value_enum, default_value = "text")]
+    #[arg(long, value_enum, default_value = "text", global = true)]
     log_format: LogFormat,
     #[command(subcommand)]
     command: Option<Command>,
@@ -48,7 +48,8 @@ enum Command {
     /// Run a command as one run of a collector: open the run, start the
     /// command with the proxy (and CA) variables carrying the collector's
     /// credentials, keep the lease, forward SIGINT/SIGTERM, finish the run,
-    /// print its summary and exit with the command's status.
+    /// print its summary and exit with the command's status — or 0 after a
+    /// planned stop (the run's budget ran out: the schedule's success).
     Run(RunArgs),
     /// Copy this binary to DIR/sluice (a Kubernetes init container puts
     /// it on a volume the collector container shares, for `sluice run`).
@@ -87,6 +88,14 @@ struct RunArgs {
     /// The proxy as the command reaches it (default: the config's `listen`).
     #[arg(long, value_name = "URL")]
     proxy_url: Option<String>,
+    /// How long the command has after SIGTERM when the run ends under it
+    /// (a planned stop, a lost lease), before SIGKILL.
+    #[arg(long, value_name = "DURATION", value_parser = duration, default_value = "10s")]
+    grace: Duration,
+    /// Exit with the command's status even after a planned stop (by
+    /// default a planned stop is the schedule's success: exit 0).
+    #[arg(long)]
+    pass_status: bool,
     /// The command and its arguments, after `--`.
     #[arg(last = true, required = true, value_name = "COMMAND")]
     command: Vec<String>,
@@ -194,6 +203,8 @@ fn main() -> ExitCode {
             wait: args.wait,
             admin,
             proxy,
+            grace: args.grace,
+            pass_status: args.pass_status,
             command: args.command,
         };
         return runtime.block_on(runner::run(cmd, &config));

@@ -1,14 +1,32 @@
-//! `sluice run` (R-RN9): runs for collectors that know nothing of runs.
+//! `sluice run` (R-RN9, R-RN11): runs for collectors that know nothing of
+//! runs.
 //!
 //! `sluice run --collector NAME --token-file F --request-cap 500 --deadline
 //! 15m -- python collect.py` opens a run on the admin API, starts the
 //! command with `HTTP_PROXY`/`HTTPS_PROXY` (both cases) carrying the
-//! collector's credentials and the CA variables `sluice ca` prints, keeps
-//! the lease alive, forwards SIGINT and SIGTERM to the command, finishes
-//! the run when the command exits, prints the summary on stderr and exits
-//! with the command's status. A command that knows about runs finds the
-//! run in `SLUICE_RUN_ID`, `SLUICE_FENCING_TOKEN` and `SLUICE_ADMIN` to
-//! commit checkpoints.
+//! collector's credentials, the CA variables `sluice ca` prints, and the
+//! admin host added to `NO_PROXY`/`no_proxy` (a collector's calls to
+//! `SLUICE_ADMIN` must not go through the proxy, whose destination guard
+//! refuses loopback), keeps the lease alive, forwards SIGINT and SIGTERM to
+//! the command, finishes the run when the command exits, and prints the
+//! summary on stderr.
+//!
+//! A planned stop is the schedule's success, not the command's failure
+//! (R-RN11): when the run stops on a budget (cap, deadline, retry budget)
+//! the command is stopped gracefully — SIGTERM, a grace period, SIGKILL —
+//! rather than left to meet `403`s, and `sluice run` exits 0; a command
+//! that exits non-zero after a planned stop (of the run, or of a
+//! provider's part of it) met that stop, and exits 0 too. A command that
+//! fails before any stop passes its status through; `--pass-status`
+//! always passes it. A lost lease ends the run: the command is stopped and
+//! `sluice run` exits 75 (`EX_TEMPFAIL`).
+//!
+//! A command that knows about runs finds the run in `SLUICE_RUN_ID`,
+//! `SLUICE_FENCING_TOKEN` and `SLUICE_ADMIN` to commit checkpoints, where
+//! to resume in `SLUICE_CHECKPOINTS` (a JSON file: the run's mode's cursor
+//! per stream) and `SLUICE_GAPS` (a JSON file: the collector's pending gap
+//! records, every page drained), and its budget in `SLUICE_REQUEST_CAP` and
+//! `SLUICE_DEADLINE_S` when set.
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -46,13 +64,31 @@ pub struct RunCommand {
     pub admin: SocketAddr,
     /// The proxy listener, as the command reaches it.
     pub proxy: SocketAddr,
+    /// How long the command has after SIGTERM, when sluice stops it,
+    /// before SIGKILL.
+    pub grace: Duration,
+    /// Always exit with the command's status, even after a planned stop.
+    pub pass_status: bool,
     /// The command and its arguments.
     pub command: Vec<String>,
 }
 
 /// Exit status when the run could not be opened because another holds
-/// the lease (`EX_TEMPFAIL`: try again later).
+/// the lease, or when its lease was lost (`EX_TEMPFAIL`: try again later).
 const LEASE_HELD: u8 = 75;
+
+/// How often the lease is renewed and the run's state read: often enough
+/// that a planned stop reaches the command within a second.
+const BEAT: Duration = Duration::from_secs(1);
+
+/// How a run ended while its command ran.
+#[derive(Debug, Clone, PartialEq)]
+enum Ended {
+    /// The run stopped on a budget: a planned stop.
+    Stopped(String),
+    /// The lease was lost: the run is over.
+    LeaseLost(String),
+}
 
 /// Runs the command inside a run; the process's exit status.
 pub async fn run(cmd: RunCommand, config: &Config) -> ExitCode {
@@ -100,6 +136,8 @@ pub async fn run(cmd: RunCommand, config: &Config) -> ExitCode {
     for var in ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"] {
         child.env(var, &proxy_url);
     }
+    let no_proxy = no_proxy_with(cmd.admin);
+    child.env("NO_PROXY", &no_proxy).env("no_proxy", &no_proxy);
     let ca = ca_paths(config);
     if ca.cert.exists() && ca.key.exists() {
         if let Ok(ca) = CertAuthority::load_or_create(ca, 1) {
@@ -112,44 +150,187 @@ pub async fn run(cmd: RunCommand, config: &Config) -> ExitCode {
         .env("SLUICE_RUN_ID", &id)
         .env("SLUICE_FENCING_TOKEN", fence.to_string())
         .env("SLUICE_ADMIN", format!("http://{}", cmd.admin));
+    if let Some(cap) = cmd.request_cap {
+        child.env("SLUICE_REQUEST_CAP", cap.to_string());
+    }
+    if let Some(d) = cmd.deadline {
+        child.env("SLUICE_DEADLINE_S", d.as_secs_f64().to_string());
+    }
+    let handoff = match handoff(&cmd, &id, &run, &token).await {
+        Ok(h) => h,
+        Err(e) => {
+            finish(&cmd, &id, &token).await;
+            return fail(&format!("cannot hand the run's state to the command: {e}"));
+        }
+    };
+    child
+        .env("SLUICE_CHECKPOINTS", &handoff.checkpoints)
+        .env("SLUICE_GAPS", &handoff.gaps);
     let mut child = match child.spawn() {
         Ok(c) => c,
         Err(e) => {
             finish(&cmd, &id, &token).await;
+            handoff.remove();
             return fail(&format!("cannot start {program}: {e}"));
         }
     };
 
-    // Keep the lease: a heartbeat three times per lease.
-    let beat = Duration::from_millis((ttl_ms / 3).max(200));
+    // Keep the lease, and watch for the run's end.
+    let beat = Duration::from_millis((ttl_ms / 3).max(200)).min(BEAT);
+    let (ended_tx, mut ended) = tokio::sync::watch::channel(None);
     let heartbeat = {
         let (admin, id, token) = (cmd.admin, id.clone(), token.clone());
         tokio::spawn(async move {
             let path = format!("/v1/runs/{id}/heartbeat");
             loop {
                 tokio::time::sleep(beat).await;
-                if let Err(e) = call(admin, "POST", &path, None, &token).await {
-                    eprintln!("sluice run: heartbeat failed: {e}");
+                match call(admin, "POST", &path, None, &token).await {
+                    Ok((200, v)) => {
+                        if let Some(reason) = v["stop_reason"].as_str() {
+                            let _ = ended_tx.send(Some(Ended::Stopped(reason.to_string())));
+                            return;
+                        }
+                    }
+                    Ok((status, v)) => {
+                        let why = v["error"].as_str().unwrap_or("refused").to_string();
+                        let _ = ended_tx.send(Some(Ended::LeaseLost(format!("{status}: {why}"))));
+                        return;
+                    }
+                    Err(e) => eprintln!("sluice run: heartbeat failed: {e}"),
                 }
             }
         })
     };
-    let status = wait_forwarding_signals(&mut child).await;
+    let status = wait_forwarding_signals(&mut child, &mut ended, cmd.grace).await;
     heartbeat.abort();
-    finish(&cmd, &id, &token).await;
-    match status {
+    let ended = ended.borrow().clone();
+    let summary = finish(&cmd, &id, &token).await;
+    handoff.remove();
+    let status = match status {
         Ok(s) => match (s.code(), std::os::unix::process::ExitStatusExt::signal(&s)) {
-            (Some(code), _) => ExitCode::from(code.clamp(0, 255) as u8),
-            (None, Some(sig)) => ExitCode::from((128 + sig).clamp(0, 255) as u8),
-            (None, None) => ExitCode::FAILURE,
+            (Some(code), _) => code.clamp(0, 255) as u8,
+            (None, Some(sig)) => (128 + sig).clamp(0, 255) as u8,
+            (None, None) => 1,
         },
-        Err(e) => fail(&format!("waiting for the command: {e}")),
+        Err(e) => return fail(&format!("waiting for the command: {e}")),
+    };
+    if let Some(Ended::LeaseLost(why)) = &ended {
+        eprintln!("sluice run: the run's lease was lost ({why}); the command was stopped");
+        return ExitCode::from(LEASE_HELD);
+    }
+    let Some(what) = summary.as_ref().and_then(planned_stop) else {
+        return ExitCode::from(status);
+    };
+    eprintln!("sluice run: planned stop: {what}");
+    if status != 0 && !cmd.pass_status {
+        eprintln!("sluice run: the command's status {status} met the planned stop: exiting 0");
+        return ExitCode::SUCCESS;
+    }
+    ExitCode::from(status)
+}
+
+/// `NO_PROXY` as the command should see it: what the environment had, and
+/// the admin API's host.
+fn no_proxy_with(admin: SocketAddr) -> String {
+    let had = std::env::var("NO_PROXY")
+        .or_else(|_| std::env::var("no_proxy"))
+        .unwrap_or_default();
+    let host = admin.ip().to_string();
+    let mut list: Vec<&str> = had
+        .split(',')
+        .map(str::trim)
+        .filter(|h| !h.is_empty())
+        .collect();
+    if !list.contains(&host.as_str()) {
+        list.push(&host);
+    }
+    list.join(",")
+}
+
+/// A planned stop the summary records — the run's budget stop, or the
+/// providers whose part stopped — in words, if there was one.
+fn planned_stop(summary: &Value) -> Option<String> {
+    let gaps = summary["gaps_recorded"].as_u64().unwrap_or(0);
+    let mut parts = Vec::new();
+    if let Some(reason) = summary["stop_reason"].as_str() {
+        parts.push(reason.to_string());
+    }
+    if let Some(stops) = summary["provider_stops"].as_object() {
+        for (provider, reason) in stops {
+            parts.push(format!(
+                "{} at {provider}",
+                reason.as_str().unwrap_or("stopped")
+            ));
+        }
+    }
+    (!parts.is_empty()).then(|| {
+        format!(
+            "{}; remainder recorded as {gaps} gap records",
+            parts.join(", ")
+        )
+    })
+}
+
+/// The files `SLUICE_CHECKPOINTS` and `SLUICE_GAPS` name.
+struct Handoff {
+    dir: std::path::PathBuf,
+    checkpoints: std::path::PathBuf,
+    gaps: std::path::PathBuf,
+}
+
+impl Handoff {
+    fn remove(&self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
-/// Waits for the child, passing SIGINT and SIGTERM on to it.
+/// Writes where the command resumes: the run's mode's cursor per stream
+/// (from the run's opening) and every pending gap of the collector.
+async fn handoff(cmd: &RunCommand, id: &str, run: &Value, token: &str) -> Result<Handoff, String> {
+    let dir = std::env::temp_dir().join(format!("sluice-run-{}-{id}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let h = Handoff {
+        checkpoints: dir.join("checkpoints.json"),
+        gaps: dir.join("gaps.json"),
+        dir,
+    };
+    let cursors = &run["checkpoints"][cmd.mode.label()];
+    let cursors = if cursors.is_object() {
+        cursors.clone()
+    } else {
+        json!({})
+    };
+    let mut gaps = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let path = match &after {
+            Some(a) => format!("/v1/collectors/{}/gaps?after={a}", cmd.collector),
+            None => format!("/v1/collectors/{}/gaps", cmd.collector),
+        };
+        let page = match call(cmd.admin, "GET", &path, None, token).await {
+            Ok((200, page)) => page,
+            Ok((status, v)) => return Err(format!("gaps answered {status}: {v}")),
+            Err(e) => return Err(format!("gaps: {e}")),
+        };
+        gaps.extend(page["gaps"].as_array().cloned().unwrap_or_default());
+        match page["next"].as_str() {
+            Some(next) if page["drained"] != true => after = Some(next.to_string()),
+            _ => break,
+        }
+    }
+    for (path, value) in [(&h.checkpoints, cursors), (&h.gaps, Value::Array(gaps))] {
+        std::fs::write(path, value.to_string()).map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    Ok(h)
+}
+
+/// Waits for the child, passing SIGINT and SIGTERM on to it; when the run
+/// ends under it (a planned stop, a lost lease), stops it gracefully:
+/// SIGTERM, `grace`, SIGKILL.
 async fn wait_forwarding_signals(
     child: &mut tokio::process::Child,
+    ended: &mut tokio::sync::watch::Receiver<Option<Ended>>,
+    grace: Duration,
 ) -> std::io::Result<std::process::ExitStatus> {
     let (mut int, mut term) = match (
         signal(SignalKind::interrupt()),
@@ -159,11 +340,34 @@ async fn wait_forwarding_signals(
         _ => return child.wait().await,
     };
     let pid = child.id().map(|p| nix::unistd::Pid::from_raw(p as i32));
+    let mut watching = true;
     loop {
         let forward = tokio::select! {
             status = child.wait() => return status,
             _ = int.recv() => nix::sys::signal::Signal::SIGINT,
             _ = term.recv() => nix::sys::signal::Signal::SIGTERM,
+            changed = ended.changed(), if watching => {
+                watching = false;
+                match (changed, ended.borrow().clone()) {
+                    (Ok(()), Some(Ended::Stopped(reason))) => eprintln!(
+                        "sluice run: the run stopped ({reason}): stopping the command"
+                    ),
+                    (Ok(()), Some(Ended::LeaseLost(why))) => eprintln!(
+                        "sluice run: the run's lease was lost ({why}): stopping the command"
+                    ),
+                    _ => continue,
+                }
+                if let Some(pid) = pid {
+                    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+                }
+                return match tokio::time::timeout(grace, child.wait()).await {
+                    Ok(status) => status,
+                    Err(_) => {
+                        let _ = child.start_kill();
+                        child.wait().await
+                    }
+                };
+            }
         };
         if let Some(pid) = pid {
             let _ = nix::sys::signal::kill(pid, forward);
@@ -171,8 +375,8 @@ async fn wait_forwarding_signals(
     }
 }
 
-/// Finishes the run and prints its summary on stderr.
-async fn finish(cmd: &RunCommand, id: &str, token: &str) {
+/// Finishes the run and prints its summary on stderr; the summary.
+async fn finish(cmd: &RunCommand, id: &str, token: &str) -> Option<Value> {
     let path = format!("/v1/runs/{id}/finish");
     match call(cmd.admin, "POST", &path, None, token).await {
         Ok((200, s)) => {
@@ -196,12 +400,19 @@ async fn finish(cmd: &RunCommand, id: &str, token: &str) {
                 s["duration_s"],
                 s["gaps_recorded"],
             );
+            Some(s)
         }
-        Ok((status, v)) => eprintln!(
-            "sluice run: finishing run {id} answered {status}: {}",
-            v["error"].as_str().unwrap_or("")
-        ),
-        Err(e) => eprintln!("sluice run: finishing run {id} failed: {e}"),
+        Ok((status, v)) => {
+            eprintln!(
+                "sluice run: finishing run {id} answered {status}: {}",
+                v["error"].as_str().unwrap_or("")
+            );
+            None
+        }
+        Err(e) => {
+            eprintln!("sluice run: finishing run {id} failed: {e}");
+            None
+        }
     }
 }
 

@@ -3,7 +3,8 @@
 //! sees (arrival time, path, status) so tests measure at the provider.
 //!
 //! Paths:
-//! * `/ok` — 200.
+//! * `/ok` — 200; `/item/{n}` — 200 (a collector's n-th item, counted by
+//!   path).
 //! * `/status/{code}` — that status.
 //! * `/limited` — a hidden token bucket (see [`Sim::set_limit`]): 200 while
 //!   it has tokens, else 429 without `Retry-After`.
@@ -389,7 +390,7 @@ async fn answer(
             *c
         };
         let status = match parts.as_slice() {
-            ["ok"] | ["echo"] | ["stall"] => 200,
+            ["ok"] | ["echo"] | ["stall"] | ["item", _] => 200,
             ["status", code] => code.parse().unwrap_or(400),
             ["limited"] => {
                 if st.take(now) {

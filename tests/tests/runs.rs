@@ -683,62 +683,169 @@ async fn collectors_authenticate_with_their_token() {
     assert_eq!(sim.hits("/echo").len(), 1);
 }
 
-/// R-RN9: `sluice run -- python3 …` gives an unmodified collector a run.
-/// The script makes 80 requests with urllib through the environment and
-/// `--request-cap 50`: 50 reach the provider, 30 are refused with the
-/// budget reason, the summary is printed, the script's exit status comes
-/// back.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sluice_run_gives_an_unmodified_collector_a_run() {
-    let sim = Sim::start("127.0.0.62").await;
-    let sluice = start("");
-    let script = r#"
-import sys, urllib.request, urllib.error
-ok = refused = 0
-for i in range(80):
-    try:
-        urllib.request.urlopen(sys.argv[1], timeout=20).read()
-        ok += 1
-    except urllib.error.HTTPError as e:
-        if e.code == 403 and "run stopped: request_cap" in (e.headers.get("proxy-status") or ""):
-            refused += 1
-        else:
-            raise
-print(ok, refused)
-sys.exit(3)
-"#;
+/// `sluice run [args] -- COMMAND…` against `sluice` as the collector
+/// `collector-a`, with the machine's proxy variables removed; the output.
+async fn sluice_run(sluice: &Sluice, args: &[&str], command: &[&str]) -> std::process::Output {
     let out = tokio::process::Command::new(sluice_tests::harness::binary())
         .args(["run", "--collector", "collector-a", "--token-file"])
         .arg(sluice.dir.join("a.token"))
-        .args(["--request-cap", "50", "--admin-url"])
+        .args(args)
+        .arg("--admin-url")
         .arg(format!("http://{}", sluice.admin))
         .arg("--proxy-url")
         .arg(format!("http://{}", sluice.proxy))
-        .args(["--", "python3", "-c", script])
-        .arg(sim.url("http", "/ok"))
+        .arg("--")
+        .args(command)
         .env_remove("http_proxy")
         .env_remove("HTTP_PROXY")
         .env_remove("https_proxy")
         .env_remove("HTTPS_PROXY")
         .env_remove("no_proxy")
         .env_remove("NO_PROXY")
+        .stdin(std::process::Stdio::null())
         .kill_on_drop(true)
-        .output()
+        .output();
+    tokio::time::timeout(Duration::from_secs(120), out)
         .await
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
+        .expect("sluice run finished")
+        .unwrap()
+}
+
+/// R-RN9, R-RN11: `sluice run -- python3 …` gives an unmodified collector
+/// a run, and a planned stop is the schedule's success. The collector
+/// fetches with urllib through the environment and raises on the first
+/// `403` (as ordinary clients do): with `--request-cap 50` the provider
+/// sees exactly 50 attempts, the summary names the planned stop, and
+/// `sluice run` exits 0. The same collector failing on its own
+/// (`sys.exit(4)`) before any stop exits 4.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_planned_stop_is_the_schedules_success() {
+    let sim = Sim::start("127.0.0.62").await;
+    let sluice = start("");
+    let script = r#"
+import sys, urllib.request
+if sys.argv[2] == "fail":
+    sys.exit(4)
+for i in range(1000):
+    urllib.request.urlopen(sys.argv[1], timeout=20).read()
+"#;
+    let url = sim.url("http", "/ok");
+    let out = sluice_run(
+        &sluice,
+        &["--request-cap", "50"],
+        &["python3", "-c", script, &url, "go"],
+    )
+    .await;
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(stdout.trim(), "50 30", "stderr: {stderr}");
-    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    assert!(
+        stderr.contains("HTTP Error 403"),
+        "the collector raised: {stderr}"
+    );
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
     assert!(stderr.contains("finished: 50 attempts"), "{stderr}");
-    assert!(stderr.contains("request_cap 30"), "{stderr}");
-    assert!(stderr.contains("stop: request_cap"), "{stderr}");
+    assert!(
+        stderr.contains("planned stop: request_cap; remainder recorded as 1 gap records"),
+        "{stderr}"
+    );
     assert_eq!(sim.hits("/ok").len(), 50);
     let (_, runs) = sluice
         .api("GET", "/v1/collectors/collector-a/runs", None)
         .await;
     assert_eq!(runs["runs"][0]["phase"], "finished", "{runs}");
+    assert_eq!(runs["runs"][0]["stop_reason"], "request_cap", "{runs}");
     assert_eq!(runs["runs"][0]["gaps_recorded"], 1);
+
+    let out = sluice_run(
+        &sluice,
+        &["--request-cap", "50"],
+        &["python3", "-c", script, &url, "fail"],
+    )
+    .await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(4), "its own failure: {stderr}");
+    assert!(!stderr.contains("planned stop"), "{stderr}");
+    assert_eq!(sim.hits("/ok").len(), 50, "nothing more was sent");
+}
+
+/// R-RN11: a run-aware collector that uses `requests` both for the
+/// provider and for `SLUICE_ADMIN`, with no `NO_PROXY` of its own (and a
+/// destination guard that would refuse the admin API through the proxy):
+/// its commits reach the admin API; run twice with a cap that stops it
+/// half-way, the second run starts from `SLUICE_CHECKPOINTS`, and every
+/// item was fetched exactly once. `SLUICE_GAPS` hands it the first run's
+/// gap record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sluice_run_hands_the_command_what_it_resumes_from() {
+    let sim = Sim::start("127.0.1.50").await;
+    let dir = TempDir::new("runs-handoff");
+    std::fs::write(dir.join("a.token"), format!("{TOKEN}\n")).unwrap();
+    // Only the provider's address is allowed: the admin API (127.0.0.1)
+    // through the proxy would be refused by the destination guard.
+    let config = format!(
+        "[destinations]\nallow = [\"127.0.1.50/32\"]\n\
+         [collectors.collector-a]\ntoken_file = \"{}\"\n",
+        dir.join("a.token").display()
+    );
+    let sluice = Sluice::start_in(dir, &config);
+    let script = r#"
+import json, os, sys, requests
+base, admin, run = sys.argv[1], os.environ["SLUICE_ADMIN"], os.environ["SLUICE_RUN_ID"]
+fence = int(os.environ["SLUICE_FENCING_TOKEN"])
+cursors = json.load(open(os.environ["SLUICE_CHECKPOINTS"]))
+gaps = json.load(open(os.environ["SLUICE_GAPS"]))
+start = int(cursors["items"]["cursor"]) if "items" in cursors else 0
+s = requests.Session()
+fetched = []
+for i in range(start, 100):
+    r = s.get(f"{base}/item/{i}", timeout=20)
+    if r.status_code == 403:
+        break
+    r.raise_for_status()
+    fetched.append(i)
+    c = s.put(f"{admin}/v1/runs/{run}/checkpoints/items", timeout=20,
+              json={"mode": "steady", "slice": i + 1, "cursor": str(i + 1), "fencing_token": fence})
+    c.raise_for_status()
+print(json.dumps({"start": start, "fetched": len(fetched), "gaps": gaps,
+                  "cap": os.environ.get("SLUICE_REQUEST_CAP")}))
+"#;
+    let base = format!("http://{}", sim.addr);
+    let mut seen = Vec::new();
+    for _ in 0..2 {
+        let out = sluice_run(
+            &sluice,
+            &["--request-cap", "60"],
+            &["python3", "-c", script, &base],
+        )
+        .await;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{stderr}");
+        let v: Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|_| panic!("{}\n{stderr}", String::from_utf8_lossy(&out.stdout)));
+        seen.push(v);
+    }
+    println!("{seen:?}");
+    assert_eq!(seen[0]["start"], 0);
+    assert_eq!(seen[0]["fetched"], 60);
+    assert_eq!(seen[0]["cap"], "60");
+    assert_eq!(seen[0]["gaps"], json!([]));
+    assert_eq!(seen[1]["start"], 60, "resumed from SLUICE_CHECKPOINTS");
+    assert_eq!(seen[1]["fetched"], 40);
+    let gap = &seen[1]["gaps"][0];
+    assert_eq!(
+        (&gap["stream"], &gap["cursor"], &gap["reason"]),
+        (&json!("items"), &json!("60"), &json!("request_cap")),
+        "{gap}"
+    );
+    for i in 0..100 {
+        assert_eq!(
+            sim.hits(&format!("/item/{i}"))
+                .iter()
+                .filter(|h| h.path == format!("/item/{i}"))
+                .count(),
+            1,
+            "item {i}"
+        );
+    }
 }
 
 /// R-RN9: `sluice run` forwards SIGTERM to the command, finishes the run
