@@ -165,3 +165,56 @@ fn ca_prints_the_certificate_and_environment() {
     assert_eq!(std::fs::read(dir.join("ca.crt")).unwrap(), before);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Issue 19: the global options are accepted after the subcommand, as
+/// users type them (`sluice run --config F …`): the config is read (its
+/// bad key is named) whichever side of `run` it stands.
+#[test]
+fn global_options_go_after_the_subcommand_too() {
+    let bad = temp("global", "[destinations]\nallow = [\"not-a-cidr\"]\n");
+    for args in [
+        vec![
+            "run".into(),
+            "--config".into(),
+            bad.clone().into_os_string(),
+        ],
+        vec![
+            "--config".into(),
+            bad.clone().into_os_string(),
+            "run".into(),
+        ],
+    ] {
+        let out = Command::new(BIN)
+            .args(&args)
+            .args([
+                "--collector",
+                "c",
+                "--token-file",
+                "/nonexistent",
+                "--",
+                "true",
+            ])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains("destinations.allow"), "{args:?}: {stderr}");
+    }
+    let out = Command::new(BIN)
+        .args(["run", "--log-format", "json", "--admin", "127.0.0.1:1"])
+        .args([
+            "--collector",
+            "c",
+            "--token-file",
+            "/nonexistent",
+            "--",
+            "true",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("cannot read /nonexistent"),
+        "parsed, then the token file is missing: {stderr}"
+    );
+}

@@ -58,9 +58,11 @@ const KINDS: [Kind; 3] = [Kind::Unavailable, Kind::Refused, Kind::Reset];
 /// statuses seen, and the wall-clock time of the first planned stop with
 /// its `Proxy-Status`, as JSON.
 const CLIENTS: &str = r#"
-import json, sys, threading, time, requests
+import json, signal, sys, threading, time, requests
 clients, secs, stop, urls = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3] == "stop", sys.argv[4:]
 deadline = time.monotonic() + secs
+# `sluice run` stops the command with SIGTERM when the run stops: finish up.
+signal.signal(signal.SIGTERM, lambda *_: globals().update(deadline=0))
 out = {u: {"statuses": {}, "stopped_at": None, "proxy_status": None} for u in urls}
 lock = threading.Lock()
 def run(url):
