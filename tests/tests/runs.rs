@@ -846,6 +846,177 @@ print(json.dumps({"start": start, "fetched": len(fetched), "gaps": gaps,
             "item {i}"
         );
     }
+    // The second run's commits past the first run's cursor resolved its
+    // gap: no budget gap is left open (R-RN12).
+    let (_, page) = sluice
+        .api("GET", "/v1/collectors/collector-a/gaps", None)
+        .await;
+    assert_eq!(page["gaps"], json!([]), "{page}");
+    let (_, c) = sluice.api("GET", "/v1/collectors/collector-a", None).await;
+    assert_eq!(c["pending_gaps"], 0, "{c}");
+}
+
+/// The collector's pending gaps, every page drained.
+async fn drain_gaps(sluice: &Sluice) -> Vec<Value> {
+    let mut all = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let path = match &after {
+            Some(a) => format!("/v1/collectors/collector-a/gaps?after={a}"),
+            None => "/v1/collectors/collector-a/gaps".to_string(),
+        };
+        let (s, page) = sluice.api("GET", &path, None).await;
+        assert_eq!(s, 200, "{page}");
+        all.extend(page["gaps"].as_array().unwrap().iter().cloned());
+        if page["drained"] == true {
+            return all;
+        }
+        after = Some(page["next"].as_str().unwrap().to_string());
+    }
+}
+
+/// R-RN12: ten runs of a collector that knows nothing of runs, each
+/// stopped by its cap, leave one open `*` gap, not ten — each stop's gap
+/// supersedes the last — while a gap the collector posted itself stays;
+/// `sluice_gaps_pending` equals what the drain returns. `max_bytes` above
+/// the page bound answers 400 naming the field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stopped_runs_leave_one_open_gap_per_stream() {
+    let sim = Sim::start("127.0.1.51").await;
+    let sluice = start("");
+    let (_, run) = open(&sluice, "collector-a", json!({})).await;
+    let id = run["id"].as_str().unwrap().to_string();
+    let (s, g) = sluice
+        .api(
+            "POST",
+            &format!("/v1/runs/{id}/gaps"),
+            Some(&json!({ "stream": "orders", "cursor": "p9", "reason": "upstream_error" })),
+        )
+        .await;
+    assert_eq!(s, 201, "{g}");
+    sluice
+        .api("POST", &format!("/v1/runs/{id}/finish"), None)
+        .await;
+    let script = r#"
+import sys, urllib.request
+for i in range(20):
+    urllib.request.urlopen(sys.argv[1], timeout=20).read()
+"#;
+    let url = sim.url("http", "/ok");
+    for _ in 0..10 {
+        let out = sluice_run(
+            &sluice,
+            &["--request-cap", "3"],
+            &["python3", "-c", script, &url],
+        )
+        .await;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{stderr}");
+    }
+    assert_eq!(sim.hits("/ok").len(), 30);
+    let gaps = drain_gaps(&sluice).await;
+    println!("{gaps:?}");
+    assert_eq!(gaps.len(), 2, "{gaps:?}");
+    assert_eq!(
+        (&gaps[0]["stream"], &gaps[0]["reason"], &gaps[0]["stop"]),
+        (&json!("orders"), &json!("upstream_error"), &json!(false)),
+        "the collector's own gap stays"
+    );
+    let star = &gaps[1];
+    assert_eq!(
+        (
+            &star["stream"],
+            &star["reason"],
+            &star["mode"],
+            &star["stop"]
+        ),
+        (
+            &json!("*"),
+            &json!("request_cap"),
+            &json!("steady"),
+            &json!(true)
+        ),
+        "{star}"
+    );
+    let (_, runs) = sluice
+        .api("GET", "/v1/collectors/collector-a/runs?limit=1", None)
+        .await;
+    assert_eq!(star["run"], runs["runs"][0]["id"], "the newest stop's");
+    let (_, metrics) = sluice.admin_get("/metrics").await;
+    let pending = metrics
+        .lines()
+        .find(|l| l.starts_with("sluice_gaps_pending{collector=\"collector-a\"}"))
+        .unwrap_or_default();
+    assert!(pending.ends_with(" 2"), "{pending}");
+
+    let (s, page) = sluice
+        .api(
+            "GET",
+            "/v1/collectors/collector-a/gaps?max_bytes=1048577",
+            None,
+        )
+        .await;
+    assert_eq!((s, &page["field"]), (400, &json!("max_bytes")), "{page}");
+    let (s, page) = sluice
+        .api(
+            "GET",
+            "/v1/collectors/collector-a/gaps?max_bytes=1048576",
+            None,
+        )
+        .await;
+    assert_eq!(s, 200, "{page}");
+}
+
+/// R-RN12: a stop's gap carries the cursor as of the end of the run — the
+/// collector committed after the `403` — and a later run's commit past it
+/// resolves it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stops_gap_takes_the_runs_last_cursor_and_resolves_on_a_later_commit() {
+    let sim = Sim::start("127.0.1.52").await;
+    let sluice = start("");
+    let proxy = proxy_as(&sluice, "collector-a", TOKEN);
+    async fn commit(sluice: &Sluice, id: &str, fence: u64, slice: u64, cursor: &str) {
+        let (s, c) = sluice
+            .api(
+                "PUT",
+                &format!("/v1/runs/{id}/checkpoints/orders"),
+                Some(&json!({ "mode": "steady", "slice": slice, "cursor": cursor, "fencing_token": fence })),
+            )
+            .await;
+        assert_eq!(s, 200, "{c}");
+    }
+    let (_, run) = open(&sluice, "collector-a", json!({ "request_cap": 2 })).await;
+    let id = run["id"].as_str().unwrap().to_string();
+    let fence = run["lease"]["fencing_token"].as_u64().unwrap();
+    commit(&sluice, &id, fence, 1, "page-1").await;
+    let url = sim.url("http", "/ok");
+    let mut statuses = Vec::new();
+    for _ in 0..3 {
+        statuses.push(curl(&proxy, &[], &url, T).await.status);
+    }
+    assert_eq!(statuses, [200, 200, 403]);
+    let gaps = drain_gaps(&sluice).await;
+    assert_eq!(gaps[0]["cursor"], "page-1", "{gaps:?}");
+    // The collector wrote what it had fetched, after the 403.
+    commit(&sluice, &id, fence, 2, "page-2").await;
+    let (_, summary) = sluice
+        .api("POST", &format!("/v1/runs/{id}/finish"), None)
+        .await;
+    assert_eq!(summary["gaps_recorded"], 1, "{summary}");
+    let gaps = drain_gaps(&sluice).await;
+    assert_eq!(gaps.len(), 1, "{gaps:?}");
+    assert_eq!(
+        (&gaps[0]["stream"], &gaps[0]["cursor"], &gaps[0]["slice"]),
+        (&json!("orders"), &json!("page-2"), &json!(2)),
+        "the cursor as of the end of the run: {gaps:?}"
+    );
+    let (_, run) = open(&sluice, "collector-a", json!({})).await;
+    let id = run["id"].as_str().unwrap().to_string();
+    let fence = run["lease"]["fencing_token"].as_u64().unwrap();
+    commit(&sluice, &id, fence, 3, "page-3").await;
+    assert_eq!(drain_gaps(&sluice).await, Vec::<Value>::new(), "resolved");
+    let (_, c) = sluice.api("GET", "/v1/collectors/collector-a", None).await;
+    assert_eq!(c["pending_gaps"], 0, "{c}");
 }
 
 /// R-RN9: `sluice run` forwards SIGTERM to the command, finishes the run

@@ -104,6 +104,9 @@ struct Active {
     settled: bool,
     /// Providers whose stop's gap records were written.
     settled_providers: std::collections::BTreeSet<String>,
+    /// Streams this run committed checkpoints of: a stop records gaps for
+    /// these only (R-RN12).
+    streams: std::collections::BTreeSet<String>,
     /// Attempts already counted in the metrics.
     counted: u64,
 }
@@ -141,6 +144,9 @@ struct Slot {
 struct Registry {
     slots: BTreeMap<String, Slot>,
     checkpoints: BTreeMap<(String, Mode, String), Checkpoint>,
+    /// The open gap a stop recorded per collector, mode and stream (`*`
+    /// when the run checkpointed nothing): one at a time (R-RN12).
+    stop_gaps: BTreeMap<(String, Mode, String), Gap>,
     lease_ttl: Duration,
     max_cooldown_waits: u32,
     /// Ended runs not yet written, when there is no store: kept so
@@ -212,6 +218,7 @@ impl Runs {
         let mut registry = Registry {
             slots: BTreeMap::new(),
             checkpoints: BTreeMap::new(),
+            stop_gaps: BTreeMap::new(),
             lease_ttl: config.runs.lease_ttl,
             max_cooldown_waits: config.runs.max_cooldown_waits,
             ended: HashMap::new(),
@@ -319,7 +326,18 @@ impl Runs {
             for (key, record) in interrupted {
                 self.write(RunTree::Runs, key, &record);
             }
-            let pending = store.scan(RunTree::Gaps, &prefix(&name), &[]).count() as u64;
+            let mut pending = 0;
+            for (_, value) in store.scan(RunTree::Gaps, &prefix(&name), &[]) {
+                pending += 1;
+                let Ok(gap) = serde_json::from_slice::<Gap>(&value) else {
+                    continue;
+                };
+                if let (true, Some(mode)) = (gap.stop, gap.mode) {
+                    // Scanned oldest first: the newest stays indexed.
+                    reg.stop_gaps
+                        .insert((name.clone(), mode, gap.stream.clone()), gap);
+                }
+            }
             for (key, value) in store.scan(RunTree::Checkpoints, &prefix(&name), &[]) {
                 let rest = &key[name.len() + 1..];
                 let Some(split) = rest.iter().position(|&b| b == 0) else {
@@ -409,6 +427,7 @@ impl Runs {
 
     /// Ends `name`'s active run with `phase`, releasing the lease.
     fn end(&self, reg: &mut Registry, name: &str, phase: Phase) -> Option<RunRecord> {
+        self.finalize_stop_gaps(reg, name);
         let slot = reg.slots.get_mut(name)?;
         let mut active = slot.active.take()?;
         self.count_attempts(name, &mut active);
@@ -476,7 +495,9 @@ impl Runs {
         }
     }
 
-    /// Writes the gap records of a stop (see [`Runs::settle`]) and the
+    /// Writes the gap records of a stop (see [`Runs::settle`]): one per
+    /// stream the run checkpointed, or one `*` when it checkpointed none;
+    /// each supersedes the open stop gap of its stream and mode. Writes the
     /// run's record with their count; returns how many.
     fn write_gaps(
         &self,
@@ -489,43 +510,136 @@ impl Runs {
             return 0;
         };
         let (mode, run_id) = (active.record.mode, active.record.id.clone());
-        let mut streams: Vec<(String, Option<String>)> = reg
-            .checkpoints
-            .iter()
-            .filter(|((c, m, _), _)| c == name && *m == mode)
-            .map(|((_, _, stream), cp)| (stream.clone(), Some(cp.cursor.clone())))
-            .collect();
+        let mut streams: Vec<String> = active.streams.iter().cloned().collect();
         if streams.is_empty() {
-            streams.push(("*".to_string(), None));
+            streams.push("*".to_string());
         }
         let mut written = 0;
-        for (stream, cursor) in streams {
-            let seq = self.next_seq(reg);
-            let gap = Gap {
-                id: format!("{name}.{seq}"),
-                stream,
-                cursor,
-                reason: reason.label().to_string(),
-                detail: None,
-                run: Some(run_id.clone()),
-                provider: provider.map(str::to_string),
-                at_unix_ms: unix_ms_now(),
-            };
-            self.write(RunTree::Gaps, seq_key(name, seq), &gap);
-            written += 1;
+        for stream in streams {
+            let gap = self.stop_gap(reg, name, mode, &stream, reason.label(), provider, &run_id);
+            written += u64::from(gap.is_some());
         }
-        if let Some(slot) = reg.slots.get_mut(name) {
-            slot.pending_gaps += written;
-            if let Some(active) = slot.active.as_mut() {
-                active.record.gaps_recorded += written;
-                let record = active.snapshot();
-                if let Some((_, seq)) = split_id(&record.id) {
-                    self.write(RunTree::Runs, seq_key(name, seq), &record);
-                }
+        if let Some(active) = reg.slots.get_mut(name).and_then(|s| s.active.as_mut()) {
+            active.record.gaps_recorded += written;
+            let record = active.snapshot();
+            if let Some((_, seq)) = split_id(&record.id) {
+                self.write(RunTree::Runs, seq_key(name, seq), &record);
             }
         }
         self.flush_soon();
         written
+    }
+
+    /// Records a stop's gap of one stream and mode, with the stream's
+    /// cursor as it stands, superseding the open one (R-RN12).
+    #[allow(clippy::too_many_arguments)]
+    fn stop_gap(
+        &self,
+        reg: &mut Registry,
+        name: &str,
+        mode: Mode,
+        stream: &str,
+        reason: &str,
+        provider: Option<&str>,
+        run_id: &str,
+    ) -> Option<Gap> {
+        let key = (name.to_string(), mode, stream.to_string());
+        let at = reg.checkpoints.get(&key);
+        let (cursor, slice) = (at.map(|c| c.cursor.clone()), at.map(|c| c.slice));
+        if let Some(old) = reg.stop_gaps.remove(&key) {
+            self.drop_gap(reg, name, &old.id);
+        }
+        let seq = self.next_seq(reg);
+        let gap = Gap {
+            id: format!("{name}.{seq}"),
+            stream: stream.to_string(),
+            cursor,
+            reason: reason.to_string(),
+            detail: None,
+            run: Some(run_id.to_string()),
+            provider: provider.map(str::to_string),
+            mode: Some(mode),
+            slice,
+            stop: true,
+            at_unix_ms: unix_ms_now(),
+        };
+        self.write(RunTree::Gaps, seq_key(name, seq), &gap);
+        if let Some(slot) = reg.slots.get_mut(name) {
+            slot.pending_gaps += 1;
+        }
+        reg.stop_gaps.insert(key, gap.clone());
+        Some(gap)
+    }
+
+    /// Removes a pending gap record from the store and the count.
+    fn drop_gap(&self, reg: &mut Registry, name: &str, id: &str) {
+        if let (Some(w), Some((_, seq))) = (&self.writer, split_id(id)) {
+            w.remove(RunTree::Gaps, seq_key(name, seq));
+        }
+        if let Some(slot) = reg.slots.get_mut(name) {
+            slot.pending_gaps = slot.pending_gaps.saturating_sub(1);
+        }
+    }
+
+    /// As a run ends: its stop's gaps take the cursors as of the end of
+    /// the run (a collector may commit after the `403`), and a `*` gap
+    /// gives way to the streams the run committed after all (R-RN12).
+    fn finalize_stop_gaps(&self, reg: &mut Registry, name: &str) {
+        let Some(active) = reg.slots.get(name).and_then(|s| s.active.as_ref()) else {
+            return;
+        };
+        let (mode, run_id) = (active.record.mode, active.record.id.clone());
+        let streams: Vec<String> = active.streams.iter().cloned().collect();
+        let mine: Vec<Gap> = reg
+            .stop_gaps
+            .iter()
+            .filter(|((c, m, _), g)| c == name && *m == mode && g.run.as_deref() == Some(&run_id))
+            .map(|(_, g)| g.clone())
+            .collect();
+        let mut changed = false;
+        for gap in mine {
+            if gap.stream == "*" {
+                if streams.is_empty() {
+                    continue;
+                }
+                reg.stop_gaps
+                    .remove(&(name.to_string(), mode, "*".to_string()));
+                self.drop_gap(reg, name, &gap.id);
+                for stream in &streams {
+                    let key = (name.to_string(), mode, stream.clone());
+                    if reg.stop_gaps.get(&key).and_then(|g| g.run.as_deref()) != Some(&run_id) {
+                        self.stop_gap(
+                            reg,
+                            name,
+                            mode,
+                            stream,
+                            &gap.reason,
+                            gap.provider.as_deref(),
+                            &run_id,
+                        );
+                    }
+                }
+                changed = true;
+                continue;
+            }
+            let key = (name.to_string(), mode, gap.stream.clone());
+            let Some(now) = reg.checkpoints.get(&key) else {
+                continue;
+            };
+            if gap.slice != Some(now.slice) {
+                let mut gap = gap;
+                gap.cursor = Some(now.cursor.clone());
+                gap.slice = Some(now.slice);
+                if let Some((_, seq)) = split_id(&gap.id) {
+                    self.write(RunTree::Gaps, seq_key(name, seq), &gap);
+                }
+                reg.stop_gaps.insert(key, gap);
+                changed = true;
+            }
+        }
+        if changed {
+            self.flush_soon();
+        }
     }
 
     /// Opens a run for `name`, or says which run holds the lease. With
@@ -615,6 +729,7 @@ impl Runs {
             lease_until: now + ttl,
             settled: false,
             settled_providers: Default::default(),
+            streams: Default::default(),
             counted: 0,
         };
         let view = RunView {
@@ -808,6 +923,9 @@ impl Runs {
                 at_unix_ms: unix_ms_now(),
             };
             let previous = reg.checkpoints.insert(index, checkpoint.clone());
+            if let Some(active) = reg.slots.get_mut(&name).and_then(|s| s.active.as_mut()) {
+                active.streams.insert(stream.to_string());
+            }
             let key = checkpoint_key(&name, mode, stream);
             self.write(RunTree::Checkpoints, key.clone(), &checkpoint);
             (name, key, previous, checkpoint)
@@ -835,7 +953,35 @@ impl Runs {
         if let Some(m) = &self.metrics {
             m.checkpoint_commits.with_label_values(&[&name]).inc();
         }
+        self.resolve_by_commit(&name, mode, stream, &checkpoint);
         Ok(checkpoint)
+    }
+
+    /// A later run's commit past a stop's gap resolves it: the work it
+    /// deferred is being done. A `*` gap (the stopped run checkpointed
+    /// nothing) is resolved by any later commit in its mode (R-RN12).
+    fn resolve_by_commit(&self, name: &str, mode: Mode, stream: &str, c: &Checkpoint) {
+        let mut reg = self.lock();
+        let mut resolved = Vec::new();
+        for s in [stream, "*"] {
+            let key = (name.to_string(), mode, s.to_string());
+            let past = reg.stop_gaps.get(&key).is_some_and(|g| {
+                g.run.as_deref() != Some(c.run.as_str())
+                    && (s == "*" || g.slice.is_none_or(|at| c.slice > at))
+            });
+            if past {
+                if let Some(g) = reg.stop_gaps.remove(&key) {
+                    resolved.push(g.id);
+                }
+            }
+        }
+        for id in &resolved {
+            self.drop_gap(&mut reg, name, id);
+        }
+        drop(reg);
+        if !resolved.is_empty() {
+            self.flush_soon();
+        }
     }
 
     /// `name`'s committed checkpoints.
@@ -892,7 +1038,8 @@ impl Runs {
         self.sweep(Instant::now());
         let gap = {
             let mut reg = self.lock();
-            let name = self.active(&mut reg, id)?.record.collector.clone();
+            let active = self.active(&mut reg, id)?;
+            let (name, mode) = (active.record.collector.clone(), active.record.mode);
             if self.writer.is_none() {
                 return Err(RunError::NotDurable("no state store".into()));
             }
@@ -905,6 +1052,9 @@ impl Runs {
                 detail,
                 run: Some(id.to_string()),
                 provider: None,
+                mode: Some(mode),
+                slice: None,
+                stop: false,
                 at_unix_ms: unix_ms_now(),
             };
             self.write(RunTree::Gaps, seq_key(&name, seq), &gap);
@@ -984,6 +1134,7 @@ impl Runs {
         }
         self.flush().await?;
         let mut reg = self.lock();
+        reg.stop_gaps.retain(|_, g| g.id != id);
         if let Some(slot) = reg.slots.get_mut(name) {
             slot.pending_gaps = slot.pending_gaps.saturating_sub(1);
         }

@@ -139,9 +139,26 @@ pub struct Gap {
     /// (R-RN8).
     #[serde(default)]
     pub provider: Option<String>,
+    /// The mode of the cursor it resumes from (R-RN12); `None` in records
+    /// kept before modes were.
+    #[serde(default)]
+    pub mode: Option<Mode>,
+    /// The checkpoint's slice the cursor is at: a later run's commit past
+    /// it resolves a stop's gap.
+    #[serde(default)]
+    pub slice: Option<u64>,
+    /// A stop recorded it (not the collector): the next stop's gap of its
+    /// stream and mode supersedes it, and a later run's commit past its
+    /// cursor resolves it. Gaps a collector posts stay until resolved.
+    #[serde(default)]
+    pub stop: bool,
     /// When (ms since the epoch).
     pub at_unix_ms: u64,
 }
+
+/// The largest gap page a reader may ask for (`max_bytes`): a page is
+/// built in memory, so it is bounded.
+pub const MAX_GAP_PAGE_BYTES: usize = 1024 * 1024;
 
 /// Gap reasons: a budget ran out (planned), or source pressure.
 pub const GAP_REASONS: [&str; 7] = [

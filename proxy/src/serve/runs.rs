@@ -26,7 +26,9 @@ use serde_json::{json, Map, Value};
 
 use crate::app::App;
 use crate::body::{full, ResBody};
-use crate::runs::records::{split_id, Checkpoint, Gap, Mode, RunRecord, GAP_REASONS};
+use crate::runs::records::{
+    split_id, Checkpoint, Gap, Mode, RunRecord, GAP_REASONS, MAX_GAP_PAGE_BYTES,
+};
 use crate::runs::{CollectorView, Opening, RunError, RunView};
 use crate::serve::auth::constant_time_eq;
 
@@ -177,8 +179,14 @@ async fn answer(app: &App, req: Request<Incoming>) -> Result<Response<ResBody>, 
         (Method::GET, ["v1", "collectors", name, "gaps"]) => {
             let max_bytes = match param(&query, "max_bytes").map(|v| v.parse::<usize>()) {
                 None => 64 * 1024,
-                Some(Ok(n)) if n > 0 => n,
-                Some(_) => return Ok(bad(StatusCode::BAD_REQUEST, "max_bytes", "a number from 1")),
+                Some(Ok(n)) if n > 0 && n <= MAX_GAP_PAGE_BYTES => n,
+                Some(_) => {
+                    return Ok(bad(
+                        StatusCode::BAD_REQUEST,
+                        "max_bytes",
+                        format!("a number from 1 to {MAX_GAP_PAGE_BYTES}"),
+                    ))
+                }
             };
             let after = param(&query, "after");
             if after.as_deref().is_some_and(|a| split_id(a).is_none()) {
@@ -574,6 +582,12 @@ fn gap_json(g: &Gap) -> Value {
         "reason": g.reason,
         "detail": g.detail,
         "provider": g.provider,
+        "mode": g.mode.map(|m| m.label()),
+        "slice": g.slice,
+        // Recorded by a run's stop (superseded, resolved by a later commit)
+        // or posted by the collector. The fields are the stored record's,
+        // so a page's bytes are what the reader gets.
+        "stop": g.stop,
         "run": g.run,
         "at_unix_ms": g.at_unix_ms,
     })
