@@ -338,7 +338,10 @@ pub async fn forward(
     // run's budgets apply to every attempt, and the request renews the
     // run's lease (R-RN4).
     let user = parts.extensions.get::<Identity>().and_then(|i| i.0.clone());
-    let run = user.as_deref().and_then(|u| app.runs.attach(u));
+    let run = match user.as_deref() {
+        Some(u) => app.runs.attach(u).await,
+        None => None,
+    };
     if let Some(run) = &run {
         parts.extensions.insert(run.clone());
     }

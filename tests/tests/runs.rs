@@ -470,10 +470,25 @@ async fn checkpoints_are_forward_only_exact_and_durable() {
         list["checkpoints"]["catchup"]["orders/eu"]["cursor"],
         "2019"
     );
-    // The catch-up run was active at the kill: it is interrupted, and a
-    // new run gets a newer fencing token.
+    // The catch-up run was active at the kill and its lease has not
+    // lapsed: it is still active (R-RN10), its token still good, a commit
+    // after the restart accepted; once it finishes a new run gets a newer
+    // fencing token.
     let (_, old) = sluice.api("GET", &format!("/v1/runs/{cid}"), None).await;
-    assert_eq!(old["phase"], "interrupted", "{old}");
+    assert_eq!(old["phase"], "active", "{old}");
+    assert_eq!(old["lease"]["fencing_token"], cfence, "{old}");
+    let (s, e) = sluice
+        .api(
+            "PUT",
+            &format!("/v1/runs/{cid}/checkpoints/orders%2Feu"),
+            Some(&json!({ "mode": "catchup", "slice": 2, "cursor": "2020", "fencing_token": cfence })),
+        )
+        .await;
+    assert_eq!(s, 200, "a commit after the restart: {e}");
+    let (s, _) = sluice
+        .api("POST", &format!("/v1/runs/{cid}/finish"), None)
+        .await;
+    assert_eq!(s, 200);
     let (s, next) = open(&sluice, "collector-a", json!({})).await;
     assert_eq!(s, 201);
     assert!(next["lease"]["fencing_token"].as_u64().unwrap() > cfence);
@@ -1092,4 +1107,104 @@ async fn beyond_loopback_the_run_api_needs_the_collectors_token() {
     assert_eq!((s, e["field"].as_str()), (403, Some("id")), "{e}");
     let (s, run) = api_call(admin, "POST", path, Some(&json!({})), Some(TOKEN)).await;
     assert_eq!(s, 201, "{run}");
+}
+
+/// R-RN10: runs survive sluice. A run-aware collector under `sluice run
+/// --request-cap 300` that retries its failed requests; sluice is killed
+/// with `kill -9` in the middle and restarted on the same ports and state.
+/// The run is still active after the restart, a commit made after it is
+/// accepted, and the provider sees at most 300 attempts in all — a crash
+/// may lose part of the block of attempts reserved on disk, never give it
+/// back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_survives_kill_9_with_its_budget() {
+    let sim = Sim::start("127.0.1.53").await;
+    let sluice = start("");
+    let (proxy, admin) = (sluice.proxy, sluice.admin);
+    let script = r#"
+import json, os, sys, time, requests
+url, admin = sys.argv[1], os.environ["SLUICE_ADMIN"]
+run, fence = os.environ["SLUICE_RUN_ID"], int(os.environ["SLUICE_FENCING_TOKEN"])
+s, done, commits = requests.Session(), 0, {}
+while True:
+    try:
+        r = s.get(url, timeout=10)
+    except requests.exceptions.RequestException:
+        time.sleep(0.1)
+        s = requests.Session()
+        continue
+    if r.status_code == 403:
+        break
+    r.raise_for_status()
+    done += 1
+    if done % 10 == 0:
+        try:
+            c = s.put(f"{admin}/v1/runs/{run}/checkpoints/items", timeout=10,
+                      json={"mode": "steady", "slice": done, "cursor": str(done), "fencing_token": fence})
+            commits[c.status_code] = commits.get(c.status_code, 0) + 1
+        except requests.exceptions.RequestException:
+            commits["down"] = commits.get("down", 0) + 1
+print(json.dumps({"done": done, "commits": commits}))
+"#;
+    let url = sim.url("http", "/ok");
+    let collector = tokio::process::Command::new(sluice_tests::harness::binary())
+        .args(["run", "--collector", "collector-a", "--token-file"])
+        .arg(sluice.dir.join("a.token"))
+        .args(["--request-cap", "300", "--admin-url"])
+        .arg(format!("http://{admin}"))
+        .arg("--proxy-url")
+        .arg(format!("http://{proxy}"))
+        .args(["--", "python3", "-c", script, &url])
+        .env_remove("http_proxy")
+        .env_remove("HTTP_PROXY")
+        .env_remove("no_proxy")
+        .env_remove("NO_PROXY")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    // Mid-run: a hundred attempts at the provider.
+    let until = Instant::now() + Duration::from_secs(60);
+    while sim.hits("/ok").len() < 100 {
+        assert!(Instant::now() < until, "the collector did not get going");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let dir = sluice.kill9();
+    let at_kill = sim.hits("/ok").len();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let sluice = start_full(
+        dir,
+        &format!("listen = \"{proxy}\"\nadmin = \"{admin}\"\n"),
+        "",
+    );
+    let (_, c) = sluice.api("GET", "/v1/collectors/collector-a", None).await;
+    assert_eq!(c["active_run"]["phase"], "active", "after the restart: {c}");
+    let id = c["active_run"]["id"].as_str().unwrap().to_string();
+    let out = tokio::time::timeout(Duration::from_secs(120), collector.wait_with_output())
+        .await
+        .expect("the collector finished")
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let seen: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|_| panic!("{}\n{stderr}", String::from_utf8_lossy(&out.stdout)));
+    let total = sim.hits("/ok").len();
+    println!("{seen}; {at_kill} at the kill, {total} in all\n{stderr}");
+    assert_eq!(out.status.code(), Some(0), "a planned stop: {stderr}");
+    assert!(total <= 300, "{total} attempts reached the provider");
+    assert!(total >= 300 - 32, "at most a block lost: {total}");
+    let (_, list) = sluice
+        .api("GET", "/v1/collectors/collector-a/checkpoints", None)
+        .await;
+    let slice = list["checkpoints"]["steady"]["items"]["slice"]
+        .as_u64()
+        .unwrap_or(0);
+    assert!(
+        slice > at_kill as u64,
+        "a commit after the restart was accepted: slice {slice}, {at_kill} done at the kill"
+    );
+    let (_, run) = sluice.api("GET", &format!("/v1/runs/{id}"), None).await;
+    assert_eq!(run["stop_reason"], "request_cap", "{run}");
+    assert_eq!(run["phase"], "finished", "{run}");
 }

@@ -275,7 +275,13 @@ pub struct RunHandle(Arc<Mutex<RunState>>);
 impl RunHandle {
     /// A new run with these budgets.
     pub fn new(envelope: Envelope) -> Self {
-        RunHandle(Arc::new(Mutex::new(RunState::new(envelope))))
+        RunHandle::resume(RunState::new(envelope))
+    }
+
+    /// A run that goes on from these counters (restored after a restart,
+    /// R-RN10).
+    pub fn resume(state: RunState) -> Self {
+        RunHandle(Arc::new(Mutex::new(state)))
     }
 
     fn lock(&self) -> MutexGuard<'_, RunState> {

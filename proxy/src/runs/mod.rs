@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use sluice_policy::error::Cause;
-use sluice_policy::run::{Envelope, RunHandle, StopReason};
+use sluice_policy::run::{Envelope, ProviderWaits, RunHandle, RunState, StopReason};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
@@ -109,7 +109,23 @@ struct Active {
     streams: std::collections::BTreeSet<String>,
     /// Attempts already counted in the metrics.
     counted: u64,
+    /// Attempts reserved on disk (see [`RunRecord::attempts_reserved`]).
+    reserved: u64,
+    /// Requests attached to it: each may start an attempt before the
+    /// counter sees it.
+    attached: u64,
+    /// The lease's end as last written (ms since the epoch).
+    lease_written_ms: u64,
 }
+
+/// Attempts reserved on disk at a time: one flush per this many attempts,
+/// and at most this many lost to a crash.
+const RESERVE_BLOCK: u64 = 32;
+
+/// A new block is reserved once fewer than this many are left beyond the
+/// requests attached (their retries start inside the block already on
+/// disk).
+const RESERVE_MARGIN: u64 = 16;
 
 impl Active {
     /// The record with the live counters.
@@ -124,6 +140,9 @@ impl Active {
             .stopped_providers()
             .map(|(p, reason)| (p.to_string(), reason.label().to_string()))
             .collect();
+        r.attempts_reserved = self.reserved.max(s.attempts);
+        r.lease_until_unix_ms = Some(ms_from(Instant::now(), self.lease_until));
+        r.streams = self.streams.iter().cloned().collect();
         r
     }
 }
@@ -309,14 +328,23 @@ impl Runs {
                 .and_then(|v| v.try_into().ok())
                 .map_or(0, u64::from_be_bytes);
             let mut last = None;
+            let mut resumed = None;
             let mut interrupted = Vec::new();
+            let now_ms = unix_ms_now();
             for (key, value) in store.scan_newest(RunTree::Runs, &prefix(&name)) {
                 let Ok(mut record) = serde_json::from_slice::<RunRecord>(&value) else {
                     continue;
                 };
                 if record.phase == Phase::Active {
+                    // The newest active run whose lease has not lapsed goes
+                    // on (R-RN10); any other was interrupted.
+                    let alive = record.lease_until_unix_ms.is_some_and(|l| l > now_ms);
+                    if alive && resumed.is_none() && record.fencing_token == fence {
+                        resumed = Some(record);
+                        continue;
+                    }
                     record.phase = Phase::Interrupted;
-                    record.ended_unix_ms = Some(unix_ms_now());
+                    record.ended_unix_ms = Some(now_ms);
                     interrupted.push((key, record.clone()));
                 }
                 if last.is_none() {
@@ -352,10 +380,15 @@ impl Runs {
                     reg.checkpoints.insert((name.clone(), mode, stream), c);
                 }
             }
+            let max_waits = reg.max_cooldown_waits;
             if let Some(slot) = reg.slots.get_mut(&name) {
                 slot.fence = fence;
                 slot.last = last;
                 slot.pending_gaps = pending;
+                if let Some(record) = resumed {
+                    tracing::info!(collector = %name, run = %record.id, attempts = record.attempts_reserved, "run resumed after a restart");
+                    slot.active = Some(resume(record, now_ms, max_waits));
+                }
             }
         }
     }
@@ -715,6 +748,9 @@ impl Runs {
             cooldown_waits: 0,
             refusals: BTreeMap::new(),
             gaps_recorded: 0,
+            lease_until_unix_ms: Some(ms_from(now, now + ttl)),
+            attempts_reserved: RESERVE_BLOCK,
+            streams: Vec::new(),
         };
         let handle = RunHandle::new(Envelope {
             request_cap: opening.request_cap,
@@ -731,6 +767,9 @@ impl Runs {
             settled_providers: Default::default(),
             streams: Default::default(),
             counted: 0,
+            reserved: RESERVE_BLOCK,
+            attached: 0,
+            lease_written_ms: ms_from(now, now + ttl),
         };
         let view = RunView {
             record,
@@ -819,8 +858,14 @@ impl Runs {
         let ttl = reg.lease_ttl;
         let active = self.active(&mut reg, id)?;
         active.lease_until = now + ttl;
+        active.lease_written_ms = ms_from(now, active.lease_until);
+        let record = active.snapshot();
+        let name = record.collector.clone();
+        if let Some((_, seq)) = split_id(&record.id) {
+            self.write(RunTree::Runs, seq_key(&name, seq), &record);
+        }
         Ok(RunView {
-            record: active.snapshot(),
+            record,
             lease_expires_unix_ms: Some(ms_from(now, active.lease_until)),
         })
     }
@@ -840,17 +885,44 @@ impl Runs {
     }
 
     /// The run a request from proxy user `user` belongs to, if its
-    /// collector has one active; the request renews the lease.
-    pub fn attach(&self, user: &str) -> Option<RunHandle> {
+    /// collector has one active; the request renews the lease. When the
+    /// attempts made near the end of the block reserved on disk, the next
+    /// block is written and flushed before the request goes on (R-RN10):
+    /// a crash never gives back attempts that were made.
+    pub async fn attach(&self, user: &str) -> Option<RunHandle> {
         let now = Instant::now();
-        let mut reg = self.lock();
-        let ttl = reg.lease_ttl;
-        let active = reg.slots.get_mut(user)?.active.as_mut()?;
-        if active.lease_until <= now {
-            return None;
+        let (handle, reserved) = {
+            let mut reg = self.lock();
+            let ttl = reg.lease_ttl;
+            let active = reg.slots.get_mut(user)?.active.as_mut()?;
+            if active.lease_until <= now {
+                return None;
+            }
+            active.lease_until = now + ttl;
+            active.attached += 1;
+            let used = active.handle.state().attempts.max(active.attached);
+            let reserve = used + RESERVE_MARGIN >= active.reserved;
+            if reserve {
+                active.reserved = used + RESERVE_BLOCK;
+            }
+            // The lease is written when it moved a quarter of its length.
+            let lease_ms = ms_from(now, active.lease_until);
+            let lease = lease_ms >= active.lease_written_ms + ttl.as_millis() as u64 / 4;
+            if reserve || lease {
+                active.lease_written_ms = lease_ms;
+                let record = active.snapshot();
+                if let Some((_, seq)) = split_id(&record.id) {
+                    self.write(RunTree::Runs, seq_key(user, seq), &record);
+                }
+            }
+            (active.handle.clone(), reserve)
+        };
+        if reserved && self.writer.is_some() {
+            if let Err(e) = self.flush().await {
+                tracing::warn!(collector = %user, error = %e, "a run's attempt reservation was not made durable");
+            }
         }
-        active.lease_until = now + ttl;
-        Some(active.handle.clone())
+        Some(handle)
     }
 
     /// After a run's request: counts sluice's refusal, if it was one, and
@@ -1171,11 +1243,65 @@ impl Runs {
 
     /// Active runs end as `interrupted` (on shutdown).
     pub fn interrupt_all(&self) {
-        let mut reg = self.lock();
-        let names: Vec<String> = reg.slots.keys().cloned().collect();
-        for name in names {
-            self.end(&mut reg, &name, Phase::Interrupted);
+        // Runs outlive sluice (R-RN10): an active run is written as it
+        // stands — counters, reservation, lease — and goes on after a
+        // restart while its lease holds; a lease that lapses while sluice
+        // is down ends it (interrupted) at the next start.
+        let reg = self.lock();
+        for (name, slot) in &reg.slots {
+            if let Some(active) = &slot.active {
+                let record = active.snapshot();
+                if let Some((_, seq)) = split_id(&record.id) {
+                    self.write(RunTree::Runs, seq_key(name, seq), &record);
+                }
+            }
         }
+    }
+}
+
+/// An active run read back from the store (R-RN10): its budgets, its
+/// attempts counted from the reservation (never fewer than were made), its
+/// stops, and the rest of its lease.
+fn resume(record: RunRecord, now_ms: u64, max_cooldown_waits: u32) -> Active {
+    let now = Instant::now();
+    let at = |unix_ms: u64| now + Duration::from_millis(unix_ms.saturating_sub(now_ms));
+    let deadline = record
+        .deadline_s
+        .map(|s| at(record.started_unix_ms + (s * 1000.0) as u64));
+    let reason = |label: &str| StopReason::ALL.into_iter().find(|r| r.label() == label);
+    let attempts = record.attempts_reserved.max(record.attempts);
+    let mut state = RunState::new(Envelope {
+        request_cap: record.request_cap,
+        deadline,
+        retry_budget: None,
+        retry_ratio: record.retry_ratio,
+        max_cooldown_waits,
+    });
+    state.attempts = attempts;
+    state.retries = record.retries;
+    state.waits_total = record.cooldown_waits;
+    state.stopped = record.stop_reason.as_deref().and_then(reason);
+    for (provider, r) in &record.provider_stops {
+        state.providers.insert(
+            provider.clone(),
+            ProviderWaits {
+                stopped: reason(r),
+                ..ProviderWaits::default()
+            },
+        );
+    }
+    let lease_ms = record.lease_until_unix_ms.unwrap_or(now_ms);
+    Active {
+        settled: record.stop_reason.is_some(),
+        settled_providers: record.provider_stops.keys().cloned().collect(),
+        streams: record.streams.iter().cloned().collect(),
+        handle: RunHandle::resume(state),
+        lease_until: at(lease_ms),
+        counted: attempts,
+        reserved: attempts,
+        attached: attempts,
+        lease_written_ms: lease_ms,
+        record,
     }
 }
 

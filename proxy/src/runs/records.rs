@@ -104,6 +104,18 @@ pub struct RunRecord {
     pub refusals: BTreeMap<String, u64>,
     /// Gap records written when it stopped.
     pub gaps_recorded: u64,
+    /// When its lease lapses (ms since the epoch), as last written: a
+    /// restart resumes an active run whose lease has not lapsed (R-RN10).
+    #[serde(default)]
+    pub lease_until_unix_ms: Option<u64>,
+    /// Attempts reserved in durable blocks ahead of those made: a restart
+    /// resumes the count from here — a crash may lose part of a block,
+    /// never give it back (R-RN10).
+    #[serde(default)]
+    pub attempts_reserved: u64,
+    /// Streams it committed checkpoints of.
+    #[serde(default)]
+    pub streams: Vec<String>,
 }
 
 /// A stream's committed position (R-RN5).

@@ -98,7 +98,10 @@ pub async fn connect(
         // sluice cannot see the requests inside a raw tunnel: for a
         // collector's run, the CONNECT itself is the attempt.
         let user = identity.0.as_deref();
-        let run = user.and_then(|u| app.runs.attach(u));
+        let run = match user {
+            Some(u) => app.runs.attach(u).await,
+            None => None,
+        };
         if let Some(run) = &run {
             if let Err(stopped) = run.check_attempt(&provider.name, tokio::time::Instant::now()) {
                 let stopped = Cause::RunStopped(stopped);
