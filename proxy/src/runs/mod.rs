@@ -409,9 +409,13 @@ impl Runs {
         self.lock().slots.contains_key(name)
     }
 
-    fn write(&self, t: RunTree, key: Vec<u8>, record: &impl serde::Serialize) {
-        if let (Some(w), Ok(value)) = (&self.writer, serde_json::to_vec(record)) {
-            w.put(t, key, value);
+    /// Queues a record for the store's writer; `false` when it was not
+    /// queued (no store, or the writer's queue full: the write is dropped,
+    /// and nothing that depends on it may be answered as durable).
+    fn write(&self, t: RunTree, key: Vec<u8>, record: &impl serde::Serialize) -> bool {
+        match (&self.writer, serde_json::to_vec(record)) {
+            (Some(w), Ok(value)) => w.put(t, key, value),
+            _ => false,
         }
     }
 
@@ -994,12 +998,17 @@ impl Runs {
                 run: id.to_string(),
                 at_unix_ms: unix_ms_now(),
             };
+            let key = checkpoint_key(&name, mode, stream);
+            if !self.write(RunTree::Checkpoints, key.clone(), &checkpoint) {
+                // Dropped before the disk: not committed, nothing changed.
+                return Err(RunError::NotDurable(
+                    "the store's write queue is full; try again".into(),
+                ));
+            }
             let previous = reg.checkpoints.insert(index, checkpoint.clone());
             if let Some(active) = reg.slots.get_mut(&name).and_then(|s| s.active.as_mut()) {
                 active.streams.insert(stream.to_string());
             }
-            let key = checkpoint_key(&name, mode, stream);
-            self.write(RunTree::Checkpoints, key.clone(), &checkpoint);
             (name, key, previous, checkpoint)
         };
         if let Err(e) = self.flush().await {
@@ -1129,7 +1138,11 @@ impl Runs {
                 stop: false,
                 at_unix_ms: unix_ms_now(),
             };
-            self.write(RunTree::Gaps, seq_key(&name, seq), &gap);
+            if !self.write(RunTree::Gaps, seq_key(&name, seq), &gap) {
+                return Err(RunError::NotDurable(
+                    "the store's write queue is full; try again".into(),
+                ));
+            }
             if let Some(slot) = reg.slots.get_mut(&name) {
                 slot.pending_gaps += 1;
             }
@@ -1309,4 +1322,104 @@ fn fence_key(name: &str) -> Vec<u8> {
     let mut k = b"fence\0".to_vec();
     k.extend_from_slice(name.as_bytes());
     k
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Collector;
+    use crate::store::{Durable, EvidenceRecord, LearnedRecord};
+    use std::sync::mpsc;
+
+    /// A store whose flush waits until released: the disk stalls.
+    struct Stalled(Mutex<mpsc::Receiver<()>>);
+
+    impl Durable for Stalled {
+        fn put(&self, _: RunTree, _: &[u8], _: &[u8]) -> Result<(), StoreError> {
+            Ok(())
+        }
+        fn remove(&self, _: RunTree, _: &[u8]) -> Result<(), StoreError> {
+            Ok(())
+        }
+        fn save_learned(&self, _: &str, _: &LearnedRecord) -> Result<(), StoreError> {
+            Ok(())
+        }
+        fn append_evidence(&self, _: &str, _: &EvidenceRecord) -> Result<(), StoreError> {
+            Ok(())
+        }
+        fn prune_learned(&self, _: Duration) -> Result<usize, StoreError> {
+            Ok(0)
+        }
+        fn flush(&self) -> Result<(), StoreError> {
+            let _ = self.0.lock().unwrap_or_else(|p| p.into_inner()).recv();
+            Ok(())
+        }
+    }
+
+    /// Issue 19: a checkpoint or gap the store's writer dropped (its queue
+    /// full behind a stalled disk) is refused as not durable — never
+    /// answered as committed — and nothing changes.
+    #[test]
+    fn a_write_the_writer_dropped_is_not_answered_as_durable() {
+        let (release, held) = mpsc::channel();
+        let writer = StoreWriter::spawn(
+            Arc::new(Stalled(Mutex::new(held))),
+            prometheus::IntCounter::new("e", "e").unwrap(),
+        );
+        let mut config = Config::default();
+        config.collectors.insert(
+            "c".into(),
+            Collector {
+                token_file: "/dev/null".into(),
+                token: "t".into(),
+            },
+        );
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let runs = Runs::new(&config, None, Some(writer.clone()), None);
+            release.send(()).unwrap();
+            let view = runs
+                .open("c", Opening::default(), Duration::ZERO)
+                .await
+                .unwrap();
+            let (id, fence) = (view.record.id.clone(), view.record.fencing_token);
+            // The disk stalls in a flush; the writer's queue fills.
+            let stalled = tokio::spawn({
+                let w = writer.clone();
+                async move { w.flush().await }
+            });
+            tokio::task::yield_now().await;
+            let mut queued = 0;
+            while writer.put(RunTree::Meta, b"filler".to_vec(), Vec::new()) {
+                queued += 1;
+                assert!(
+                    queued <= 2 * crate::store::WRITER_QUEUE,
+                    "the queue is bounded"
+                );
+            }
+            let err = runs
+                .checkpoint(&id, "s", Mode::Steady, 1, "x".into(), fence)
+                .await
+                .unwrap_err();
+            assert!(matches!(err, RunError::NotDurable(_)), "{err}");
+            assert!(
+                runs.checkpoints("c").unwrap().is_empty(),
+                "nothing committed"
+            );
+            let err = runs
+                .add_gap(&id, "s".into(), None, "upstream_error".into(), None)
+                .await
+                .unwrap_err();
+            assert!(matches!(err, RunError::NotDurable(_)), "{err}");
+            assert_eq!(runs.collector("c").unwrap().pending_gaps, 0);
+            for _ in 0..8 {
+                let _ = release.send(());
+            }
+            drop(release);
+            let _ = stalled.await;
+        });
+    }
 }

@@ -89,7 +89,15 @@ fn run_error(e: RunError) -> Response<ResBody> {
         RunError::SliceNotAdvancing { .. } => bad(StatusCode::CONFLICT, "slice", msg),
         RunError::WrongMode { .. } => bad(StatusCode::CONFLICT, "mode", msg),
         RunError::UnknownGap => bad(StatusCode::NOT_FOUND, "id", msg),
-        RunError::NotDurable(_) => bad(StatusCode::SERVICE_UNAVAILABLE, "store", msg),
+        RunError::NotDurable(_) => {
+            // Nothing was stored: the caller may send it again shortly.
+            let mut resp = bad(StatusCode::SERVICE_UNAVAILABLE, "store", msg);
+            resp.headers_mut().insert(
+                http::header::RETRY_AFTER,
+                http::HeaderValue::from_static("1"),
+            );
+            resp
+        }
     }
 }
 
