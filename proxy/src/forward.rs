@@ -14,6 +14,7 @@ use sluice_policy::bulkhead::InFlight;
 use sluice_policy::error::Cause;
 use sluice_policy::outcome;
 use sluice_policy::retry::retryable_method;
+use sluice_policy::run::RunHandle;
 use tower::ServiceExt;
 
 use crate::app::App;
@@ -352,7 +353,8 @@ pub async fn forward(
     }
     let elapsed_ms = started.elapsed().as_millis() as u64;
     app.metrics.request(&provider.label, final_outcome(&result));
-    match result {
+    let remaining = run.as_ref().map(run_remaining);
+    let mut resp = match result {
         Ok(resp) => {
             if let (StatusCode::SWITCHING_PROTOCOLS, Some(client)) = (resp.status(), client_upgrade)
             {
@@ -380,7 +382,37 @@ pub async fn forward(
             );
             refusal.into_response()
         }
+    };
+    if let Some(v) = remaining {
+        resp.headers_mut().insert(RUN_REMAINING, v);
     }
+    resp
+}
+
+/// What a run has left, on every answer to one of its requests, so a
+/// collector can stop at a slice boundary rather than at a `403`.
+const RUN_REMAINING: HeaderName = HeaderName::from_static("sluice-run-remaining");
+
+/// `attempts=N, deadline_s=S` (each `unbounded` when the run has none),
+/// and `stopped=REASON` once the run has stopped.
+fn run_remaining(run: &RunHandle) -> HeaderValue {
+    let s = run.state();
+    let attempts = s.envelope.request_cap.map_or_else(
+        || "unbounded".to_string(),
+        |cap| cap.saturating_sub(s.attempts).to_string(),
+    );
+    let deadline = s.envelope.deadline.map_or_else(
+        || "unbounded".to_string(),
+        |d| {
+            let left = d.saturating_duration_since(Instant::now());
+            format!("{:.1}", left.as_secs_f64())
+        },
+    );
+    let mut text = format!("attempts={attempts}, deadline_s={deadline}");
+    if let Some(r) = s.stopped {
+        text.push_str(&format!(", stopped={}", r.label()));
+    }
+    HeaderValue::from_str(&text).unwrap_or_else(|_| HeaderValue::from_static("unknown"))
 }
 
 /// The protocol an HTTP/1.1 request asks to upgrade to (`Upgrade`, with

@@ -1208,3 +1208,43 @@ print(json.dumps({"done": done, "commits": commits}))
     assert_eq!(run["stop_reason"], "request_cap", "{run}");
     assert_eq!(run["phase"], "finished", "{run}");
 }
+
+/// Issue 19: every answer to a run's request says what the run has left
+/// (`Sluice-Run-Remaining`), so a collector can stop at a slice boundary
+/// rather than at a `403`; a request outside any run carries none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_answer_to_a_run_says_what_is_left() {
+    let sim = Sim::start("127.0.1.54").await;
+    let sluice = start("");
+    let proxy = proxy_as(&sluice, "collector-a", TOKEN);
+    let url = sim.url("http", "/ok");
+    let r = curl(&proxy, &[], &url, T).await;
+    assert_eq!(r.header("sluice-run-remaining"), None, "no run yet: {r:?}");
+    let (s, _) = open(
+        &sluice,
+        "collector-a",
+        json!({ "request_cap": 2, "deadline_s": 600 }),
+    )
+    .await;
+    assert_eq!(s, 201);
+    let mut left = Vec::new();
+    for _ in 0..3 {
+        let r = curl(&proxy, &[], &url, T).await;
+        left.push((
+            r.status,
+            r.header("sluice-run-remaining").unwrap_or_default(),
+        ));
+    }
+    println!("{left:?}");
+    assert_eq!(left[0].0, 200);
+    assert!(
+        left[0].1.starts_with("attempts=1, deadline_s=59"),
+        "{left:?}"
+    );
+    assert!(left[1].1.starts_with("attempts=0, deadline_s="), "{left:?}");
+    assert_eq!(left[2].0, 403);
+    assert!(
+        left[2].1.starts_with("attempts=0, ") && left[2].1.ends_with("stopped=request_cap"),
+        "{left:?}"
+    );
+}
