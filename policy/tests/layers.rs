@@ -735,7 +735,8 @@ async fn opened_dead_provider() -> (Provider, ProviderService<String, ()>) {
 }
 
 /// R-RN2: an attempt whose pacing slot comes after the run's deadline is
-/// not sent: the run stops with `deadline` (it used to start late).
+/// not sent: the run stops with `deadline` at once (it used to start late,
+/// then to wait for the slot and use it up).
 #[tokio::test(start_paused = true)]
 async fn a_pacing_slot_after_the_deadline_is_not_taken() {
     let (policy, _) = policy(fixed_rate(1.0));
@@ -760,6 +761,11 @@ async fn a_pacing_slot_after_the_deadline_is_not_taken() {
     assert_eq!(provider.arrivals().len(), 1);
     assert_eq!(run.state().attempts, 1, "the late attempt does not count");
     assert_eq!(run.state().stopped, Some(StopReason::Deadline));
+    // Refused at once: it neither waited for the slot nor took it — a
+    // request outside the run gets that slot, at t0 + 1 s.
+    assert_eq!(Instant::now(), t0, "no wait for a slot past the deadline");
+    svc.clone().oneshot(get("c")).await.unwrap();
+    assert_eq!(provider.arrivals()[1].0 - t0, Duration::from_secs(1));
 }
 
 mod budget_stop {

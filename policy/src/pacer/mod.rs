@@ -46,6 +46,7 @@ use crate::error::Cause;
 use crate::events::{emit, Event, EventSink};
 use crate::outcome::Outcome;
 use crate::quota::{Advertised, Malformed};
+use crate::run::{RunStopped, StopReason};
 use crate::settings::ProviderSettings;
 
 /// How late a replica may take a shared slot without the schedule losing
@@ -223,15 +224,22 @@ impl PacerShared {
     /// slot in the shared schedule. Returns the instant it was admitted, or
     /// [`RateLimited`].
     pub async fn acquire(&self) -> Result<Instant, Cause> {
+        self.acquire_before(None).await
+    }
+
+    /// [`PacerShared::acquire`] for a request of a run whose deadline is
+    /// `stop_at`: a request whose slot would come at or after it does not
+    /// wait for it nor take it — its run stops, planned (R-RN2).
+    pub async fn acquire_before(&self, stop_at: Option<Instant>) -> Result<Instant, Cause> {
         let arrived = Instant::now();
         let Some(budget) = self.budget() else {
-            return self.acquire_here(arrived).await;
+            return self.acquire_here(arrived, stop_at).await;
         };
         if self.lock().alone() {
             // The store did not answer lately: this replica's share, paced
             // here; the store is asked again below (and rejoined if it
             // answers).
-            self.acquire_here(arrived).await?;
+            self.acquire_here(arrived, stop_at).await?;
         }
         self.acquire_shared(&*budget, arrived).await
     }
@@ -299,9 +307,16 @@ impl PacerShared {
         }
     }
 
-    /// Waits for this replica's own pacing slot.
-    async fn acquire_here(&self, arrived: Instant) -> Result<Instant, Cause> {
+    /// Waits for this replica's own pacing slot — not past `stop_at`.
+    async fn acquire_here(
+        &self,
+        arrived: Instant,
+        stop_at: Option<Instant>,
+    ) -> Result<Instant, Cause> {
         let now = arrived;
+        if stop_at.is_some_and(|d| now >= d) {
+            return Err(RunStopped::run(StopReason::Deadline).into());
+        }
         let (ticket, mut patience) = {
             let mut core = self.lock();
             if core.try_admit(now) {
@@ -331,10 +346,16 @@ impl PacerShared {
             let now = Instant::now();
             // A hold that came while this request waited lets it wait
             // through the hold; one that ended does not shorten its wait.
+            // A run's deadline bounds the wait like the patience does (a
+            // slot at the deadline is too late: no attempt starts at it).
+            let stop = stop_at.filter(|d| *d <= arrived + patience);
             let admission = {
                 let mut core = self.lock();
                 patience = patience.max(core.patience(now));
-                core.poll(ticket, arrived + patience, now)
+                let until = stop.map_or(arrived + patience, |d| {
+                    d.checked_sub(Duration::from_nanos(1)).unwrap_or(d)
+                });
+                core.poll(ticket, until, now)
             };
             match admission {
                 Admission::Go => {
@@ -349,6 +370,11 @@ impl PacerShared {
                 Admission::Refuse(wait) => {
                     guard.ticket = None;
                     self.left(ticket);
+                    if stop.is_some() {
+                        // The slot comes after the run's deadline: the run
+                        // stops, planned, and the slot stays free.
+                        return Err(RunStopped::run(StopReason::Deadline).into());
+                    }
                     emit(&self.events, Event::Shed(Refusal::WaitTooLong));
                     return Err(RateLimited::new(Refusal::WaitTooLong, wait).into());
                 }

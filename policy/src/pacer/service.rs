@@ -58,7 +58,17 @@ where
         let shared = self.shared.clone();
         let run = req.extensions().get::<RunHandle>().cloned();
         Box::pin(async move {
-            let sent_at = shared.acquire().await?;
+            let stop_at = run.as_ref().and_then(RunHandle::deadline);
+            let sent_at = match shared.acquire_before(stop_at).await {
+                Ok(at) => at,
+                Err(Cause::RunStopped(stopped)) => {
+                    if let Some(run) = &run {
+                        run.stop(stopped.reason);
+                    }
+                    return Err(Cause::RunStopped(stopped));
+                }
+                Err(e) => return Err(e),
+            };
             // A run's deadline is checked before an attempt starts: one
             // whose pacing slot came after it is not sent (R-RN2).
             if let Some(run) = &run {
