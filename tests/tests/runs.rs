@@ -267,6 +267,30 @@ async fn an_open_circuit_is_waited_out_within_the_run() {
     let (_, view) = sluice.api("GET", &format!("/v1/runs/{id}"), None).await;
     assert_eq!(view["cooldown_waits"], 1, "{view}");
     assert_eq!(view["stop_reason"], Value::Null);
+    // Run-scoped evidence (issue 19, R-CB2): the run's view shows the
+    // provider it sent to, its attempts and wait there, and the breaker's
+    // transitions while the run was on.
+    let p = &view["providers"]["recovering"];
+    assert_eq!(
+        (&p["attempts"], &p["cooldown_waits"]),
+        (&json!(5), &json!(1)),
+        "{view}"
+    );
+    let moves: Vec<String> = p["evidence"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| format!("{}>{}:{}", t["from"], t["to"], t["reason"]).replace('"', ""))
+        .collect();
+    assert_eq!(
+        moves,
+        [
+            "closed>open:failure_rate",
+            "open>half_open:reset_timeout",
+            "half_open>closed:probes_succeeded"
+        ],
+        "{view}"
+    );
 
     let url = dead.url("http", "/status/503");
     let mut statuses = Vec::new();
@@ -307,6 +331,17 @@ async fn an_open_circuit_is_waited_out_within_the_run() {
         .await;
     assert_eq!(page["gaps"][0]["reason"], "circuit_open", "{page}");
     assert_eq!(page["gaps"][0]["provider"], "dead", "{page}");
+    let (_, view) = sluice.api("GET", &format!("/v1/runs/{id}"), None).await;
+    let dead = &view["providers"]["dead"];
+    assert_eq!(dead["stopped"], "circuit_open", "{view}");
+    assert_eq!(dead["cooldown_waits"], 2, "{view}");
+    let opens = dead["evidence"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["to"] == "open")
+        .count();
+    assert_eq!(opens, 3, "opened, then re-opened twice: {view}");
 }
 
 /// R-RN4: one run per collector — a second gets 409 naming the holder

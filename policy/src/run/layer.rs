@@ -98,7 +98,7 @@ where
                 run.check_attempt(&provider, now)?;
                 // Known source pressure: wait it out before sending.
                 if let Some(cooldown) = pressure.as_ref().and_then(|p| p(now)) {
-                    run.release_attempt();
+                    run.release_attempt(&provider);
                     wait_out(&run, &provider, &cooldown).await?;
                     continue;
                 }
@@ -116,7 +116,7 @@ where
                     }
                     // sluice refused it (or the client's request could not
                     // be sent): it never reached the provider.
-                    None => run.release_attempt(),
+                    None => run.release_attempt(&provider),
                 }
                 let open = match &result {
                     Err(Cause::CircuitOpen(open)) => Some(Cooldown {

@@ -134,9 +134,13 @@ pub struct Cooldown {
     pub cycle: Cycle,
 }
 
-/// A run's waits for one provider (R-RN8).
+/// A run at one provider: its attempts there and its waits (R-RN8).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ProviderWaits {
+    /// Attempts of the run that left for this provider.
+    pub attempts: u64,
+    /// Cool-down cycles of this provider the run waited out, in all.
+    pub waits: u64,
     /// Cool-down cycles waited out since the provider last answered
     /// soundly.
     pub cycles: u32,
@@ -202,6 +206,10 @@ impl RunState {
             return Err(RunStopped::run(reason));
         }
         self.attempts += 1;
+        self.providers
+            .entry(provider.to_string())
+            .or_default()
+            .attempts += 1;
         Ok(())
     }
 
@@ -218,9 +226,12 @@ impl RunState {
     }
 
     /// An attempt counted by [`check_attempt`](Self::check_attempt) never
-    /// reached the provider (sluice's own refusal): it does not count.
-    pub fn release_attempt(&mut self) {
+    /// reached `provider` (sluice's own refusal): it does not count.
+    pub fn release_attempt(&mut self, provider: &str) {
         self.attempts = self.attempts.saturating_sub(1);
+        if let Some(p) = self.providers.get_mut(provider) {
+            p.attempts = p.attempts.saturating_sub(1);
+        }
     }
 
     /// `provider` answered without a failure: its cool-down cycles start
@@ -255,6 +266,7 @@ impl RunState {
             return Err(RunStopped::provider(cooldown.reason, provider));
         }
         p.cycles += 1;
+        p.waits += 1;
         p.last = Some(cooldown.cycle);
         self.waits_total += 1;
         Ok(())
@@ -309,8 +321,8 @@ impl RunHandle {
     }
 
     /// See [`RunState::release_attempt`].
-    pub fn release_attempt(&self) {
-        self.lock().release_attempt();
+    pub fn release_attempt(&self, provider: &str) {
+        self.lock().release_attempt(provider);
     }
 
     /// See [`RunState::reached`].

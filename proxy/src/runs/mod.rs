@@ -26,7 +26,8 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use self::records::{
-    checkpoint_key, prefix, seq_key, split_id, Checkpoint, Gap, Mode, Phase, RunRecord, GAP_REASONS,
+    checkpoint_key, prefix, seq_key, split_id, Checkpoint, Gap, Mode, Phase, RunProvider,
+    RunRecord, GAP_REASONS,
 };
 use crate::config::Config;
 use crate::observe::metrics::Metrics;
@@ -139,6 +140,20 @@ impl Active {
         r.provider_stops = s
             .stopped_providers()
             .map(|(p, reason)| (p.to_string(), reason.label().to_string()))
+            .collect();
+        r.providers = s
+            .providers
+            .iter()
+            .map(|(name, p)| {
+                (
+                    name.clone(),
+                    RunProvider {
+                        attempts: p.attempts,
+                        waits: p.waits,
+                        stopped: p.stopped.map(|r| r.label().to_string()),
+                    },
+                )
+            })
             .collect();
         r.attempts_reserved = self.reserved.max(s.attempts);
         r.lease_until_unix_ms = Some(ms_from(Instant::now(), self.lease_until));
@@ -755,6 +770,7 @@ impl Runs {
             lease_until_unix_ms: Some(ms_from(now, now + ttl)),
             attempts_reserved: RESERVE_BLOCK,
             streams: Vec::new(),
+            providers: BTreeMap::new(),
         };
         let handle = RunHandle::new(Envelope {
             request_cap: opening.request_cap,
@@ -1294,14 +1310,19 @@ fn resume(record: RunRecord, now_ms: u64, max_cooldown_waits: u32) -> Active {
     state.retries = record.retries;
     state.waits_total = record.cooldown_waits;
     state.stopped = record.stop_reason.as_deref().and_then(reason);
-    for (provider, r) in &record.provider_stops {
+    for (provider, p) in &record.providers {
         state.providers.insert(
             provider.clone(),
             ProviderWaits {
-                stopped: reason(r),
+                attempts: p.attempts,
+                waits: p.waits,
+                stopped: p.stopped.as_deref().and_then(reason),
                 ..ProviderWaits::default()
             },
         );
+    }
+    for (provider, r) in &record.provider_stops {
+        state.providers.entry(provider.clone()).or_default().stopped = reason(r);
     }
     let lease_ms = record.lease_until_unix_ms.unwrap_or(now_ms);
     Active {

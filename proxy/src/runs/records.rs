@@ -116,6 +116,21 @@ pub struct RunRecord {
     /// Streams it committed checkpoints of.
     #[serde(default)]
     pub streams: Vec<String>,
+    /// The providers it sent to: attempts, cool-downs waited out, and
+    /// whether its part there stopped.
+    #[serde(default)]
+    pub providers: BTreeMap<String, RunProvider>,
+}
+
+/// A run at one provider, as stored and as the API shows it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RunProvider {
+    /// Attempts that left for it.
+    pub attempts: u64,
+    /// Its cool-down cycles the run waited out.
+    pub waits: u64,
+    /// Why the run's part there stopped, if it did.
+    pub stopped: Option<String>,
 }
 
 /// A stream's committed position (R-RN5).

@@ -175,7 +175,7 @@ fn evidence_json(e: &EvidenceRecord) -> Value {
 }
 
 /// Evidence from the store (it survives restarts), else the in-memory log.
-fn evidence(app: &App, name: &str, recent: &[Transition]) -> Vec<Value> {
+pub(crate) fn evidence(app: &App, name: &str, recent: &[Transition]) -> Vec<Value> {
     match &app.store {
         Some(store) => store.evidence(name).iter().map(evidence_json).collect(),
         None => {

@@ -217,7 +217,11 @@ async fn answer(app: &App, req: Request<Incoming>) -> Result<Response<ResBody>, 
             }
         }
         (Method::GET, ["v1", "runs", id]) => match app.runs.get(id) {
-            Ok(view) => reply(StatusCode::OK, &view_json(&view)),
+            Ok(view) => {
+                let mut j = view_json(&view);
+                j["providers"] = run_providers(app, &view.record);
+                reply(StatusCode::OK, &j)
+            }
             Err(e) => run_error(e),
         },
         (Method::POST, ["v1", "runs", id, "heartbeat"]) => match app.runs.heartbeat(id) {
@@ -544,6 +548,39 @@ fn record_json(r: &RunRecord) -> Value {
         "refusals": r.refusals,
         "gaps_recorded": r.gaps_recorded,
     })
+}
+
+/// The providers a run sent to — attempts, cool-downs waited out, its
+/// stop there — each with the breaker transitions made while the run was
+/// on (run-scoped evidence, R-CB2): only states, reasons and counters.
+fn run_providers(app: &App, r: &RunRecord) -> Value {
+    let until = r.ended_unix_ms.unwrap_or_else(crate::store::unix_ms_now);
+    let mut out = serde_json::Map::new();
+    for (name, p) in &r.providers {
+        let recent = app
+            .providers
+            .live(name)
+            .map(|live| live.policy.breaker.recent())
+            .unwrap_or_default();
+        let evidence: Vec<Value> = super::admin::evidence(app, name, &recent)
+            .into_iter()
+            .filter(|e| {
+                e["at_unix_ms"]
+                    .as_u64()
+                    .is_some_and(|at| at >= r.started_unix_ms && at <= until)
+            })
+            .collect();
+        out.insert(
+            name.clone(),
+            json!({
+                "attempts": p.attempts,
+                "cooldown_waits": p.waits,
+                "stopped": p.stopped,
+                "evidence": evidence,
+            }),
+        );
+    }
+    Value::Object(out)
 }
 
 fn view_json(v: &RunView) -> Value {

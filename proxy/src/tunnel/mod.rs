@@ -120,7 +120,7 @@ pub async fn connect(
             }
             Err(refusal) => {
                 if let Some(run) = &run {
-                    run.release_attempt();
+                    run.release_attempt(&provider.name);
                 }
                 return refusal;
             }
