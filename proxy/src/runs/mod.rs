@@ -119,6 +119,9 @@ struct Active {
     lease_written_ms: u64,
 }
 
+/// An open stop gap's place: collector, mode, stream, provider.
+type GapKey = (String, Mode, String, Option<String>);
+
 /// Attempts reserved on disk at a time: one flush per this many attempts,
 /// and at most this many lost to a crash.
 const RESERVE_BLOCK: u64 = 32;
@@ -178,9 +181,10 @@ struct Slot {
 struct Registry {
     slots: BTreeMap<String, Slot>,
     checkpoints: BTreeMap<(String, Mode, String), Checkpoint>,
-    /// The open gap a stop recorded per collector, mode and stream (`*`
-    /// when the run checkpointed nothing): one at a time (R-RN12).
-    stop_gaps: BTreeMap<(String, Mode, String), Gap>,
+    /// The open gap a stop recorded per collector, mode, stream (`*` when
+    /// the run checkpointed nothing) and provider (`None` for a run-wide
+    /// stop): one at a time (R-RN12).
+    stop_gaps: BTreeMap<GapKey, Gap>,
     lease_ttl: Duration,
     max_cooldown_waits: u32,
     /// Ended runs not yet written, when there is no store: kept so
@@ -377,8 +381,8 @@ impl Runs {
                 };
                 if let (true, Some(mode)) = (gap.stop, gap.mode) {
                     // Scanned oldest first: the newest stays indexed.
-                    reg.stop_gaps
-                        .insert((name.clone(), mode, gap.stream.clone()), gap);
+                    let key = (name.clone(), mode, gap.stream.clone(), gap.provider.clone());
+                    reg.stop_gaps.insert(key, gap);
                 }
             }
             for (key, value) in store.scan(RunTree::Checkpoints, &prefix(&name), &[]) {
@@ -595,9 +599,16 @@ impl Runs {
         provider: Option<&str>,
         run_id: &str,
     ) -> Option<Gap> {
-        let key = (name.to_string(), mode, stream.to_string());
-        let at = reg.checkpoints.get(&key);
+        let at = reg
+            .checkpoints
+            .get(&(name.to_string(), mode, stream.to_string()));
         let (cursor, slice) = (at.map(|c| c.cursor.clone()), at.map(|c| c.slice));
+        let key = (
+            name.to_string(),
+            mode,
+            stream.to_string(),
+            provider.map(str::to_string),
+        );
         if let Some(old) = reg.stop_gaps.remove(&key) {
             self.drop_gap(reg, name, &old.id);
         }
@@ -645,7 +656,9 @@ impl Runs {
         let mine: Vec<Gap> = reg
             .stop_gaps
             .iter()
-            .filter(|((c, m, _), g)| c == name && *m == mode && g.run.as_deref() == Some(&run_id))
+            .filter(|((c, m, _, _), g)| {
+                c == name && *m == mode && g.run.as_deref() == Some(&run_id)
+            })
             .map(|(_, g)| g.clone())
             .collect();
         let mut changed = false;
@@ -654,11 +667,15 @@ impl Runs {
                 if streams.is_empty() {
                     continue;
                 }
-                reg.stop_gaps
-                    .remove(&(name.to_string(), mode, "*".to_string()));
+                reg.stop_gaps.remove(&(
+                    name.to_string(),
+                    mode,
+                    "*".to_string(),
+                    gap.provider.clone(),
+                ));
                 self.drop_gap(reg, name, &gap.id);
                 for stream in &streams {
-                    let key = (name.to_string(), mode, stream.clone());
+                    let key = (name.to_string(), mode, stream.clone(), gap.provider.clone());
                     if reg.stop_gaps.get(&key).and_then(|g| g.run.as_deref()) != Some(&run_id) {
                         self.stop_gap(
                             reg,
@@ -674,10 +691,18 @@ impl Runs {
                 changed = true;
                 continue;
             }
-            let key = (name.to_string(), mode, gap.stream.clone());
-            let Some(now) = reg.checkpoints.get(&key) else {
+            let Some(now) = reg
+                .checkpoints
+                .get(&(name.to_string(), mode, gap.stream.clone()))
+            else {
                 continue;
             };
+            let key = (
+                name.to_string(),
+                mode,
+                gap.stream.clone(),
+                gap.provider.clone(),
+            );
             if gap.slice != Some(now.slice) {
                 let mut gap = gap;
                 gap.cursor = Some(now.cursor.clone());
@@ -1059,17 +1084,22 @@ impl Runs {
     /// nothing) is resolved by any later commit in its mode (R-RN12).
     fn resolve_by_commit(&self, name: &str, mode: Mode, stream: &str, c: &Checkpoint) {
         let mut reg = self.lock();
-        let mut resolved = Vec::new();
-        for s in [stream, "*"] {
-            let key = (name.to_string(), mode, s.to_string());
-            let past = reg.stop_gaps.get(&key).is_some_and(|g| {
-                g.run.as_deref() != Some(c.run.as_str())
+        let past: Vec<GapKey> = reg
+            .stop_gaps
+            .iter()
+            .filter(|((n, m, s, _), g)| {
+                n == name
+                    && *m == mode
+                    && (s == stream || s == "*")
+                    && g.run.as_deref() != Some(c.run.as_str())
                     && (s == "*" || g.slice.is_none_or(|at| c.slice > at))
-            });
-            if past {
-                if let Some(g) = reg.stop_gaps.remove(&key) {
-                    resolved.push(g.id);
-                }
+            })
+            .map(|(k, _)| k.clone())
+            .collect();
+        let mut resolved = Vec::new();
+        for key in past {
+            if let Some(g) = reg.stop_gaps.remove(&key) {
+                resolved.push(g.id);
             }
         }
         for id in &resolved {
