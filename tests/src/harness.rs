@@ -298,3 +298,11 @@ pub async fn api_call(
         serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null),
     )
 }
+
+/// Milliseconds since the Unix epoch, by the wall clock (as the admin API
+/// states instants).
+pub fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}

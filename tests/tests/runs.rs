@@ -1283,3 +1283,65 @@ async fn every_answer_to_a_run_says_what_is_left() {
         "{left:?}"
     );
 }
+
+/// R-RN10: a run that ends without a stop leaves its remainder as gap
+/// records like any stop — when its lease lapses while sluice runs
+/// (`expired`), and when it lapses while sluice is down (`interrupted`,
+/// found at the next start).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_that_lapses_leaves_its_gaps() {
+    let dir = TempDir::new("runs-lapse");
+    let sluice = start_full(dir, "", "[runs]\nlease_ttl = \"1s\"\n");
+    let (_, run) = open(&sluice, "collector-a", json!({})).await;
+    let id = run["id"].as_str().unwrap().to_string();
+    let fence = run["lease"]["fencing_token"].as_u64().unwrap();
+    let (s, c) = sluice
+        .api(
+            "PUT",
+            &format!("/v1/runs/{id}/checkpoints/orders"),
+            Some(&json!({ "mode": "steady", "slice": 3, "cursor": "p3", "fencing_token": fence })),
+        )
+        .await;
+    assert_eq!(s, 200, "{c}");
+    // No heartbeat, no traffic: the lease lapses while sluice runs.
+    let until = Instant::now() + Duration::from_secs(20);
+    let view = loop {
+        let (_, view) = sluice.api("GET", &format!("/v1/runs/{id}"), None).await;
+        if view["phase"] != "active" || Instant::now() > until {
+            break view;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(view["phase"], "expired", "{view}");
+    let gaps = drain_gaps(&sluice).await;
+    assert_eq!(gaps.len(), 1, "{gaps:?}");
+    assert_eq!(
+        (&gaps[0]["stream"], &gaps[0]["cursor"], &gaps[0]["reason"]),
+        (&json!("orders"), &json!("p3"), &json!("expired")),
+        "{gaps:?}"
+    );
+
+    // A run active when sluice is killed, whose lease lapses before the
+    // restart: interrupted, and its remainder recorded.
+    let (_, run) = open(&sluice, "collector-a", json!({})).await;
+    let id = run["id"].as_str().unwrap().to_string();
+    let lapses = run["lease"]["expires_at_unix_ms"].as_u64().unwrap();
+    let dir = sluice.kill9();
+    // Down until the lease has lapsed.
+    while sluice_tests::harness::unix_ms() <= lapses + 100 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let sluice = start_full(dir, "", "[runs]\nlease_ttl = \"1s\"\n");
+    let (_, view) = sluice.api("GET", &format!("/v1/runs/{id}"), None).await;
+    assert_eq!(view["phase"], "interrupted", "{view}");
+    assert_eq!(view["gaps_recorded"], 1, "{view}");
+    let gaps = drain_gaps(&sluice).await;
+    let mine: Vec<&Value> = gaps.iter().filter(|g| g["run"] == json!(id)).collect();
+    assert_eq!(mine.len(), 1, "{gaps:?}");
+    assert_eq!(
+        (&mine[0]["stream"], &mine[0]["reason"]),
+        (&json!("*"), &json!("interrupted")),
+        "this run checkpointed nothing: one '*' gap (R-RN12): {gaps:?}"
+    );
+    assert_eq!(gaps.len(), 2, "the expired run's gap stays: {gaps:?}");
+}

@@ -370,9 +370,6 @@ impl Runs {
                     last = Some(record);
                 }
             }
-            for (key, record) in interrupted {
-                self.write(RunTree::Runs, key, &record);
-            }
             let mut pending = 0;
             for (_, value) in store.scan(RunTree::Gaps, &prefix(&name), &[]) {
                 pending += 1;
@@ -408,6 +405,29 @@ impl Runs {
                     tracing::info!(collector = %name, run = %record.id, attempts = record.attempts_reserved, "run resumed after a restart");
                     slot.active = Some(resume(record, now_ms, max_waits));
                 }
+            }
+            // Runs whose lease lapsed while sluice was down: interrupted,
+            // their remainder recorded as gaps unless a stop already did.
+            for (key, mut record) in interrupted {
+                if record.stop_reason.is_none() && record.lease_until_unix_ms.is_some() {
+                    let mut streams = record.streams.clone();
+                    if streams.is_empty() {
+                        streams.push("*".to_string());
+                    }
+                    for stream in streams {
+                        let gap = self.stop_gap(
+                            &mut reg,
+                            &name,
+                            record.mode,
+                            &stream,
+                            Phase::Interrupted.label(),
+                            None,
+                            &record.id,
+                        );
+                        record.gaps_recorded += u64::from(gap.is_some());
+                    }
+                }
+                self.write(RunTree::Runs, key, &record);
             }
         }
     }
@@ -483,6 +503,16 @@ impl Runs {
 
     /// Ends `name`'s active run with `phase`, releasing the lease.
     fn end(&self, reg: &mut Registry, name: &str, phase: Phase) -> Option<RunRecord> {
+        // A run that ends without a stop — its lease lapsed — leaves its
+        // remainder as gap records like any stop (R-RN10).
+        let unsettled = reg
+            .slots
+            .get(name)
+            .and_then(|s| s.active.as_ref())
+            .is_some_and(|a| !a.settled && a.handle.state().stopped.is_none());
+        if unsettled && matches!(phase, Phase::Expired | Phase::Interrupted) {
+            self.write_gaps(reg, name, phase.label(), None);
+        }
         self.finalize_stop_gaps(reg, name);
         let slot = reg.slots.get_mut(name)?;
         let mut active = slot.active.take()?;
@@ -536,14 +566,14 @@ impl Runs {
             }
         };
         for (provider, reason) in providers {
-            let written = self.write_gaps(reg, name, reason, Some(&provider));
+            let written = self.write_gaps(reg, name, reason.label(), Some(&provider));
             if let Some(active) = reg.slots.get_mut(name).and_then(|s| s.active.as_mut()) {
                 active.settled_providers.insert(provider.clone());
             }
             tracing::info!(collector = %name, provider = %provider, reason = reason.label(), gaps = written, "a provider's part of the run stopped; its remainder deferred as gap records");
         }
         if let Some(reason) = run_stop {
-            let written = self.write_gaps(reg, name, reason, None);
+            let written = self.write_gaps(reg, name, reason.label(), None);
             if let Some(active) = reg.slots.get_mut(name).and_then(|s| s.active.as_mut()) {
                 active.settled = true;
             }
@@ -559,7 +589,7 @@ impl Runs {
         &self,
         reg: &mut Registry,
         name: &str,
-        reason: StopReason,
+        reason: &str,
         provider: Option<&str>,
     ) -> u64 {
         let Some(active) = reg.slots.get(name).and_then(|s| s.active.as_ref()) else {
@@ -572,7 +602,7 @@ impl Runs {
         }
         let mut written = 0;
         for stream in streams {
-            let gap = self.stop_gap(reg, name, mode, &stream, reason.label(), provider, &run_id);
+            let gap = self.stop_gap(reg, name, mode, &stream, reason, provider, &run_id);
             written += u64::from(gap.is_some());
         }
         if let Some(active) = reg.slots.get_mut(name).and_then(|s| s.active.as_mut()) {

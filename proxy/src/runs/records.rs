@@ -188,7 +188,7 @@ pub struct Gap {
 pub const MAX_GAP_PAGE_BYTES: usize = 1024 * 1024;
 
 /// Gap reasons: a budget ran out (planned), or source pressure.
-pub const GAP_REASONS: [&str; 7] = [
+pub const GAP_REASONS: [&str; 9] = [
     "request_cap",
     "deadline",
     "retry_budget",
@@ -196,6 +196,10 @@ pub const GAP_REASONS: [&str; 7] = [
     "circuit_open",
     "retry_after",
     "upstream_error",
+    // A run that ended without a stop: its lease lapsed while sluice ran,
+    // or while sluice was down (R-RN10).
+    "expired",
+    "interrupted",
 ];
 
 /// The store key of `collector`'s record number `seq` (runs, gaps).
