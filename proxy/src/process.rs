@@ -202,7 +202,7 @@ pub async fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), Sta
     {
         tracing::warn!("grace period over; closing what is left");
     }
-    app.runs.interrupt_all();
+    app.runs.suspend_all();
     save(&app).await;
     tracing::info!("stopped");
     Ok(())

@@ -1330,8 +1330,9 @@ impl Runs {
         })
     }
 
-    /// Active runs end as `interrupted` (on shutdown).
-    pub fn interrupt_all(&self) {
+    /// On shutdown: active runs are written as they stand, to go on after
+    /// the restart (R-RN10).
+    pub fn suspend_all(&self) {
         // Runs outlive sluice (R-RN10): an active run is written as it
         // stands — counters, reservation, lease — and goes on after a
         // restart while its lease holds; a lease that lapses while sluice
