@@ -396,20 +396,14 @@ const RUN_REMAINING: HeaderName = HeaderName::from_static("sluice-run-remaining"
 /// `attempts=N, deadline_s=S` (each `unbounded` when the run has none),
 /// and `stopped=REASON` once the run has stopped.
 fn run_remaining(run: &RunHandle) -> HeaderValue {
-    let s = run.state();
-    let attempts = s.envelope.request_cap.map_or_else(
+    let (attempts, deadline, stopped) = run.remaining(Instant::now());
+    let attempts = attempts.map_or_else(|| "unbounded".to_string(), |n| n.to_string());
+    let deadline = deadline.map_or_else(
         || "unbounded".to_string(),
-        |cap| cap.saturating_sub(s.attempts).to_string(),
-    );
-    let deadline = s.envelope.deadline.map_or_else(
-        || "unbounded".to_string(),
-        |d| {
-            let left = d.saturating_duration_since(Instant::now());
-            format!("{:.1}", left.as_secs_f64())
-        },
+        |left| format!("{:.1}", left.as_secs_f64()),
     );
     let mut text = format!("attempts={attempts}, deadline_s={deadline}");
-    if let Some(r) = s.stopped {
+    if let Some(r) = stopped {
         text.push_str(&format!(", stopped={}", r.label()));
     }
     HeaderValue::from_str(&text).unwrap_or_else(|_| HeaderValue::from_static("unknown"))

@@ -630,6 +630,58 @@ fn prefix(provider: &str) -> Vec<u8> {
     p
 }
 
+/// A store whose flush waits until the test lets it go: a stalled disk,
+/// for the tests of what must not wait on it.
+#[cfg(test)]
+pub(crate) struct HeldFlush {
+    release: std::sync::Mutex<std::sync::mpsc::Receiver<()>>,
+    /// Flushes that returned.
+    pub(crate) flushed: std::sync::atomic::AtomicUsize,
+}
+
+#[cfg(test)]
+impl HeldFlush {
+    /// The store, and the sender whose each message lets one flush return
+    /// (every flush returns once the sender is dropped).
+    pub(crate) fn new() -> (Arc<HeldFlush>, std::sync::mpsc::Sender<()>) {
+        let (release, held) = std::sync::mpsc::channel();
+        let store = HeldFlush {
+            release: std::sync::Mutex::new(held),
+            flushed: Default::default(),
+        };
+        (Arc::new(store), release)
+    }
+}
+
+#[cfg(test)]
+impl Durable for HeldFlush {
+    fn put(&self, _: RunTree, _: &[u8], _: &[u8]) -> Result<(), StoreError> {
+        Ok(())
+    }
+    fn remove(&self, _: RunTree, _: &[u8]) -> Result<(), StoreError> {
+        Ok(())
+    }
+    fn save_learned(&self, _: &str, _: &LearnedRecord) -> Result<(), StoreError> {
+        Ok(())
+    }
+    fn append_evidence(&self, _: &str, _: &EvidenceRecord) -> Result<(), StoreError> {
+        Ok(())
+    }
+    fn prune_learned(&self, _: Duration) -> Result<usize, StoreError> {
+        Ok(0)
+    }
+    fn flush(&self) -> Result<(), StoreError> {
+        let _ = self
+            .release
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .recv();
+        self.flushed
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -716,36 +768,6 @@ mod tests {
         let _ = std::fs::remove_dir_all(&d);
     }
 
-    /// A store whose flush waits until the test lets it go.
-    struct HeldFlush {
-        release: std::sync::Mutex<std::sync::mpsc::Receiver<()>>,
-        flushed: std::sync::atomic::AtomicUsize,
-    }
-
-    impl Durable for HeldFlush {
-        fn put(&self, _: RunTree, _: &[u8], _: &[u8]) -> Result<(), StoreError> {
-            Ok(())
-        }
-        fn remove(&self, _: RunTree, _: &[u8]) -> Result<(), StoreError> {
-            Ok(())
-        }
-        fn save_learned(&self, _: &str, _: &LearnedRecord) -> Result<(), StoreError> {
-            Ok(())
-        }
-        fn append_evidence(&self, _: &str, _: &EvidenceRecord) -> Result<(), StoreError> {
-            Ok(())
-        }
-        fn prune_learned(&self, _: Duration) -> Result<usize, StoreError> {
-            Ok(0)
-        }
-        fn flush(&self) -> Result<(), StoreError> {
-            let _ = self.release.lock().unwrap().recv();
-            self.flushed
-                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            Ok(())
-        }
-    }
-
     /// Issue 9, defect 5: with the disk stalled (a flush that does not
     /// return until released), breaker evidence is queued at once and the
     /// runtime — a single worker, as if every provider shared it — keeps
@@ -772,11 +794,7 @@ mod tests {
 
     #[test]
     fn a_stalled_disk_never_blocks_the_runtime() {
-        let (release, held) = std::sync::mpsc::channel();
-        let store = Arc::new(HeldFlush {
-            release: std::sync::Mutex::new(held),
-            flushed: Default::default(),
-        });
+        let (store, release) = HeldFlush::new();
         let writer = StoreWriter::spawn(store.clone(), IntCounter::new("e", "e").unwrap());
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_time()

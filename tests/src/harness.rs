@@ -306,3 +306,35 @@ pub fn unix_ms() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
 }
+
+impl Sluice {
+    /// `sluice run --collector collector-a --token-file DIR/a.token [args]
+    /// -- COMMAND…` against this sluice's admin and proxy, with the
+    /// machine's proxy variables removed (the command gets only what
+    /// `sluice run` gives it), stdin closed, killed when dropped.
+    pub fn run_command(&self, args: &[&str], command: &[&str]) -> tokio::process::Command {
+        let mut c = tokio::process::Command::new(binary());
+        c.args(["run", "--collector", "collector-a", "--token-file"])
+            .arg(self.dir.join("a.token"))
+            .args(args)
+            .arg("--admin-url")
+            .arg(format!("http://{}", self.admin))
+            .arg("--proxy-url")
+            .arg(format!("http://{}", self.proxy))
+            .arg("--")
+            .args(command)
+            .stdin(Stdio::null())
+            .kill_on_drop(true);
+        for v in [
+            "http_proxy",
+            "HTTP_PROXY",
+            "https_proxy",
+            "HTTPS_PROXY",
+            "no_proxy",
+            "NO_PROXY",
+        ] {
+            c.env_remove(v);
+        }
+        c
+    }
+}

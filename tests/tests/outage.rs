@@ -127,31 +127,10 @@ fn urls(side: &Side) -> Vec<String> {
 /// run` with budget to spare.
 fn clients(side: &Side, per_url: u32, under_run: bool) -> tokio::process::Child {
     let mut cmd = if under_run {
-        let mut c = tokio::process::Command::new(sluice_tests::harness::binary());
-        c.args(["run", "--collector", "collector-a", "--token-file"])
-            .arg(side.sluice.dir.join("a.token"))
-            .args([
-                "--request-cap",
-                "1000000",
-                "--deadline",
-                "300s",
-                "--admin-url",
-            ])
-            .arg(format!("http://{}", side.sluice.admin))
-            .arg("--proxy-url")
-            .arg(format!("http://{}", side.sluice.proxy))
-            .args(["--", "python3", "-c", CLIENTS]);
-        for v in [
-            "http_proxy",
-            "HTTP_PROXY",
-            "https_proxy",
-            "HTTPS_PROXY",
-            "no_proxy",
-            "NO_PROXY",
-        ] {
-            c.env_remove(v);
-        }
-        c
+        side.sluice.run_command(
+            &["--request-cap", "1000000", "--deadline", "300s"],
+            &["python3", "-c", CLIENTS],
+        )
     } else {
         let mut c = tokio::process::Command::new("python3");
         c.args(["-c", CLIENTS]);
@@ -402,21 +381,20 @@ async fn a_dead_provider_stops_only_its_part_of_the_run() {
     let healthy = Sim::start("127.0.1.32").await;
     let (dead_url, healthy_url) = (dead.url("http", "/ok"), healthy.url("http", "/ok"));
     const CAP: u64 = 1500;
-    let out = tokio::process::Command::new(sluice_tests::harness::binary())
-        .args(["run", "--collector", "collector-a", "--token-file"])
-        .arg(sluice.dir.join("a.token"))
-        .args(["--request-cap", &CAP.to_string(), "--admin-url"])
-        .arg(format!("http://{}", sluice.admin))
-        .arg("--proxy-url")
-        .arg(format!("http://{}", sluice.proxy))
-        .args(["--", "python3", "-c", CLIENTS, "8", "120", "stop"])
-        .args([&dead_url, &healthy_url])
-        .env_remove("http_proxy")
-        .env_remove("HTTP_PROXY")
-        .env_remove("no_proxy")
-        .env_remove("NO_PROXY")
-        .stdin(std::process::Stdio::null())
-        .kill_on_drop(true)
+    let out = sluice
+        .run_command(
+            &["--request-cap", &CAP.to_string()],
+            &[
+                "python3",
+                "-c",
+                CLIENTS,
+                "8",
+                "120",
+                "stop",
+                &dead_url,
+                &healthy_url,
+            ],
+        )
         .output();
     let out = tokio::time::timeout(Duration::from_secs(180), out)
         .await

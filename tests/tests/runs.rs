@@ -736,25 +736,7 @@ async fn collectors_authenticate_with_their_token() {
 /// `sluice run [args] -- COMMAND…` against `sluice` as the collector
 /// `collector-a`, with the machine's proxy variables removed; the output.
 async fn sluice_run(sluice: &Sluice, args: &[&str], command: &[&str]) -> std::process::Output {
-    let out = tokio::process::Command::new(sluice_tests::harness::binary())
-        .args(["run", "--collector", "collector-a", "--token-file"])
-        .arg(sluice.dir.join("a.token"))
-        .args(args)
-        .arg("--admin-url")
-        .arg(format!("http://{}", sluice.admin))
-        .arg("--proxy-url")
-        .arg(format!("http://{}", sluice.proxy))
-        .arg("--")
-        .args(command)
-        .env_remove("http_proxy")
-        .env_remove("HTTP_PROXY")
-        .env_remove("https_proxy")
-        .env_remove("HTTPS_PROXY")
-        .env_remove("no_proxy")
-        .env_remove("NO_PROXY")
-        .stdin(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .output();
+    let out = sluice.run_command(args, command).output();
     tokio::time::timeout(Duration::from_secs(120), out)
         .await
         .expect("sluice run finished")
@@ -1079,17 +1061,10 @@ async fn sluice_run_forwards_sigterm_and_finishes_the_run() {
                   signal.signal(signal.SIGTERM, lambda *a: sys.exit(7))\n\
                   print('ready', flush=True)\n\
                   time.sleep(60)\n";
-    let mut child = tokio::process::Command::new(sluice_tests::harness::binary())
-        .args(["run", "--collector", "collector-a", "--token-file"])
-        .arg(sluice.dir.join("a.token"))
-        .arg("--admin-url")
-        .arg(format!("http://{}", sluice.admin))
-        .arg("--proxy-url")
-        .arg(format!("http://{}", sluice.proxy))
-        .args(["--", "python3", "-c", script])
+    let mut child = sluice
+        .run_command(&[], &["python3", "-c", script])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
         .spawn()
         .unwrap();
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
@@ -1182,22 +1157,10 @@ while True:
 print(json.dumps({"done": done, "commits": commits}))
 "#;
     let url = sim.url("http", "/ok");
-    let collector = tokio::process::Command::new(sluice_tests::harness::binary())
-        .args(["run", "--collector", "collector-a", "--token-file"])
-        .arg(sluice.dir.join("a.token"))
-        .args(["--request-cap", "300", "--admin-url"])
-        .arg(format!("http://{admin}"))
-        .arg("--proxy-url")
-        .arg(format!("http://{proxy}"))
-        .args(["--", "python3", "-c", script, &url])
-        .env_remove("http_proxy")
-        .env_remove("HTTP_PROXY")
-        .env_remove("no_proxy")
-        .env_remove("NO_PROXY")
-        .stdin(std::process::Stdio::null())
+    let collector = sluice
+        .run_command(&["--request-cap", "300"], &["python3", "-c", script, &url])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
         .spawn()
         .unwrap();
     // Mid-run: a hundred attempts at the provider.

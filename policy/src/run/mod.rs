@@ -310,6 +310,36 @@ impl RunHandle {
         self.lock().clone()
     }
 
+    /// Attempts counted so far (without copying the whole state: asked on
+    /// every request).
+    pub fn attempts(&self) -> u64 {
+        self.lock().attempts
+    }
+
+    /// Why the whole run stopped, if it has.
+    pub fn stopped(&self) -> Option<StopReason> {
+        self.lock().stopped
+    }
+
+    /// What the run has left at `now`: attempts under its cap and time
+    /// before its deadline (`None` where it has no such budget), and why
+    /// it stopped, if it has.
+    pub fn remaining(
+        &self,
+        now: Instant,
+    ) -> (Option<u64>, Option<std::time::Duration>, Option<StopReason>) {
+        let s = self.lock();
+        (
+            s.envelope
+                .request_cap
+                .map(|cap| cap.saturating_sub(s.attempts)),
+            s.envelope
+                .deadline
+                .map(|d| d.saturating_duration_since(now)),
+            s.stopped,
+        )
+    }
+
     /// See [`RunState::check_attempt`].
     pub fn check_attempt(&self, provider: &str, now: Instant) -> Result<(), RunStopped> {
         self.lock().check_attempt(provider, now)

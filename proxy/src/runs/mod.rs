@@ -322,7 +322,7 @@ impl Runs {
     }
 
     fn count_attempts(&self, name: &str, active: &mut Active) {
-        let attempts = active.handle.state().attempts;
+        let attempts = active.handle.attempts();
         if attempts > active.counted {
             if let Some(m) = &self.metrics {
                 m.run_attempts
@@ -509,7 +509,7 @@ impl Runs {
             .slots
             .get(name)
             .and_then(|s| s.active.as_ref())
-            .is_some_and(|a| !a.settled && a.handle.state().stopped.is_none());
+            .is_some_and(|a| !a.settled && a.handle.stopped().is_none());
         if unsettled && matches!(phase, Phase::Expired | Phase::Interrupted) {
             self.write_gaps(reg, name, phase.label(), None);
         }
@@ -975,7 +975,7 @@ impl Runs {
             }
             active.lease_until = now + ttl;
             active.attached += 1;
-            let used = active.handle.state().attempts.max(active.attached);
+            let used = active.handle.attempts().max(active.attached);
             let reserve = used + RESERVE_MARGIN >= active.reserved;
             if reserve {
                 active.reserved = used + RESERVE_BLOCK;
@@ -1410,44 +1410,15 @@ fn fence_key(name: &str) -> Vec<u8> {
 mod tests {
     use super::*;
     use crate::config::Collector;
-    use crate::store::{Durable, EvidenceRecord, LearnedRecord};
-    use std::sync::mpsc;
-
-    /// A store whose flush waits until released: the disk stalls.
-    struct Stalled(Mutex<mpsc::Receiver<()>>);
-
-    impl Durable for Stalled {
-        fn put(&self, _: RunTree, _: &[u8], _: &[u8]) -> Result<(), StoreError> {
-            Ok(())
-        }
-        fn remove(&self, _: RunTree, _: &[u8]) -> Result<(), StoreError> {
-            Ok(())
-        }
-        fn save_learned(&self, _: &str, _: &LearnedRecord) -> Result<(), StoreError> {
-            Ok(())
-        }
-        fn append_evidence(&self, _: &str, _: &EvidenceRecord) -> Result<(), StoreError> {
-            Ok(())
-        }
-        fn prune_learned(&self, _: Duration) -> Result<usize, StoreError> {
-            Ok(0)
-        }
-        fn flush(&self) -> Result<(), StoreError> {
-            let _ = self.0.lock().unwrap_or_else(|p| p.into_inner()).recv();
-            Ok(())
-        }
-    }
+    use crate::store::HeldFlush;
 
     /// Issue 19: a checkpoint or gap the store's writer dropped (its queue
     /// full behind a stalled disk) is refused as not durable — never
     /// answered as committed — and nothing changes.
     #[test]
     fn a_write_the_writer_dropped_is_not_answered_as_durable() {
-        let (release, held) = mpsc::channel();
-        let writer = StoreWriter::spawn(
-            Arc::new(Stalled(Mutex::new(held))),
-            prometheus::IntCounter::new("e", "e").unwrap(),
-        );
+        let (store, release) = HeldFlush::new();
+        let writer = StoreWriter::spawn(store, prometheus::IntCounter::new("e", "e").unwrap());
         let mut config = Config::default();
         config.collectors.insert(
             "c".into(),
