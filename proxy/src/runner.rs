@@ -5,7 +5,7 @@
 //! 15m -- python collect.py` opens a run on the admin API, starts the
 //! command with `HTTP_PROXY`/`HTTPS_PROXY` (both cases) carrying the
 //! collector's credentials, the CA variables `sluice ca` prints, and the
-//! admin host added to `NO_PROXY`/`no_proxy` (a collector's calls to
+//! admin API added to `NO_PROXY`/`no_proxy` (a collector's calls to
 //! `SLUICE_ADMIN` must not go through the proxy, whose destination guard
 //! refuses loopback), keeps the lease alive, forwards SIGINT and SIGTERM to
 //! the command, finishes the run when the command exits, and prints the
@@ -136,7 +136,7 @@ pub async fn run(cmd: RunCommand, config: &Config) -> ExitCode {
     for var in ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"] {
         child.env(var, &proxy_url);
     }
-    let no_proxy = no_proxy_with(cmd.admin);
+    let (admin_url, no_proxy) = admin_for_command(cmd.admin);
     child.env("NO_PROXY", &no_proxy).env("no_proxy", &no_proxy);
     let ca = ca_paths(config);
     if ca.cert.exists() && ca.key.exists() {
@@ -149,7 +149,7 @@ pub async fn run(cmd: RunCommand, config: &Config) -> ExitCode {
     child
         .env("SLUICE_RUN_ID", &id)
         .env("SLUICE_FENCING_TOKEN", fence.to_string())
-        .env("SLUICE_ADMIN", format!("http://{}", cmd.admin));
+        .env("SLUICE_ADMIN", &admin_url);
     if let Some(cap) = cmd.request_cap {
         child.env("SLUICE_REQUEST_CAP", cap.to_string());
     }
@@ -229,13 +229,26 @@ pub async fn run(cmd: RunCommand, config: &Config) -> ExitCode {
     ExitCode::from(status)
 }
 
-/// `NO_PROXY` as the command should see it: what the environment had, and
-/// the admin API's host.
-fn no_proxy_with(admin: SocketAddr) -> String {
+/// The admin API as the command should reach it, and `NO_PROXY` as the
+/// command should see it: what the environment had, plus the admin API.
+/// A loopback admin is named `localhost:PORT` in both, so that only the
+/// admin's port bypasses the proxy: clients ignore the port of an IP in
+/// `NO_PROXY`, and the bare `127.0.0.1` would send a collector's requests
+/// to a provider on the same host around sluice, unpaced.
+fn admin_for_command(admin: SocketAddr) -> (String, String) {
+    let host = if admin.ip().is_loopback() {
+        format!("localhost:{}", admin.port())
+    } else {
+        admin.ip().to_string()
+    };
+    let url = if admin.ip().is_loopback() {
+        format!("http://{host}")
+    } else {
+        format!("http://{admin}")
+    };
     let had = std::env::var("NO_PROXY")
         .or_else(|_| std::env::var("no_proxy"))
         .unwrap_or_default();
-    let host = admin.ip().to_string();
     let mut list: Vec<&str> = had
         .split(',')
         .map(str::trim)
@@ -244,7 +257,7 @@ fn no_proxy_with(admin: SocketAddr) -> String {
     if !list.contains(&host.as_str()) {
         list.push(&host);
     }
-    list.join(",")
+    (url, list.join(","))
 }
 
 /// A planned stop the summary records — the run's budget stop, or the
