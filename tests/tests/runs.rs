@@ -1091,21 +1091,24 @@ async fn sluice_run_forwards_sigterm_and_finishes_the_run() {
     assert_eq!(c["last_run"]["phase"], "finished", "{c}");
 }
 
-/// Beyond loopback the run API needs the collector's token as
-/// `Authorization: Bearer`, and only that collector's.
+/// The run API on an admin listener bound beyond loopback (as a sidecar's
+/// is, for Prometheus): a token given must be a collector's, and that
+/// collector's; a caller on loopback — the same pod — needs none, so a
+/// run-aware collector under `sluice run` commits with only
+/// `SLUICE_ADMIN`. (Callers from beyond loopback need a token: that
+/// classification is unit-tested in `serve::runs`, since tests never
+/// leave loopback.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn beyond_loopback_the_run_api_needs_the_collectors_token() {
+async fn beyond_loopback_a_token_given_must_be_the_collectors() {
     let sluice = start_full(TempDir::new("runs"), "admin = \"0.0.0.0:0\"\n", "");
     let admin = std::net::SocketAddr::from(([127, 0, 0, 1], sluice.admin.port()));
     let path = "/v1/collectors/collector-a/runs";
-    let (s, e) = api_call(admin, "POST", path, Some(&json!({})), None).await;
+    let (s, e) = api_call(admin, "POST", path, Some(&json!({})), Some("nope")).await;
     assert_eq!(
         (s, e["field"].as_str()),
         (401, Some("authorization")),
         "{e}"
     );
-    let (s, _) = api_call(admin, "POST", path, Some(&json!({})), Some("nope")).await;
-    assert_eq!(s, 401);
     let (s, e) = api_call(
         admin,
         "POST",
@@ -1117,6 +1120,17 @@ async fn beyond_loopback_the_run_api_needs_the_collectors_token() {
     assert_eq!((s, e["field"].as_str()), (403, Some("id")), "{e}");
     let (s, run) = api_call(admin, "POST", path, Some(&json!({})), Some(TOKEN)).await;
     assert_eq!(s, 201, "{run}");
+    let id = run["id"].as_str().unwrap();
+    let fence = &run["lease"]["fencing_token"];
+    let (s, e) = api_call(
+        admin,
+        "PUT",
+        &format!("/v1/runs/{id}/checkpoints/orders"),
+        Some(&json!({"mode": "steady", "slice": 1, "cursor": "c1", "fencing_token": fence})),
+        None,
+    )
+    .await;
+    assert_eq!(s, 200, "a commit from loopback without a token: {e}");
 }
 
 /// R-RN10: runs survive sluice. A run-aware collector under `sluice run

@@ -30,7 +30,7 @@ use crate::store::{unix_ms_now, EvidenceRecord};
 /// Serves the admin API until the process ends.
 pub async fn serve(app: Arc<App>, listener: TcpListener) {
     loop {
-        let Ok((stream, _)) = listener.accept().await else {
+        let Ok((stream, peer)) = listener.accept().await else {
             tokio::time::sleep(Duration::from_millis(50)).await;
             continue;
         };
@@ -39,7 +39,7 @@ pub async fn serve(app: Arc<App>, listener: TcpListener) {
             let service = service_fn(move |req| {
                 let app = app.clone();
                 async move {
-                    let resp = match super::runs::route(&app, req).await {
+                    let resp = match super::runs::route(&app, req, peer).await {
                         Ok(resp) => resp,
                         Err(req) => route(&app, req),
                     };

@@ -12,11 +12,14 @@
 //!   /v1/gaps/{id}/resolve`;
 //! * `GET /v1/collectors`, `/v1/collectors/{name}`: the readout.
 //!
-//! Bad input gets a `400` whose body names the field. When the admin
-//! listener is not on loopback every call needs a collector's token as
-//! `Authorization: Bearer`; a token given anyway must be the collector's
-//! whose run or records are asked for.
+//! Bad input gets a `400` whose body names the field. A call from beyond
+//! loopback (the admin listener bound wider, as a sidecar's is for
+//! Prometheus) needs a collector's token as `Authorization: Bearer`; a
+//! call from loopback — the same host, or the same pod — needs none, as
+//! linkerd2-proxy's admin decides by the client's address. A token given
+//! anyway must be the collector's whose run or records are asked for.
 
+use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use http::{header, Method, Request, Response, StatusCode};
@@ -105,11 +108,16 @@ fn run_error(e: RunError) -> Response<ResBody> {
 pub async fn route(
     app: &App,
     req: Request<Incoming>,
+    peer: SocketAddr,
 ) -> Result<Response<ResBody>, Request<Incoming>> {
-    answer(app, req).await
+    answer(app, req, peer).await
 }
 
-async fn answer(app: &App, req: Request<Incoming>) -> Result<Response<ResBody>, Request<Incoming>> {
+async fn answer(
+    app: &App,
+    req: Request<Incoming>,
+    peer: SocketAddr,
+) -> Result<Response<ResBody>, Request<Incoming>> {
     let path = req.uri().path().to_string();
     let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
     let owner = match segments.as_slice() {
@@ -120,7 +128,7 @@ async fn answer(app: &App, req: Request<Incoming>) -> Result<Response<ResBody>, 
         }
         _ => return Err(req),
     };
-    if let Some(refused) = authorize(app, &req, owner.as_deref()) {
+    if let Some(refused) = authorize(app, &req, peer, owner.as_deref()) {
         return Ok(refused);
     }
     let method = req.method().clone();
@@ -245,9 +253,21 @@ async fn answer(app: &App, req: Request<Incoming>) -> Result<Response<ResBody>, 
     Ok(resp)
 }
 
-/// On a non-loopback admin listener a collector's token is required; a
-/// token given anyway must be the owner's.
-fn authorize(app: &App, req: &Request<Incoming>, owner: Option<&str>) -> Option<Response<ResBody>> {
+/// Whether a call from `peer` must carry a collector's token: every call
+/// from beyond loopback. IPv4 peers of a dual-stack listener arrive as
+/// IPv4-mapped IPv6 addresses, which are loopback too.
+fn token_required(peer: IpAddr) -> bool {
+    !peer.to_canonical().is_loopback()
+}
+
+/// A call from beyond loopback needs a collector's token; a token given
+/// anyway must be the owner's.
+fn authorize(
+    app: &App,
+    req: &Request<Incoming>,
+    peer: SocketAddr,
+    owner: Option<&str>,
+) -> Option<Response<ResBody>> {
     let config = app.config();
     let given = req
         .headers()
@@ -256,7 +276,7 @@ fn authorize(app: &App, req: &Request<Incoming>, owner: Option<&str>) -> Option<
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(str::trim);
     let Some(token) = given else {
-        if config.admin.ip().is_loopback() {
+        if !token_required(peer.ip()) {
             return None;
         }
         return Some(bad(
@@ -655,4 +675,28 @@ fn collector_json(c: &CollectorView) -> Value {
         "checkpoints": checkpoints_json(&c.checkpoints),
         "pending_gaps": c.pending_gaps,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Only loopback callers go without a token; the addresses beyond it
+    /// are classified here, never connected to (tests touch loopback only).
+    #[test]
+    fn a_token_is_required_beyond_loopback() {
+        for free in ["127.0.0.1", "127.9.9.9", "::1", "::ffff:127.0.0.1"] {
+            assert!(!token_required(free.parse().unwrap()), "{free}");
+        }
+        for needs in [
+            "10.1.2.3",
+            "192.168.1.5",
+            "172.16.0.1",
+            "203.0.113.7",
+            "::ffff:10.0.0.1",
+            "fd00::1",
+        ] {
+            assert!(token_required(needs.parse().unwrap()), "{needs}");
+        }
+    }
 }
