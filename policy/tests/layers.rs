@@ -768,6 +768,62 @@ async fn a_pacing_slot_after_the_deadline_is_not_taken() {
     assert_eq!(provider.arrivals()[1].0 - t0, Duration::from_secs(1));
 }
 
+/// R-RN2 (issue 19's budget edges): a cap refusal neither waits for a
+/// pacing slot nor takes one — the next slot goes to the next request.
+#[tokio::test(start_paused = true)]
+async fn a_cap_refusal_neither_waits_for_nor_takes_a_slot() {
+    let (policy, _) = policy(fixed_rate(1.0));
+    let provider = Provider::new(|_| status(200));
+    let svc = stack(&policy, &provider);
+    let t0 = Instant::now();
+    let run = RunHandle::new(Envelope {
+        request_cap: Some(1),
+        ..Envelope::default()
+    });
+    svc.clone().oneshot(with_run(get("a"), &run)).await.unwrap();
+    let err = svc
+        .clone()
+        .oneshot(with_run(get("b"), &run))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, Cause::RunStopped(s) if s.reason == StopReason::RequestCap),
+        "{err}"
+    );
+    assert_eq!(Instant::now(), t0, "refused without waiting for a slot");
+    svc.clone().oneshot(get("c")).await.unwrap();
+    assert_eq!(provider.arrivals()[1].0 - t0, Duration::from_secs(1));
+    assert_eq!(run.state().attempts, 1);
+}
+
+/// R-RN2: an attempt counts only when it leaves for the provider. A run's
+/// request whose client goes away while it waits for its pacing slot gives
+/// its attempt back: under a cap of 2 the run still sends two.
+#[tokio::test(start_paused = true)]
+async fn a_queued_attempt_whose_client_left_is_given_back() {
+    let (policy, _) = policy(fixed_rate(1.0));
+    let provider = Provider::new(|_| status(200));
+    let svc = stack(&policy, &provider);
+    let t0 = Instant::now();
+    let run = RunHandle::new(Envelope {
+        request_cap: Some(2),
+        ..Envelope::default()
+    });
+    svc.clone().oneshot(with_run(get("a"), &run)).await.unwrap();
+    let gone = tokio::spawn(svc.clone().oneshot(with_run(get("gone"), &run)));
+    sleep(Duration::from_millis(500)).await;
+    assert_eq!(run.state().attempts, 2, "reserved while it waits");
+    gone.abort();
+    let _ = gone.await;
+    assert_eq!(run.state().attempts, 1, "given back: it never left");
+    let resp = svc.clone().oneshot(with_run(get("c"), &run)).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let ids: Vec<_> = provider.arrivals().into_iter().map(|(_, id)| id).collect();
+    assert_eq!(ids, ["a", "c"]);
+    assert_eq!(provider.arrivals()[1].0 - t0, Duration::from_secs(1));
+    assert_eq!(run.state().attempts, 2);
+}
+
 mod budget_stop {
     use super::*;
     use proptest::prelude::*;

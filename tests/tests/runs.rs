@@ -203,6 +203,59 @@ async fn a_request_cap_is_a_planned_stop_that_leaves_the_provider_alone() {
     }
 }
 
+/// R-RN2 (issue 19's budget edges): an attempt counts only when it leaves
+/// for the provider. Under a cap of 3 at 1 req/s, two curls that give up
+/// (`--max-time 0.3`) while queued for their pacing slots give their
+/// attempts back: the run still sends three, and refuses the fourth.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_whose_client_left_while_queued_is_not_counted() {
+    let sim = Sim::start("127.0.1.60").await;
+    let sluice =
+        start("[providers.slow]\nhosts = [\"127.0.1.60\"]\nceiling_rps = 2.0\nstart_rps = 1.0\n");
+    let (status, run) = open(&sluice, "collector-a", json!({ "request_cap": 3 })).await;
+    assert_eq!(status, 201, "{run}");
+    let id = run["id"].as_str().unwrap().to_string();
+    let proxy = proxy_as(&sluice, "collector-a", TOKEN);
+    let url = sim.url("http", "/ok");
+    assert_eq!(curl(&proxy, &[], &url, T).await.status, 200);
+    let impatient: Vec<_> = (0..2)
+        .map(|_| {
+            let (proxy, url) = (proxy.clone(), url.clone());
+            tokio::spawn(async move { curl(&proxy, &[], &url, Duration::from_millis(300)).await })
+        })
+        .collect();
+    for c in impatient {
+        let r = c.await.unwrap();
+        assert_eq!(
+            r.status,
+            0,
+            "curl gave up before its slot: {:?}",
+            r.header("proxy-status")
+        );
+    }
+    // sluice sees each client go; poll (bounded) until both are given back.
+    let mut attempts = None;
+    for _ in 0..100 {
+        let (_, r) = sluice.api("GET", &format!("/v1/runs/{id}"), None).await;
+        attempts = r["attempts"].as_u64();
+        if attempts == Some(1) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(attempts, Some(1), "only the request that left counts");
+    let mut statuses = Vec::new();
+    for _ in 0..3 {
+        statuses.push(curl(&proxy, &[], &url, T).await.status);
+    }
+    assert_eq!(statuses, [200, 200, 403]);
+    assert_eq!(
+        sim.hits("/ok").len(),
+        3,
+        "exactly the cap reached the provider"
+    );
+}
+
 /// R-RN2: a deadline that passes while a slow request is in flight lets
 /// it finish with the provider's answer; the next is refused with
 /// `deadline`.

@@ -10,6 +10,7 @@ use tower::{Service, ServiceExt};
 use super::{BulkheadFull, BulkheadShared};
 use crate::error::{BoxFuture, Cause};
 use crate::pacer::Ttfb;
+use crate::run::Departure;
 
 /// An attempt's bulkhead permit, carried in the response's extensions.
 /// It is released when the last clone is dropped: move it into the
@@ -86,6 +87,9 @@ where
                     }
                 }
             };
+            if let Some(departure) = req.extensions().get::<Departure>() {
+                departure.mark();
+            }
             let start = Instant::now();
             let mut resp = inner.oneshot(req).await.map_err(Into::into)?;
             resp.extensions_mut().insert(Ttfb(start.elapsed()));

@@ -6,7 +6,7 @@ use http::{Request, Response};
 use tokio::time::Instant;
 use tower::{Layer, Service, ServiceExt};
 
-use super::{Cooldown, Cycle, RunHandle, StopReason};
+use super::{Cooldown, Cycle, Departure, RunHandle, StopReason};
 use crate::error::{BoxFuture, Cause};
 use crate::outcome::Outcome;
 use crate::retry::policy::clone_request;
@@ -96,12 +96,14 @@ where
             loop {
                 let now = Instant::now();
                 run.check_attempt(&provider, now)?;
+                let reserved = Reserved::new(&run, &provider);
                 // Known source pressure: wait it out before sending.
                 if let Some(cooldown) = pressure.as_ref().and_then(|p| p(now)) {
-                    run.release_attempt(&provider);
+                    reserved.give_back();
                     wait_out(&run, &provider, &cooldown).await?;
                     continue;
                 }
+                req.extensions_mut().insert(reserved.departure.clone());
                 let copy = clone_request(&req);
                 let result = inner.clone().oneshot(req).await.map_err(Into::into);
                 match Outcome::of_result(&result, SystemTime::now()) {
@@ -109,6 +111,7 @@ where
                     // provider recovered: a probe that fails again does not
                     // restart the run's count of cycles.
                     Some(o) => {
+                        reserved.keep();
                         if !o.is_breaker_failure() {
                             run.reached(&provider);
                         }
@@ -116,7 +119,7 @@ where
                     }
                     // sluice refused it (or the client's request could not
                     // be sent): it never reached the provider.
-                    None => run.release_attempt(&provider),
+                    None => reserved.give_back(),
                 }
                 let open = match &result {
                     Err(Cause::CircuitOpen(open)) => Some(Cooldown {
@@ -137,6 +140,45 @@ where
                 }
             }
         })
+    }
+}
+
+/// An attempt reserved against the run's cap. Given back when it ends
+/// without reaching the provider — refused by sluice, or dropped (its
+/// client went away) before the bulkhead let it leave; kept once the
+/// provider answered or the attempt left.
+struct Reserved {
+    run: RunHandle,
+    provider: Arc<str>,
+    departure: Departure,
+    settled: bool,
+}
+
+impl Reserved {
+    fn new(run: &RunHandle, provider: &Arc<str>) -> Reserved {
+        Reserved {
+            run: run.clone(),
+            provider: provider.clone(),
+            departure: Departure::default(),
+            settled: false,
+        }
+    }
+
+    fn keep(mut self) {
+        self.settled = true;
+    }
+
+    fn give_back(mut self) {
+        self.settled = true;
+        self.run.release_attempt(&self.provider);
+    }
+}
+
+impl Drop for Reserved {
+    fn drop(&mut self) {
+        if !self.settled && !self.departure.departed() {
+            self.run.release_attempt(&self.provider);
+        }
     }
 }
 

@@ -25,12 +25,34 @@
 mod error;
 mod layer;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::time::Instant;
 
 pub use self::error::RunStopped;
 pub use self::layer::{Pressure, RunGate, RunLayer};
+
+/// Marks a run's attempt as gone to the provider. The run layer reserves
+/// the attempt before it waits for a pacing slot; the bulkhead marks it
+/// when it lets the attempt through to the upstream. An attempt dropped
+/// before that — its client went away while it waited — never left, and
+/// its reservation is given back to the run (an attempt counts only when
+/// it leaves for the provider, R-RN2).
+#[derive(Debug, Clone, Default)]
+pub struct Departure(Arc<AtomicBool>);
+
+impl Departure {
+    /// The attempt leaves for the provider now.
+    pub fn mark(&self) {
+        self.0.store(true, Ordering::Release);
+    }
+
+    /// Whether the attempt left.
+    pub fn departed(&self) -> bool {
+        self.0.load(Ordering::Acquire)
+    }
+}
 
 /// Why a run stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
