@@ -84,6 +84,15 @@ impl Upstream {
     }
 }
 
+/// A request ran past its `request_timeout`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestTimeout {
+    /// How long it had been going.
+    pub after: Duration,
+    /// Attempts that left for the provider.
+    pub attempts: u32,
+}
+
 /// Every failure a provider's stack can produce, in one enum.
 ///
 /// The layers' own refusals ([`RateLimited`], [`CircuitOpen`],
@@ -106,6 +115,9 @@ pub enum Cause {
     RunStopped(RunStopped),
     /// No response head within the attempt timeout.
     AttemptTimeout,
+    /// No response head within the request timeout, every attempt and wait
+    /// included.
+    RequestTimeout(RequestTimeout),
     /// The attempt failed before a response head.
     Upstream(Upstream),
 }
@@ -123,7 +135,7 @@ impl Cause {
             Cause::CircuitOpen(e) => sluice(Some(e.retry_after)),
             Cause::BulkheadFull(e) => sluice(Some(e.retry_after)),
             Cause::RunStopped(_) => sluice(None),
-            Cause::AttemptTimeout => ErrorInfo {
+            Cause::AttemptTimeout | Cause::RequestTimeout(_) => ErrorInfo {
                 fault: Fault::Upstream,
                 outcome: Some(Outcome::Timeout),
                 retry_after: None,
@@ -171,7 +183,7 @@ impl Cause {
             Cause::RateLimited(_) | Cause::BulkheadFull(_) => "shed",
             Cause::CircuitOpen(_) => "circuit_open",
             Cause::RunStopped(_) => "run_stopped",
-            Cause::AttemptTimeout | Cause::Upstream(_) => {
+            Cause::AttemptTimeout | Cause::RequestTimeout(_) | Cause::Upstream(_) => {
                 self.info().outcome.map_or("denied", |o| o.label())
             }
         }
@@ -194,6 +206,11 @@ impl std::fmt::Display for Cause {
             Cause::BulkheadFull(_) => write!(f, "too many requests in flight to this provider"),
             Cause::RunStopped(e) => write!(f, "run stopped: {}", e.reason.label()),
             Cause::AttemptTimeout => write!(f, "no response head within the attempt timeout"),
+            Cause::RequestTimeout(e) => write!(
+                f,
+                "no response head within the request timeout ({:?}, {} attempts)",
+                e.after, e.attempts
+            ),
             Cause::Upstream(e) => write!(f, "upstream {:?}: {}", e.kind, e.source),
         }
     }

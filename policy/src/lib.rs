@@ -10,7 +10,8 @@
 //! One provider's stack, outermost first (see [`stack`]):
 //!
 //! ```text
-//! retry (ratio budget, full jitter, Retry-After)
+//! request timeout (the whole request, up to its response head)
+//!   → retry (ratio budget, full jitter, Retry-After)
 //!   → run envelope (request cap, deadline: checked before each attempt)
 //!   → circuit breaker (sliding window, minimum throughput, half-open probes)
 //!   → pacer (GCRA pacing at a rate learned by AIMD, Retry-After hold, FIFO queue)

@@ -56,6 +56,8 @@ pub struct ProviderPolicy {
     pub bulkhead: Arc<BulkheadShared>,
     /// The per-attempt timeout, read on every attempt.
     pub attempt_timeout: Arc<SharedDuration>,
+    /// The whole request's timeout, read on every request.
+    pub request_timeout: Arc<SharedDuration>,
 }
 
 /// What a provider has learned, in the shape the store keeps (R-PS1).
@@ -105,6 +107,7 @@ impl ProviderPolicy {
         Arc::new(ProviderPolicy {
             name: name.into(),
             attempt_timeout: Arc::new(SharedDuration::new(settings.attempt_timeout)),
+            request_timeout: Arc::new(SharedDuration::new(settings.request_timeout)),
             pacer: PacerShared::with_events(&settings, options.events),
             breaker: BreakerShared::new(&settings, retry.clone(), options.sink),
             retry,
@@ -134,6 +137,7 @@ impl ProviderPolicy {
         self.retry.update_settings(&settings);
         self.bulkhead.update_settings(&settings);
         self.attempt_timeout.set(settings.attempt_timeout);
+        self.request_timeout.set(settings.request_timeout);
         *self.settings.lock().unwrap_or_else(|p| p.into_inner()) = settings;
     }
 

@@ -85,6 +85,15 @@ macro_rules! provider_settings {
             /// Per-attempt timeout, connect and response head: twice Envoy's
             /// 15 s route timeout, since exports are slow.
             attempt_timeout: ::std::time::Duration = ::std::time::Duration::from_secs(30),
+            /// The whole request's bound, up to its response head: pacing
+            /// waits, every attempt, retries and their back-off (a run's
+            /// wait for a cool-down excepted). Past it the client gets `504`
+            /// (`Proxy-Status: connection_timeout`, attempts in `details`)
+            /// instead of waiting on a provider that never answers. 45 s:
+            /// one full attempt and a retry's start, under the 60 s read
+            /// timeout of the AWS SDKs and botocore, so sluice answers
+            /// before the client gives up.
+            request_timeout: ::std::time::Duration = ::std::time::Duration::from_secs(45),
             /// The breaker's sliding window: Hystrix
             /// `metrics.rollingStats.timeInMilliseconds` = 10000.
             breaker_window: ::std::time::Duration = ::std::time::Duration::from_secs(10),
@@ -256,6 +265,12 @@ impl ProviderSettings {
         if self.attempt_timeout.is_zero() {
             return bad("attempt_timeout", "must be greater than zero");
         }
+        if self.request_timeout < self.attempt_timeout {
+            return bad(
+                "request_timeout",
+                "must be at least attempt_timeout (one attempt must fit in it)",
+            );
+        }
         if self.breaker_window < Duration::from_millis(100) {
             return bad("breaker_window", "must be at least 100ms");
         }
@@ -319,5 +334,8 @@ mod tests {
         s.decrease_factor = 0.7;
         s.burst = 0;
         assert_eq!(s.clone().validated().unwrap_err().key, "burst");
+        s.burst = 1;
+        s.request_timeout = s.attempt_timeout - Duration::from_secs(1);
+        assert_eq!(s.clone().validated().unwrap_err().key, "request_timeout");
     }
 }

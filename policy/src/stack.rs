@@ -12,7 +12,7 @@ use crate::pacer::PacerLayer;
 use crate::provider::ProviderPolicy;
 use crate::retry::{ReplayBody, RetryPolicy};
 use crate::run::RunLayer;
-use crate::timeout::AttemptTimeoutLayer;
+use crate::timeout::{AttemptTimeoutLayer, RequestTimeoutLayer};
 
 /// A provider's whole stack, boxed at the provider boundary.
 pub type ProviderService<B, R> = BoxCloneSyncService<Request<B>, Response<R>, Cause>;
@@ -31,6 +31,9 @@ where
     R: Send + 'static,
 {
     let stack = ServiceBuilder::new()
+        // 0. Request timeout: the whole request, every attempt and wait,
+        //    up to its response head.
+        .layer(RequestTimeoutLayer::new(policy.request_timeout.clone()))
         // 1. Retry: ratio budget, full jitter, exact Retry-After.
         .layer(RetryLayer::new(RetryPolicy::new(policy.retry.clone())))
         // 2. Run envelope: request cap and deadline, before each attempt;

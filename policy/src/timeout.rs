@@ -1,19 +1,24 @@
-//! The per-attempt timeout (R-TO1): connect plus response head.
+//! The timeouts: per attempt (R-TO1: connect plus response head) and per
+//! request (issue 20: every attempt, pacing wait and retry of one request,
+//! up to its response head).
 //!
-//! tower's `Timeout` fixes its duration when the stack is built; this one
-//! reads the provider's current setting on every call, so a config reload
-//! changes it without rebuilding the stack. A timed-out attempt fails with
-//! tower's `Elapsed`, which the breaker and the retry policy count as a
-//! timeout.
+//! tower's `Timeout` fixes its duration when the stack is built; these
+//! read the provider's current setting on every call, so a config reload
+//! changes them without rebuilding the stack. A timed-out attempt fails
+//! with [`Cause::AttemptTimeout`], which the breaker and the retry policy
+//! count as a timeout; a request past its bound fails with
+//! [`Cause::RequestTimeout`], which the client gets as a `504`.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use tower::{Layer, Service};
+use http::Request;
+use tokio::time::Instant;
+use tower::{Layer, Service, ServiceExt};
 
-use crate::error::{BoxFuture, Cause};
+use crate::error::{BoxFuture, Cause, RequestTimeout};
 
 /// A duration that can be changed while services read it.
 #[derive(Debug, Default)]
@@ -90,6 +95,128 @@ where
             match tokio::time::timeout(limit, fut).await {
                 Ok(r) => r.map_err(Into::into),
                 Err(_) => Err(Cause::AttemptTimeout),
+            }
+        })
+    }
+}
+
+/// One request's clock, shared by its attempts (a retry's copy of the
+/// request carries the same clock): when its bound runs out, and how many
+/// attempts left for the provider. A run's request waiting out a cool-down
+/// moves the bound on by the wait — R-RN8 waits a cycle out; the client's
+/// clock is its own business.
+#[derive(Debug, Clone)]
+pub struct RequestClock(Arc<ClockState>);
+
+#[derive(Debug)]
+struct ClockState {
+    deadline: Mutex<Instant>,
+    attempts: AtomicU32,
+}
+
+impl RequestClock {
+    /// A clock whose bound runs out at `deadline`.
+    pub fn new(deadline: Instant) -> RequestClock {
+        RequestClock(Arc::new(ClockState {
+            deadline: Mutex::new(deadline),
+            attempts: AtomicU32::new(0),
+        }))
+    }
+
+    /// When the bound runs out.
+    pub fn deadline(&self) -> Instant {
+        *self.0.deadline.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Moves the bound on by `wait` (a run's cool-down wait).
+    pub fn extend(&self, wait: Duration) {
+        *self.0.deadline.lock().unwrap_or_else(|p| p.into_inner()) += wait;
+    }
+
+    /// An attempt leaves for the provider.
+    pub fn attempt(&self) {
+        self.0.attempts.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Attempts that left so far.
+    pub fn attempts(&self) -> u32 {
+        self.0.attempts.load(Ordering::Relaxed)
+    }
+}
+
+/// Bounds a request's whole way through the provider's stack — pacing
+/// waits, attempts, retries and their back-off — up to its response head
+/// (the body streams unbounded, as a long export must).
+#[derive(Debug, Clone)]
+pub struct RequestTimeoutLayer {
+    limit: Arc<SharedDuration>,
+}
+
+impl RequestTimeoutLayer {
+    /// A layer reading `limit` on each call.
+    pub fn new(limit: Arc<SharedDuration>) -> Self {
+        RequestTimeoutLayer { limit }
+    }
+}
+
+impl<S> Layer<S> for RequestTimeoutLayer {
+    type Service = RequestTimeoutService<S>;
+
+    fn layer(&self, inner: S) -> RequestTimeoutService<S> {
+        RequestTimeoutService {
+            inner,
+            limit: self.limit.clone(),
+        }
+    }
+}
+
+/// The service of [`RequestTimeoutLayer`].
+#[derive(Debug, Clone)]
+pub struct RequestTimeoutService<S> {
+    inner: S,
+    limit: Arc<SharedDuration>,
+}
+
+impl<S, B> Service<Request<B>> for RequestTimeoutService<S>
+where
+    S: Service<Request<B>> + Clone + Send + 'static,
+    S::Error: Into<Cause>,
+    S::Future: Send + 'static,
+    S::Response: Send + 'static,
+    B: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = Cause;
+    type Future = BoxFuture<S::Response>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Cause>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, mut req: Request<B>) -> Self::Future {
+        let inner = self.inner.clone();
+        let limit = self.limit.get();
+        Box::pin(async move {
+            let started = Instant::now();
+            let clock = RequestClock::new(started + limit);
+            req.extensions_mut().insert(clock.clone());
+            let call = inner.oneshot(req);
+            tokio::pin!(call);
+            loop {
+                let deadline = clock.deadline();
+                tokio::select! {
+                    biased;
+                    result = &mut call => return result.map_err(Into::into),
+                    () = tokio::time::sleep_until(deadline) => {
+                        // A run's wait may have moved the bound on meanwhile.
+                        if clock.deadline() <= Instant::now() {
+                            return Err(Cause::RequestTimeout(RequestTimeout {
+                                after: started.elapsed(),
+                                attempts: clock.attempts(),
+                            }));
+                        }
+                    }
+                }
             }
         })
     }

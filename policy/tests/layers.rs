@@ -682,6 +682,68 @@ async fn a_run_waits_out_an_open_circuit() {
     assert_eq!(provider.arrivals().len(), 5);
 }
 
+/// Issue 20: a provider that never answers is given `request_timeout`
+/// in all — attempts, back-off and retries — then the request fails with
+/// `RequestTimeout`, saying how many attempts left.
+#[tokio::test(start_paused = true)]
+async fn the_request_timeout_bounds_every_attempt_and_wait() {
+    let (policy, _) = policy(ProviderSettings {
+        attempt_timeout: Duration::from_secs(2),
+        request_timeout: Duration::from_secs(3),
+        ..ProviderSettings::default()
+    });
+    let provider = Provider::new(|_| Reply {
+        delay: Duration::from_secs(3600),
+        ..status(200)
+    });
+    let svc = stack(&policy, &provider);
+    let t0 = Instant::now();
+    let err = svc.clone().oneshot(get("a")).await.unwrap_err();
+    assert!(
+        matches!(&err, Cause::RequestTimeout(t) if t.attempts == 2 && t.after == Duration::from_secs(3)),
+        "{err}"
+    );
+    assert_eq!(Instant::now() - t0, Duration::from_secs(3));
+    assert_eq!(
+        provider.arrivals().len(),
+        2,
+        "the first timed out, the retry was cut"
+    );
+}
+
+/// Issue 20 with R-RN8: a run's request waiting out an open circuit does
+/// not spend its `request_timeout` on the wait — the cool-down (5 s) is
+/// longer than the bound (4 s), and the request is still answered.
+#[tokio::test(start_paused = true)]
+async fn a_runs_cooldown_wait_does_not_spend_the_request_timeout() {
+    let (policy, _) = policy(ProviderSettings {
+        attempt_timeout: Duration::from_secs(1),
+        request_timeout: Duration::from_secs(4),
+        ..quick_breaker()
+    });
+    let provider = Provider::new(|n| if n < 4 { status(500) } else { status(200) });
+    let svc = stack(&policy, &provider);
+    let run = RunHandle::new(Envelope {
+        max_cooldown_waits: 3,
+        ..Envelope::default()
+    });
+    for i in 0..4 {
+        let r = svc
+            .clone()
+            .oneshot(with_run(get(i.to_string()), &run))
+            .await;
+        assert_eq!(r.unwrap().status(), 500);
+    }
+    let t0 = Instant::now();
+    let r = svc.clone().oneshot(with_run(get("after"), &run)).await;
+    assert_eq!(r.unwrap().status(), 200);
+    assert!(
+        Instant::now() - t0 >= Duration::from_secs(4),
+        "waited the cool-down"
+    );
+    assert_eq!(run.state().waits_total, 1);
+}
+
 /// R-RN8's cycle guard: against a provider that never recovers, each
 /// half-open probe fails and the circuit re-opens; after
 /// `max_cooldown_waits` waits in a row the run stops with `circuit_open`

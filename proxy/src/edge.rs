@@ -103,6 +103,17 @@ pub fn refusal(cause: &Cause) -> Refusal {
             "http_response_timeout",
             "no response head within the attempt timeout".to_string(),
         ),
+        // No answer within the provider's request_timeout, every attempt
+        // and wait included: the client is answered instead of waiting on.
+        Cause::RequestTimeout(e) => (
+            StatusCode::GATEWAY_TIMEOUT,
+            "connection_timeout",
+            format!(
+                "request_timeout: no response head after {:.1} s and {} attempts",
+                e.after.as_secs_f64(),
+                e.attempts
+            ),
+        ),
         Cause::Upstream(e) => {
             let (status, error, details) = upstream(e.kind);
             (status, error, details.to_string())

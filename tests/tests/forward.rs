@@ -661,6 +661,41 @@ async fn resets_and_hangs_get_proxy_status() {
     assert_eq!(sim.hits("/hang").len(), 2, "a timeout is retried");
 }
 
+/// Issue 20 (R-TO1): a provider that accepts and never answers gets the
+/// client a `504` within `request_timeout` (+ 1 s), with
+/// `Proxy-Status: connection_timeout` and the attempts in `details` — not
+/// a wait through every attempt's timeout and its retries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provider_that_never_answers_gets_504_within_the_request_timeout() {
+    let sim = Sim::start("127.0.2.20").await;
+    let sluice = Sluice::start(&allow_loopback(
+        "[providers.sim]\nhosts = [\"127.0.2.20\"]\nattempt_timeout = \"2s\"\n\
+         request_timeout = \"3s\"\n",
+    ));
+    let started = Instant::now();
+    let r = curl(&sluice.proxy_url(), &[], &sim.url("http", "/hang"), T).await;
+    let took = started.elapsed();
+    assert_eq!(r.status, 504, "{r:?}");
+    let status = r.header("proxy-status").unwrap_or_default();
+    assert!(status.contains("error=connection_timeout"), "{status}");
+    assert!(status.contains("request_timeout"), "{status}");
+    assert!(status.contains("2 attempts"), "{status}");
+    assert!(
+        took >= Duration::from_secs(3) && took < Duration::from_secs(4),
+        "answered after {took:?}"
+    );
+    assert_eq!(
+        sim.hits("/hang").len(),
+        2,
+        "the first timed out, the retry was cut"
+    );
+    let (_, metrics) = sluice.admin_get("/metrics").await;
+    assert!(
+        metrics.contains("sluice_requests_total{outcome=\"timeout\",provider=\"sim\"} 1"),
+        "{metrics}"
+    );
+}
+
 /// R-TO1, R-BH1: a provider that stalls mid-body is cut after the
 /// idle-body timeout; the client gets what was sent and a closed transfer —
 /// it is not held until its own timeout — and while the body streams the

@@ -11,6 +11,7 @@ use super::{BulkheadFull, BulkheadShared};
 use crate::error::{BoxFuture, Cause};
 use crate::pacer::Ttfb;
 use crate::run::Departure;
+use crate::timeout::RequestClock;
 
 /// An attempt's bulkhead permit, carried in the response's extensions.
 /// It is released when the last clone is dropped: move it into the
@@ -89,6 +90,9 @@ where
             };
             if let Some(departure) = req.extensions().get::<Departure>() {
                 departure.mark();
+            }
+            if let Some(clock) = req.extensions().get::<RequestClock>() {
+                clock.attempt();
             }
             let start = Instant::now();
             let mut resp = inner.oneshot(req).await.map_err(Into::into)?;

@@ -11,6 +11,7 @@ use crate::error::{BoxFuture, Cause};
 use crate::outcome::Outcome;
 use crate::retry::policy::clone_request;
 use crate::retry::ReplayBody;
+use crate::timeout::RequestClock;
 
 /// What a run's request would meet at the provider at an instant, when it
 /// is source pressure worth waiting out
@@ -91,6 +92,7 @@ where
         };
         let pressure = self.pressure.clone();
         let provider = self.provider.clone();
+        let clock = req.extensions().get::<RequestClock>().cloned();
         Box::pin(async move {
             let mut req = req;
             loop {
@@ -100,7 +102,7 @@ where
                 // Known source pressure: wait it out before sending.
                 if let Some(cooldown) = pressure.as_ref().and_then(|p| p(now)) {
                     reserved.give_back();
-                    wait_out(&run, &provider, &cooldown).await?;
+                    wait_out(&run, &provider, &cooldown, clock.as_ref()).await?;
                     continue;
                 }
                 req.extensions_mut().insert(reserved.departure.clone());
@@ -133,7 +135,7 @@ where
                     // The breaker opened since the check (or its half-open
                     // probes are all out): wait, then again.
                     (Some(cooldown), Some(copy)) => {
-                        wait_out(&run, &provider, &cooldown).await?;
+                        wait_out(&run, &provider, &cooldown, clock.as_ref()).await?;
                         req = copy;
                     }
                     _ => return result,
@@ -185,11 +187,22 @@ impl Drop for Reserved {
 /// Waits out a cool-down of `provider` for a run's request — never past
 /// the run's deadline (the next check then stops the run, planned) — or
 /// stops the provider's part of the run when it has waited out as many
-/// cycles in a row as it may.
-async fn wait_out(run: &RunHandle, provider: &str, cooldown: &Cooldown) -> Result<(), Cause> {
+/// cycles in a row as it may. The request's `request_timeout` is moved on
+/// by the wait.
+async fn wait_out(
+    run: &RunHandle,
+    provider: &str,
+    cooldown: &Cooldown,
+    clock: Option<&RequestClock>,
+) -> Result<(), Cause> {
     run.wait_for(provider, cooldown)?;
-    let until = Instant::now() + cooldown.wait;
+    let now = Instant::now();
+    let until = now + cooldown.wait;
     let until = run.deadline().map_or(until, |d| until.min(d));
+    // The request's own bound does not run while the run waits.
+    if let Some(clock) = clock {
+        clock.extend(until.saturating_duration_since(now));
+    }
     tokio::time::sleep_until(until).await;
     Ok(())
 }

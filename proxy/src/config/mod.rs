@@ -1101,7 +1101,7 @@ mod tests {
         fn any_value_for_a_known_key_is_handled(
             key in proptest::sample::select(vec![
                 "ceiling_rps", "start_rps", "floor_rps", "burst", "max_queue_wait",
-                "max_queue_len", "attempt_timeout", "breaker_failure_ratio", "retry_ratio",
+                "max_queue_len", "attempt_timeout", "request_timeout", "breaker_failure_ratio", "retry_ratio",
                 "retry_base", "retry_cap", "decrease_factor", "soft_throttle_factor",
             ]),
             value in prop_oneof![

@@ -486,7 +486,9 @@ impl Runs {
             Some(Cause::CircuitOpen(_)) => Some("circuit_open"),
             Some(Cause::RateLimited(_)) => Some("rate_limited"),
             Some(Cause::BulkheadFull(_)) => Some("bulkhead_full"),
-            Some(Cause::AttemptTimeout | Cause::Upstream(_)) | None => None,
+            Some(Cause::AttemptTimeout | Cause::RequestTimeout(_) | Cause::Upstream(_)) | None => {
+                None
+            }
         };
         if let Some(r) = refusal {
             *active.record.refusals.entry(r.to_string()).or_default() += 1;
