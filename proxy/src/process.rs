@@ -20,6 +20,7 @@ use crate::observe::metrics::Metrics;
 use crate::observe::Observe;
 use crate::providers::Providers;
 use crate::runs::Runs;
+use crate::serve::accept::AcceptBackoff;
 use crate::serve::admin;
 use crate::shared::SharedStore;
 use crate::store::{LearnedRecord, Store, StoreWriter};
@@ -171,17 +172,17 @@ pub async fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), Sta
 
     let mut term = signal(SignalKind::terminate()).map_err(StartError::Signals)?;
     let mut hup = signal(SignalKind::hangup()).map_err(StartError::Signals)?;
+    let mut backoff = AcceptBackoff::new("proxy");
     loop {
         tokio::select! {
             accepted = proxy.accept() => match accepted {
                 Ok((stream, peer)) => {
+                    backoff.accepted();
                     tokio::spawn(crate::serve::serve_connection(app.clone(), stream, peer));
                 }
-                Err(e) => {
-                    // Out of file descriptors and the like: back off briefly.
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
+                // Out of file descriptors and the like: count, back off,
+                // report now and then.
+                Err(e) => backoff.back_off(&e, &app.metrics).await,
             },
             _ = hup.recv() => reload(&app),
             _ = term.recv() => break,

@@ -76,6 +76,9 @@ pub struct Metrics {
     pub store_cold_starts: IntCounterVec,
     /// Store reads or writes that failed.
     pub store_errors: IntCounter,
+    /// Failed accepts, by listener (`proxy`, `admin`): out of file
+    /// descriptors and the like.
+    pub accept_errors: IntCounterVec,
     /// Requests refused as malformed before reaching any provider, by a
     /// bounded reason.
     bad_requests: IntCounterVec,
@@ -391,6 +394,12 @@ impl Metrics {
                 &["reason"],
             ),
             store_errors: plain_counter("store_errors_total", "Store reads or writes that failed"),
+            accept_errors: counter(
+                &r,
+                "accept_errors_total",
+                "Connections a listener failed to accept (out of file descriptors and the like), by listener",
+                &["listener"],
+            ),
             bad_requests: counter(
                 &r,
                 "bad_requests_total",
@@ -452,6 +461,9 @@ impl Metrics {
         build.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
         m.registry.register(Box::new(build)).expect("unique metric");
         m.store_cold_starts.with_label_values(&["unreadable"]);
+        for listener in ["proxy", "admin"] {
+            m.accept_errors.with_label_values(&[listener]);
+        }
         for reason in BAD_REQUEST_REASONS {
             m.bad_requests.with_label_values(&[reason]);
         }

@@ -22,6 +22,7 @@ use sluice_policy::breaker::Transition;
 use tokio::net::TcpListener;
 use tokio::time::Instant;
 
+use super::accept::AcceptBackoff;
 use crate::app::App;
 use crate::body::{full, ResBody};
 use crate::providers::Provider;
@@ -29,11 +30,16 @@ use crate::store::{unix_ms_now, EvidenceRecord};
 
 /// Serves the admin API until the process ends.
 pub async fn serve(app: Arc<App>, listener: TcpListener) {
+    let mut backoff = AcceptBackoff::new("admin");
     loop {
-        let Ok((stream, peer)) = listener.accept().await else {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            continue;
+        let (stream, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(e) => {
+                backoff.back_off(&e, &app.metrics).await;
+                continue;
+            }
         };
+        backoff.accepted();
         let app = app.clone();
         tokio::spawn(async move {
             let service = service_fn(move |req| {

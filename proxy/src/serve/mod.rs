@@ -1,6 +1,7 @@
 //! The proxy listener's connections: proxy authentication, then dispatch —
 //! CONNECT to the tunnel, absolute-form requests to forwarding.
 
+pub mod accept;
 pub mod admin;
 pub mod auth;
 pub mod runs;
