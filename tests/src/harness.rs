@@ -154,8 +154,9 @@ impl Sluice {
         std::fs::read_to_string(self.dir.join("sluice.log")).unwrap_or_default()
     }
 
-    /// Sends SIGTERM and waits (bounded) for the exit status.
-    pub fn terminate(mut self) -> (std::process::ExitStatus, TempDir) {
+    /// Sends SIGTERM and waits (bounded, polling without blocking the
+    /// runtime) for the exit status.
+    pub async fn terminate(mut self) -> (std::process::ExitStatus, TempDir) {
         let _ = Command::new("kill")
             .arg("-TERM")
             .arg(self.child.id().to_string())
@@ -170,7 +171,7 @@ impl Sluice {
                 tokio::time::Instant::now() < deadline,
                 "sluice did not stop on SIGTERM"
             );
-            std::thread::sleep(Duration::from_millis(50));
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
 

@@ -1,11 +1,14 @@
 //! Faults end to end (issue 20; R-HU1, R-SF3): what a collector gets when
 //! the machine or the provider misbehaves — the real binary, real sockets.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use sluice_tests::clients::curl;
 use sluice_tests::harness::{Sluice, TempDir};
 use sluice_tests::sim::Sim;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
@@ -82,4 +85,213 @@ async fn out_of_descriptors_backs_off_counts_and_recovers() {
         metrics.contains("sluice_accept_errors_total{listener=\"admin\"}"),
         "{metrics}"
     );
+}
+
+/// How a faulty upstream misbehaves, on every connection.
+#[derive(Debug, Clone, Copy)]
+enum Fault {
+    /// Reads the request, then resets the connection (RST).
+    ResetBeforeAnswer,
+    /// Reads the request, then closes cleanly (FIN) without a word.
+    CloseBeforeAnswer,
+    /// Answers with bytes that are not HTTP.
+    Garbage,
+    /// Sends a head promising 100 bytes, then nothing, connection open.
+    HeadThenSilence,
+    /// Sends the head and 10 of the 100 bytes, then resets.
+    ResetMidBody,
+    /// Sends the head and 10 of the 100 bytes, then closes cleanly.
+    ShortBody,
+    /// Speaks plain text where TLS is expected.
+    NotTls,
+}
+
+/// A loopback upstream on `ip` that misbehaves as `fault`; counts the
+/// connections that reached it.
+async fn faulty(ip: &str, fault: Fault) -> (std::net::SocketAddr, Arc<AtomicUsize>) {
+    let listener = tokio::net::TcpListener::bind((ip, 0)).await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let hits = Arc::new(AtomicUsize::new(0));
+    let counted = hits.clone();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            counted.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut buf = [0u8; 4096];
+                if !matches!(fault, Fault::NotTls) {
+                    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match s.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => head.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                }
+                let head_100 = b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n0123456789";
+                match fault {
+                    Fault::ResetBeforeAnswer => {
+                        let _ = s.set_zero_linger();
+                    }
+                    Fault::CloseBeforeAnswer => {}
+                    Fault::Garbage | Fault::NotTls => {
+                        let _ = s
+                            .write_all(b"SSH-2.0-OpenSSH_9.2\r\nnot http at all\r\n\r\n")
+                            .await;
+                    }
+                    Fault::HeadThenSilence => {
+                        let _ = s.write_all(&head_100[..head_100.len() - 10]).await;
+                        tokio::time::sleep(Duration::from_secs(60)).await;
+                    }
+                    Fault::ResetMidBody => {
+                        let _ = s.write_all(head_100).await;
+                        let _ = s.flush().await;
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        let _ = s.set_zero_linger();
+                    }
+                    Fault::ShortBody => {
+                        let _ = s.write_all(head_100).await;
+                    }
+                }
+            });
+        }
+    });
+    (addr, hits)
+}
+
+/// What a collector met at one fault.
+#[derive(Debug)]
+struct Met {
+    fault: Fault,
+    status: u16,
+    proxy_status: String,
+    body_complete: bool,
+    took: Duration,
+    attempts: usize,
+    breaker_failures: u64,
+}
+
+/// Issue 20, R-HU1: every way an upstream can fail a request, end to end
+/// with curl through sluice: the status and `Proxy-Status` the collector
+/// gets, within what time, whether it was retried (only where safe: a
+/// GET whose connection failed before any answer), and what the breaker
+/// counted. One provider per fault (its own loopback address), so one
+/// fault's breaker does not answer for another's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_upstream_fault_gets_a_clear_answer() {
+    let faults = [
+        (Fault::ResetBeforeAnswer, "127.0.2.31"),
+        (Fault::CloseBeforeAnswer, "127.0.2.32"),
+        (Fault::Garbage, "127.0.2.33"),
+        (Fault::HeadThenSilence, "127.0.2.34"),
+        (Fault::ResetMidBody, "127.0.2.35"),
+        (Fault::ShortBody, "127.0.2.36"),
+        (Fault::NotTls, "127.0.2.37"),
+    ];
+    let mut servers = Vec::new();
+    for (fault, ip) in faults {
+        servers.push((fault, ip, faulty(ip, fault).await));
+    }
+    let refused_port = {
+        let l = std::net::TcpListener::bind("127.0.2.38:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let ports: Vec<String> = servers
+        .iter()
+        .map(|(_, _, (a, _))| a.port().to_string())
+        .collect();
+    let sluice = Sluice::start_in(
+        TempDir::new("faults"),
+        &format!(
+            "[destinations]\nallow = [\"127.0.0.0/8\"]\nconnect_ports = [{}]\n\
+             [limits]\nbody_idle_timeout = \"2s\"\n",
+            ports.join(", ")
+        ),
+    );
+    let ca = sluice
+        .dir
+        .join("state")
+        .join("ca.crt")
+        .display()
+        .to_string();
+    let mut met = Vec::new();
+    for (fault, ip, (addr, hits)) in &servers {
+        let scheme = if matches!(fault, Fault::NotTls) {
+            "https"
+        } else {
+            "http"
+        };
+        let url = format!("{scheme}://{ip}:{}/fault", addr.port());
+        let started = Instant::now();
+        let r = curl(&sluice.proxy_url(), &["--cacert", &ca], &url, T).await;
+        let took = started.elapsed();
+        let (_, readout) = sluice.admin_get(&format!("/v1/providers/{ip}")).await;
+        let v: serde_json::Value = serde_json::from_str(&readout).unwrap_or_default();
+        met.push(Met {
+            fault: *fault,
+            status: r.status,
+            proxy_status: r.header("proxy-status").unwrap_or_default(),
+            body_complete: r.body.len() == 100,
+            took,
+            attempts: hits.load(Ordering::SeqCst),
+            breaker_failures: v["breaker"]["window_failures"].as_u64().unwrap_or(0),
+        });
+    }
+    let started = Instant::now();
+    let r = curl(
+        &sluice.proxy_url(),
+        &[],
+        &format!("http://127.0.2.38:{refused_port}/fault"),
+        T,
+    )
+    .await;
+    let refused_took = started.elapsed();
+    for m in &met {
+        println!("{m:?}");
+    }
+    println!(
+        "connection refused: {} {:?} in {refused_took:?}",
+        r.status,
+        r.header("proxy-status")
+    );
+
+    let by = |f: &str| met.iter().find(|m| format!("{:?}", m.fault) == f).unwrap();
+    // Failed before any answer: 502 naming the cause. A reset or closed
+    // connection of a GET is retried (three attempts); garbage and a
+    // failed handshake are not (another try would meet the same peer).
+    for (fault, error, attempts) in [
+        ("ResetBeforeAnswer", "connection_terminated", 3),
+        ("CloseBeforeAnswer", "connection_terminated", 3),
+        ("Garbage", "http_protocol_error", 1),
+        ("NotTls", "tls_protocol_error", 1),
+    ] {
+        let m = by(fault);
+        assert_eq!(m.status, 502, "{m:?}");
+        assert!(m.proxy_status.contains(&format!("error={error}")), "{m:?}");
+        assert_eq!(m.attempts, attempts, "{m:?}");
+        assert_eq!(
+            m.breaker_failures, attempts as u64,
+            "every attempt counted: {m:?}"
+        );
+        assert!(m.took < Duration::from_secs(10), "{m:?}");
+    }
+    // Failed after the head: the collector has the 200 and a transfer cut
+    // short (never a complete-looking body), at once for a reset or close
+    // and after the idle-body timeout (2 s) for silence; never retried.
+    for fault in ["HeadThenSilence", "ResetMidBody", "ShortBody"] {
+        let m = by(fault);
+        assert_eq!(m.status, 200, "{m:?}");
+        assert!(!m.body_complete, "{m:?}");
+        assert_eq!(m.attempts, 1, "{m:?}");
+    }
+    let silent = by("HeadThenSilence");
+    assert!(
+        silent.took >= Duration::from_secs(2) && silent.took < Duration::from_secs(10),
+        "{silent:?}"
+    );
+    assert!(by("ShortBody").took < Duration::from_secs(5));
+    assert_eq!(r.status, 502);
+    assert!(r
+        .header("proxy-status")
+        .is_some_and(|s| s.contains("error=connection_refused")));
+    assert!(refused_took < Duration::from_secs(10));
 }

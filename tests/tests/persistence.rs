@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use serde_json::Value;
-use sluice_tests::clients::{curl, naive_clients};
+use sluice_tests::clients::{curl, naive_clients, python};
 use sluice_tests::harness::{walk, Sluice};
 use sluice_tests::sim::Sim;
 use tokio::time::Instant;
@@ -61,7 +61,7 @@ async fn learned_rate_survives_restarts_until_stale() {
     let learned = learn(&s, &sim).await;
 
     // SIGTERM saves on the way out.
-    let (status, dir) = s.terminate();
+    let (status, dir) = s.terminate().await;
     assert!(status.success());
     let s = Sluice::start_in(dir, &cfg);
     assert_eq!(
@@ -78,17 +78,28 @@ async fn learned_rate_survives_restarts_until_stale() {
     assert!(rate > 2.0 * 5.0, "not the cold start");
     // The first requests after a restart go at the learned rate: their
     // spacing at the provider is nearer 1/learned than the cold 1/5 s.
+    // Six requests released together (threads of one Python process at a
+    // barrier, so client start-up does not spread them).
     let before = sim.hits("/ok").len();
-    let mut burst = Vec::new();
-    for _ in 0..6 {
-        let (proxy, url) = (s.proxy_url(), sim.url("http", "/ok"));
-        burst.push(tokio::spawn(
-            async move { curl(&proxy, &[], &url, T).await },
-        ));
-    }
-    for b in burst {
-        assert_eq!(b.await.unwrap().status, 200);
-    }
+    let statuses = python(
+        &s.proxy_url(),
+        r#"
+import sys, threading, urllib.request
+barrier = threading.Barrier(6)
+out = []
+def get():
+    barrier.wait()
+    with urllib.request.urlopen(sys.argv[1], timeout=20) as r:
+        out.append(r.status)
+threads = [threading.Thread(target=get) for _ in range(6)]
+for t in threads: t.start()
+for t in threads: t.join()
+print(" ".join(map(str, sorted(out))))
+"#,
+        &[&sim.url("http", "/ok")],
+    )
+    .await;
+    assert_eq!(statuses.trim(), "200 200 200 200 200 200");
     let hits = sim.hits("/ok");
     let arrivals: Vec<_> = hits[before..].iter().map(|h| h.at).collect();
     let span = (*arrivals.last().unwrap() - arrivals[0]).as_secs_f64();
@@ -109,7 +120,7 @@ async fn learned_rate_survives_restarts_until_stale() {
     assert!(rate > 10.0, "restored {rate} after kill -9");
 
     // Older than state_max_age (8 s): discarded, a cold start.
-    let (_, dir) = s.terminate();
+    let (_, dir) = s.terminate().await;
     tokio::time::sleep(Duration::from_secs(9)).await;
     let s = Sluice::start_in(dir, &cfg);
     let (rate, restored) = first_rate_after_restart(&s, &sim).await;
@@ -166,7 +177,7 @@ async fn corrupt_store_means_a_cold_start() {
             .status,
         200
     );
-    let (status, dir) = s.terminate();
+    let (status, dir) = s.terminate().await;
     assert!(status.success());
     // Overwrite every file of the store with garbage.
     let store = dir.join("state").join("store");

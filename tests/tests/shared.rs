@@ -49,6 +49,30 @@ async fn drive(replicas: &[Sluice], url: &str, clients: u32, secs: u32) -> Vec<S
     out
 }
 
+/// The `Retry-After` hold a replica wrote to Redis (ms since the epoch),
+/// if any.
+async fn shared_hold(redis: &Redis) -> Option<u64> {
+    let port = redis.port.to_string();
+    let cli = |args: Vec<String>| {
+        tokio::process::Command::new("redis-cli")
+            .arg("-p")
+            .arg(&port)
+            .args(args)
+            .output()
+    };
+    let keys = cli(vec!["--scan".into()]).await.ok()?;
+    for key in String::from_utf8_lossy(&keys.stdout).lines() {
+        let out = cli(vec!["HGET".into(), key.into(), "hold".into()])
+            .await
+            .ok()?;
+        let hold = String::from_utf8_lossy(&out.stdout).trim().parse::<f64>();
+        if let Some(h) = hold.ok().filter(|h| *h > 0.0) {
+            return Some(h as u64);
+        }
+    }
+    None
+}
+
 async fn metric(s: &Sluice, prefix: &str) -> Option<String> {
     let (_, body) = s.admin_get("/metrics").await;
     body.lines()
@@ -136,7 +160,15 @@ async fn a_retry_after_to_one_replica_holds_every_replica() {
     let held = curl(&proxy0, &[], &ra, Duration::from_secs(20));
     let ok = sim.url("http", "/ok");
     let others = async {
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        // Once replica 0 has written the hold to Redis (polled, bounded).
+        let started = Instant::now();
+        while shared_hold(&redis).await.is_none() {
+            assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "no hold in Redis"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         let (p1, p2) = (reps[1].proxy_url(), reps[2].proxy_url());
         let (a, b) = tokio::join!(
             curl(&p1, &[], &ok, Duration::from_secs(20)),
@@ -205,22 +237,34 @@ async fn a_new_replica_starts_warm() {
 /// back: shared again within a few seconds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_down_degrades_and_rejoins() {
+    const WARM: Duration = Duration::from_secs(10);
     let mut redis = Redis::start();
     let sim = Sim::start("127.0.0.85").await;
     sim.set_limit(20.0, 10.0);
     let reps = replicas(4, "127.0.0.85", Some(&redis));
     let url = sim.url("http", "/limited-ra/1");
     let state_line = "sluice_shared_budget_state{provider=\"p\",state=";
+    // 10 s shared, Redis down for 8 s, then back; the clients run 35 s.
     let script = async {
-        tokio::time::sleep(Duration::from_secs(20)).await;
+        tokio::time::sleep(WARM).await;
         redis.kill();
         let killed = Instant::now();
-        tokio::time::sleep(Duration::from_secs(3)).await;
+        // Every replica says it is degraded (polled, bounded).
         let mut states = Vec::new();
-        for r in &reps {
-            states.push(metric(r, &format!("{state_line}\"degraded\"}}")).await);
+        while killed.elapsed() < Duration::from_secs(6) {
+            states.clear();
+            for r in &reps {
+                states.push(metric(r, &format!("{state_line}\"degraded\"}}")).await);
+            }
+            if states
+                .iter()
+                .all(|s| s.as_deref().is_some_and(|l| l.ends_with(" 1")))
+            {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        tokio::time::sleep(Duration::from_secs(12)).await;
+        tokio::time::sleep(Duration::from_secs(8).saturating_sub(killed.elapsed())).await;
         let down = killed.elapsed();
         redis.restart();
         let back = Instant::now();
@@ -239,7 +283,7 @@ async fn redis_down_degrades_and_rejoins() {
         }
         (states, down, rejoined)
     };
-    let (seen, (states, down, rejoined)) = tokio::join!(drive(&reps, &url, 2, 50), script);
+    let (seen, (states, down, rejoined)) = tokio::join!(drive(&reps, &url, 2, 35), script);
     println!("clients: {seen:?}; degraded metrics: {states:?}; down {down:?}; rejoined after {rejoined:?}");
     for s in &seen {
         let words: Vec<&str> = s.split_whitespace().collect();
@@ -262,10 +306,7 @@ async fn redis_down_degrades_and_rejoins() {
     // replicas together within the limit × 1.1.
     let hits = sim.hits("/limited-ra");
     let start = hits.first().unwrap().at;
-    let (a, b) = (
-        start + Duration::from_secs(22),
-        start + Duration::from_secs(20) + down,
-    );
+    let (a, b) = (start + WARM + Duration::from_secs(2), start + WARM + down);
     let n = hits.iter().filter(|h| h.at >= a && h.at < b).count();
     let rate = n as f64 / (b - a).as_secs_f64();
     println!("while Redis was down: {rate:.1} req/s at the provider");
@@ -295,7 +336,25 @@ async fn a_slow_redis_does_not_stall_requests() {
         .args(["-p", &port, "DEBUG", "SLEEP", "4"])
         .output();
     let requests = async {
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        // Once Redis is asleep: a PING from another connection goes
+        // unanswered (polled, bounded).
+        let started = Instant::now();
+        loop {
+            let ping = tokio::process::Command::new("redis-cli")
+                .args(["-p", &port, "PING"])
+                .kill_on_drop(true)
+                .output();
+            if tokio::time::timeout(Duration::from_millis(200), ping)
+                .await
+                .is_err()
+            {
+                break;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "Redis never slept"
+            );
+        }
         let mut took = Vec::new();
         for _ in 0..3 {
             let t = Instant::now();
@@ -319,5 +378,8 @@ async fn a_slow_redis_does_not_stall_requests() {
         "sluice_shared_budget_state{provider=\"p\",state=\"degraded\"}",
     )
     .await;
-    println!("{degraded:?}");
+    assert!(
+        degraded.as_deref().is_some_and(|l| l.ends_with(" 1")),
+        "says it paces alone while Redis does not answer: {degraded:?}"
+    );
 }

@@ -10,7 +10,7 @@
 //!   a zero that looks like a measurement.
 
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
@@ -154,12 +154,19 @@ fn route(app: &App, req: Request<Incoming>) -> Response<ResBody> {
     }
 }
 
-/// Milliseconds since the epoch of a monotonic instant in the past.
-fn unix_ms(at: Instant, now: Instant) -> u64 {
-    let ago = now.saturating_duration_since(at);
-    SystemTime::now()
-        .checked_sub(ago)
-        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+/// Milliseconds since the epoch of a monotonic instant, through one
+/// anchor taken at the first call: the same instant reads the same at
+/// every call (deriving it from "now" at each read made it jitter by the
+/// time between two clock reads).
+fn unix_ms(at: Instant) -> u64 {
+    static ANCHOR: OnceLock<(Instant, SystemTime)> = OnceLock::new();
+    let (mono, wall) = *ANCHOR.get_or_init(|| (Instant::now(), SystemTime::now()));
+    let t = if at >= mono {
+        wall.checked_add(at - mono)
+    } else {
+        wall.checked_sub(mono - at)
+    };
+    t.and_then(|t| t.duration_since(UNIX_EPOCH).ok())
         .map_or(0, |d| d.as_millis() as u64)
 }
 
@@ -238,7 +245,7 @@ fn provider_json(app: &App, p: &Provider, with_evidence: bool) -> Value {
             "trusted": q.trusted,
         })),
         "last_backoff": s.pacer.last_backoff.map_or_else(unknown, |b| json!({
-            "at_unix_ms": unix_ms(b.at, now),
+            "at_unix_ms": unix_ms(b.at),
             "ago_ms": now.saturating_duration_since(b.at).as_millis() as u64,
             "reason": b.reason.label(),
             "from_rps": b.from_rps,
