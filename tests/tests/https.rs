@@ -296,8 +296,8 @@ async fn ca_key_is_private_and_never_logged() {
 }
 
 /// The hidden-limit scenario over HTTPS: 8 naive clients, 20 req/s, 30 s;
-/// over the last 15 s the provider accepts ≥ 85 % of its limit with ≤ 5 %
-/// 429s — per-request pacing inside TLS.
+/// over the last 15 s the provider accepts ≥ 95 % of its limit with ≤ 2 %
+/// 429s (measured: 99 %, 1 %) — per-request pacing inside TLS.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn naive_clients_over_https_are_paced_to_the_hidden_limit() {
     const LIMIT: f64 = 20.0;
@@ -320,8 +320,8 @@ async fn naive_clients_over_https_are_paced_to_the_hidden_limit() {
         clients.trim()
     );
     let (goodput, share) = (f.goodput, f.throttled_share);
-    assert!(goodput >= 0.85, "goodput {:.1} % < 85 %", goodput * 100.0);
-    assert!(share <= 0.05, "429 share {:.2} % > 5 %", share * 100.0);
+    assert!(goodput >= 0.95, "goodput {:.1} % < 95 %", goodput * 100.0);
+    assert!(share <= 0.02, "429 share {:.2} % > 2 %", share * 100.0);
 }
 
 /// A client that does not trust sluice's CA fails its handshake, and the

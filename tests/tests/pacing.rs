@@ -35,8 +35,8 @@ async fn limited_run(
 }
 
 /// 8 naive clients (no backoff of their own) for 30 s against a hidden
-/// limit of 20 req/s: over the last 15 s the provider accepts ≥ 85 % of its
-/// limit and ≤ 5 % of the attempts it sees are 429.
+/// limit of 20 req/s: over the last 15 s the provider accepts ≥ 95 % of its
+/// limit and ≤ 2 % of the attempts it sees are 429 (measured: 99 %, 0.7–1 %).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn naive_clients_are_paced_to_the_hidden_limit() {
     const LIMIT: f64 = 20.0;
@@ -46,8 +46,8 @@ async fn naive_clients_are_paced_to_the_hidden_limit() {
          last 15 s at the provider: {f}; clients saw: {clients}"
     );
     let (goodput, share) = (f.goodput, f.throttled_share);
-    assert!(goodput >= 0.85, "goodput {:.1} % < 85 %", goodput * 100.0);
-    assert!(share <= 0.05, "429 share {:.2} % > 5 %", share * 100.0);
+    assert!(goodput >= 0.95, "goodput {:.1} % < 95 %", goodput * 100.0);
+    assert!(share <= 0.02, "429 share {:.2} % > 2 %", share * 100.0);
 }
 
 /// R-SG3: a provider that throttles with bare 503s (no `Retry-After`) over
