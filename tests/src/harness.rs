@@ -14,12 +14,14 @@ pub fn binary() -> PathBuf {
         return PathBuf::from(p);
     }
     let exe = std::env::current_exe().expect("test executable path");
-    // target/<profile>/deps/<test> → target/<profile>/sluice
-    let bin = exe
-        .parent()
-        .and_then(Path::parent)
+    // A test: target/<profile>/deps/<test> → target/<profile>/sluice; a
+    // bench binary: target/<profile>/<bench> → target/<profile>/sluice.
+    let dir = exe.parent().expect("target dir");
+    let bin = [dir, dir.parent().unwrap_or(dir)]
+        .iter()
         .map(|d| d.join("sluice"))
-        .expect("target dir");
+        .find(|b| b.exists())
+        .unwrap_or_else(|| dir.join("sluice"));
     assert!(
         bin.exists(),
         "{} not found: build it first (scripts/test does: cargo build -p sluice)",
@@ -260,8 +262,8 @@ pub fn walk(dir: &Path) -> Vec<PathBuf> {
     out
 }
 
-/// One admin API call over a fresh HTTP/1.1 connection (hyper's client):
-/// status and the JSON answer (`Value::Null` if it was not JSON).
+/// One call to the admin API: status and JSON answer (`Value::Null` if
+/// it was not JSON). Panics if the admin does not answer within 60 s.
 pub async fn api_call(
     admin: SocketAddr,
     method: &str,
@@ -269,14 +271,28 @@ pub async fn api_call(
     body: Option<&serde_json::Value>,
     bearer: Option<&str>,
 ) -> (u16, serde_json::Value) {
+    tokio::time::timeout(
+        Duration::from_secs(60),
+        try_api_call(admin, method, path, body, bearer),
+    )
+    .await
+    .expect("admin answered in time")
+    .expect("admin answered")
+}
+
+/// [`api_call`] for a sluice that may be gone (a crash loop): an error
+/// instead of a panic when the connection fails or closes unanswered.
+pub async fn try_api_call(
+    admin: SocketAddr,
+    method: &str,
+    path: &str,
+    body: Option<&serde_json::Value>,
+    bearer: Option<&str>,
+) -> Result<(u16, serde_json::Value), Box<dyn std::error::Error + Send + Sync>> {
     use http_body_util::{BodyExt, Full};
-    let stream = tokio::net::TcpStream::connect(admin)
-        .await
-        .expect("connect admin");
+    let stream = tokio::net::TcpStream::connect(admin).await?;
     let (mut send, conn) =
-        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-            .await
-            .expect("handshake");
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await?;
     tokio::spawn(conn);
     let bytes = body.map_or_else(Vec::new, |b| serde_json::to_vec(b).unwrap());
     let mut req = http::Request::builder()
@@ -287,17 +303,14 @@ pub async fn api_call(
     if let Some(token) = bearer {
         req = req.header("authorization", format!("Bearer {token}"));
     }
-    let req = req.body(Full::new(bytes::Bytes::from(bytes))).unwrap();
-    let resp = tokio::time::timeout(Duration::from_secs(60), send.send_request(req))
-        .await
-        .expect("admin answered in time")
-        .expect("admin answered");
+    let req = req.body(Full::new(bytes::Bytes::from(bytes)))?;
+    let resp = send.send_request(req).await?;
     let status = resp.status().as_u16();
-    let body = resp.into_body().collect().await.unwrap().to_bytes();
-    (
+    let body = resp.into_body().collect().await?.to_bytes();
+    Ok((
         status,
         serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null),
-    )
+    ))
 }
 
 /// Milliseconds since the Unix epoch, by the wall clock (as the admin API
