@@ -77,9 +77,28 @@ pub fn install(dir: &Path) -> ExitCode {
     }
 }
 
+/// Raises the soft limit on open files to the hard one, as Go's runtime
+/// and nginx's `worker_rlimit_nofile` do: every client connection and
+/// every tunnel's upstream side holds a descriptor, and the soft default
+/// (often 1,024) is far below what one sidecar may be asked to hold. The
+/// hard limit stays the operator's; past it, accept errors are counted and
+/// backed off (`serve::accept`).
+fn raise_file_limit() {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((soft, hard)) if soft < hard => match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+            Ok(()) => tracing::debug!(from = soft, to = hard, "open-file limit raised"),
+            Err(e) => tracing::warn!(error = %e, soft, hard, "could not raise the open-file limit"),
+        },
+        Ok(_) => {}
+        Err(e) => tracing::warn!(error = %e, "could not read the open-file limit"),
+    }
+}
+
 /// Runs sluice until SIGTERM or SIGINT, then drains within the grace
 /// period and saves what it learned. SIGHUP reloads the config file.
 pub async fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), StartError> {
+    raise_file_limit();
     let tls = upstream::tls_config(config.extra_ca.as_deref())?;
     let guard = Guard::new(config.destinations.allow.clone());
     let upstream = Upstream::new(guard.clone(), tls, config.connect_timeout);

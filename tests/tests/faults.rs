@@ -295,3 +295,49 @@ async fn every_upstream_fault_gets_a_clear_answer() {
         .is_some_and(|s| s.contains("error=connection_refused")));
     assert!(refused_took < Duration::from_secs(10));
 }
+
+/// sluice raises its soft open-file limit to the hard one at start (as
+/// Go's runtime and nginx do): started under `prlimit --nofile=256:4096`,
+/// it runs with 4,096.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_open_file_limit_is_raised_to_the_hard_one() {
+    let dir = TempDir::new("faults-nofile");
+    std::fs::write(
+        dir.join("sluice.toml"),
+        "listen = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\n",
+    )
+    .unwrap();
+    let mut child = tokio::process::Command::new("prlimit")
+        .arg("--nofile=256:4096")
+        .arg(sluice_tests::harness::binary())
+        .arg("--config")
+        .arg(dir.join("sluice.toml"))
+        .arg("--state-dir")
+        .arg(dir.join("state"))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("prlimit (util-linux)");
+    let mut out = tokio::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    tokio::time::timeout(
+        T,
+        tokio::io::AsyncBufReadExt::read_line(&mut out, &mut line),
+    )
+    .await
+    .expect("sluice started in time")
+    .unwrap();
+    assert!(line.contains("sluice listening"), "{line}");
+    let pid = child.id().unwrap();
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    let open_files = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .unwrap()
+        .split_whitespace()
+        .filter_map(|w| w.parse::<u64>().ok())
+        .collect::<Vec<_>>();
+    assert_eq!(open_files, [4096, 4096], "{limits}");
+    child.kill().await.unwrap();
+}
