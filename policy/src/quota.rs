@@ -296,12 +296,18 @@ fn reset_value(v: &str, now_wall: SystemTime) -> Option<Duration> {
         .ok()
         .filter(|s: &f64| s.is_finite() && *s >= 0.0)?;
     if secs >= 1e9 {
-        let at = UNIX_EPOCH + Duration::from_secs_f64(secs);
-        return Some(
-            at.duration_since(now_wall)
+        let at = Duration::try_from_secs_f64(secs)
+            .ok()
+            .and_then(|d| UNIX_EPOCH.checked_add(d));
+        return Some(match at {
+            Some(at) => at
+                .duration_since(now_wall)
                 .unwrap_or(Duration::ZERO)
                 .min(MAX_BELIEVED),
-        );
+            // Beyond what a clock can hold (it used to panic: found by
+            // fuzzing): as far off as anything is believed.
+            None => MAX_BELIEVED,
+        });
     }
     Some(Duration::from_secs_f64(secs).min(MAX_BELIEVED))
 }
@@ -338,6 +344,23 @@ mod tests {
 
     fn parse(pairs: &[(&str, &str)]) -> Result<Option<Advertised>, Malformed> {
         advertised(&headers(pairs), now())
+    }
+
+    /// Found by fuzzing (`fuzz/fuzz_targets/quota_headers.rs`): a Unix-time
+    /// reset past what `SystemTime` holds panicked the request's task. It
+    /// is as far off as anything believed now, never a panic.
+    #[test]
+    fn a_reset_beyond_any_clock_is_the_longest_believed() {
+        for reset in ["180000800000003000070", "1e300", "18446744073709551616"] {
+            let a = parse(&[
+                ("x-ratelimit-limit", "100"),
+                ("x-ratelimit-remaining", "42"),
+                ("x-ratelimit-reset", reset),
+            ])
+            .unwrap()
+            .unwrap();
+            assert_eq!(a.reset, MAX_BELIEVED, "{reset}");
+        }
     }
 
     #[test]
