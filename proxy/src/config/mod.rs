@@ -885,7 +885,9 @@ fn key_at(text: &str, offset: usize) -> Option<String> {
         .rev()
         .map(str::trim)
         .find(|l| l.starts_with('[') && l.ends_with(']'))
-        .map(|l| l.trim_matches(|c| c == '[' || c == ']').trim().to_string());
+        .map(|l| l.trim_matches(|c| c == '[' || c == ']').trim().to_string())
+        // `[]` names no table (found by fuzzing: an error keyed "").
+        .filter(|t| !t.is_empty());
     let key = line
         .split_once('=')
         .map(|(k, _)| k.trim().trim_matches('"').to_string())
@@ -902,6 +904,17 @@ fn key_at(text: &str, offset: usize) -> Option<String> {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// Found by fuzzing (`fuzz/fuzz_targets/config_toml.rs`): after an
+    /// empty table header `[]`, a syntax error was keyed "" — every error
+    /// names a key (or `config`).
+    #[test]
+    fn an_error_after_an_empty_table_header_still_names_a_key() {
+        for text in ["\"\"\"co\"\"!\u{0}\"e-dir)\n\n[]\n# a\r\r\r\r\".", "[]\nx\n"] {
+            let e = Config::from_toml(text).unwrap_err();
+            assert!(!e.key.is_empty(), "{e}");
+        }
+    }
 
     #[test]
     fn empty_config_is_safe_defaults() {
