@@ -72,6 +72,9 @@ pub struct Metrics {
     quota_malformed: IntCounterVec,
     /// Providers in the table.
     pub providers_tracked: IntGauge,
+    /// Tasks alive in the runtime (connections, tunnels, writers…): flat
+    /// at rest, back to it after load — a stuck waiter shows here.
+    pub tasks_alive: IntGauge,
     /// Stores that could not be opened and were moved aside, by reason.
     pub store_cold_starts: IntCounterVec,
     /// Store reads or writes that failed.
@@ -165,6 +168,13 @@ impl Metrics {
         )
         .expect("valid metric");
         r.register(Box::new(hold_seconds.clone()))
+            .expect("unique metric");
+        let tasks_alive = IntGauge::new(
+            "runtime_tasks_alive",
+            "Tasks alive in the async runtime (connections, tunnels, background work)",
+        )
+        .expect("valid metric");
+        r.register(Box::new(tasks_alive.clone()))
             .expect("unique metric");
         let providers_tracked =
             IntGauge::new("providers_tracked", "Providers in the table").expect("valid metric");
@@ -387,6 +397,7 @@ impl Metrics {
                 &["provider", "family"],
             ),
             providers_tracked,
+            tasks_alive,
             store_cold_starts: counter(
                 &r,
                 "store_cold_starts_total",

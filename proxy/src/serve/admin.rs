@@ -112,6 +112,11 @@ fn route(app: &App, req: Request<Incoming>) -> Response<ResBody> {
                 .collect();
             app.metrics
                 .refresh(snaps.iter().map(|(s, v, b)| (s, *v, *b)));
+            app.metrics.tasks_alive.set(
+                tokio::runtime::Handle::current()
+                    .metrics()
+                    .num_alive_tasks() as i64,
+            );
             app.runs.export();
             text(
                 StatusCode::OK,
