@@ -16,6 +16,8 @@ pub struct Redis {
     /// Its port on 127.0.0.1.
     pub port: u16,
     dir: TempDir,
+    /// Serving TLS only, with this certificate and key (PEM files).
+    tls: Option<(std::path::PathBuf, std::path::PathBuf)>,
 }
 
 impl Redis {
@@ -30,14 +32,43 @@ impl Redis {
             child: None,
             port,
             dir: TempDir::new("redis"),
+            tls: None,
         };
         r.restart();
         r
     }
 
-    /// `redis://127.0.0.1:{port}/0`.
+    /// Starts one that speaks TLS only (Debian's build has it), with a
+    /// leaf for 127.0.0.1 from `ca`.
+    pub fn start_tls(ca: &crate::pki::TestCa) -> Redis {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let dir = TempDir::new("redis-tls");
+        let (cert, key) = ca.leaf_pem(&["127.0.0.1"]);
+        let (cert_file, key_file) = (dir.join("redis.crt"), dir.join("redis.key"));
+        std::fs::write(&cert_file, cert).unwrap();
+        std::fs::write(&key_file, key).unwrap();
+        let mut r = Redis {
+            child: None,
+            port,
+            dir,
+            tls: Some((cert_file, key_file)),
+        };
+        r.restart();
+        r
+    }
+
+    /// `redis://127.0.0.1:{port}/0`, or `rediss://` for a TLS one.
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/0", self.port)
+        let scheme = if self.tls.is_some() {
+            "rediss"
+        } else {
+            "redis"
+        };
+        format!("{scheme}://127.0.0.1:{}/0", self.port)
     }
 
     /// Kills it (`kill -9`: no goodbye to its clients).
@@ -51,12 +82,24 @@ impl Redis {
     /// Starts it again on the same port, empty (no persistence).
     pub fn restart(&mut self) {
         self.kill();
-        let child = Command::new("redis-server")
+        let mut cmd = Command::new("redis-server");
+        match &self.tls {
+            Some((cert, key)) => {
+                cmd.args(["--port", "0", "--tls-port", &self.port.to_string()])
+                    .arg("--tls-cert-file")
+                    .arg(cert)
+                    .arg("--tls-key-file")
+                    .arg(key)
+                    .args(["--tls-auth-clients", "no"]);
+            }
+            None => {
+                cmd.args(["--port", &self.port.to_string()]);
+            }
+        }
+        let child = cmd
             .args([
                 "--bind",
                 "127.0.0.1",
-                "--port",
-                &self.port.to_string(),
                 "--save",
                 "",
                 "--enable-debug-command",

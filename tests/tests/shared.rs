@@ -8,7 +8,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use sluice_tests::clients::{curl, naive_clients};
-use sluice_tests::harness::Sluice;
+use sluice_tests::harness::{Sluice, TempDir};
+use sluice_tests::pki::TestCa;
 use sluice_tests::redis::Redis;
 use sluice_tests::sim::Sim;
 
@@ -381,5 +382,56 @@ async fn a_slow_redis_does_not_stall_requests() {
     assert!(
         degraded.as_deref().is_some_and(|l| l.ends_with(" 1")),
         "says it paces alone while Redis does not answer: {degraded:?}"
+    );
+}
+
+/// Issue 20: a shared budget over TLS (`rediss://`) against a real
+/// `redis-server` serving TLS only, its certificate from a CA sluice is
+/// given as `upstream.extra_ca`: shared. Given another CA, sluice refuses
+/// the server (never shares through an untrusted Redis) and paces alone,
+/// degraded — its requests still served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_over_tls_trusts_only_its_ca() {
+    let ca = TestCa::new("redis CA");
+    let redis = Redis::start_tls(&ca);
+    let sim = Sim::start("127.0.0.87").await;
+    let dir = TempDir::new("shared-tls");
+    std::fs::write(dir.join("redis-ca.pem"), &ca.pem).unwrap();
+    std::fs::write(dir.join("other-ca.pem"), &TestCa::new("another CA").pem).unwrap();
+    let url = sim.url("http", "/ok");
+    let mut states = Vec::new();
+    for ca_file in ["redis-ca.pem", "other-ca.pem"] {
+        let config = format!(
+            "{}[upstream]\nextra_ca = \"{}\"\n",
+            config("127.0.0.87", Some(&redis), 1),
+            dir.join(ca_file).display()
+        );
+        let s = Sluice::start(&config);
+        assert!(config.contains("rediss://"), "{config}");
+        for _ in 0..5 {
+            let r = curl(&s.proxy_url(), &[], &url, Duration::from_secs(10)).await;
+            assert_eq!(r.status, 200, "requests are served either way");
+        }
+        // The budget's state, once it has tried Redis (polled, bounded).
+        let started = Instant::now();
+        let state = loop {
+            let (_, readout) = s.admin_get("/v1/providers/p").await;
+            let v: serde_json::Value = serde_json::from_str(&readout).unwrap();
+            let state = v["shared"]["state"].as_str().unwrap_or("").to_string();
+            if state == "shared"
+                || state == "degraded"
+                || started.elapsed() > Duration::from_secs(10)
+            {
+                break state;
+            }
+            curl(&s.proxy_url(), &[], &url, Duration::from_secs(10)).await;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        states.push(state);
+    }
+    assert_eq!(
+        states,
+        ["shared", "degraded"],
+        "its CA trusted, another refused"
     );
 }
