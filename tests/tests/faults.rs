@@ -341,3 +341,62 @@ async fn the_open_file_limit_is_raised_to_the_hard_one() {
     assert_eq!(open_files, [4096, 4096], "{limits}");
     child.kill().await.unwrap();
 }
+
+/// Issue 20: a provider whose process flips between up and gone every two
+/// seconds (its port refusing connections while gone), under 4 naive
+/// clients for 18 s. Every request gets an answer — the provider's `200`,
+/// or sluice's `502 connection_refused` / `503` circuit open with
+/// `Proxy-Status` — never a hang or a dropped connection, and once the
+/// provider stays up the collectors get `200`s again within seconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provider_flapping_between_up_and_gone_always_gets_an_answer() {
+    let mut sim = Sim::start("127.0.2.40").await;
+    let sluice = Sluice::start_in(
+        TempDir::new("faults-flap"),
+        "[destinations]\nallow = [\"127.0.0.0/8\"]\n",
+    );
+    let (proxy, url) = (sluice.proxy_url(), sim.url("http", "/ok"));
+    let clients = tokio::spawn({
+        let (proxy, url) = (proxy.clone(), url.clone());
+        async move { sluice_tests::clients::naive_clients(&proxy, &url, 4, 18, &[]).await }
+    });
+    for flip in 0..8 {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        if flip % 2 == 0 {
+            sim.stop();
+        } else {
+            sim.restart().await;
+        }
+    }
+    // Up for good from t ≈ 16 s.
+    let seen = clients.await.unwrap();
+    println!("clients saw: {}", seen.trim());
+    for word in seen.split_whitespace() {
+        let (code, _) = word.split_once('=').unwrap();
+        assert!(
+            ["200", "502", "503"].contains(&code),
+            "an answer that is not the provider's or sluice's: {seen}"
+        );
+    }
+    assert!(seen.contains("200="), "{seen}");
+    let started = Instant::now();
+    loop {
+        let r = curl(&proxy, &[], &url, T).await;
+        if r.status == 200 {
+            break;
+        }
+        assert!(
+            r.header("proxy-status").is_some(),
+            "sluice's own answer says why: {r:?}"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "not back: {r:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    println!(
+        "200 again {:?} after the clients stopped",
+        started.elapsed()
+    );
+}
