@@ -4,6 +4,7 @@
 pub mod accept;
 pub mod admin;
 pub mod auth;
+pub mod bodies;
 pub mod runs;
 
 use std::net::SocketAddr;

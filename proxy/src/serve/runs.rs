@@ -20,7 +20,6 @@
 //! anyway must be the collector's whose run or records are asked for.
 
 use std::net::{IpAddr, SocketAddr};
-use std::time::Duration;
 
 use http::{header, Method, Request, Response, StatusCode};
 use http_body_util::BodyExt;
@@ -29,17 +28,13 @@ use serde_json::{json, Map, Value};
 
 use crate::app::App;
 use crate::body::{full, ResBody};
-use crate::runs::records::{
-    split_id, Checkpoint, Gap, Mode, RunRecord, GAP_REASONS, MAX_GAP_PAGE_BYTES,
-};
-use crate::runs::{CollectorView, Opening, RunError, RunView};
+use crate::runs::records::{split_id, Checkpoint, Gap, Mode, RunRecord, MAX_GAP_PAGE_BYTES};
+use crate::runs::{CollectorView, RunError, RunView};
 use crate::serve::auth::constant_time_eq;
+use crate::serve::bodies::{self, invalid, Invalid};
 
 /// The largest JSON body accepted (a cursor may be long).
 const MAX_BODY: usize = 1 << 20;
-
-/// The longest a `POST …/runs` may wait for the lease.
-const MAX_WAIT: Duration = Duration::from_secs(3600);
 
 fn reply(status: StatusCode, v: &Value) -> Response<ResBody> {
     let mut resp = Response::new(full(v.to_string()));
@@ -56,26 +51,8 @@ fn bad(status: StatusCode, field: &str, why: impl Into<String>) -> Response<ResB
     reply(status, &json!({ "error": why.into(), "field": field }))
 }
 
-/// What was wrong with a request, before it becomes the `4xx`.
-#[derive(Debug)]
-struct Invalid {
-    status: StatusCode,
-    field: String,
-    why: String,
-}
-
-fn invalid(status: StatusCode, field: &str, why: impl Into<String>) -> Invalid {
-    Invalid {
-        status,
-        field: field.to_string(),
-        why: why.into(),
-    }
-}
-
-impl Invalid {
-    fn into_response(self) -> Response<ResBody> {
-        bad(self.status, &self.field, self.why)
-    }
+fn refuse(e: Invalid) -> Response<ResBody> {
+    bad(e.status, &e.field, e.why)
 }
 
 fn run_error(e: RunError) -> Response<ResBody> {
@@ -309,89 +286,13 @@ fn authorize(
 /// says why not.
 async fn read_json(req: Request<Incoming>) -> Result<Map<String, Value>, Invalid> {
     let limited = http_body_util::Limited::new(req.into_body(), MAX_BODY);
-    let bytes = match limited.collect().await {
-        Ok(b) => b.to_bytes(),
-        Err(_) => {
-            return Err(invalid(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "body",
-                "at most 1 MiB of JSON",
-            ))
-        }
-    };
-    if bytes.iter().all(u8::is_ascii_whitespace) {
-        return Ok(Map::new());
-    }
-    match serde_json::from_slice::<Value>(&bytes) {
-        Ok(Value::Object(m)) => Ok(m),
-        Ok(_) => Err(invalid(StatusCode::BAD_REQUEST, "body", "a JSON object")),
-        Err(e) => Err(invalid(
-            StatusCode::BAD_REQUEST,
+    match limited.collect().await {
+        Ok(b) => bodies::object(&b.to_bytes()),
+        Err(_) => Err(invalid(
+            StatusCode::PAYLOAD_TOO_LARGE,
             "body",
-            format!("malformed JSON: {e}"),
+            "at most 1 MiB of JSON",
         )),
-    }
-}
-
-/// Reads the optional fields of a JSON object, naming the one that is
-/// wrong; fields it does not know are refused too.
-struct Fields<'a> {
-    map: &'a Map<String, Value>,
-}
-
-type Field<T> = Result<Option<T>, Invalid>;
-
-impl<'a> Fields<'a> {
-    fn new(map: &'a Map<String, Value>, known: &[&str]) -> Result<Self, Invalid> {
-        if let Some(unknown) = map.keys().find(|k| !known.contains(&k.as_str())) {
-            return Err(invalid(StatusCode::BAD_REQUEST, unknown, "unknown field"));
-        }
-        Ok(Fields { map })
-    }
-
-    fn value(&self, name: &str) -> Option<&'a Value> {
-        self.map.get(name).filter(|v| !v.is_null())
-    }
-
-    fn count(&self, name: &str) -> Field<u64> {
-        match self.value(name) {
-            None => Ok(None),
-            Some(v) => v
-                .as_u64()
-                .map(Some)
-                .ok_or_else(|| invalid(StatusCode::BAD_REQUEST, name, "a whole number ≥ 0")),
-        }
-    }
-
-    fn positive(&self, name: &str, max: f64) -> Field<f64> {
-        match self.value(name) {
-            None => Ok(None),
-            Some(v) => match v.as_f64() {
-                Some(x) if x.is_finite() && x > 0.0 && x <= max => Ok(Some(x)),
-                _ => Err(invalid(
-                    StatusCode::BAD_REQUEST,
-                    name,
-                    format!("a number > 0 and ≤ {max}"),
-                )),
-            },
-        }
-    }
-
-    fn text(&self, name: &str) -> Field<String> {
-        match self.value(name) {
-            None => Ok(None),
-            Some(Value::String(s)) => Ok(Some(s.clone())),
-            Some(_) => Err(invalid(StatusCode::BAD_REQUEST, name, "a string")),
-        }
-    }
-
-    fn mode(&self, name: &str) -> Field<Mode> {
-        match self.text(name)? {
-            None => Ok(None),
-            Some(m) => Mode::parse(&m)
-                .map(Some)
-                .ok_or_else(|| invalid(StatusCode::BAD_REQUEST, name, "\"steady\" or \"catchup\"")),
-        }
     }
 }
 
@@ -400,38 +301,10 @@ async fn open(
     name: &str,
     body: Result<Map<String, Value>, Invalid>,
 ) -> Response<ResBody> {
-    let parsed = (|| -> Result<_, Invalid> {
-        let map = body?;
-        let f = Fields::new(
-            &map,
-            &["request_cap", "deadline_s", "retry_ratio", "mode", "wait_s"],
-        )?;
-        let opening = Opening {
-            request_cap: f.count("request_cap")?,
-            deadline_s: f.positive("deadline_s", 366.0 * 86400.0)?,
-            retry_ratio: match f.value("retry_ratio") {
-                None => None,
-                Some(v) => match v.as_f64() {
-                    Some(r) if r.is_finite() && (0.0..=10.0).contains(&r) => Some(r),
-                    _ => {
-                        return Err(invalid(
-                            StatusCode::BAD_REQUEST,
-                            "retry_ratio",
-                            "a number from 0 to 10",
-                        ))
-                    }
-                },
-            },
-            mode: f.mode("mode")?.unwrap_or_default(),
-        };
-        let wait = f
-            .positive("wait_s", MAX_WAIT.as_secs_f64())?
-            .map_or(Duration::ZERO, Duration::from_secs_f64);
-        Ok((opening, wait))
-    })();
+    let parsed = body.and_then(|map| bodies::opening(&map));
     let (opening, wait) = match parsed {
         Ok(p) => p,
-        Err(e) => return e.into_response(),
+        Err(e) => return refuse(e),
     };
     match app.runs.open(name, opening, wait).await {
         Ok(view) => {
@@ -453,21 +326,12 @@ async fn checkpoint(
     stream: &str,
     body: Result<Map<String, Value>, Invalid>,
 ) -> Response<ResBody> {
-    let parsed = (|| -> Result<_, Invalid> {
-        let map = body?;
-        let f = Fields::new(&map, &["mode", "slice", "cursor", "fencing_token"])?;
-        let need = |field: &str| invalid(StatusCode::BAD_REQUEST, field, "required");
-        let mode = f.mode("mode")?.ok_or_else(|| need("mode"))?;
-        let slice = f.count("slice")?.ok_or_else(|| need("slice"))?;
-        let cursor = f.text("cursor")?.ok_or_else(|| need("cursor"))?;
-        let fence = f
-            .count("fencing_token")?
-            .ok_or_else(|| need("fencing_token"))?;
-        Ok((mode, slice, cursor, fence))
-    })();
+    let parsed = body
+        .and_then(|map| bodies::commit(&map))
+        .map(|c| (c.mode, c.slice, c.cursor, c.fencing_token));
     let (mode, slice, cursor, fence) = match parsed {
         Ok(p) => p,
-        Err(e) => return e.into_response(),
+        Err(e) => return refuse(e),
     };
     if stream.is_empty() {
         return bad(StatusCode::BAD_REQUEST, "stream", "a stream name");
@@ -486,28 +350,12 @@ async fn checkpoint(
 }
 
 async fn gap(app: &App, id: &str, body: Result<Map<String, Value>, Invalid>) -> Response<ResBody> {
-    let parsed = (|| -> Result<_, Invalid> {
-        let map = body?;
-        let f = Fields::new(&map, &["stream", "cursor", "reason", "detail"])?;
-        let stream = f
-            .text("stream")?
-            .filter(|s| !s.is_empty())
-            .ok_or_else(|| invalid(StatusCode::BAD_REQUEST, "stream", "required"))?;
-        let reason = f
-            .text("reason")?
-            .ok_or_else(|| invalid(StatusCode::BAD_REQUEST, "reason", "required"))?;
-        if !GAP_REASONS.contains(&reason.as_str()) {
-            return Err(invalid(
-                StatusCode::BAD_REQUEST,
-                "reason",
-                format!("one of {}", GAP_REASONS.join(", ")),
-            ));
-        }
-        Ok((stream, f.text("cursor")?, reason, f.text("detail")?))
-    })();
+    let parsed = body
+        .and_then(|map| bodies::gap(&map))
+        .map(|g| (g.stream, g.cursor, g.reason, g.detail));
     let (stream, cursor, reason, detail) = match parsed {
         Ok(p) => p,
-        Err(e) => return e.into_response(),
+        Err(e) => return refuse(e),
     };
     match app.runs.add_gap(id, stream, cursor, reason, detail).await {
         Ok(g) => reply(StatusCode::CREATED, &gap_json(&g)),
