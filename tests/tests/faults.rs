@@ -400,3 +400,45 @@ async fn a_provider_flapping_between_up_and_gone_always_gets_an_answer() {
         started.elapsed()
     );
 }
+
+/// Issue 20: a provider whose certificate, from a CA sluice trusts, is for
+/// another name: `502 tls_certificate_error` inside the intercepted
+/// tunnel, and no request reaches a provider whose name is not proven.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_certificate_for_another_name_is_refused() {
+    let ca = sluice_tests::pki::TestCa::new("provider CA");
+    let sim = Sim::start_tls("127.0.2.39", ca.server_config(&["other.example"])).await;
+    let dir = TempDir::new("faults-name");
+    std::fs::write(dir.join("provider-ca.pem"), &ca.pem).unwrap();
+    let config = format!(
+        "[destinations]\nallow = [\"127.0.0.0/8\"]\nconnect_ports = [{}]\n\
+         [upstream]\nextra_ca = \"{}\"\n",
+        sim.addr.port(),
+        dir.join("provider-ca.pem").display()
+    );
+    let sluice = Sluice::start_in(dir, &config);
+    let cacert = sluice
+        .dir
+        .join("state")
+        .join("ca.crt")
+        .display()
+        .to_string();
+    let r = curl(
+        &sluice.proxy_url(),
+        &["--cacert", &cacert],
+        &sim.url("https", "/ok"),
+        T,
+    )
+    .await;
+    assert_eq!(r.status, 502, "{r:?}");
+    assert!(
+        r.header("proxy-status")
+            .is_some_and(|s| s.contains("error=tls_certificate_error")),
+        "{r:?}"
+    );
+    assert_eq!(
+        sim.hits("/").len(),
+        0,
+        "no request went to a provider not proven"
+    );
+}
