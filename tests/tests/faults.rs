@@ -442,3 +442,48 @@ async fn a_certificate_for_another_name_is_refused() {
         "no request went to a provider not proven"
     );
 }
+
+/// Issue 20: a provider name that does not resolve gets `502 dns_error`
+/// at once. Tests never send traffic beyond loopback, and
+/// a lookup would ask the machine's DNS server: so sluice and curl run in
+/// a network namespace of their own (`unshare --net`, loopback only),
+/// where the lookup fails without a packet leaving it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_name_that_does_not_resolve_gets_502_dns_error() {
+    let dir = TempDir::new("faults-dns");
+    std::fs::write(
+        dir.join("sluice.toml"),
+        "listen = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\n",
+    )
+    .unwrap();
+    let script = format!(
+        r#"
+ip link set lo up
+"{bin}" --config "{d}/sluice.toml" --state-dir "{d}/state" > "{d}/out" 2> "{d}/log" &
+pid=$!
+for i in $(seq 200); do grep -q "sluice listening" "{d}/out" && break; sleep 0.05; done
+proxy=$(sed -n 's/.*proxy=\([^ ]*\).*/\1/p' "{d}/out")
+curl -sS -o /dev/null -D - --max-time 20 -x "http://$proxy" http://provider.invalid/ok
+kill $pid
+"#,
+        bin = sluice_tests::harness::binary().display(),
+        d = dir.0.display()
+    );
+    let started = Instant::now();
+    let out = tokio::process::Command::new("unshare")
+        .args(["--net", "sh", "-c", &script])
+        .output()
+        .await
+        .expect("unshare (util-linux)");
+    let took = started.elapsed();
+    let head = String::from_utf8_lossy(&out.stdout).to_lowercase();
+    println!("{head}");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(head.starts_with("http/1.1 502"), "{head}");
+    assert!(head.contains("error=dns_error"), "{head}");
+    assert!(took < Duration::from_secs(15), "{took:?}");
+}
