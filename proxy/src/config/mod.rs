@@ -910,7 +910,10 @@ mod tests {
     /// names a key (or `config`).
     #[test]
     fn an_error_after_an_empty_table_header_still_names_a_key() {
-        for text in ["\"\"\"co\"\"!\u{0}\"e-dir)\n\n[]\n# a\r\r\r\r\".", "[]\nx\n"] {
+        for text in [
+            "\"\"\"co\"\"!\u{0}\"e-dir)\n\n[]\n# a\r\r\r\r\".",
+            "[]\nx\n",
+        ] {
             let e = Config::from_toml(text).unwrap_err();
             assert!(!e.key.is_empty(), "{e}");
         }
