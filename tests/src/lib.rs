@@ -10,5 +10,6 @@ pub mod harness;
 pub mod load;
 pub mod model;
 pub mod pki;
+pub mod procfs;
 pub mod redis;
 pub mod sim;

@@ -21,23 +21,11 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
 use sluice_tests::harness::{Sluice, TempDir};
 use sluice_tests::pki::TestCa;
+use sluice_tests::procfs::{open_fds, rss_kib};
 use sluice_tests::sim::Sim;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Instant;
-
-fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc status");
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS")
-}
-
-fn fds(pid: u32) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count())
-}
 
 /// The admin port's answer time to `/healthz` (worst of five).
 async fn admin_worst(admin: SocketAddr) -> Duration {
@@ -63,7 +51,7 @@ async fn admin_worst(admin: SocketAddr) -> Duration {
 /// Waits (bounded) until sluice holds at least `want` descriptors.
 async fn until_fds(pid: u32, want: usize) {
     let t = Instant::now();
-    while fds(pid) < want && t.elapsed() < Duration::from_secs(30) {
+    while open_fds(pid) < want && t.elapsed() < Duration::from_secs(30) {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -117,7 +105,7 @@ impl Phase {
         took: Duration,
     ) {
         let t = Instant::now();
-        while fds(pid) > rest && t.elapsed() < Duration::from_secs(30) {
+        while open_fds(pid) > rest && t.elapsed() < Duration::from_secs(30) {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         // The allocator gives freed memory back over seconds: wait
@@ -138,7 +126,7 @@ impl Phase {
             during,
             after: rss_kib(pid),
             fds: fds_open,
-            fds_after: fds(pid),
+            fds_after: open_fds(pid),
             admin,
             took,
         };
@@ -209,7 +197,7 @@ async fn main() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     println!(
         "bench_flood: sluice pid {pid}, {} descriptors at rest, RSS {} KiB",
-        fds(pid),
+        open_fds(pid),
         rss_kib(pid)
     );
 
@@ -231,7 +219,7 @@ async fn main() {
     for round in 1..=rounds {
         println!("round {round}");
         // 1. Idle client connections.
-        let rest = fds(pid);
+        let rest = open_fds(pid);
         let before = rss_kib(pid);
         let t = Instant::now();
         let mut conns = Vec::with_capacity(idle);
@@ -240,7 +228,7 @@ async fn main() {
         }
         until_fds(pid, rest + idle).await;
         let took = t.elapsed();
-        let (during, open_fds, admin_t) = (rss_kib(pid), fds(pid), admin_worst(admin).await);
+        let (during, fds_open, admin_t) = (rss_kib(pid), open_fds(pid), admin_worst(admin).await);
         let r = sluice_tests::clients::curl(
             &sluice.proxy_url(),
             &[],
@@ -260,7 +248,7 @@ async fn main() {
             idle,
             before,
             during,
-            open_fds,
+            fds_open,
             admin_t,
             took,
         )
@@ -268,7 +256,7 @@ async fn main() {
 
         // 2. Raw tunnels (sluice holds the client side and the provider side).
         let target = echo_addr.to_string();
-        let rest = fds(pid);
+        let rest = open_fds(pid);
         let before = rss_kib(pid);
         let t = Instant::now();
         let mut open = Vec::with_capacity(tunnels);
@@ -277,7 +265,7 @@ async fn main() {
         }
         until_fds(pid, rest + 2 * tunnels).await;
         let took = t.elapsed();
-        let (during, open_fds, admin_t) = (rss_kib(pid), fds(pid), admin_worst(admin).await);
+        let (during, fds_open, admin_t) = (rss_kib(pid), open_fds(pid), admin_worst(admin).await);
         // Bytes still flow through one of them (a TLS record's first byte:
         // plain text in a tunnel is served as HTTP, not carried raw).
         let s = open.last_mut().unwrap();
@@ -293,7 +281,7 @@ async fn main() {
             tunnels,
             before,
             during,
-            open_fds,
+            fds_open,
             admin_t,
             took,
         )
@@ -301,7 +289,7 @@ async fn main() {
 
         // 3. Intercepted tunnels: a TLS session with sluice each.
         let target = tls_sim.addr.to_string();
-        let rest = fds(pid);
+        let rest = open_fds(pid);
         let before = rss_kib(pid);
         let t = Instant::now();
         let mut open = Vec::with_capacity(tunnels);
@@ -311,7 +299,7 @@ async fn main() {
         }
         until_fds(pid, rest + tunnels).await;
         let took = t.elapsed();
-        let (during, open_fds, admin_t) = (rss_kib(pid), fds(pid), admin_worst(admin).await);
+        let (during, fds_open, admin_t) = (rss_kib(pid), open_fds(pid), admin_worst(admin).await);
         // A request inside one of them reaches the provider.
         let s = open.last_mut().unwrap();
         s.write_all(b"GET /ok HTTP/1.1\r\nhost: 127.0.3.22\r\nconnection: close\r\n\r\n")
@@ -331,7 +319,7 @@ async fn main() {
             tunnels,
             before,
             during,
-            open_fds,
+            fds_open,
             admin_t,
             took,
         )

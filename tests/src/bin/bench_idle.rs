@@ -14,18 +14,10 @@
 use std::time::Duration;
 
 use sluice_tests::harness::Sluice;
+use sluice_tests::procfs::{open_fds, rss_kib};
 use tokio::net::TcpStream;
 
 const CONNS: usize = 2000;
-
-fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc status");
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS")
-}
 
 #[tokio::main]
 async fn main() {
@@ -42,7 +34,7 @@ async fn main() {
         // Accepting is asynchronous: give sluice a moment to take them all.
         tokio::time::sleep(Duration::from_secs(2)).await;
         let after = rss_kib(pid);
-        let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count());
+        let fds = open_fds(pid);
         let per = (after.saturating_sub(before)) as f64 * 1024.0 / CONNS as f64;
         println!(
             "round {round}: {CONNS} idle connections ({fds} descriptors open in sluice): \

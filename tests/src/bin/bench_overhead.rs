@@ -13,6 +13,7 @@
 
 use sluice_tests::harness::Sluice;
 use sluice_tests::load::{load, Run};
+use sluice_tests::procfs::{cpu_seconds, status_kib};
 use sluice_tests::sim::Sim;
 
 const CONNS: usize = 32;
@@ -58,28 +59,4 @@ async fn main() {
         proxied.rps,
         cpu / (proxied.rps * SECS as f64) * 1e6
     );
-}
-
-/// A `/proc/PID/status` field in KiB.
-fn status_kib(pid: u32, field: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0)
-}
-
-/// User + system CPU seconds the process has used.
-fn cpu_seconds(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // Fields after the command's closing parenthesis; utime and stime are
-    // the 12th and 13th of those.
-    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
-    let f: Vec<f64> = rest
-        .split_whitespace()
-        .map(|x| x.parse().unwrap_or(0.0))
-        .collect();
-    let ticks = f.get(11).copied().unwrap_or(0.0) + f.get(12).copied().unwrap_or(0.0);
-    ticks / 100.0
 }

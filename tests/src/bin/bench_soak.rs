@@ -20,21 +20,9 @@ use serde_json::Value;
 use sluice_tests::clients::{naive_clients, python};
 use sluice_tests::harness::{Sluice, TempDir};
 use sluice_tests::pki::TestCa;
+use sluice_tests::procfs::{open_fds, status_kib};
 use sluice_tests::sim::Sim;
 use tokio::time::Instant;
-
-fn status_kib(pid: u32, field: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix(field).and_then(|r| r.strip_prefix(':')))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(0)
-}
-
-fn fds(pid: u32) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count())
-}
 
 /// The WebSocket echo server (Python `websockets`), on `ip`.
 const ECHO: &str = r#"
@@ -98,7 +86,7 @@ async fn read(sluice: &Sluice) -> Reading {
         .unwrap_or_default();
     Reading {
         rss: status_kib(pid, "VmRSS"),
-        fds: fds(pid),
+        fds: open_fds(pid),
         tasks,
         queues,
     }
