@@ -645,6 +645,22 @@ fn quick_breaker() -> ProviderSettings {
     }
 }
 
+/// Four failures open [`quick_breaker`]'s circuit; the run's next request
+/// waits the cool-down out and gets the recovered provider's `200`.
+async fn open_then_wait_it_out(svc: &ProviderService<String, ()>, run: &RunHandle) {
+    for i in 0..4 {
+        let r = svc.clone().oneshot(with_run(get(i.to_string()), run)).await;
+        assert_eq!(r.unwrap().status(), 500);
+    }
+    let t0 = Instant::now();
+    let r = svc.clone().oneshot(with_run(get("after"), run)).await;
+    assert_eq!(r.unwrap().status(), 200);
+    assert!(
+        Instant::now() - t0 >= Duration::from_secs(4),
+        "waited the cool-down"
+    );
+}
+
 /// R-RN8: a run's request that meets an open circuit waits out the
 /// cool-down and then goes — and the provider, recovered, answers it.
 /// Only attempts that reached the provider count against the cap.
@@ -658,20 +674,7 @@ async fn a_run_waits_out_an_open_circuit() {
         max_cooldown_waits: 3,
         ..Envelope::default()
     });
-    for i in 0..4 {
-        let r = svc
-            .clone()
-            .oneshot(with_run(get(i.to_string()), &run))
-            .await;
-        assert_eq!(r.unwrap().status(), 500);
-    }
-    let t0 = Instant::now();
-    let r = svc.clone().oneshot(with_run(get("after"), &run)).await;
-    assert_eq!(r.unwrap().status(), 200);
-    assert!(
-        Instant::now() - t0 >= Duration::from_secs(4),
-        "waited the cool-down"
-    );
+    open_then_wait_it_out(&svc, &run).await;
     let state = run.state();
     assert_eq!(state.attempts, 5, "the wait was not an attempt");
     assert_eq!(
@@ -727,20 +730,7 @@ async fn a_runs_cooldown_wait_does_not_spend_the_request_timeout() {
         max_cooldown_waits: 3,
         ..Envelope::default()
     });
-    for i in 0..4 {
-        let r = svc
-            .clone()
-            .oneshot(with_run(get(i.to_string()), &run))
-            .await;
-        assert_eq!(r.unwrap().status(), 500);
-    }
-    let t0 = Instant::now();
-    let r = svc.clone().oneshot(with_run(get("after"), &run)).await;
-    assert_eq!(r.unwrap().status(), 200);
-    assert!(
-        Instant::now() - t0 >= Duration::from_secs(4),
-        "waited the cool-down"
-    );
+    open_then_wait_it_out(&svc, &run).await;
     assert_eq!(run.state().waits_total, 1);
 }
 
