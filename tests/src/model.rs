@@ -61,6 +61,19 @@ pub enum Behaviour {
     /// A provider that never refuses but serves at most `limit` requests a
     /// second, in arrival order: pushed past it, every answer slows down.
     Queue,
+    /// A hidden token bucket like `Bucket`, answering 429 with
+    /// `Retry-After: secs` over it.
+    Named {
+        /// The `Retry-After` it sends, whole seconds.
+        secs: u64,
+    },
+    /// HAProxy's stick table with `http_req_rate(1s)`: every request,
+    /// refused ones too, is counted in a sliding one-second window (the
+    /// last whole second weighted by how much of it is still inside, as
+    /// HAProxy's `freq_ctr` does); over the limit, 429 without
+    /// `Retry-After`. A client that keeps sending over it keeps its own
+    /// window full.
+    Sliding,
     /// A fixed-window quota: `limit × window` requests per window (windows
     /// from the start); over it, 429 with `Retry-After` (whole seconds) to
     /// the window's end. With `advertise`, every answer carries
@@ -196,6 +209,12 @@ pub struct Provider {
     limit: f64,
     started: Instant,
     window_at: (u64, u64),
+    /// `Sliding`: the current second's number, its count and the
+    /// previous second's.
+    sliding: (u64, f64, f64),
+    /// Answers take between half and one and a half times [`LATENCY`]
+    /// (seeded), instead of exactly it.
+    jitter: bool,
 }
 
 impl Provider {
@@ -211,6 +230,24 @@ impl Provider {
             limit,
             started: now,
             window_at: (0, 0),
+            sliding: (0, 0.0, 0.0),
+            jitter: false,
+        }
+    }
+
+    /// Answers take a seeded, uniformly random latency between half and
+    /// one and a half times [`LATENCY`].
+    pub fn with_jitter(mut self, jitter: bool) -> Self {
+        self.jitter = jitter;
+        self
+    }
+
+    /// The base latency of the next answer.
+    fn latency(&mut self) -> Duration {
+        if self.jitter {
+            LATENCY.mul_f64(0.5 + self.rng.uniform())
+        } else {
+            LATENCY
         }
     }
 
@@ -256,12 +293,43 @@ impl Provider {
             self.log.push(a);
             return a;
         }
+        if let Behaviour::Sliding = self.behaviour {
+            let t = (now - self.started).as_secs_f64();
+            let second = t as u64;
+            let (at, curr, prev) = self.sliding;
+            self.sliding = match second - at {
+                0 => (at, curr, prev),
+                1 => (second, 0.0, curr),
+                _ => (second, 0.0, 0.0),
+            };
+            self.sliding.1 += 1.0;
+            let (_, curr, prev) = self.sliding;
+            let rate = curr + prev * (1.0 - t.fract());
+            let ok = rate <= self.limit;
+            let a = Answer {
+                at: now,
+                status: if ok { 200 } else { 429 },
+                latency: self.latency(),
+                retry_after: None,
+                advert: None,
+            };
+            self.log.push(a);
+            return a;
+        }
         let took = self.bucket.take(now);
+        let base = self.latency();
+        let mut retry_after = None;
         let (status, latency) = match self.behaviour {
-            Behaviour::Bucket { over } => (if took { 200 } else { over }, LATENCY),
+            Behaviour::Bucket { over } => (if took { 200 } else { over }, base),
+            Behaviour::Named { secs } => {
+                if !took {
+                    retry_after = Some(secs);
+                }
+                (if took { 200 } else { 429 }, base)
+            }
             Behaviour::Noise { share } => {
                 let noisy = self.rng.uniform() < share;
-                (if took && !noisy { 200 } else { 503 }, LATENCY)
+                (if took && !noisy { 200 } else { 503 }, base)
             }
             Behaviour::Heavy {
                 share,
@@ -274,20 +342,20 @@ impl Provider {
                 } else {
                     Duration::ZERO
                 };
-                (if took { 200 } else { 429 }, LATENCY + extra)
+                (if took { 200 } else { 429 }, base + extra)
             }
             Behaviour::Queue => {
                 let start = self.free_at.max(now);
                 self.free_at = start + Duration::from_secs_f64(1.0 / self.bucket.rate());
-                (200, LATENCY + (self.free_at - now))
+                (200, base + (self.free_at - now))
             }
-            Behaviour::Window { .. } => unreachable!("answered above"),
+            Behaviour::Window { .. } | Behaviour::Sliding => unreachable!("answered above"),
         };
         let a = Answer {
             at: now,
             status,
             latency,
-            retry_after: None,
+            retry_after,
             advert: None,
         };
         self.log.push(a);
@@ -594,18 +662,19 @@ pub struct Scenario {
     pub clients: usize,
     /// Seeds the provider's random answers.
     pub seed: u64,
+    /// Latency varies around [`LATENCY`] (seeded), as a real provider's
+    /// does: runs with different seeds then differ in timing.
+    pub jitter: bool,
 }
 
 /// Runs `scenario` with `gate` on the paused clock (the caller's runtime
 /// must be paused) and returns the provider and the instant it started.
 pub async fn run<G: Gate>(gate: Arc<G>, scenario: &Scenario) -> (Provider, Instant) {
     let start = Instant::now();
-    let provider = Arc::new(Mutex::new(Provider::new(
-        scenario.behaviour,
-        scenario.phases[0],
-        start,
-        scenario.seed,
-    )));
+    let provider = Arc::new(Mutex::new(
+        Provider::new(scenario.behaviour, scenario.phases[0], start, scenario.seed)
+            .with_jitter(scenario.jitter),
+    ));
     let end = start + scenario.phase * scenario.phases.len() as u32;
     let mut clients = Vec::new();
     for _ in 0..scenario.clients {

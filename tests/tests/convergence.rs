@@ -34,6 +34,7 @@ fn limits(behaviour: Behaviour, phases: &[f64]) -> Scenario {
         phase: PHASE,
         clients: 24,
         seed: 0,
+        jitter: false,
     }
 }
 
@@ -150,6 +151,7 @@ fn noisy(behaviour: Behaviour) -> f64 {
         phase: Duration::from_secs(60),
         clients: 64,
         seed: 0,
+        jitter: false,
     };
     figures(&s, 200.0, 0, 60, 1000.0).ok_per_sec
 }

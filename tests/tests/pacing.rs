@@ -184,3 +184,57 @@ async fn a_provider_that_slows_down_past_its_limit_is_paced_to_it() {
         "median wait {median:?}: the queue was not kept short (unpaced: ~800 ms)"
     );
 }
+
+/// R-SG4's other side, over a minute (issue 18): failures that fall as the
+/// rate falls stay a throttle. Two providers at once behind one sluice,
+/// each a hidden 20 req/s token bucket with 8 naive clients for 60 s — one
+/// answering bare 503s over it, one 429 with `Retry-After: 1`. Over the
+/// second half: the bare-503 provider gets ≥ 95 % of its limit with ≤ 1 %
+/// 503s, the `Retry-After` one ≥ 95 % with ≤ 0.5 % 429s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn throttles_stay_throttles_over_a_minute() {
+    const LIMIT: f64 = 20.0;
+    let bare = Sim::start("127.0.0.18").await;
+    let named = Sim::start("127.0.0.19").await;
+    bare.set_limit(LIMIT, 10.0);
+    named.set_limit(LIMIT, 10.0);
+    let sluice = Sluice::start("[destinations]\nallow = [\"127.0.0.0/8\"]\n");
+    let proxy = sluice.proxy_url();
+    let (bare_url, named_url) = (
+        bare.url("http", "/limited503"),
+        named.url("http", "/limited-ra/1"),
+    );
+    let (a, b) = tokio::join!(
+        naive_clients(&proxy, &bare_url, 8, 60, &[]),
+        naive_clients(&proxy, &named_url, 8, 60, &[]),
+    );
+    let fb = bare.figures("/limited503", 30, 60, LIMIT);
+    let fn_ = named.figures("/limited-ra/1", 30, 60, LIMIT);
+    let (_, providers) = sluice.admin_get("/v1/providers").await;
+    println!(
+        "hidden {LIMIT} req/s, 8 naive clients each, 60 s; second half at the provider:\n  \
+         bare 503: {fb}; clients saw: {}\n  429 + Retry-After: {fn_}; clients saw: {}\n{providers}",
+        a.trim(),
+        b.trim()
+    );
+    assert!(
+        fb.goodput >= 0.95,
+        "bare 503: goodput {:.1} % < 95 %",
+        fb.goodput * 100.0
+    );
+    assert!(
+        fb.throttled_share <= 0.01,
+        "bare 503: 503 share {:.2} % > 1 %",
+        fb.throttled_share * 100.0
+    );
+    assert!(
+        fn_.goodput >= 0.95,
+        "Retry-After: goodput {:.1} % < 95 %",
+        fn_.goodput * 100.0
+    );
+    assert!(
+        fn_.throttled_share <= 0.005,
+        "Retry-After: 429 share {:.2} % > 0.5 %",
+        fn_.throttled_share * 100.0
+    );
+}

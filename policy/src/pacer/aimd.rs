@@ -89,6 +89,11 @@ pub const PROBE_AFTER_ADMITTED: u64 = 300;
 /// First probe step, as a share of the known limit; it doubles with every
 /// clean probe window.
 pub const PROBE_STEP: f64 = 0.02;
+/// A provider that holds every request off for a while after a throttle
+/// (`Retry-After`) makes each failed probe cost that whole while: the wait
+/// at the settle point is at least this many times the last hold, so that
+/// probing costs under 2 % of the time.
+pub const PROBE_HOLD_RATIO: f64 = 60.0;
 /// A probe throttled before its last clean rate passed this share of the
 /// limit found the limit where it was.
 pub const PROBE_HELD: f64 = 1.1;
@@ -348,6 +353,32 @@ struct Probe {
     windows: u32,
     /// The highest rate a whole window went clean at.
     clean_rate: f64,
+    /// The highest rate proven clean: a whole window went clean at it, and
+    /// so did the next window, at a higher rate. (A provider's burst
+    /// allowance can carry one window past its limit; the next one spends
+    /// what the first left.) What a throttle the provider named is judged
+    /// against; a bare 503 says less, and is judged as before against
+    /// `clean_rate`.
+    proven: f64,
+}
+
+impl Probe {
+    fn new(rate: f64) -> Self {
+        Probe {
+            windows: 1,
+            clean_rate: rate,
+            proven: rate,
+        }
+    }
+
+    /// What the probe found clean, judged by a throttle for `reason`.
+    fn clean(&self, reason: BackoffReason) -> f64 {
+        if reason.ambiguous() {
+            self.clean_rate
+        } else {
+            self.proven
+        }
+    }
 }
 
 /// What one answer did to the rate.
@@ -443,10 +474,21 @@ pub struct Aimd {
     /// When a throttle the provider named (429, 503 with `Retry-After`)
     /// last cut, for the readout.
     named_throttle: Option<Instant>,
+    /// How long the provider held every request off after its last
+    /// throttle (`Retry-After`): what a failed probe costs.
+    hold_cost: Duration,
+    /// The limit before a probe last moved it, and when: a throttle at the
+    /// new settle point soon after undoes the move.
+    moved_from: Option<(f64, Instant)>,
+    /// When the settle point itself was last throttled.
+    too_high_at: Option<Instant>,
 }
 
 /// Bare-503 cuts taken without a trial after one confirmed them.
 const TRUSTED_THROTTLES: u8 = 4;
+
+/// The longest a cut's echo is waited out (see `Aimd::fresh_pushback`).
+const ECHO_MAX: Duration = Duration::from_secs(2);
 
 /// Clean answers a window needs to measure what the provider delivered.
 const DELIVERED_MIN_ANSWERS: u32 = 10;
@@ -493,6 +535,9 @@ impl Aimd {
             outage_ended: None,
             outages: 0,
             named_throttle: None,
+            hold_cost: Duration::ZERO,
+            moved_from: None,
+            too_high_at: None,
         }
     }
 
@@ -675,16 +720,20 @@ impl Aimd {
             {
                 // Raised past the settle point: another replica is probing,
                 // and a throttle now is that probe's — judged as one.
-                self.probe = Some(Probe {
-                    windows: 1,
-                    clean_rate: self.rate,
-                });
+                self.probe = Some(Probe::new(self.rate));
             }
             self.set_rate(now, rate);
         }
         if let Some(l) = limit.filter(|l| l.is_finite() && *l > 0.0) {
             self.limit = Some(l);
         }
+    }
+
+    /// The provider's last throttle held every request off for `hold`
+    /// (its `Retry-After`): the next probe waits [`PROBE_HOLD_RATIO`] times
+    /// that. A throttle without a hold sets it back to nothing.
+    pub fn on_hold(&mut self, hold: Duration) {
+        self.hold_cost = hold;
     }
 
     /// A shared budget made this replica wait: its demand saturates the
@@ -726,6 +775,19 @@ impl Aimd {
 
     fn new_epoch(&self, sent_at: Instant) -> bool {
         self.last_decrease.is_none_or(|cut| sent_at >= cut)
+    }
+
+    /// Whether pushback on a request sent at `sent_at` is news: sent at
+    /// least one window after the last cut. A limiter that counts over a
+    /// window (a sliding window, one that counts its refusals too) goes
+    /// on refusing for up to its length after the rate came down — the
+    /// overshoot's echo, not a sign that the cut was too small — and a
+    /// drained token bucket refuses the odd request while it refills.
+    /// Cutting again on those would take the rate far under the limit
+    /// (one cut per round trip, as TCP makes).
+    fn fresh_pushback(&self, sent_at: Instant) -> bool {
+        self.last_decrease
+            .is_none_or(|cut| sent_at >= cut + self.window.min(ECHO_MAX))
     }
 
     /// A clean answer — a success, or a client error such as a 404, which
@@ -985,7 +1047,7 @@ impl Aimd {
     ) -> Option<Backoff> {
         self.window_answers = self.window_answers.saturating_add(1);
         self.window_cut = true;
-        let fresh = self.new_epoch(sent_at);
+        let fresh = self.fresh_pushback(sent_at);
         self.errors
             .record(true, Attribution::Throttle, self.rate_at(sent_at));
         // The provider is there and says it is pushing back: no outage.
@@ -1130,6 +1192,7 @@ impl Aimd {
                     self.reset_plateau();
                     self.rate * (1.0 + SLOW_START_GROWTH)
                 } else if let Some(probe) = self.probe.as_mut() {
+                    probe.proven = probe.proven.max(probe.clean_rate);
                     probe.clean_rate = probe.clean_rate.max(self.rate);
                     let k = probe.windows.min(16);
                     probe.windows += 1;
@@ -1141,16 +1204,15 @@ impl Aimd {
                 } else {
                     self.plateau += 1;
                     self.plateau_admitted += u64::from(admitted);
+                    let held_for = self.window * self.plateau;
                     if self.trial.is_some()
                         || self.plateau < PROBE_AFTER
                         || (!self.limit_weak && self.plateau_admitted < PROBE_AFTER_ADMITTED)
+                        || held_for < self.hold_cost.mul_f64(PROBE_HOLD_RATIO)
                     {
                         self.rate
                     } else {
-                        self.probe = Some(Probe {
-                            windows: 1,
-                            clean_rate: self.rate,
-                        });
+                        self.probe = Some(Probe::new(self.rate));
                         self.rate + limit * PROBE_STEP
                     }
                 }
@@ -1179,10 +1241,16 @@ impl Aimd {
             ),
             // A probe that was throttled before it got clearly past the
             // limit: the limit held; straight back to the settle point.
-            (Some(limit), Some(probe)) if probe.clean_rate <= limit * PROBE_HELD => {
-                // Met twice near the same rate: no longer a guess.
+            (Some(limit), Some(probe)) if probe.clean(reason) <= limit * PROBE_HELD => {
+                // Met twice near the same rate: no longer a guess. What
+                // the probe proved clean (two windows) is under it.
                 self.limit_weak = false;
-                (limit, limit * SETTLE)
+                let l = if reason.ambiguous() {
+                    limit
+                } else {
+                    limit.max(probe.clean(reason).min(limit * (1.0 + PROBE_STEP)))
+                };
+                (l, l * SETTLE)
             }
             // A probe that went clean well past the limit before it was
             // throttled: the limit lies past the old one, though no higher
@@ -1190,20 +1258,54 @@ impl Aimd {
             // (a burst allowance can make a window look clean).
             (Some(limit), Some(probe)) => {
                 // Without a delivery measure, no further than a held probe.
-                let proven = self.delivered.unwrap_or(limit * PROBE_HELD);
-                let l = probe.clean_rate.min(proven).max(limit);
+                let delivered = self.delivered.unwrap_or(limit * PROBE_HELD);
+                let l = probe.clean(reason).min(delivered).max(limit);
+                self.moved_from = Some((limit, now));
                 (l, (l * SETTLE).min(from * PROBE_DECREASE))
             }
             // Throttled at the settle point: the limit was too high.
+            // A throttle the provider named says throttling began at this
+            // rate; others (latency, bare 503s) say less, and step further.
             (Some(limit), None) if from >= limit * PROBE_DECREASE => {
-                let l = (from * PROBE_DECREASE)
-                    .min(delivered)
-                    .max(from * self.decrease);
+                let named = matches!(
+                    reason,
+                    BackoffReason::Throttled | BackoffReason::UnavailableRetryAfter
+                );
+                let l = match self.moved_from {
+                    // Soon after a probe moved the limit: what it found was
+                    // a burst allowance's doing. Back to the limit before.
+                    Some((before, at))
+                        if now.saturating_duration_since(at) < self.window * PROBE_AFTER =>
+                    {
+                        before.min(from)
+                    }
+                    // Named: throttling began at this rate. Unnamed
+                    // (latency, bare 503s say less): step further.
+                    // Again soon after, with too few answers a window to
+                    // measure delivery: the gentle steps are too slow.
+                    _ => {
+                        let again = self.delivered.is_none()
+                            && self.too_high_at.is_some_and(|at| {
+                                now.saturating_duration_since(at) < self.window * PROBE_AFTER
+                            });
+                        (match (named, again) {
+                            (true, false) => from,
+                            (true, true) => from * SETTLE,
+                            (false, _) => from * PROBE_DECREASE,
+                        })
+                        .min(delivered)
+                        .max(from * self.decrease)
+                    }
+                };
+                self.too_high_at = Some(now);
                 (l, l * SETTLE)
             }
             // Far below it: the limit has dropped.
             (Some(_), None) => (from, from * self.decrease),
         };
+        if self.limit != Some(limit) && self.moved_from.is_none_or(|(_, at)| at != now) {
+            self.moved_from = None;
+        }
         self.limit = Some(limit);
         if let Some(streak) = self.streak.as_mut() {
             streak.cuts += 1;
@@ -1527,5 +1629,84 @@ mod tests {
             assert!(a.rate() <= last);
             last = a.rate();
         }
+    }
+
+    /// R-SG5: a limiter that counts over a window (a sliding window that
+    /// counts its refusals) goes on refusing for a while after the cut.
+    /// Refusals to requests sent within a window of the cut are its echo:
+    /// one cut, not one per refusal.
+    #[test]
+    fn refusals_within_a_window_of_a_cut_are_its_echo() {
+        let mut t = Instant::now();
+        let mut a = Aimd::new(5.0, 0.1, 100.0, 0.7, W);
+        a.restore(19.0, Some(20.0), None);
+        saturate(&mut a, &mut t, 2);
+        let cut = a.on_throttle(t, t, BackoffReason::Throttled).unwrap();
+        let after = a.rate();
+        assert!(after < cut.from_rps);
+        // Sent after the cut, refused within its window: no new cut.
+        for ms in [50, 200, 500, 900] {
+            let at = t + Duration::from_millis(ms);
+            assert!(a.on_throttle(at, at, BackoffReason::Throttled).is_none());
+        }
+        assert_eq!(a.rate(), after);
+        // A refusal to a request sent a window later is news.
+        let later = t + W + Duration::from_millis(10);
+        assert!(a
+            .on_throttle(later, later, BackoffReason::Throttled)
+            .is_some());
+    }
+
+    /// A provider that holds every request off after a throttle
+    /// (`Retry-After`) makes a failed probe cost the whole hold: the next
+    /// probe waits at least PROBE_HOLD_RATIO holds at the settle point.
+    #[test]
+    fn a_probe_waits_longer_where_a_failed_one_costs_a_hold() {
+        let windows_to_probe = |hold: Duration| {
+            let mut t = Instant::now();
+            let mut a = Aimd::new(5.0, 0.1, 1000.0, 0.7, W);
+            a.restore(19.0, Some(20.0), None);
+            a.on_hold(hold);
+            let settle = a.rate();
+            let mut windows = 0;
+            while a.rate() <= settle + 1e-9 && windows < 1000 {
+                saturate(&mut a, &mut t, 1);
+                windows += 1;
+            }
+            windows
+        };
+        let plain = windows_to_probe(Duration::ZERO);
+        let held = windows_to_probe(Duration::from_secs(1));
+        assert!(plain < 30, "{plain}");
+        assert!(
+            f64::from(held) >= PROBE_HOLD_RATIO,
+            "probed after {held} windows with a 1 s hold"
+        );
+    }
+
+    /// A probe carried one window past the limit by the provider's burst
+    /// allowance, then refused: a named throttle judges it by the rates
+    /// proven by the next window, so the limit stays where it was (moved
+    /// by at most one probe step) instead of jumping to the burst's rate.
+    #[test]
+    fn a_burst_carried_probe_window_does_not_move_the_limit() {
+        let mut t = Instant::now();
+        let mut a = Aimd::new(5.0, 0.1, 1000.0, 0.7, W);
+        a.restore(19.0, Some(20.0), None);
+        // Wait at the settle point, then probe until the rate is clearly
+        // past the limit (one clean window there: the burst's doing).
+        let mut windows = 0;
+        while a.rate() < 20.0 * PROBE_HELD && windows < 1000 {
+            saturate(&mut a, &mut t, 1);
+            windows += 1;
+        }
+        saturate(&mut a, &mut t, 1);
+        a.on_throttle(t, t, BackoffReason::Throttled).unwrap();
+        let limit = a.limit().unwrap();
+        assert!(
+            limit <= 20.0 * (1.0 + PROBE_STEP) + 1e-9,
+            "the limit moved to {limit}"
+        );
+        assert!(a.rate() <= limit * SETTLE + 1e-9, "{}", a.rate());
     }
 }

@@ -721,6 +721,7 @@ impl PacerCore {
                         self.learn_window(until, wait);
                     }
                 }
+                self.aimd.on_hold(retry_after.unwrap_or_default());
                 let reason = if status == 503 {
                     BackoffReason::UnavailableRetryAfter
                 } else {

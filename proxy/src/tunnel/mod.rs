@@ -46,6 +46,24 @@ use sluice_policy::error::{Cause, Upstream, UpstreamKind};
 /// The first byte of a TLS record carrying a handshake.
 const TLS_HANDSHAKE: u8 = 0x16;
 
+/// What a tunnel's first bytes say it carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sniffed {
+    /// A TLS handshake record: intercepted or relayed raw.
+    Tls,
+    /// Anything else: served as plaintext HTTP/1 through the stack, whose
+    /// parser answers what is not HTTP with `400`.
+    Plain,
+}
+
+/// Classifies a tunnel by the first bytes its client sent (at least one).
+pub fn sniff(first: &[u8]) -> Sniffed {
+    match first.first() {
+        Some(&TLS_HANDSHAKE) => Sniffed::Tls,
+        _ => Sniffed::Plain,
+    }
+}
+
 /// Answers a CONNECT: checks the target, then tunnels after the upgrade.
 ///
 /// With interception, sluice answers for each request inside, so it says
@@ -206,15 +224,15 @@ async fn tunnel<T>(
     first.truncate(n);
     let provider = app.providers.get(&normalise_host(authority.host()));
     let label = provider.label.clone();
-    match (first[0] == TLS_HANDSHAKE, &app.ca, upstream) {
+    match (sniff(&first), &app.ca, upstream) {
         // Plain HTTP inside the tunnel: served through the stack whatever
         // the provider's interception (a pre-opened connection is unused).
-        (false, _, _) => {
+        (Sniffed::Plain, _, _) => {
             app.metrics.tunnel(&label, "plain_http");
             drop(provider);
             serve_plain(app, Prefixed::new(first, io), authority, identity).await;
         }
-        (true, _, Some(mut upstream)) => {
+        (Sniffed::Tls, _, Some(mut upstream)) => {
             app.metrics.tunnel(&label, "raw");
             provider.saw_raw_tunnel();
             tracing::info!(
@@ -226,13 +244,13 @@ async fn tunnel<T>(
                 let _ = tokio::io::copy_bidirectional(&mut io, &mut upstream).await;
             }
         }
-        (true, Some(ca), None) => {
+        (Sniffed::Tls, Some(ca), None) => {
             app.metrics.tunnel(&label, "intercepted");
             let (ca, name) = (ca.clone(), provider.name.clone());
             drop(provider);
             intercept(app, ca, Prefixed::new(first, io), authority, identity, name).await;
         }
-        (true, None, None) => {}
+        (Sniffed::Tls, None, None) => {}
     }
 }
 
@@ -324,5 +342,50 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Prefixed<T> {
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Reads everything out of a reader with a buffer of `size` bytes.
+    async fn drain(mut reader: impl AsyncRead + Unpin, size: usize) -> Vec<u8> {
+        let mut out = Vec::new();
+        let mut space = vec![0u8; size];
+        loop {
+            let n = reader.read(&mut space).await.expect("a slice never fails");
+            if n == 0 {
+                return out;
+            }
+            out.extend_from_slice(&space[..n]);
+        }
+    }
+
+    #[test]
+    fn a_tunnel_is_tls_only_when_it_opens_with_a_handshake_record() {
+        assert_eq!(sniff(&[0x16, 0x03, 0x01]), Sniffed::Tls);
+        assert_eq!(sniff(b"GET / HTTP/1.1\r\n"), Sniffed::Plain);
+        // An alert or application-data record is not a client hello.
+        assert_eq!(sniff(&[0x15, 0x03, 0x03]), Sniffed::Plain);
+        assert_eq!(sniff(&[]), Sniffed::Plain);
+    }
+
+    proptest! {
+        // The CI stand-in for fuzz/fuzz_targets/connect_sniffer.rs.
+        #[test]
+        fn the_sniffed_bytes_are_replayed_exactly(
+            bytes in proptest::collection::vec(any::<u8>(), 1..512),
+            first_len in 1usize..64,
+            buf_len in 1usize..32,
+        ) {
+            let first_len = first_len.min(bytes.len());
+            let (first, tail) = bytes.split_at(first_len);
+            prop_assert_eq!(sniff(first), sniff(&bytes[..1]));
+            let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+            let out = rt.block_on(drain(Prefixed::new(first.to_vec(), tail), buf_len));
+            prop_assert_eq!(out, bytes);
+        }
     }
 }

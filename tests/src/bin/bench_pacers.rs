@@ -47,6 +47,7 @@ fn scenario(behaviour: Behaviour, phases: &[f64], phase: Duration) -> Scenario {
         phase,
         clients: CLIENTS,
         seed: 0,
+        jitter: false,
     }
 }
 
@@ -125,6 +126,9 @@ fn main() {
     }
     if args.first().map(String::as_str) == Some("quota") {
         return quotas();
+    }
+    if args.first().map(String::as_str) == Some("converge") {
+        return converge();
     }
     println!(
         "1. hidden token-bucket limit, 429 over it; {CLIENTS} naive clients, 40 ms latency; \
@@ -322,6 +326,8 @@ fn trace(args: &[String]) {
     let behaviour = match args[0].as_str() {
         "429" => Behaviour::Bucket { over: 429 },
         "503" => Behaviour::Bucket { over: 503 },
+        "ra" => Behaviour::Named { secs: 1 },
+        "sliding" => Behaviour::Sliding,
         "queue" => Behaviour::Queue,
         s if s.starts_with("noise") => Behaviour::Noise {
             share: s[5..].parse::<f64>().unwrap() / 100.0,
@@ -351,6 +357,7 @@ fn trace(args: &[String]) {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(0);
+    s.jitter = s.seed > 0;
     paused_runtime().block_on(async {
         let gate = Sluice::new(&ProviderSettings::with_ceiling(ceiling));
         let g = gate.clone();
@@ -532,5 +539,64 @@ fn sweep() {
             worst.0 * 100.0,
             worst.1 * 100.0
         );
+    }
+}
+
+/// Time to converge (issue 21, R-SG5): every contender from a cold start
+/// against each limiter shape, 8 naive clients, latency jittered around
+/// 40 ms; over `SEEDS` seeds, the median and worst goodput over the first
+/// 60 s and over 30–60 s, and the refused share over 30–60 s.
+fn converge() {
+    const SEEDS: u64 = 10;
+    let cases: [(&str, Behaviour, f64); 7] = [
+        ("bucket 20, 429", Behaviour::Bucket { over: 429 }, 20.0),
+        ("bucket 20, 503", Behaviour::Bucket { over: 503 }, 20.0),
+        ("bucket 20, 429 + RA 1", Behaviour::Named { secs: 1 }, 20.0),
+        ("sliding 1 s 20, 429", Behaviour::Sliding, 20.0),
+        ("bucket 5, 429", Behaviour::Bucket { over: 429 }, 5.0),
+        ("bucket 100, 429", Behaviour::Bucket { over: 429 }, 100.0),
+        ("sliding 1 s 100, 429", Behaviour::Sliding, 100.0),
+    ];
+    println!(
+        "time to converge: 8 naive clients from a cold start, {SEEDS} seeds; \
+         goodput 0–60 s (median, worst) | goodput 30–60 s (median, worst) | refused 30–60 s (median, worst)"
+    );
+    for (name, behaviour, limit) in cases {
+        for (who, contender) in NAMES.iter().enumerate() {
+            let mut first = Vec::new();
+            let mut second = Vec::new();
+            let mut refused = Vec::new();
+            for seed in 1..=SEEDS {
+                let s = Scenario {
+                    behaviour,
+                    phases: vec![limit],
+                    phase: Duration::from_secs(60),
+                    clients: 8,
+                    seed,
+                    jitter: true,
+                };
+                let (p, start) = play(who, &s, limit * 4.0);
+                let at = |secs: u64| start + Duration::from_secs(secs);
+                first.push(p.figures(at(0), at(60), limit).goodput);
+                let f = p.figures(at(30), at(60), limit);
+                second.push(f.goodput);
+                refused.push(f.refused_share);
+            }
+            let sorted = |mut v: Vec<f64>| {
+                v.sort_by(f64::total_cmp);
+                v
+            };
+            let (first, second, refused) = (sorted(first), sorted(second), sorted(refused));
+            let mid = (SEEDS / 2) as usize;
+            println!(
+                "{name:<22} {contender:<13} | {:>5.1} % {:>5.1} % | {:>5.1} % {:>5.1} % | {:>5.2} % {:>5.2} %",
+                first[mid] * 100.0,
+                first[0] * 100.0,
+                second[mid] * 100.0,
+                second[0] * 100.0,
+                refused[mid] * 100.0,
+                refused[refused.len() - 1] * 100.0,
+            );
+        }
     }
 }
