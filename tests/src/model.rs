@@ -17,7 +17,12 @@
 //!   capacity of one second, the response rate smoothed (0.8) over 0.5 s
 //!   buckets, off until the first throttle, every throttled response
 //!   cutting to β × min(measured rate, current rate), and the new rate
-//!   capped at 2 × the measured rate;
+//!   capped at 2 × the measured rate. Like botocore, it takes as throttles
+//!   only answers whose error code says so (`Throttling`,
+//!   `TooManyRequestsException`, `SlowDown`…): a provider's 429 is
+//!   assumed to carry one, while a bare 503 is a transient error to
+//!   botocore — retried, never a cut — and counts as a success for the
+//!   rate (its `_on_receiving_response`);
 //! * [`AutoThrottle`] — Scrapy's AutoThrottle (start delay 5 s, target
 //!   concurrency 1, delay = max(latency / target, (delay + latency /
 //!   target) / 2), non-200 answers never shorten the delay).
@@ -576,8 +581,10 @@ impl Gate for Aws {
     }
     fn on_response(&self, _sent_at: Instant, answer: &Answer) {
         let status = answer.status;
-        // botocore counts 429 and 503 among throttling errors.
-        let throttled = status == 429 || status == 503;
+        // botocore's throttling detector goes by the error code: a 429 is
+        // taken to carry a throttling one; a bare 503 has none (a transient
+        // error, retried), and the limiter treats it as a success.
+        let throttled = status == 429;
         let mut s = self.0.lock().unwrap();
         let t = s.t(Instant::now());
         let measured = s.record(t);
