@@ -81,6 +81,10 @@ use super::signals::{
 
 /// Settle point as a share of the rate at which throttling began.
 pub const SETTLE: f64 = 0.95;
+/// Settle point under a sharp limit (see `Aimd::sharp`).
+pub const SETTLE_SHARP: f64 = 0.98;
+/// Refusals within a cut's echo that make a limit sharp.
+const SHARP_ECHO: u32 = 3;
 /// Clean, saturated windows at the settle point before probing upward.
 pub const PROBE_AFTER: u32 = 8;
 /// …and requests admitted there: a failed probe costs about one throttled
@@ -482,6 +486,18 @@ pub struct Aimd {
     moved_from: Option<(f64, Instant)>,
     /// When the settle point itself was last throttled.
     too_high_at: Option<Instant>,
+    /// Named refusals to requests sent after the last cut, within its
+    /// echo (see `Aimd::fresh_pushback`).
+    echo: u32,
+    /// The provider's limit is sharp: its refusals went on after a cut
+    /// (a window that counts over its length, refusals too) rather than
+    /// stopping with the rate, as a token bucket's do. A probe's proven
+    /// rate is then the limit's lower bound, with no burst to fool it.
+    sharp: bool,
+    /// Probes of a sharp limit held at the same place, in a row (the wait
+    /// before the next doubles with each, up to 4×): each costs a window's
+    /// refusals.
+    probe_backoff: u32,
 }
 
 /// Bare-503 cuts taken without a trial after one confirmed them.
@@ -538,6 +554,9 @@ impl Aimd {
             hold_cost: Duration::ZERO,
             moved_from: None,
             too_high_at: None,
+            echo: 0,
+            sharp: false,
+            probe_backoff: 0,
         }
     }
 
@@ -1054,6 +1073,9 @@ impl Aimd {
         self.streak = None;
         self.named_throttle = Some(now);
         if !fresh {
+            if self.new_epoch(sent_at) {
+                self.echo = self.echo.saturating_add(1);
+            }
             return None;
         }
         // Whatever a trial was weighing, this is pressure.
@@ -1184,7 +1206,7 @@ impl Aimd {
         let next = match self.limit {
             None => self.rate * (1.0 + SLOW_START_GROWTH),
             Some(limit) => {
-                let settle = limit * SETTLE;
+                let settle = limit * self.settle_share();
                 if self.rate > limit * PROBE_FOUND {
                     // A whole clean window clearly past the limit: it has
                     // moved. Find the new one as from a cold start.
@@ -1205,9 +1227,11 @@ impl Aimd {
                     self.plateau += 1;
                     self.plateau_admitted += u64::from(admitted);
                     let held_for = self.window * self.plateau;
+                    let k = 1 << self.probe_backoff;
                     if self.trial.is_some()
-                        || self.plateau < PROBE_AFTER
-                        || (!self.limit_weak && self.plateau_admitted < PROBE_AFTER_ADMITTED)
+                        || self.plateau < PROBE_AFTER * k
+                        || (!self.limit_weak
+                            && self.plateau_admitted < PROBE_AFTER_ADMITTED * u64::from(k))
                         || held_for < self.hold_cost.mul_f64(PROBE_HOLD_RATIO)
                     {
                         self.rate
@@ -1222,6 +1246,16 @@ impl Aimd {
         self.rate > before
     }
 
+    /// The settle point's share of the limit: closer under a sharp limit,
+    /// whose probe proved the rate clean.
+    fn settle_share(&self) -> f64 {
+        if self.sharp {
+            SETTLE_SHARP
+        } else {
+            SETTLE
+        }
+    }
+
     fn reset_plateau(&mut self) {
         self.plateau = 0;
         self.plateau_admitted = 0;
@@ -1230,6 +1264,12 @@ impl Aimd {
 
     /// Cuts the rate now and moves the remembered limit.
     fn cut(&mut self, now: Instant, reason: BackoffReason) -> Backoff {
+        if self.last_decrease.is_some() && !reason.ambiguous() {
+            // The last cut's echo is over: was its limit sharp?
+            self.sharp = self.echo >= SHARP_ECHO;
+        }
+        self.echo = 0;
+        let settle = self.settle_share();
         let from = self.rate;
         let delivered = self.delivered.unwrap_or(f64::INFINITY);
         let (limit, to) = match (self.limit, self.probe) {
@@ -1247,10 +1287,14 @@ impl Aimd {
                 self.limit_weak = false;
                 let l = if reason.ambiguous() {
                     limit
+                } else if self.sharp {
+                    // No burst to fool it: the proven rate is clean.
+                    self.probe_backoff = (self.probe_backoff + 1).min(2);
+                    limit.max(probe.clean_rate)
                 } else {
                     limit.max(probe.clean(reason).min(limit * (1.0 + PROBE_STEP)))
                 };
-                (l, l * SETTLE)
+                (l, l * settle)
             }
             // A probe that went clean well past the limit before it was
             // throttled: the limit lies past the old one, though no higher
@@ -1261,7 +1305,8 @@ impl Aimd {
                 let delivered = self.delivered.unwrap_or(limit * PROBE_HELD);
                 let l = probe.clean(reason).min(delivered).max(limit);
                 self.moved_from = Some((limit, now));
-                (l, (l * SETTLE).min(from * PROBE_DECREASE))
+                self.probe_backoff = 0;
+                (l, (l * settle).min(from * PROBE_DECREASE))
             }
             // Throttled at the settle point: the limit was too high.
             // A throttle the provider named says throttling began at this
@@ -1298,7 +1343,8 @@ impl Aimd {
                     }
                 };
                 self.too_high_at = Some(now);
-                (l, l * SETTLE)
+                self.probe_backoff = 0;
+                (l, l * settle)
             }
             // Far below it: the limit has dropped.
             (Some(_), None) => (from, from * self.decrease),
@@ -1708,5 +1754,46 @@ mod tests {
             "the limit moved to {limit}"
         );
         assert!(a.rate() <= limit * SETTLE + 1e-9, "{}", a.rate());
+    }
+
+    /// R-SG5: a limiter whose refusals go on after the cut (a sliding
+    /// window counting its refusals) is sharp: no burst carries a probe
+    /// past it, so what a probe proved clean becomes the limit, and the
+    /// rate settles at SETTLE_SHARP of it; a held probe there doubles the
+    /// wait before the next (each costs a window of refusals).
+    #[test]
+    fn a_sharp_limit_is_taken_at_what_the_probe_proved() {
+        let mut t = Instant::now();
+        let mut a = Aimd::new(5.0, 0.1, 1000.0, 0.7, W);
+        a.restore(18.0, Some(18.0), None);
+        saturate(&mut a, &mut t, 1);
+        a.on_throttle(t, t, BackoffReason::Throttled).unwrap();
+        // The cut's echo: refusals to requests sent after it.
+        for ms in [100, 200, 300] {
+            let at = t + Duration::from_millis(ms);
+            assert!(a.on_throttle(at, at, BackoffReason::Throttled).is_none());
+        }
+        t += W;
+        // Settle, wait, probe past 18 (the true limit is higher).
+        let mut windows = 0;
+        while a.rate() < 18.0 * 1.04 && windows < 1000 {
+            saturate(&mut a, &mut t, 1);
+            windows += 1;
+        }
+        let proved = a.rate();
+        saturate(&mut a, &mut t, 1);
+        let refused_at = a.rate();
+        assert!(refused_at > proved);
+        a.on_throttle(t, t, BackoffReason::Throttled).unwrap();
+        let limit = a.limit().unwrap();
+        assert!(
+            (limit - proved).abs() < 1e-9,
+            "the limit is what the probe proved: {limit} vs {proved}"
+        );
+        assert!(
+            (a.rate() - limit * SETTLE_SHARP).abs() < 1e-9,
+            "{}",
+            a.rate()
+        );
     }
 }
