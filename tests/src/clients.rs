@@ -188,3 +188,65 @@ print(" ".join(f"{k}={v}" for k, v in sorted(counts.items(), key=str)))
     )
     .await
 }
+
+/// `clients` threads sending to `url` for `secs` directly (no proxy), gated
+/// by the AWS SDK's own adaptive rate limiter — botocore's
+/// `ClientRateLimiter`, built as `botocore.retries.adaptive` builds it (its
+/// CUBIC calculator, rate clocker, token bucket and
+/// `ThrottlingErrorDetector`), each `429` handed to it with a throttling
+/// error code as an AWS service sends one. Returns what the clients saw.
+pub async fn botocore_clients(url: &str, clients: u32, secs: u32) -> String {
+    const SCRIPT: &str = r#"
+import sys, threading, time, urllib.request, urllib.error
+from botocore.retries import adaptive, bucket, standard, throttling
+url, clients, secs = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+clock = bucket.Clock()
+limiter = adaptive.ClientRateLimiter(
+    rate_adjustor=throttling.CubicCalculator(starting_max_rate=0, start_time=clock.current_time()),
+    rate_clocker=adaptive.RateClocker(clock),
+    token_bucket=bucket.TokenBucket(max_rate=1, clock=clock),
+    throttling_detector=standard.ThrottlingErrorDetector(retry_event_adapter=standard.RetryEventAdapter()),
+    clock=clock,
+)
+opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+deadline = time.monotonic() + secs
+counts = {}
+lock = threading.Lock()
+def run():
+    while time.monotonic() < deadline:
+        limiter.on_sending_request(request=None)
+        try:
+            status = opener.open(url, timeout=30).status
+        except urllib.error.HTTPError as e:
+            status = e.code
+        parsed = {"ResponseMetadata": {"HTTPStatusCode": status}}
+        if status == 429:
+            parsed["Error"] = {"Code": "ThrottlingException", "Message": "Rate exceeded"}
+        limiter.on_receiving_response(response=(None, parsed), attempts=1, operation=None,
+                                      caught_exception=None, request_dict={"context": {}})
+        with lock:
+            counts[status] = counts.get(status, 0) + 1
+threads = [threading.Thread(target=run) for _ in range(clients)]
+for t in threads: t.start()
+for t in threads: t.join()
+print(" ".join(f"{k}={v}" for k, v in sorted(counts.items())))
+"#;
+    let out = Command::new("python3")
+        .arg("-c")
+        .arg(SCRIPT)
+        .args([url, &clients.to_string(), &secs.to_string()])
+        .env_remove("HTTP_PROXY")
+        .env_remove("http_proxy")
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .output()
+        .await
+        .expect("run python3 (scripts/test installs botocore)");
+    assert!(
+        out.status.success(),
+        "botocore clients failed: {}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}

@@ -6,6 +6,7 @@
 #![forbid(unsafe_code)]
 
 pub mod clients;
+pub mod haproxy;
 pub mod harness;
 pub mod load;
 pub mod model;

@@ -238,3 +238,51 @@ async fn throttles_stay_throttles_over_a_minute() {
         fn_.throttled_share * 100.0
     );
 }
+
+/// R-SG5 (issue 21): a limiter of another shape — Debian's HAProxy with a
+/// stick table counting `http_req_rate(1s)`, refused requests included,
+/// denying with a bare 429 past 20 req/s — with 8 naive clients through
+/// sluice for 60 s: over 30–60 s ≥ 95 % of the limit with ≤ 1 % 429s.
+/// Beside it, on a frontend with its own table, the same number of
+/// threads gated by real botocore's adaptive limiter; both figures are
+/// printed (measured: sluice 0.99 / 0.17 %, botocore 0.95 / 1.6 %).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sliding_window_that_counts_refusals_is_paced_to_its_limit() {
+    use sluice_tests::clients::botocore_clients;
+    use sluice_tests::haproxy::{figures, now_ms, Haproxy};
+    const LIMIT: u32 = 20;
+    let (ours, theirs) = ("127.0.0.43", "127.0.0.44");
+    let haproxy = Haproxy::start(&[ours, theirs], LIMIT);
+    let sluice = Sluice::start("[destinations]\nallow = [\"127.0.0.0/8\"]\n");
+    let (proxy, our_url, their_url) = (
+        sluice.proxy_url(),
+        haproxy.url(ours, "/items"),
+        haproxy.url(theirs, "/items"),
+    );
+    let t0 = now_ms();
+    let (a, b) = tokio::join!(
+        naive_clients(&proxy, &our_url, 8, 60, &[]),
+        botocore_clients(&their_url, 8, 60),
+    );
+    let (half, end) = (t0 + 30_000, t0 + 60_000);
+    let (g, r, n) = figures(&haproxy.answers(ours), half, end, f64::from(LIMIT));
+    let (bg, br, bn) = figures(&haproxy.answers(theirs), half, end, f64::from(LIMIT));
+    let (cold, _, _) = figures(&haproxy.answers(ours), t0, end, f64::from(LIMIT));
+    let (bcold, _, _) = figures(&haproxy.answers(theirs), t0, end, f64::from(LIMIT));
+    println!(
+        "HAProxy http_req_rate(1s) > {LIMIT} → 429, 8 clients each, 60 s; 30–60 s at HAProxy:\n  \
+         sluice: {:.1} % of the limit, {:.2} % of {n} refused (first 60 s {:.1} %); clients saw {}\n  \
+         botocore adaptive: {:.1} %, {:.2} % of {bn} refused (first 60 s {:.1} %); clients saw {}",
+        g * 100.0,
+        r * 100.0,
+        cold * 100.0,
+        a.trim(),
+        bg * 100.0,
+        br * 100.0,
+        bcold * 100.0,
+        b.trim()
+    );
+    assert!(bn > 0, "botocore's clients reached HAProxy");
+    assert!(g >= 0.95, "goodput {:.1} % < 95 %", g * 100.0);
+    assert!(r <= 0.01, "429 share {:.2} % > 1 %", r * 100.0);
+}
