@@ -159,16 +159,25 @@ async fn per_second_quota_both_families() {
 /// Per-minute windows, in both header families.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn per_minute_quota_both_families() {
-    honest(&run("127.0.0.72", "x", 600, 60, 1, 20).await, 0.0);
-    honest(&run("127.0.0.79", "ietf", 600, 60, 1, 20).await, 0.0);
+    // Side by side: two providers, two sluices, nothing shared.
+    let (x, ietf) = tokio::join!(
+        run("127.0.0.72", "x", 600, 60, 1, 20),
+        run("127.0.0.79", "ietf", 600, 60, 1, 20)
+    );
+    honest(&x, 0.0);
+    honest(&ietf, 0.0);
 }
 
 /// Per-hour windows: 36,000 an hour is paced at 10/s from the first
 /// answer, not spent in the first minutes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn per_hour_quota_is_spread_over_the_window() {
-    honest(&run("127.0.0.73", "ietf", 36_000, 3600, 1, 20).await, 0.0);
-    honest(&run("127.0.0.74", "x", 36_000, 3600, 1, 20).await, 0.0);
+    let (ietf, x) = tokio::join!(
+        run("127.0.0.73", "ietf", 36_000, 3600, 1, 20),
+        run("127.0.0.74", "x", 36_000, 3600, 1, 20)
+    );
+    honest(&ietf, 0.0);
+    honest(&x, 0.0);
 }
 
 /// A provider advertising twice what it allows: its word is followed
