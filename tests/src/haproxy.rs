@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::harness::TempDir;
+use crate::sim::Figures;
 
 /// One answer HAProxy gave.
 #[derive(Debug, Clone, Copy)]
@@ -146,18 +147,20 @@ pub fn now_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
-/// Successes per second over `[from, to)` ms as a share of `limit`, and
-/// the share of the answers there that were refused.
-pub fn figures(answers: &[Answer], from_ms: u64, to_ms: u64, limit: f64) -> (f64, f64, usize) {
+/// What HAProxy answered over `[from, to)` ms since the Unix epoch,
+/// against `limit` — the simulator's figures, so that both read alike.
+pub fn figures(answers: &[Answer], from_ms: u64, to_ms: u64, limit: f64) -> Figures {
     let seen: Vec<_> = answers
         .iter()
         .filter(|a| a.at_ms >= from_ms && a.at_ms < to_ms)
         .collect();
-    let ok = seen.iter().filter(|a| a.status == 200).count();
+    let accepted = seen.iter().filter(|a| a.status == 200).count();
     let secs = (to_ms - from_ms) as f64 / 1000.0;
-    (
-        ok as f64 / secs / limit,
-        (seen.len() - ok) as f64 / seen.len().max(1) as f64,
-        seen.len(),
-    )
+    Figures {
+        accepted,
+        throttled: seen.len() - accepted,
+        attempts: seen.len(),
+        goodput: accepted as f64 / secs / limit,
+        throttled_share: (seen.len() - accepted) as f64 / seen.len().max(1) as f64,
+    }
 }

@@ -271,10 +271,16 @@ async fn a_sliding_window_that_counts_refusals_is_paced_to_its_limit() {
         botocore_clients(&their_url, 8, 60),
     );
     let (half, end) = (t0 + 30_000, t0 + 60_000);
-    let (g, r, n) = figures(&haproxy.answers(ours), half, end, f64::from(LIMIT));
-    let (bg, br, bn) = figures(&haproxy.answers(theirs), half, end, f64::from(LIMIT));
-    let (cold, _, _) = figures(&haproxy.answers(ours), t0, end, f64::from(LIMIT));
-    let (bcold, _, _) = figures(&haproxy.answers(theirs), t0, end, f64::from(LIMIT));
+    let ours_f = figures(&haproxy.answers(ours), half, end, f64::from(LIMIT));
+    let theirs_f = figures(&haproxy.answers(theirs), half, end, f64::from(LIMIT));
+    let cold = figures(&haproxy.answers(ours), t0, end, f64::from(LIMIT)).goodput;
+    let bcold = figures(&haproxy.answers(theirs), t0, end, f64::from(LIMIT)).goodput;
+    let (g, r, n) = (ours_f.goodput, ours_f.throttled_share, ours_f.attempts);
+    let (bg, br, bn) = (
+        theirs_f.goodput,
+        theirs_f.throttled_share,
+        theirs_f.attempts,
+    );
     println!(
         "HAProxy http_req_rate(1s) > {LIMIT} → 429, 8 clients each, 60 s; 30–60 s at HAProxy:\n  \
          sluice: {:.1} % of the limit, {:.2} % of {n} refused (first 60 s {:.1} %); clients saw {}\n  \

@@ -92,8 +92,10 @@ async fn main() {
         ),
     ] {
         let answers = haproxy.answers(ip);
-        let (g, r, _) = figures(&answers, t0, end, f64::from(LIMIT));
-        let (g2, r2, n2) = figures(&answers, half, end, f64::from(LIMIT));
+        let all = figures(&answers, t0, end, f64::from(LIMIT));
+        let late = figures(&answers, half, end, f64::from(LIMIT));
+        let (g, r) = (all.goodput, all.throttled_share);
+        let (g2, r2, n2) = (late.goodput, late.throttled_share, late.attempts);
         println!(
             "{name:<28} | {:>6.1} % / {:>6.2} % | {:>6.1} % / {:>6.2} % | {seen} ({n2} answers in the second half)",
             g * 100.0,
