@@ -90,24 +90,87 @@ pub async fn python(proxy: &str, script: &str, args: &[&str]) -> String {
     python_env(proxy, script, args, &[]).await
 }
 
-/// [`python`] with extra environment (e.g. `REQUESTS_CA_BUNDLE`).
+/// [`python`] with extra environment (e.g. `REQUESTS_CA_BUNDLE`). A
+/// script still running after [`PYTHON_LIMIT`] fails the test with every
+/// thread's Python stack.
 pub async fn python_env(proxy: &str, script: &str, args: &[&str], env: &[(&str, &str)]) -> String {
+    python_within(PYTHON_LIMIT, proxy, script, args, env).await
+}
+
+/// How long a short client script may run: far longer than any needs, so
+/// reaching it means a hang, which then fails the test instead of the CI
+/// run's time limit.
+pub const PYTHON_LIMIT: Duration = Duration::from_secs(120);
+
+/// [`python_env`] bounded by `limit` (see [`python_output`]).
+pub async fn python_within(
+    limit: Duration,
+    proxy: &str,
+    script: &str,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> String {
     let mut cmd = Command::new("python3");
     cmd.envs(env.iter().copied());
-    cmd.arg("-c")
-        .arg(script)
-        .args(args)
-        .stdin(Stdio::null())
-        .kill_on_drop(true);
+    cmd.arg("-c").arg(script).args(args);
     with_proxy(&mut cmd, proxy);
-    let out = cmd.output().await.expect("run python3");
+    python_output(cmd, limit, "python").await
+}
+
+/// Runs a `python3` command with `limit`: stdout, or a panic naming
+/// `what` with stderr — with every thread's stack if it was still running
+/// at the limit (it then gets `SIGABRT`, which Python's fault handler,
+/// switched on here, answers with the stacks).
+async fn python_output(mut cmd: Command, limit: Duration, what: &str) -> String {
+    use tokio::io::AsyncReadExt;
+    cmd.env("PYTHONFAULTHANDLER", "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    let mut child = cmd.spawn().expect("run python3");
+    let (mut out, mut err) = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
+    let stdout = tokio::spawn(async move {
+        let mut b = Vec::new();
+        let _ = out.read_to_end(&mut b).await;
+        b
+    });
+    let stderr = tokio::spawn(async move {
+        let mut b = Vec::new();
+        let _ = err.read_to_end(&mut b).await;
+        b
+    });
+    let (status, hung) = match tokio::time::timeout(limit, child.wait()).await {
+        Ok(status) => (status.expect("wait for python3"), false),
+        Err(_) => {
+            if let Some(pid) = child.id() {
+                let _ = Command::new("kill")
+                    .args(["-ABRT", &pid.to_string()])
+                    .status()
+                    .await;
+            }
+            let status = match tokio::time::timeout(Duration::from_secs(10), child.wait()).await {
+                Ok(status) => status.expect("wait for python3"),
+                Err(_) => {
+                    let _ = child.kill().await;
+                    child.wait().await.expect("wait for python3")
+                }
+            };
+            (status, true)
+        }
+    };
+    let (stdout, stderr) = (stdout.await.unwrap(), stderr.await.unwrap());
     assert!(
-        out.status.success(),
-        "python failed: {}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
+        !hung && status.success(),
+        "{what} {}: {status}\n{}",
+        if hung {
+            format!("still running after {limit:?}")
+        } else {
+            "failed".to_string()
+        },
+        String::from_utf8_lossy(&stderr)
     );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    String::from_utf8_lossy(&stdout).into_owned()
 }
 
 /// Fetches `url` with Node's undici through `EnvHttpProxyAgent` (which
@@ -180,7 +243,9 @@ for t in threads: t.start()
 for t in threads: t.join()
 print(" ".join(f"{k}={v}" for k, v in sorted(counts.items(), key=str)))
 "#;
-    python_env(
+    // Each request may take its own 30 s past the deadline.
+    python_within(
+        Duration::from_secs(u64::from(secs)) + PYTHON_LIMIT,
         proxy,
         SCRIPT,
         &[url, &clients.to_string(), &secs.to_string()],
@@ -231,22 +296,17 @@ for t in threads: t.start()
 for t in threads: t.join()
 print(" ".join(f"{k}={v}" for k, v in sorted(counts.items())))
 "#;
-    let out = Command::new("python3")
-        .arg("-c")
+    let mut cmd = Command::new("python3");
+    cmd.arg("-c")
         .arg(SCRIPT)
         .args([url, &clients.to_string(), &secs.to_string()])
         .env_remove("HTTP_PROXY")
-        .env_remove("http_proxy")
-        .stdin(Stdio::null())
-        .kill_on_drop(true)
-        .output()
-        .await
-        .expect("run python3 (scripts/test installs botocore)");
-    assert!(
-        out.status.success(),
-        "botocore clients failed: {}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+        .env_remove("http_proxy");
+    // scripts/test installs botocore.
+    python_output(
+        cmd,
+        Duration::from_secs(u64::from(secs)) + PYTHON_LIMIT,
+        "botocore clients",
+    )
+    .await
 }

@@ -6,8 +6,9 @@
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
+use std::time::Duration;
 
-use sluice_tests::clients::python_env;
+use sluice_tests::clients::python_within;
 use sluice_tests::harness::{Sluice, TempDir};
 use sluice_tests::pki::TestCa;
 
@@ -69,15 +70,20 @@ impl EchoServer {
             .stderr(Stdio::inherit())
             .spawn()
             .expect("python3 with websockets (scripts/test installs it)");
-        let mut line = String::new();
-        let read = BufReader::new(child.stdout.take().unwrap()).read_line(&mut line);
-        let port = match (read, line.trim().parse()) {
-            (Ok(_), Ok(port)) => port,
-            _ => {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!("the websockets server did not start: {line:?}");
-            }
+        // Its first line, read aside so that a server that neither starts
+        // nor exits fails the test within a bound instead of hanging it.
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let _ = BufReader::new(stdout).read_line(&mut line);
+            let _ = tx.send(line);
+        });
+        let line = rx.recv_timeout(Duration::from_secs(30)).unwrap_or_default();
+        let Ok(port) = line.trim().parse() else {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the websockets server did not start within 30 s: {line:?}");
         };
         EchoServer { child, port }
     }
@@ -110,7 +116,16 @@ async fn websockets_through_plain_and_intercepted_tunnels() {
         format!("ws://127.0.0.47:{}/echo", plain.port),
         format!("wss://127.0.0.48:{}/echo", secure.port),
     ] {
-        let out = python_env(&sluice.proxy_url(), CLIENT, &[&uri, sluice_ca], &[]).await;
+        // Every step of the client is bounded (open 20 s, each echo 20 s,
+        // close 5 s); past 60 s it is hung, and fails with its stacks.
+        let out = python_within(
+            Duration::from_secs(60),
+            &sluice.proxy_url(),
+            CLIENT,
+            &[&uri, sluice_ca],
+            &[],
+        )
+        .await;
         assert_eq!(out.trim(), "one two three", "{uri}");
     }
     let (_, metrics) = sluice.admin_get("/metrics").await;
@@ -144,7 +159,7 @@ async fn a_websocket_upgrade_in_absolute_form() {
     let mut buf = [0u8; 1];
     // Bounded: the head is small, and a read times out.
     while !got.ends_with(b"\r\n\r\n") && got.len() < 4096 {
-        let n = tokio::time::timeout(std::time::Duration::from_secs(10), s.read(&mut buf))
+        let n = tokio::time::timeout(Duration::from_secs(10), s.read(&mut buf))
             .await
             .expect("the answer's head within 10 s")
             .unwrap();
@@ -165,7 +180,7 @@ async fn a_websocket_upgrade_in_absolute_form() {
     frame.extend(payload.iter().enumerate().map(|(i, b)| b ^ mask[i % 4]));
     s.write_all(&frame).await.unwrap();
     let mut echo = [0u8; 7];
-    tokio::time::timeout(std::time::Duration::from_secs(10), s.read_exact(&mut echo))
+    tokio::time::timeout(Duration::from_secs(10), s.read_exact(&mut echo))
         .await
         .expect("the echo within 10 s")
         .unwrap();
