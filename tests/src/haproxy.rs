@@ -11,19 +11,10 @@ use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
+pub use crate::answers::{figures, now_ms, Answer};
 use crate::harness::TempDir;
-use crate::sim::Figures;
-
-/// One answer HAProxy gave.
-#[derive(Debug, Clone, Copy)]
-pub struct Answer {
-    /// When it accepted the request, ms since the Unix epoch.
-    pub at_ms: u64,
-    /// The status.
-    pub status: u16,
-}
 
 /// A running HAProxy; stopped on drop.
 pub struct Haproxy {
@@ -137,30 +128,5 @@ impl Haproxy {
             .filter(|(i, _)| i == ip)
             .map(|(_, a)| *a)
             .collect()
-    }
-}
-
-/// Milliseconds since the Unix epoch, now.
-pub fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
-
-/// What HAProxy answered over `[from, to)` ms since the Unix epoch,
-/// against `limit` — the simulator's figures, so that both read alike.
-pub fn figures(answers: &[Answer], from_ms: u64, to_ms: u64, limit: f64) -> Figures {
-    let seen: Vec<_> = answers
-        .iter()
-        .filter(|a| a.at_ms >= from_ms && a.at_ms < to_ms)
-        .collect();
-    let accepted = seen.iter().filter(|a| a.status == 200).count();
-    let secs = (to_ms - from_ms) as f64 / 1000.0;
-    Figures {
-        accepted,
-        throttled: seen.len() - accepted,
-        attempts: seen.len(),
-        goodput: accepted as f64 / secs / limit,
-        throttled_share: (seen.len() - accepted) as f64 / seen.len().max(1) as f64,
     }
 }

@@ -5,11 +5,13 @@
 //! convergence tests.
 #![forbid(unsafe_code)]
 
+pub mod answers;
 pub mod clients;
 pub mod haproxy;
 pub mod harness;
 pub mod load;
 pub mod model;
+pub mod nginx;
 pub mod pki;
 pub mod procfs;
 pub mod redis;

@@ -76,7 +76,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::signals::{
-    poisson_below, poisson_tail, Attribution, ErrorTally, LatencyWatch, NOISE_MAX,
+    poisson_below, poisson_tail, Attribution, ErrorTally, LatencyVerdict, LatencyWatch, NOISE_MAX,
 };
 
 /// Settle point as a share of the rate at which throttling began.
@@ -1180,17 +1180,21 @@ impl Aimd {
         self.window_counted = 0;
         self.window_span = Duration::ZERO;
         self.window_cut = false;
-        if self.latency.judge(self.latency_factor).is_some() {
-            let backoff = self.cut(now, BackoffReason::Latency);
-            self.trial = None;
-            self.limit_weak = false;
-            return Change {
-                increased: false,
-                backoff: Some(backoff),
-            };
-        }
+        let draining = match self.latency.judge(self.latency_factor) {
+            LatencyVerdict::Shift(_) => {
+                let backoff = self.cut(now, BackoffReason::Latency);
+                self.trial = None;
+                self.limit_weak = false;
+                return Change {
+                    increased: false,
+                    backoff: Some(backoff),
+                };
+            }
+            LatencyVerdict::Draining => true,
+            LatencyVerdict::Normal | LatencyVerdict::Unjudged => false,
+        };
         Change {
-            increased: clean && saturated && self.increase(admitted, now),
+            increased: clean && saturated && !draining && self.increase(admitted, now),
             backoff: None,
         }
     }

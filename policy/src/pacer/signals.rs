@@ -419,16 +419,37 @@ pub struct LatencyWatch {
     baseline: Option<f64>,
     /// Samples behind the baseline (saturating).
     baseline_samples: u32,
-    /// The quartile that last made a shift, and windows judged since: a
-    /// provider that queues keeps answering slowly for a while after the
-    /// rate was cut (its backlog drains first), so a further shift counts
-    /// only if it is worse, or has lasted [`LATENCY_PATIENCE`] windows.
+    /// The quartile a backlog is draining from (infinite until the first
+    /// window after a cut is judged), and windows judged since: a provider
+    /// that queues keeps answering slowly for a while after the rate was
+    /// cut — for latency or for anything else (its backlog drains first,
+    /// slowly when the new rate is just under its limit) — so a shift
+    /// after a cut counts only if it grows worse, or has lasted
+    /// [`LATENCY_PATIENCE`] windows. Until then it is a drain.
     last_shift: Option<(f64, u32)>,
 }
 
-/// Windows a shift must persist after a latency cut before it cuts again
-/// (unless it grows worse).
+/// Windows a shift must persist after a cut before it cuts again (unless
+/// it grows worse).
 pub const LATENCY_PATIENCE: u32 = 5;
+
+/// How much worse than the first window after a cut a later shift must be
+/// to cut again before [`LATENCY_PATIENCE`] runs out.
+pub const LATENCY_WORSE: f64 = 1.25;
+
+/// What the recent samples say at the end of a window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LatencyVerdict {
+    /// Too few new samples to say; or no baseline yet.
+    Unjudged,
+    /// At the baseline (which learns from them).
+    Normal,
+    /// Shifted, but no worse than at the last cut and not for long: a
+    /// backlog draining. Hold the rate: neither cut nor grow.
+    Draining,
+    /// A shift (R-SG3): the lower quartile.
+    Shift(Duration),
+}
 
 impl LatencyWatch {
     /// Records one answer's time-to-first-byte.
@@ -440,10 +461,14 @@ impl LatencyWatch {
         self.fresh += 1;
     }
 
-    /// Forgets the samples (the rate was cut: a new epoch).
+    /// Forgets the samples (the rate was cut: a new epoch). A backlog the
+    /// old rate left drains from whatever the first window after the cut
+    /// shows: that window's shift, if any, is a drain and the reference a
+    /// later one must get worse than.
     pub fn clear(&mut self) {
         self.samples.clear();
         self.fresh = 0;
+        self.last_shift = Some((f64::INFINITY, 0));
     }
 
     /// The learned baseline, once enough samples were seen.
@@ -470,30 +495,39 @@ impl LatencyWatch {
         Some(*q)
     }
 
-    /// Judges the recent samples at the end of a window: `Some(quartile)`
-    /// when it has shifted above `factor` × the baseline (and the slack);
-    /// otherwise the baseline learns from it.
-    pub fn judge(&mut self, factor: f64) -> Option<Duration> {
+    /// Judges the recent samples at the end of a window. A shift is the
+    /// quartile above `factor` × the baseline (and the slack); after a cut
+    /// it must also be worse than at the cut, or last (see `last_shift`).
+    /// Otherwise the baseline learns from them.
+    pub fn judge(&mut self, factor: f64) -> LatencyVerdict {
         if self.fresh * 2 < LATENCY_MIN_SAMPLES {
-            return None;
+            return LatencyVerdict::Unjudged;
         }
-        let q = self.quartile()?;
+        let Some(q) = self.quartile() else {
+            return LatencyVerdict::Unjudged;
+        };
         let fresh = u32::try_from(self.fresh).unwrap_or(u32::MAX);
         self.fresh = 0;
         if let Some(base) = self.baseline().map(|b| b.as_secs_f64()) {
             if q > base * factor && q > base + LATENCY_SLACK.as_secs_f64() {
                 let shift = match self.last_shift.as_mut() {
+                    // The first window after a cut: where the drain starts.
+                    Some((q0, windows)) if q0.is_infinite() => {
+                        *q0 = q;
+                        *windows += 1;
+                        false
+                    }
                     Some((q0, windows)) => {
                         *windows += 1;
-                        q > *q0 * 1.25 || *windows >= LATENCY_PATIENCE
+                        q > *q0 * LATENCY_WORSE || *windows >= LATENCY_PATIENCE
                     }
                     None => true,
                 };
                 if shift {
                     self.last_shift = Some((q, 0));
-                    return Some(Duration::from_secs_f64(q));
+                    return LatencyVerdict::Shift(Duration::from_secs_f64(q));
                 }
-                return None;
+                return LatencyVerdict::Draining;
             }
         }
         self.last_shift = None;
@@ -503,7 +537,11 @@ impl LatencyWatch {
             Some(b) => b + LATENCY_ALPHA_UP * (q - b),
         });
         self.baseline_samples = self.baseline_samples.saturating_add(fresh);
-        None
+        if self.baseline().is_some() {
+            LatencyVerdict::Normal
+        } else {
+            LatencyVerdict::Unjudged
+        }
     }
 }
 
@@ -615,7 +653,10 @@ mod tests {
             // 30 % heavy, at random-looking positions.
             w.observe(if (i * 7) % 10 < 3 { heavy } else { fast });
             if i % 20 == 19 {
-                assert_eq!(w.judge(3.0), None, "heavy requests are not a shift");
+                assert!(
+                    !matches!(w.judge(3.0), LatencyVerdict::Shift(_)),
+                    "heavy requests are not a shift"
+                );
             }
         }
         let base = w.baseline().unwrap();
@@ -624,6 +665,44 @@ mod tests {
         for _ in 0..60 {
             w.observe(Duration::from_millis(400));
         }
-        assert!(w.judge(3.0).is_some(), "every request slower: a shift");
+        assert!(
+            matches!(w.judge(3.0), LatencyVerdict::Shift(_)),
+            "every request slower: a shift"
+        );
+    }
+
+    /// A backlog left by the rate before a cut drains: a shift in the
+    /// first window after a cut, and one no worse after it, is a drain
+    /// (hold) for up to `LATENCY_PATIENCE` windows; one that grows worse
+    /// than that first window is a shift at once.
+    #[test]
+    fn after_a_cut_a_shift_that_does_not_grow_is_a_drain() {
+        let judged = |w: &mut LatencyWatch, ms: u64| {
+            for _ in 0..LATENCY_SAMPLES {
+                w.observe(Duration::from_millis(ms));
+            }
+            w.judge(3.0)
+        };
+        let mut w = LatencyWatch::default();
+        for _ in 0..4 {
+            assert!(!matches!(judged(&mut w, 10), LatencyVerdict::Shift(_)));
+        }
+        assert!(matches!(judged(&mut w, 300), LatencyVerdict::Shift(_)));
+        w.clear();
+        for ms in [300, 280, 250, 250] {
+            assert_eq!(judged(&mut w, ms), LatencyVerdict::Draining, "{ms} ms");
+        }
+        assert!(matches!(judged(&mut w, 250), LatencyVerdict::Shift(_)));
+        // A cut for another reason: the first window sets where a drain
+        // starts; a backlog that builds instead is a shift.
+        let mut w = LatencyWatch::default();
+        for _ in 0..4 {
+            judged(&mut w, 10);
+        }
+        w.clear();
+        assert_eq!(judged(&mut w, 200), LatencyVerdict::Draining);
+        assert_eq!(judged(&mut w, 240), LatencyVerdict::Draining);
+        assert!(matches!(judged(&mut w, 260), LatencyVerdict::Shift(_)));
+        assert_eq!(judged(&mut w, 10), LatencyVerdict::Normal);
     }
 }
