@@ -1337,6 +1337,17 @@ impl Aimd {
                             && self.too_high_at.is_some_and(|at| {
                                 now.saturating_duration_since(at) < self.window * PROBE_AFTER
                             });
+                        // What was delivered says less where the provider
+                        // holds after each refusal (`Retry-After`): the
+                        // holds, not the limit, thin the windows around
+                        // them (measured in a shared fleet: a limit set
+                        // 4 % under the real one, then no probe for a
+                        // minute of holds).
+                        let delivered = if named && !self.hold_cost.is_zero() {
+                            f64::INFINITY
+                        } else {
+                            delivered
+                        };
                         (match (named, again) {
                             (true, false) => from,
                             (true, true) => from * SETTLE,
