@@ -15,7 +15,7 @@
 //! * `/noise/{permille}` — 200, except that this many requests in a
 //!   thousand, at random, get a bare 503.
 //! * `/heavy/{percent}/{ms}` — 200, this many requests in a hundred, at
-//!   random, `ms` slower.
+//!   random, `ms` slower (`lo-hi`: uniformly between the two).
 //! * `/queue/{rps}` — a provider that never refuses but serves `rps`
 //!   requests a second, in arrival order: pushed past that, every answer
 //!   waits its turn (the wait is recorded in [`Hit::delay`]).
@@ -433,7 +433,11 @@ async fn answer(
             ["heavy", percent, ms] => {
                 let share = percent.parse::<f64>().unwrap_or(0.0) / 100.0;
                 if st.uniform() < share {
-                    delay = Duration::from_millis(ms.parse().unwrap_or(0));
+                    // `ms`, or `lo-hi`: uniform between them.
+                    let (lo, hi) = ms.split_once('-').unwrap_or((ms, ms));
+                    let (lo, hi) = (lo.parse().unwrap_or(0.0), hi.parse().unwrap_or(0.0));
+                    let extra: f64 = lo + (hi - lo) * st.uniform();
+                    delay = Duration::from_secs_f64(extra.max(0.0) / 1000.0);
                 }
                 200
             }
