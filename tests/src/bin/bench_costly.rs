@@ -14,7 +14,15 @@
 //! with 30 % of requests ~350 ms heavier, ~55 are in flight at the
 //! provider). Printed: successes per second at the provider over the
 //! second half and over the whole run, and each heavy run's ratio to the
-//! clean run at the same ceiling (the issue asks ≥ 0.8).
+//! clean run at the same ceiling (the issue asks ≥ 0.8), and sluice's
+//! learned rate and last cut for each provider. `CEILINGS=200,500` runs
+//! some of them.
+//!
+//! Measured (2 cores): 1.00 and 1.00 of clean at 100 and at 200 req/s
+//! (each run at its ceiling over 15–30 s); at 500 the clean run is held by
+//! the machine near 325 /s (the clients that sluice's queue bound refuses
+//! retry at once and spin) and the heavy runs get 1.03–1.24 of it. No run
+//! at any ceiling was cut.
 
 use sluice_tests::clients::naive_clients;
 use sluice_tests::harness::Sluice;
@@ -28,7 +36,7 @@ async fn main() {
         .unwrap_or(30);
     let half = u64::from(secs / 2);
     let mut ratios = Vec::new();
-    for (i, ceiling) in [100u32, 200, 500].into_iter().enumerate() {
+    for (i, ceiling) in ceilings() {
         let sluice = Sluice::start(&format!(
             "[destinations]\nallow = [\"127.0.0.0/8\"]\n[defaults]\nceiling_rps = {ceiling}.0\n"
         ));
@@ -43,14 +51,15 @@ async fn main() {
         .enumerate()
         {
             let sim = Sim::start(&format!("127.0.4.{}", 10 * i + j + 1)).await;
-            let seen = naive_clients(
-                &sluice.proxy_url(),
-                &sim.url("http", path),
-                clients,
-                secs,
-                &[],
-            )
-            .await;
+            // Python's lock caps one process near 300 req/s here: the
+            // threads are spread over processes of at most 40.
+            let (proxy, url) = (sluice.proxy_url(), sim.url("http", path));
+            let procs = clients.div_ceil(40);
+            let runs = (0..procs).map(|_| {
+                let (proxy, url) = (proxy.clone(), url.clone());
+                async move { naive_clients(&proxy, &url, clients / procs, secs, &[]).await }
+            });
+            let seen = futures_join(runs).await.join(" | ");
             let limit = f64::from(ceiling);
             let (second, whole) = (
                 sim.figures(path, half, 2 * half, limit),
@@ -67,6 +76,18 @@ async fn main() {
             if name != "clean" {
                 ratios.push((ceiling, name, ratio));
             }
+            let (_, v) = sluice
+                .api(
+                    "GET",
+                    &format!("/v1/providers/127.0.4.{}", 10 * i + j + 1),
+                    None,
+                )
+                .await;
+            println!(
+                "  sluice's view: rate {:.0} req/s, last cut {}",
+                v["rate_rps"].as_f64().unwrap_or(0.0),
+                v["last_backoff"]
+            );
             println!(
                 "ceiling {ceiling:>3} req/s, {clients:>3} clients, {name:<17}: {:>6.1} /s over \
                  {half}–{} s ({ratio:.2} of clean), {:>6.1} /s over the whole run; clients saw {}",
@@ -82,4 +103,29 @@ async fn main() {
         .map(|(_, _, r)| *r)
         .fold(f64::INFINITY, f64::min);
     println!("worst heavy/clean ratio: {worst:.2}");
+}
+
+/// The ceilings: `CEILINGS=500` (comma-separated) for some; else all.
+fn ceilings() -> impl Iterator<Item = (usize, u32)> {
+    let all = std::env::var("CEILINGS").unwrap_or_else(|_| "100,200,500".into());
+    let list: Vec<u32> = all
+        .split(',')
+        .filter_map(|c| c.trim().parse().ok())
+        .collect();
+    [100u32, 200, 500]
+        .into_iter()
+        .enumerate()
+        .filter(move |(_, c)| list.contains(c))
+}
+
+/// Runs the futures at once; their outputs in order.
+async fn futures_join<F: std::future::Future<Output = String> + Send + 'static>(
+    runs: impl Iterator<Item = F>,
+) -> Vec<String> {
+    let tasks: Vec<_> = runs.map(tokio::spawn).collect();
+    let mut out = Vec::new();
+    for t in tasks {
+        out.push(t.await.expect("a client process").trim().to_string());
+    }
+    out
 }
