@@ -199,8 +199,10 @@ async fn a_provider_that_slows_down_past_its_limit_is_paced_to_it() {
 /// `nodelay` nginx queues what comes early, so a cut is followed by a
 /// second of slow answers while that backlog drains; taken for a latency
 /// shift it cut again and held the rate at 85–88 % of the limit.
+/// (Named to sort first, so that this minute runs beside the shorter
+/// tests, not after them.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn throttles_stay_throttles_over_a_minute() {
+async fn a_minute_of_throttling_stays_a_throttle() {
     use sluice_tests::nginx::{figures, now_ms, Burst, Nginx};
     const LIMIT: f64 = 20.0;
     let bare = Sim::start("127.0.0.18").await;
