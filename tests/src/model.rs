@@ -66,6 +66,12 @@ pub enum Behaviour {
     /// A provider that never refuses but serves at most `limit` requests a
     /// second, in arrival order: pushed past it, every answer slows down.
     Queue,
+    /// nginx's `limit_req` with `burst=N nodelay`: a token bucket of N + 1
+    /// (the request itself and N more at once), a bare 503 over it.
+    LimitReq {
+        /// Its `burst`.
+        burst: u32,
+    },
     /// A hidden token bucket like `Bucket`, answering 429 with
     /// `Retry-After: secs` over it.
     Named {
@@ -200,6 +206,14 @@ fn burst_of(limit: f64) -> f64 {
     (limit / 2.0).ceil().max(2.0)
 }
 
+/// The burst of `behaviour`'s bucket at `limit`.
+fn burst_for(behaviour: Behaviour, limit: f64) -> f64 {
+    match behaviour {
+        Behaviour::LimitReq { burst } => f64::from(burst) + 1.0,
+        _ => burst_of(limit),
+    }
+}
+
 /// A simulated provider.
 #[derive(Debug)]
 pub struct Provider {
@@ -228,7 +242,7 @@ impl Provider {
     pub fn new(behaviour: Behaviour, limit: f64, now: Instant, seed: u64) -> Self {
         Provider {
             behaviour,
-            bucket: TokenBucket::new(limit, burst_of(limit), now),
+            bucket: TokenBucket::new(limit, burst_for(behaviour, limit), now),
             free_at: now,
             rng: Rng::new(seed),
             log: Vec::new(),
@@ -258,7 +272,7 @@ impl Provider {
 
     /// Moves the hidden limit.
     pub fn set_limit(&mut self, limit: f64) {
-        self.bucket.set(limit, burst_of(limit));
+        self.bucket.set(limit, burst_for(self.behaviour, limit));
         self.limit = limit;
     }
 
@@ -326,6 +340,7 @@ impl Provider {
         let mut retry_after = None;
         let (status, latency) = match self.behaviour {
             Behaviour::Bucket { over } => (if took { 200 } else { over }, base),
+            Behaviour::LimitReq { .. } => (if took { 200 } else { 503 }, base),
             Behaviour::Named { secs } => {
                 if !took {
                     retry_after = Some(secs);

@@ -327,6 +327,7 @@ fn trace(args: &[String]) {
         "429" => Behaviour::Bucket { over: 429 },
         "503" => Behaviour::Bucket { over: 503 },
         "ra" => Behaviour::Named { secs: 1 },
+        "nginx" => Behaviour::LimitReq { burst: 5 },
         "sliding" => Behaviour::Sliding,
         "queue" => Behaviour::Queue,
         s if s.starts_with("noise") => Behaviour::Noise {
@@ -548,9 +549,14 @@ fn sweep() {
 /// 60 s and over 30–60 s, and the refused share over 30–60 s.
 fn converge() {
     const SEEDS: u64 = 10;
-    let cases: [(&str, Behaviour, f64); 7] = [
+    let cases: [(&str, Behaviour, f64); 8] = [
         ("bucket 20, 429", Behaviour::Bucket { over: 429 }, 20.0),
         ("bucket 20, 503", Behaviour::Bucket { over: 503 }, 20.0),
+        (
+            "nginx 20 b=5 nodelay",
+            Behaviour::LimitReq { burst: 5 },
+            20.0,
+        ),
         ("bucket 20, 429 + RA 1", Behaviour::Named { secs: 1 }, 20.0),
         ("sliding 1 s 20, 429", Behaviour::Sliding, 20.0),
         ("bucket 5, 429", Behaviour::Bucket { over: 429 }, 5.0),
