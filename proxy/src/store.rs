@@ -493,6 +493,7 @@ enum Op {
     Evidence(String, EvidenceRecord),
     Prune(Duration),
     Flush(tokio::sync::oneshot::Sender<Result<(), StoreError>>),
+    Applied(tokio::sync::oneshot::Sender<()>),
 }
 
 /// The one writer of the store, on a thread of its own.
@@ -561,6 +562,9 @@ impl StoreWriter {
                         Op::Flush(done) => {
                             let _ = done.send(store.flush());
                         }
+                        Op::Applied(done) => {
+                            let _ = done.send(());
+                        }
                     }
                 }
             });
@@ -612,6 +616,16 @@ impl StoreWriter {
     /// Queues pruning of learned state older than `max_age`.
     pub fn prune_learned(&self, max_age: Duration) {
         self.send(Op::Prune(max_age));
+    }
+
+    /// Resolves once every write queued before it is applied to the store
+    /// (readable, not yet necessarily on disk): a read after it sees them.
+    pub async fn applied(&self) -> Result<(), StoreError> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        if !self.send(Op::Applied(tx)) {
+            return Err(StoreError::WriterUnavailable);
+        }
+        rx.await.map_err(|_| StoreError::WriterUnavailable)
     }
 
     /// Resolves once every write queued before it is on disk.
@@ -836,5 +850,29 @@ mod tests {
                 .unwrap();
             assert_eq!(store.flushed.load(std::sync::atomic::Ordering::SeqCst), 101);
         });
+    }
+
+    /// A read after `applied` sees every write queued before it — the
+    /// gaps a run's end just updated, read by the collector's next call
+    /// (R-RN12) — without waiting for the disk.
+    #[test]
+    fn a_read_after_applied_sees_every_queued_write() {
+        let d = dir("applied");
+        let m = counters();
+        let store = Arc::new(Store::open(&d, &m.0, &m.1).unwrap());
+        let writer = StoreWriter::spawn(store.clone(), m.1.clone());
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            for i in 0..2_000u32 {
+                let key = [b"c\0".as_slice(), &i.to_be_bytes()].concat();
+                assert!(writer.put(RunTree::Gaps, key, vec![7; 64]));
+            }
+            writer.applied().await.unwrap();
+            assert_eq!(store.scan(RunTree::Gaps, b"c\0", &[]).count(), 2_000);
+        });
+        assert_eq!(m.1.get(), 0, "no store errors");
     }
 }

@@ -229,7 +229,9 @@ impl Runs {
     /// One page of `name`'s pending gaps after `after` (a previous page's
     /// `next`), at most `max_bytes` of serialized records — except that a
     /// record larger than that comes alone, so paging always advances.
-    pub fn gaps(
+    /// Reads its own writes: what was queued before (a stop's gap, a run's
+    /// end updating it) is applied first.
+    pub async fn gaps(
         &self,
         name: &str,
         max_bytes: usize,
@@ -244,6 +246,7 @@ impl Runs {
                 next: None,
             });
         };
+        self.applied().await;
         let start = match after.and_then(split_id) {
             Some((_, seq)) => seq_key(name, seq.saturating_add(1)),
             None => prefix(name),
@@ -280,6 +283,7 @@ impl Runs {
     /// Resolves a gap record: it is no longer pending.
     pub async fn resolve_gap(&self, id: &str) -> Result<(), RunError> {
         let (name, seq) = split_id(id).ok_or(RunError::UnknownGap)?;
+        self.applied().await;
         let exists = self
             .store
             .as_ref()

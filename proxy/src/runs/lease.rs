@@ -357,9 +357,11 @@ impl Runs {
         })
     }
 
-    /// `name`'s runs, newest first, at most `limit`.
-    pub fn history(&self, name: &str, limit: usize) -> Result<Vec<RunRecord>, RunError> {
+    /// `name`'s runs, newest first, at most `limit` (reading its own
+    /// writes: a run that just ended is there).
+    pub async fn history(&self, name: &str, limit: usize) -> Result<Vec<RunRecord>, RunError> {
         self.sweep(Instant::now());
+        self.applied().await;
         let reg = self.lock();
         let slot = reg.slots.get(name).ok_or(RunError::UnknownCollector)?;
         let mut out = Vec::new();

@@ -375,6 +375,14 @@ impl Runs {
         }
     }
 
+    /// Waits until every write queued so far is readable from the store
+    /// (a failed writer has counted its own error; the read goes on).
+    async fn applied(&self) {
+        if let Some(w) = &self.writer {
+            let _ = w.applied().await;
+        }
+    }
+
     async fn flush(&self) -> Result<(), RunError> {
         match &self.writer {
             Some(w) => Ok(w.flush().await?),

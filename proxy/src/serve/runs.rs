@@ -130,7 +130,7 @@ async fn answer(
                 Some(Ok(n)) if n > 0 => n.min(1000),
                 Some(_) => return Ok(bad(StatusCode::BAD_REQUEST, "limit", "a number from 1")),
             };
-            match app.runs.history(name, limit) {
+            match app.runs.history(name, limit).await {
                 Ok(runs) => reply(
                     StatusCode::OK,
                     &json!({ "runs": runs.iter().map(record_json).collect::<Vec<_>>() }),
@@ -189,7 +189,7 @@ async fn answer(
                     "not a continuation token",
                 ));
             }
-            match app.runs.gaps(name, max_bytes, after.as_deref()) {
+            match app.runs.gaps(name, max_bytes, after.as_deref()).await {
                 Ok(page) => reply(
                     StatusCode::OK,
                     &json!({
