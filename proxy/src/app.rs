@@ -68,6 +68,15 @@ impl App {
             .unwrap_or_else(|p| p.into_inner())
             .clone()
     }
+
+    /// Waits until what was queued for the store so far is readable —
+    /// a readout right after a breaker transition shows its evidence — but
+    /// at most a second: a stalled disk delays a readout, never hangs it.
+    pub async fn store_applied(&self) {
+        if let Some(w) = &self.writer {
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(1), w.applied()).await;
+        }
+    }
 }
 
 impl Shutdown {

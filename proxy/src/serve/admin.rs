@@ -47,7 +47,13 @@ pub async fn serve(app: Arc<App>, listener: TcpListener) {
                 async move {
                     let resp = match super::runs::route(&app, req, peer).await {
                         Ok(resp) => resp,
-                        Err(req) => route(&app, req),
+                        Err(req) => {
+                            if req.uri().path().starts_with("/v1/providers/") {
+                                // Its evidence comes from the store.
+                                app.store_applied().await;
+                            }
+                            route(&app, req)
+                        }
                     };
                     Ok::<_, std::convert::Infallible>(resp)
                 }

@@ -203,6 +203,7 @@ async fn answer(
         }
         (Method::GET, ["v1", "runs", id]) => match app.runs.get(id) {
             Ok(view) => {
+                app.store_applied().await;
                 let mut j = view_json(&view);
                 j["providers"] = run_providers(app, &view.record);
                 reply(StatusCode::OK, &j)
