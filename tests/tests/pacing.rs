@@ -193,9 +193,11 @@ async fn a_provider_that_slows_down_past_its_limit_is_paced_to_it() {
 /// with `nodelay` (a burst passes at once, the rest refused) and once
 /// without (a burst waits its turn). Over the second half: the bare-503
 /// bucket ≥ 95 % of its limit with ≤ 1 % 503s, the `Retry-After` one
-/// ≥ 95 % with ≤ 0.5 % 429s, each nginx ≥ 97 % with ≤ 0.5 % 503s
-/// (measured in nginx's log: nodelay 98.2 % / 0.17 %, delay 97.0 % /
-/// 0.34 %). The first 60 s from a cold start printed for each. Without
+/// ≥ 97 % with ≤ 0.5 % 429s (measured 99.3–99.5 % / 0 %: the time each
+/// rate lasted after a hold told the bucket's refill rate; 96.3–96.7 %
+/// before), each nginx ≥ 97 % with ≤ 0.5 % 503s (measured in nginx's
+/// log: nodelay 98.2 % / 0.17 %, delay 97.0 % / 0.34 %). The first 60 s
+/// from a cold start printed for each. Without
 /// `nodelay` nginx queues what comes early, so a cut is followed by a
 /// second of slow answers while that backlog drains; taken for a latency
 /// shift it cut again and held the rate at 85–88 % of the limit.
@@ -265,8 +267,8 @@ async fn a_minute_of_throttling_stays_a_throttle() {
         fb.throttled_share * 100.0
     );
     assert!(
-        fn_.goodput >= 0.95,
-        "Retry-After: goodput {:.1} % < 95 %",
+        fn_.goodput >= 0.97,
+        "Retry-After: goodput {:.1} % < 97 %",
         fn_.goodput * 100.0
     );
     assert!(

@@ -59,7 +59,13 @@
 //! is throttled the remembered limit was too high; the new one is the
 //! lower of 90 % of the rate and what the provider actually delivered over
 //! the last window (the accepted rate of a drained token bucket is its
-//! refill rate), never below the plain cut. Only one
+//! refill rate), never below the plain cut. Where the provider holds
+//! after each refusal (`Retry-After`), what was delivered says nothing
+//! (the holds thin it), and the step is one rate at a time — slow, as each
+//! rate nearer the limit lasts longer before its refusal; the time each
+//! rate lasted after a hold tells a token bucket's refill rate instead
+//! (`Descent`), and a tight fit is settled under as closely as a sharp
+//! limit. Only one
 //! cut is made per congestion epoch: answers to requests sent before the
 //! last cut say nothing new (as TCP's fast recovery ignores losses from the
 //! old window).
@@ -385,6 +391,79 @@ impl Probe {
     }
 }
 
+/// Refusals a [`Descent`] fits, the most recent.
+const DESCENT_POINTS: usize = 4;
+/// A refusal older than this was another limit's.
+const DESCENT_MAX_AGE: Duration = Duration::from_secs(120);
+/// The fitted points must lie this far apart in time, as a share of the
+/// shortest, to tell a slope from noise.
+const DESCENT_SPREAD: f64 = 0.25;
+/// A fit whose bound lies within this share of its rate sets the limit
+/// as closely as a sharp limit's: settled at [`SETTLE_SHARP`] of the bound,
+/// the rate is under the bucket's.
+const FIT_TIGHT: f64 = 0.02;
+
+/// Where a token bucket's refill rate lies, read from how long each rate
+/// lasted after a hold before it was refused (R-SG5).
+///
+/// A hold (`Retry-After`) lets the provider's bucket fill. Sent at a rate
+/// `r` from the hold's end, its burst `B` lasts `t = B / (r − L)`: the
+/// requests it let through, `r·t = B + L·t`, grow with `t` at exactly the
+/// refill rate `L`. Two refusals at different rates give that slope, where
+/// the plain descent — one step per refusal, each refusal later than the
+/// one before as the rate nears `L` — takes half a minute to close in.
+/// Each point is known to about a request (the refusal fell between two
+/// sends), so the fit is read with that error on the high side: a noisy
+/// fit leaves the plain descent to do the rest, and never puts the limit
+/// under the provider's. A windowed quota fits no slope (every window
+/// lets the same count through, whatever the rate) and is left alone.
+#[derive(Debug, Clone, Default)]
+struct Descent {
+    /// When refused; seconds from the hold's end to the refused send;
+    /// requests sent in them.
+    points: VecDeque<(Instant, f64, f64)>,
+}
+
+impl Descent {
+    fn push(&mut self, at: Instant, secs: f64, sent: f64) {
+        self.points
+            .retain(|(t, _, _)| at.saturating_duration_since(*t) < DESCENT_MAX_AGE);
+        if self.points.len() == DESCENT_POINTS {
+            self.points.pop_front();
+        }
+        self.points.push_back((at, secs, sent));
+    }
+
+    fn clear(&mut self) {
+        self.points.clear();
+    }
+
+    /// The highest refill rate the points allow, if they tell one (at
+    /// least two, far enough apart, with a burst and a rate both
+    /// positive), and how far above the fitted rate that bound lies.
+    fn limit(&self) -> Option<(f64, f64)> {
+        let n = self.points.len() as f64;
+        if n < 2.0 {
+            return None;
+        }
+        let xs = self.points.iter().map(|p| p.1);
+        let (lo, hi) = xs.fold((f64::INFINITY, 0.0f64), |(lo, hi), x| {
+            (lo.min(x), hi.max(x))
+        });
+        if hi - lo < lo * DESCENT_SPREAD {
+            return None;
+        }
+        let mx = self.points.iter().map(|p| p.1).sum::<f64>() / n;
+        let my = self.points.iter().map(|p| p.2).sum::<f64>() / n;
+        let sxx: f64 = self.points.iter().map(|p| (p.1 - mx).powi(2)).sum();
+        let sxy: f64 = self.points.iter().map(|p| (p.1 - mx) * (p.2 - my)).sum();
+        let slope = sxy / sxx;
+        let burst = my - slope * mx;
+        let margin = 2.0 / (hi - lo);
+        (slope > 0.0 && burst > 0.0).then_some((slope + margin, margin))
+    }
+}
+
 /// What one answer did to the rate.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Change {
@@ -481,6 +560,16 @@ pub struct Aimd {
     /// How long the provider held every request off after its last
     /// throttle (`Retry-After`): what a failed probe costs.
     hold_cost: Duration,
+    /// When the provider's last hold (`Retry-After`) ends.
+    hold_end: Option<Instant>,
+    /// Refusals at the settle point after a hold: how long each rate lasted
+    /// from the hold's end to its refusal (see [`Descent`]).
+    descent: Descent,
+    /// The limit is a token bucket's refill rate fitted to within
+    /// [`FIT_TIGHT`] of itself: known as closely as a sharp one's.
+    fitted: bool,
+    /// The rate is a fleet's, shared through a budget (see `adopt`).
+    shared: bool,
     /// The limit before a probe last moved it, and when: a throttle at the
     /// new settle point soon after undoes the move.
     moved_from: Option<(f64, Instant)>,
@@ -552,6 +641,10 @@ impl Aimd {
             outages: 0,
             named_throttle: None,
             hold_cost: Duration::ZERO,
+            hold_end: None,
+            descent: Descent::default(),
+            fitted: false,
+            shared: false,
             moved_from: None,
             too_high_at: None,
             echo: 0,
@@ -703,6 +796,7 @@ impl Aimd {
             self.rate = rate.clamp(self.floor, self.ceiling);
         }
         self.limit = limit.filter(|l| l.is_finite() && *l > 0.0);
+        self.fitted = false;
         if let Some(b) = latency {
             self.latency.restore(b);
         }
@@ -730,6 +824,11 @@ impl Aimd {
             return;
         }
         let rate = rate.clamp(self.floor, self.ceiling);
+        // One replica's view of the fleet's refusals fits no bucket: the
+        // shared hold's end and the fleet's rate are not its own.
+        self.shared = true;
+        self.fitted = false;
+        self.descent.clear();
         // The same rate, as it came back through the store: nothing new.
         if (rate - self.rate).abs() > self.rate * 1e-9 {
             if rate < self.rate {
@@ -999,6 +1098,7 @@ impl Aimd {
                 }
                 let backoff = self.cut(now, reason);
                 self.limit = None;
+                self.fitted = false;
                 self.cold_error_cut = true;
                 return Some(backoff);
             }
@@ -1076,13 +1176,39 @@ impl Aimd {
             if self.new_epoch(sent_at) {
                 self.echo = self.echo.saturating_add(1);
             }
+            self.extend_hold(now);
             return None;
         }
         // Whatever a trial was weighing, this is pressure.
         self.trial = None;
+        self.time_to_refusal(sent_at, now, reason);
         let backoff = self.cut(now, reason);
         self.limit_weak = false;
+        self.extend_hold(now);
         Some(backoff)
+    }
+
+    /// A refusal at the settle point after a hold, sent at the rate in
+    /// force since the hold's end: a point of the [`Descent`].
+    fn time_to_refusal(&mut self, sent_at: Instant, now: Instant, reason: BackoffReason) {
+        let Some(end) = self.hold_end else { return };
+        let steady = self.changes.back().is_none_or(|(at, _)| *at <= end);
+        if reason.ambiguous() || self.hold_cost.is_zero() || sent_at <= end || !steady {
+            return;
+        }
+        if self.limit.is_none() || self.probe.is_some() || self.shared {
+            return;
+        }
+        let secs = (sent_at - end).as_secs_f64();
+        self.descent.push(now, secs, self.rate * secs);
+    }
+
+    /// The provider holds every request off until `now` + its `Retry-After`.
+    fn extend_hold(&mut self, now: Instant) {
+        if !self.hold_cost.is_zero() {
+            let end = now + self.hold_cost;
+            self.hold_end = Some(self.hold_end.map_or(end, |e| e.max(end)));
+        }
     }
 
     /// Counts an answer towards an open trial and acts on a verdict other
@@ -1215,6 +1341,8 @@ impl Aimd {
                     // A whole clean window clearly past the limit: it has
                     // moved. Find the new one as from a cold start.
                     self.limit = None;
+                    self.fitted = false;
+                    self.descent.clear();
                     self.reset_plateau();
                     self.rate * (1.0 + SLOW_START_GROWTH)
                 } else if let Some(probe) = self.probe.as_mut() {
@@ -1253,7 +1381,7 @@ impl Aimd {
     /// The settle point's share of the limit: closer under a sharp limit,
     /// whose probe proved the rate clean.
     fn settle_share(&self) -> f64 {
-        if self.sharp {
+        if self.sharp || self.fitted {
             SETTLE_SHARP
         } else {
             SETTLE
@@ -1276,6 +1404,8 @@ impl Aimd {
         let settle = self.settle_share();
         let from = self.rate;
         let delivered = self.delivered.unwrap_or(f64::INFINITY);
+        // The new limit is a tight fit of a token bucket's refill rate.
+        let mut tight = false;
         let (limit, to) = match (self.limit, self.probe) {
             // Slow start: throttling began at this rate, or at what the
             // provider delivered if that was less.
@@ -1290,6 +1420,10 @@ impl Aimd {
                 // the probe proved clean (two windows) is under it.
                 self.limit_weak = false;
                 let l = if reason.ambiguous() {
+                    limit
+                } else if self.fitted {
+                    // The fit said where it is; the probe agrees.
+                    tight = true;
                     limit
                 } else if self.sharp {
                     // No burst to fool it: the proven rate is clean.
@@ -1310,6 +1444,7 @@ impl Aimd {
                 let l = probe.clean(reason).min(delivered).max(limit);
                 self.moved_from = Some((limit, now));
                 self.probe_backoff = 0;
+                self.descent.clear();
                 (l, (l * settle).min(from * PROBE_DECREASE))
             }
             // Throttled at the settle point: the limit was too high.
@@ -1343,18 +1478,30 @@ impl Aimd {
                         // them (measured in a shared fleet: a limit set
                         // 4 % under the real one, then no probe for a
                         // minute of holds).
-                        let delivered = if named && !self.hold_cost.is_zero() {
-                            f64::INFINITY
+                        // A token bucket's refill rate, where the refusals
+                        // after the holds tell it, says more.
+                        let held = named && !self.hold_cost.is_zero();
+                        let (delivered, fit) = if held {
+                            (f64::INFINITY, self.descent.limit())
                         } else {
-                            delivered
+                            (delivered, None)
                         };
-                        (match (named, again) {
+                        // At most one plain cut's worth below the rate:
+                        // a fit is a measure, and a poor one (a bucket
+                        // whose rate moved among the points) must not
+                        // cost more than a cut.
+                        let fitted =
+                            fit.map_or(f64::INFINITY, |(at, _)| at.max(from * PROBE_DECREASE));
+                        let l = (match (named, again) {
                             (true, false) => from,
                             (true, true) => from * SETTLE,
                             (false, _) => from * PROBE_DECREASE,
                         })
                         .min(delivered)
-                        .max(from * self.decrease)
+                        .min(fitted)
+                        .max(from * self.decrease);
+                        tight = fit.is_some_and(|(at, margin)| l == at && margin <= at * FIT_TIGHT);
+                        l
                     }
                 };
                 self.too_high_at = Some(now);
@@ -1367,6 +1514,9 @@ impl Aimd {
         if self.limit != Some(limit) && self.moved_from.is_none_or(|(_, at)| at != now) {
             self.moved_from = None;
         }
+        self.fitted = tight;
+        // Known that closely, the limit is settled under as a sharp one is.
+        let to = if tight { limit * SETTLE_SHARP } else { to };
         self.limit = Some(limit);
         if let Some(streak) = self.streak.as_mut() {
             streak.cuts += 1;
@@ -1809,6 +1959,59 @@ mod tests {
             (a.rate() - limit * SETTLE_SHARP).abs() < 1e-9,
             "{}",
             a.rate()
+        );
+    }
+
+    /// A token bucket (20/s, burst 10) answering `429` with
+    /// `Retry-After: 1` to saturated demand from `a`, for `secs`: when it
+    /// refused.
+    fn bucket_refusals(a: &mut Aimd, secs: u64) -> Vec<f64> {
+        let (limit, burst) = (20.0, 10.0);
+        let start = Instant::now();
+        let (mut t, mut filled, mut held_until) = (start, start, start);
+        let mut tokens: f64 = burst;
+        let mut refusals = Vec::new();
+        while t < start + Duration::from_secs(secs) {
+            t = (t + Duration::from_secs_f64(1.0 / a.rate())).max(held_until);
+            tokens = (tokens + (t - filled).as_secs_f64() * limit).min(burst);
+            filled = t;
+            a.on_admit(t);
+            if tokens >= 1.0 {
+                tokens -= 1.0;
+                a.on_clean(t, t, Some(Duration::from_millis(20)));
+            } else {
+                a.on_hold(Duration::from_secs(1));
+                a.on_throttle(t, t, BackoffReason::Throttled);
+                held_until = t + Duration::from_secs(1);
+                refusals.push((t - start).as_secs_f64());
+            }
+        }
+        refusals
+    }
+
+    /// R-SG5: a limit learned a third too high (slow start's cut measured
+    /// a burst) on a token bucket that holds with `Retry-After`: the time
+    /// each rate lasted after a hold tells the bucket's refill rate, and
+    /// the rate is under it after four refusals, the last at 19 s — where
+    /// one 5 % step per refusal, each refusal later than the last, took
+    /// five, the last at 31 s.
+    #[test]
+    fn the_time_to_each_refusal_tells_a_token_buckets_rate() {
+        let mut a = Aimd::new(4.0, 0.1, 1000.0, 0.7, W);
+        a.restore(25.3, Some(26.6), None);
+        let refusals = bucket_refusals(&mut a, 60);
+        assert!(refusals.len() <= 4, "{refusals:?}");
+        assert!(refusals.last().is_some_and(|at| *at < 25.0), "{refusals:?}");
+        assert!(a.limit().is_some_and(|l| l <= 21.0), "{:?}", a.limit());
+        assert!(a.rate() >= 0.93 * 20.0 && a.rate() <= 20.0, "{}", a.rate());
+        // From a cold start too, the rate ends under the bucket's.
+        let mut cold = Aimd::new(4.0, 0.1, 1000.0, 0.7, W);
+        let refusals = bucket_refusals(&mut cold, 120);
+        assert!(refusals.len() <= 4, "{refusals:?}");
+        assert!(
+            cold.rate() >= 0.93 * 20.0 && cold.rate() <= 20.0,
+            "{}",
+            cold.rate()
         );
     }
 }
