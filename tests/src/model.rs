@@ -30,7 +30,10 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use sluice_policy::pacer::PacerShared;
+use sluice_policy::pacer::shared::AdmitFuture;
+use sluice_policy::pacer::{
+    PacerShared, Proposal, SharedAdmit, SharedBudget, SharedChange, SharedView, SHARED_SLACK,
+};
 use sluice_policy::{Outcome, ProviderSettings};
 use tokio::time::Instant;
 
@@ -69,6 +72,13 @@ pub enum Behaviour {
     /// nginx's `limit_req` with `burst=N nodelay`: a token bucket of N + 1
     /// (the request itself and N more at once), a bare 503 over it.
     LimitReq {
+        /// Its `burst`.
+        burst: u32,
+    },
+    /// nginx's `limit_req` with `burst=N` and no `nodelay`: requests over
+    /// the rate wait their turn (at one per 1/rate) while at most N are
+    /// waiting; past that, a bare 503 at once.
+    LimitReqDelay {
         /// Its `burst`.
         burst: u32,
     },
@@ -364,6 +374,17 @@ impl Provider {
                 };
                 (if took { 200 } else { 429 }, base + extra)
             }
+            Behaviour::LimitReqDelay { burst } => {
+                // nginx's excess: requests ahead of this one in its queue.
+                let slot = self.free_at.max(now);
+                let ahead = (slot - now).as_secs_f64() * self.bucket.rate();
+                if ahead > f64::from(burst) {
+                    (503, base)
+                } else {
+                    self.free_at = slot + Duration::from_secs_f64(1.0 / self.bucket.rate());
+                    (200, base + (slot - now))
+                }
+            }
             Behaviour::Queue => {
                 let start = self.free_at.max(now);
                 self.free_at = start + Duration::from_secs_f64(1.0 / self.bucket.rate());
@@ -462,6 +483,139 @@ impl Gate for Sluice {
             sluice_policy::quota::advertised(&headers, std::time::SystemTime::now()),
             sent_at,
         );
+    }
+}
+
+/// A budget shared by replicas, in memory: the proxy's four Redis scripts
+/// (`proxy/src/shared`) on the paused clock, each call a millisecond's
+/// round trip.
+#[derive(Debug, Default)]
+pub struct SharedMemory {
+    state: Mutex<SharedState>,
+    replicas: u32,
+}
+
+#[derive(Debug, Default)]
+struct SharedState {
+    tat: Option<Instant>,
+    rate: Option<f64>,
+    limit: Option<f64>,
+    hold: Option<Instant>,
+    cut: Option<Instant>,
+    raised: Option<Instant>,
+    admitted: u64,
+}
+
+/// A shared store's round trip.
+const SHARED_RTT: Duration = Duration::from_millis(1);
+
+impl SharedMemory {
+    /// One budget for `replicas` replicas.
+    pub fn new(replicas: u32) -> Arc<Self> {
+        Arc::new(SharedMemory {
+            state: Mutex::default(),
+            replicas,
+        })
+    }
+
+    /// `replicas` sluice pacers sharing one budget.
+    pub fn fleet(replicas: u32, settings: &ProviderSettings) -> Vec<Arc<Sluice>> {
+        let budget = SharedMemory::new(replicas);
+        (0..replicas)
+            .map(|_| {
+                let s = Sluice::new(settings);
+                s.0.set_budget(Some(budget.clone() as Arc<dyn SharedBudget>));
+                s
+            })
+            .collect()
+    }
+
+    fn admit_now(&self, proposal: Proposal, now: Instant) -> SharedAdmit {
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if s.rate.is_none() {
+            s.rate = Some(proposal.rate);
+            s.limit = s.limit.or(proposal.limit);
+        }
+        let rate = s.rate.unwrap_or(proposal.rate);
+        let tat = s.tat.unwrap_or(now);
+        let hold = s.hold.unwrap_or(now);
+        let at = tat.max(hold).max(now);
+        let admitted = at <= now;
+        if admitted {
+            let slack = SHARED_SLACK.min(Duration::from_secs_f64(0.5 / rate));
+            let due = tat.max(hold).max(now - slack);
+            s.tat = Some(due + Duration::from_secs_f64(1.0 / rate));
+            s.admitted += 1;
+        }
+        SharedAdmit {
+            admitted,
+            wait: at - now,
+            view: SharedView {
+                rate,
+                limit: s.limit,
+                hold: s.hold.map(|h| h.saturating_duration_since(now)),
+                admitted: s.admitted,
+            },
+        }
+    }
+
+    fn apply(&self, change: SharedChange, now: Instant) {
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        match change {
+            SharedChange::Cut {
+                sent_at,
+                rate,
+                limit,
+            } => {
+                if s.cut.is_some_and(|c| sent_at <= c) {
+                    return;
+                }
+                if s.rate.is_none_or(|r| rate < r) {
+                    s.rate = Some(rate);
+                }
+                s.cut = Some(now);
+                if limit.is_some() {
+                    s.limit = limit;
+                }
+            }
+            SharedChange::Raise { rate, limit, every } => {
+                let last = s.raised.max(s.cut);
+                if s.rate.is_some_and(|r| rate <= r)
+                    || last.is_some_and(|l| now.saturating_duration_since(l) < every)
+                {
+                    return;
+                }
+                s.rate = Some(rate);
+                s.raised = Some(now);
+                s.limit = limit;
+            }
+            SharedChange::Hold { until } => {
+                if s.hold.is_none_or(|h| until > h) {
+                    s.hold = Some(until);
+                }
+            }
+        }
+    }
+}
+
+impl SharedBudget for SharedMemory {
+    fn admit(&self, proposal: Proposal) -> AdmitFuture<'_> {
+        Box::pin(async move {
+            tokio::time::sleep(SHARED_RTT / 2).await;
+            let answer = self.admit_now(proposal, Instant::now());
+            tokio::time::sleep(SHARED_RTT / 2).await;
+            Some(answer)
+        })
+    }
+
+    fn report(&self, change: SharedChange) {
+        // Fire and forget, as the proxy's are; applied half a round trip on
+        // (`Hold`'s end is absolute, as the proxy sends it relative to now).
+        self.apply(change, Instant::now() + SHARED_RTT / 2);
+    }
+
+    fn replicas(&self) -> u32 {
+        self.replicas
     }
 }
 
@@ -692,6 +846,12 @@ pub struct Scenario {
 /// Runs `scenario` with `gate` on the paused clock (the caller's runtime
 /// must be paused) and returns the provider and the instant it started.
 pub async fn run<G: Gate>(gate: Arc<G>, scenario: &Scenario) -> (Provider, Instant) {
+    run_fleet(&[gate], scenario).await
+}
+
+/// Like [`run`], with the clients spread over `gates` in turn: replicas,
+/// each with its own pacer, in front of one provider.
+pub async fn run_fleet<G: Gate>(gates: &[Arc<G>], scenario: &Scenario) -> (Provider, Instant) {
     let start = Instant::now();
     let provider = Arc::new(Mutex::new(
         Provider::new(scenario.behaviour, scenario.phases[0], start, scenario.seed)
@@ -699,8 +859,8 @@ pub async fn run<G: Gate>(gate: Arc<G>, scenario: &Scenario) -> (Provider, Insta
     ));
     let end = start + scenario.phase * scenario.phases.len() as u32;
     let mut clients = Vec::new();
-    for _ in 0..scenario.clients {
-        let (gate, provider) = (gate.clone(), provider.clone());
+    for i in 0..scenario.clients {
+        let (gate, provider) = (gates[i % gates.len()].clone(), provider.clone());
         clients.push(tokio::spawn(async move {
             // Bounded: every loop ends at `end` on the paused clock.
             while Instant::now() < end {

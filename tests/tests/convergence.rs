@@ -225,3 +225,60 @@ fn a_slow_provider_finds_a_doubled_limit_within_a_minute() {
     let f = figures(&steady, 20.0, 60, 360, 5.0);
     check("steady_5 over 5 min", &f, 0.95, 0.005);
 }
+
+/// R-SG5 (issue 21): a token bucket that holds every request off after a
+/// refusal (`429` + `Retry-After: 1`), 8 clients from a cold start: the time
+/// each rate lasted after a hold tells the bucket's rate, so over 30–60 s
+/// ≥ 97 % of the limit with ≤ 0.5 % refused, and over the last half of
+/// four minutes (probes and all) the same.
+#[test]
+fn a_retry_after_bucket_is_read_from_its_holds() {
+    let s = Scenario {
+        behaviour: Behaviour::Named { secs: 1 },
+        phases: vec![20.0],
+        phase: PHASE,
+        clients: 8,
+        seed: 1,
+        jitter: true,
+    };
+    check(
+        "retry-after 30–60 s",
+        &figures(&s, 80.0, 30, 60, 20.0),
+        0.97,
+        0.005,
+    );
+    check("retry-after last half", &last_half(&s), 0.97, 0.005);
+}
+
+/// R-DS1, R-SG5 (issue 21): 8 replicas sharing one budget (in memory, as
+/// the proxy's Redis scripts keep it), 8 and 16 clients spread over them,
+/// the `Retry-After` bucket: over 30–60 s the fleet paces like one sluice,
+/// ≥ 95 % of the limit with ≤ 0.5 % refused.
+#[test]
+fn a_fleet_sharing_a_budget_paces_like_one() {
+    use sluice_tests::model::{run_fleet, SharedMemory};
+    for clients in [8, 16] {
+        let s = Scenario {
+            behaviour: Behaviour::Named { secs: 1 },
+            phases: vec![20.0],
+            phase: Duration::from_secs(60),
+            clients,
+            seed: 1,
+            jitter: true,
+        };
+        let (p, start) = paused_runtime().block_on(async {
+            run_fleet(
+                &SharedMemory::fleet(8, &ProviderSettings::with_ceiling(80.0)),
+                &s,
+            )
+            .await
+        });
+        let at = |secs: u64| start + Duration::from_secs(secs);
+        check(
+            &format!("8 replicas, {clients} clients"),
+            &p.figures(at(30), at(60), 20.0),
+            0.95,
+            0.005,
+        );
+    }
+}

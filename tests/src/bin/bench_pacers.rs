@@ -23,13 +23,21 @@
 //!    advertised in `RateLimit` headers (truthfully or twice over) or not
 //!    at all (429 with `Retry-After` to the window's end): goodput and 429
 //!    share over the last half of 240 s.
+//!
+//! `bench_pacers converge` (issue 21): goodput over the first 60 s and
+//! over 30–60 s from a cold start against every limiter shape (token
+//! bucket with 429, bare 503 or `Retry-After`, nginx `limit_req` with and
+//! without `nodelay`, HAProxy's sliding window), a shared fleet of 8
+//! replicas, and costly requests at ceilings of 100, 200 and 500 req/s.
+//! `bench_pacers trace`, `sweep` and `quota` are described at each.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use sluice_policy::ProviderSettings;
 use sluice_tests::model::{
-    paused_runtime, run, AutoThrottle, Aws, Behaviour, Figures, Gate, Provider, Scenario, Sluice,
+    paused_runtime, run, run_fleet, AutoThrottle, Aws, Behaviour, Figures, Gate, Provider,
+    Scenario, SharedMemory, Sluice,
 };
 use tokio::time::Instant;
 
@@ -63,6 +71,24 @@ fn play(who: usize, s: &Scenario, ceiling: f64) -> (Provider, Instant) {
         0 => go(|| Sluice::new(&ProviderSettings::with_ceiling(ceiling)), s),
         1 => go(Aws::new, s),
         _ => go(AutoThrottle::new, s),
+    }
+}
+
+/// Runs one contender as `replicas` replicas in front of the provider,
+/// the clients spread over them: sluice's share one budget (in memory, as
+/// in Redis); the in-client pacers, which have no such thing, each pace
+/// alone.
+fn play_fleet(who: usize, s: &Scenario, ceiling: f64, replicas: u32) -> (Provider, Instant) {
+    fn go<G: Gate>(make: impl FnOnce() -> Vec<Arc<G>>, s: &Scenario) -> (Provider, Instant) {
+        paused_runtime().block_on(async { run_fleet(&make(), s).await })
+    }
+    match who {
+        0 => go(
+            || SharedMemory::fleet(replicas, &ProviderSettings::with_ceiling(ceiling)),
+            s,
+        ),
+        1 => go(|| (0..replicas).map(|_| Aws::new()).collect(), s),
+        _ => go(|| (0..replicas).map(|_| AutoThrottle::new()).collect(), s),
     }
 }
 
@@ -546,15 +572,23 @@ fn sweep() {
 /// Time to converge (issue 21, R-SG5): every contender from a cold start
 /// against each limiter shape, 8 naive clients, latency jittered around
 /// 40 ms; over `SEEDS` seeds, the median and worst goodput over the first
-/// 60 s and over 30–60 s, and the refused share over 30–60 s.
+/// 60 s and over 30–60 s, and the refused share over 30–60 s. Then the
+/// `Retry-After` bucket behind 8 replicas with 8 or 16 clients (R-DS1:
+/// sluice's replicas share one budget, the in-client pacers each pace
+/// alone), and costly requests (see `costly`).
 fn converge() {
     const SEEDS: u64 = 10;
-    let cases: [(&str, Behaviour, f64); 8] = [
+    let cases: [(&str, Behaviour, f64); 9] = [
         ("bucket 20, 429", Behaviour::Bucket { over: 429 }, 20.0),
         ("bucket 20, 503", Behaviour::Bucket { over: 503 }, 20.0),
         (
             "nginx 20 b=5 nodelay",
             Behaviour::LimitReq { burst: 5 },
+            20.0,
+        ),
+        (
+            "nginx 20 b=5 delay",
+            Behaviour::LimitReqDelay { burst: 5 },
             20.0,
         ),
         ("bucket 20, 429 + RA 1", Behaviour::Named { secs: 1 }, 20.0),
@@ -567,7 +601,21 @@ fn converge() {
         "time to converge: 8 naive clients from a cold start, {SEEDS} seeds; \
          goodput 0–60 s (median, worst) | goodput 30–60 s (median, worst) | refused 30–60 s (median, worst)"
     );
-    for (name, behaviour, limit) in cases {
+    // (name, behaviour, limit, clients, replicas sharing a budget)
+    let mut rows: Vec<(String, Behaviour, f64, usize, u32)> = cases
+        .iter()
+        .map(|(n, b, l)| (n.to_string(), *b, *l, 8, 1))
+        .collect();
+    for clients in [8, 16] {
+        rows.push((
+            format!("8 replicas ×{}, RA 20", clients / 8),
+            Behaviour::Named { secs: 1 },
+            20.0,
+            clients,
+            8,
+        ));
+    }
+    for (name, behaviour, limit, clients, replicas) in rows {
         for (who, contender) in NAMES.iter().enumerate() {
             let mut first = Vec::new();
             let mut second = Vec::new();
@@ -577,11 +625,15 @@ fn converge() {
                     behaviour,
                     phases: vec![limit],
                     phase: Duration::from_secs(60),
-                    clients: 8,
+                    clients,
                     seed,
                     jitter: true,
                 };
-                let (p, start) = play(who, &s, limit * 4.0);
+                let (p, start) = if replicas > 1 {
+                    play_fleet(who, &s, limit * 4.0, replicas)
+                } else {
+                    play(who, &s, limit * 4.0)
+                };
                 let at = |secs: u64| start + Duration::from_secs(secs);
                 first.push(p.figures(at(0), at(60), limit).goodput);
                 let f = p.figures(at(30), at(60), limit);
@@ -602,6 +654,63 @@ fn converge() {
                 second[0] * 100.0,
                 refused[mid] * 100.0,
                 refused[refused.len() - 1] * 100.0,
+            );
+        }
+    }
+
+    costly();
+}
+
+/// Costly requests (issue 21, R-SG3): a provider that takes 1,000 req/s,
+/// with 10 % or 30 % of requests 300–400 ms heavier, at owner's ceilings
+/// of 100, 200 and 500 req/s, a quarter of the ceiling in naive clients:
+/// successes over the first 60 s from a cold start as a share of the same
+/// contender's clean run at the same ceiling (median of `SEEDS`).
+fn costly() {
+    const SEEDS: u64 = 3;
+    println!(
+        "\ncostly requests: 1,000 req/s provider, clients = ceiling / 4; successes 0–60 s \
+         from a cold start / the same contender's clean run (median of {SEEDS} seeds)"
+    );
+    for share in [0.1, 0.3] {
+        for ceiling in [100.0, 200.0, 500.0] {
+            let mut cells = Vec::new();
+            for who in 0..NAMES.len() {
+                let mut ratios = Vec::new();
+                for seed in 1..=SEEDS {
+                    let ok = |behaviour| {
+                        let s = Scenario {
+                            behaviour,
+                            phases: vec![1000.0],
+                            phase: Duration::from_secs(60),
+                            clients: (ceiling / 4.0) as usize,
+                            seed,
+                            jitter: true,
+                        };
+                        let (p, start) = play(who, &s, ceiling);
+                        p.figures(start, start + Duration::from_secs(60), 1.0)
+                            .ok_per_sec
+                    };
+                    let heavy = ok(Behaviour::Heavy {
+                        share,
+                        min_ms: 300,
+                        max_ms: 400,
+                    });
+                    let clean = ok(Behaviour::Noise { share: 0.0 });
+                    ratios.push(heavy / clean.max(1e-9));
+                }
+                ratios.sort_by(f64::total_cmp);
+                cells.push(format!("{:>5.2}", ratios[ratios.len() / 2]));
+            }
+            println!(
+                "{:>3.0} % heavy, ceiling {ceiling:>3.0}  | {}",
+                share * 100.0,
+                NAMES
+                    .iter()
+                    .zip(&cells)
+                    .map(|(n, c)| format!("{n} {c}"))
+                    .collect::<Vec<_>>()
+                    .join(" | ")
             );
         }
     }
