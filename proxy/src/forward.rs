@@ -13,6 +13,7 @@ use hyper_util::rt::TokioIo;
 use sluice_policy::bulkhead::InFlight;
 use sluice_policy::error::Cause;
 use sluice_policy::outcome;
+use sluice_policy::pacer::{Class, Lane};
 use sluice_policy::retry::retryable_method;
 use sluice_policy::run::RunHandle;
 use tower::ServiceExt;
@@ -346,6 +347,11 @@ pub async fn forward(
     if let Some(run) = &run {
         parts.extensions.insert(run.clone());
     }
+    // A collector waits for the provider as itself, at its weight (R-FS1);
+    // other proxy users share the default class.
+    if let Some(class) = user.as_deref().and_then(|u| fair_class(&app, u)) {
+        parts.extensions.insert(class);
+    }
     let req = Request::from_parts(parts, body);
     let result = provider.service.clone().oneshot(req).await;
     if let (Some(user), Some(run)) = (&user, &run) {
@@ -395,6 +401,23 @@ const RUN_REMAINING: HeaderName = HeaderName::from_static("sluice-run-remaining"
 
 /// `attempts=N, deadline_s=S` (each `unbounded` when the run has none),
 /// and `stopped=REASON` once the run has stopped.
+/// The fair-share class of collector `user`'s requests: its weight, and the
+/// lane of its active run's mode (R-FS1).
+fn fair_class(app: &App, user: &str) -> Option<Class> {
+    let config = app.config();
+    let c = config.collectors.get(user)?;
+    let lane = match app.runs.active_mode(user) {
+        Some(crate::runs::records::Mode::Catchup) => Lane::Catchup,
+        _ => Lane::Steady,
+    };
+    Some(Class {
+        name: Arc::from(user),
+        weight: c.weight,
+        catchup_floor: c.catchup_floor,
+        lane,
+    })
+}
+
 fn run_remaining(run: &RunHandle) -> HeaderValue {
     let (attempts, deadline, stopped) = run.remaining(Instant::now());
     let attempts = attempts.map_or_else(|| "unbounded".to_string(), |n| n.to_string());

@@ -7,7 +7,8 @@
 //!   path).
 //! * `/status/{code}` — that status.
 //! * `/limited` — a hidden token bucket (see [`Sim::set_limit`]): 200 while
-//!   it has tokens, else 429 without `Retry-After`.
+//!   it has tokens, else 429 without `Retry-After`; `/limited/{tag}` the
+//!   same bucket, the tag telling callers apart in the hits.
 //! * `/limited503` — the same bucket, answering a bare 503 (no
 //!   `Retry-After`) when over it.
 //! * `/limited-ra/{secs}` — the same bucket, answering 429 with
@@ -392,7 +393,8 @@ async fn answer(
         let status = match parts.as_slice() {
             ["ok"] | ["echo"] | ["stall"] | ["item", _] => 200,
             ["status", code] => code.parse().unwrap_or(400),
-            ["limited"] => {
+            // `/limited/{tag}`: the same bucket, the tag telling callers apart.
+            ["limited"] | ["limited", _] => {
                 if st.take(now) {
                     200
                 } else {

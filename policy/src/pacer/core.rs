@@ -2,12 +2,12 @@
 //! its error and latency baselines) + hold + the FIFO waiting room. Pure:
 //! every method takes `now`.
 
-use std::collections::BTreeSet;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 use super::aimd::{Aimd, Backoff, BackoffReason, Belief};
+use super::fair::{Class, FairQueue};
 use super::gcra::{interval_of, Gcra};
 use super::shared::{Proposal, SharedView};
 use crate::outcome::Outcome;
@@ -17,6 +17,14 @@ use crate::settings::ProviderSettings;
 /// A place in the waiting room.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Ticket(u64);
+
+#[cfg(test)]
+impl Ticket {
+    /// The `n`th ticket.
+    pub(super) const fn new(n: u64) -> Ticket {
+        Ticket(n)
+    }
+}
 
 /// What a waiter should do now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,8 +59,9 @@ pub struct PacerCore {
     /// one): names a hold, so that a run's requests waiting out one count
     /// one wait (R-RN8).
     holds: u64,
-    /// Tickets of requests waiting, in arrival order.
-    waiting: BTreeSet<Ticket>,
+    /// Requests waiting, in the order they go: weighted fair between
+    /// collectors, steady before catch-up (FIFO for one class).
+    waiting: FairQueue,
     next_ticket: u64,
     max_queue_len: usize,
     max_queue_wait: Duration,
@@ -221,7 +230,7 @@ impl PacerCore {
             start_rps: start,
             hold_until: None,
             holds: 0,
-            waiting: BTreeSet::new(),
+            waiting: FairQueue::default(),
             next_ticket: 0,
             max_queue_len: settings.max_queue_len,
             max_queue_wait: settings.max_queue_wait,
@@ -597,18 +606,35 @@ impl PacerCore {
     /// A request arrives. It either gets a ticket to wait with or is refused
     /// at once with the wait it would have had.
     pub fn enqueue(&mut self, now: Instant) -> Result<Ticket, (Refusal, Duration)> {
+        self.enqueue_as(now, &Class::default(), 1.0)
+    }
+
+    /// [`PacerCore::enqueue`] for a request of `class` costing `cost`
+    /// units (R-FS2): its wait is its place in the fair order (R-FS1).
+    pub fn enqueue_as(
+        &mut self,
+        now: Instant,
+        class: &Class,
+        cost: f64,
+    ) -> Result<Ticket, (Refusal, Duration)> {
         self.last_seen = Some(now);
-        let ahead = u32::try_from(self.waiting.len()).unwrap_or(u32::MAX);
-        let wait = self.slot(now, ahead).saturating_duration_since(now);
-        if self.waiting.len() >= self.max_queue_len {
-            return Err((Refusal::QueueFull, wait));
-        }
-        if wait > self.patience(now) {
-            return Err((Refusal::WaitTooLong, wait));
-        }
         let ticket = Ticket(self.next_ticket);
+        self.waiting.insert(ticket, class, cost);
+        let wait = self
+            .slot(now, self.waiting.ahead(ticket))
+            .saturating_duration_since(now);
+        let refusal = if self.waiting.len() > self.max_queue_len {
+            Some(Refusal::QueueFull)
+        } else if wait > self.patience(now) {
+            Some(Refusal::WaitTooLong)
+        } else {
+            None
+        };
+        if let Some(refusal) = refusal {
+            self.waiting.remove(ticket);
+            return Err((refusal, wait));
+        }
         self.next_ticket += 1;
-        self.waiting.insert(ticket);
         Ok(ticket)
     }
 
@@ -628,14 +654,19 @@ impl PacerCore {
     /// Waiters are admitted strictly in arrival order (R-GC2); holds and
     /// rate changes apply to them as they stand.
     pub fn poll(&mut self, ticket: Ticket, deadline: Instant, now: Instant) -> Admission {
-        let ahead = u32::try_from(self.waiting.range(..ticket).count()).unwrap_or(u32::MAX);
+        let next = self.waiting.next() == Some(ticket);
+        let ahead = if next {
+            0
+        } else {
+            self.waiting.ahead(ticket).max(1)
+        };
         let at = self.slot(now, ahead);
         if at > deadline {
-            self.waiting.remove(&ticket);
+            self.waiting.remove(ticket);
             return Admission::Refuse(at.saturating_duration_since(now));
         }
-        if ahead == 0 && at <= now {
-            self.waiting.remove(&ticket);
+        if next && at <= now {
+            self.waiting.admitted(ticket);
             self.gcra.admit_waited(now);
             self.aimd.on_admit(now);
             self.last_seen = Some(now);
@@ -644,14 +675,14 @@ impl PacerCore {
         Admission::WaitUntil(at)
     }
 
-    /// The ticket at the head of the queue.
+    /// The ticket that goes next.
     pub fn head(&self) -> Option<Ticket> {
-        self.waiting.first().copied()
+        self.waiting.next()
     }
 
     /// A waiter left without being admitted (its client went away).
     pub fn cancel(&mut self, ticket: Ticket) -> bool {
-        self.waiting.remove(&ticket)
+        self.waiting.remove(ticket)
     }
 
     /// The queue's deadline for a request arriving at `now`.

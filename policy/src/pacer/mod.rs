@@ -18,6 +18,7 @@
 pub mod aimd;
 pub mod core;
 mod error;
+pub mod fair;
 pub mod gcra;
 mod layer;
 mod service;
@@ -39,6 +40,7 @@ pub use self::core::{
     Admission, Feedback, PacerCore, PacerSnapshot, QuotaSnapshot, Refusal, Ticket,
 };
 pub use self::error::RateLimited;
+pub use self::fair::{Class, Lane};
 pub use self::layer::PacerLayer;
 pub use self::service::{Pacer, ResponseFuture, Ttfb};
 pub use self::shared::{Proposal, SharedAdmit, SharedBudget, SharedChange, SharedView};
@@ -231,15 +233,26 @@ impl PacerShared {
     /// `stop_at`: a request whose slot would come at or after it does not
     /// wait for it nor take it — its run stops, planned (R-RN2).
     pub async fn acquire_before(&self, stop_at: Option<Instant>) -> Result<Instant, Cause> {
+        self.acquire_as(&Class::default(), stop_at).await
+    }
+
+    /// [`PacerShared::acquire_before`] for a request of `class`: waiting
+    /// requests go in the fair order (R-FS1) — weighted between
+    /// collectors, steady before catch-up within one.
+    pub async fn acquire_as(
+        &self,
+        class: &Class,
+        stop_at: Option<Instant>,
+    ) -> Result<Instant, Cause> {
         let arrived = Instant::now();
         let Some(budget) = self.budget() else {
-            return self.acquire_here(arrived, stop_at).await;
+            return self.acquire_here(arrived, class, stop_at).await;
         };
         if self.lock().alone() {
             // The store did not answer lately: this replica's share, paced
             // here; the store is asked again below (and rejoined if it
             // answers).
-            self.acquire_here(arrived, stop_at).await?;
+            self.acquire_here(arrived, class, stop_at).await?;
         }
         self.acquire_shared(&*budget, arrived).await
     }
@@ -311,6 +324,7 @@ impl PacerShared {
     async fn acquire_here(
         &self,
         arrived: Instant,
+        class: &Class,
         stop_at: Option<Instant>,
     ) -> Result<Instant, Cause> {
         let now = arrived;
@@ -324,7 +338,7 @@ impl PacerShared {
                 emit(&self.events, Event::PacingWait(Duration::ZERO));
                 return Ok(now);
             }
-            match core.enqueue(now) {
+            match core.enqueue_as(now, class, 1.0) {
                 Ok(t) => (t, core.patience(now)),
                 Err((refusal, wait)) => {
                     emit(&self.events, Event::Shed(refusal));

@@ -5,7 +5,7 @@ use std::time::{Duration, SystemTime};
 use http::{Request, Response};
 use tower::{Service, ServiceExt};
 
-use super::PacerShared;
+use super::{Class, PacerShared};
 use crate::error::{BoxFuture, Cause};
 use crate::outcome::Outcome;
 use crate::quota;
@@ -57,9 +57,10 @@ where
         let inner = self.inner.clone();
         let shared = self.shared.clone();
         let run = req.extensions().get::<RunHandle>().cloned();
+        let class = req.extensions().get::<Class>().cloned().unwrap_or_default();
         Box::pin(async move {
             let stop_at = run.as_ref().and_then(RunHandle::deadline);
-            let sent_at = match shared.acquire_before(stop_at).await {
+            let sent_at = match shared.acquire_as(&class, stop_at).await {
                 Ok(at) => at,
                 Err(Cause::RunStopped(stopped)) => {
                     if let Some(run) = &run {

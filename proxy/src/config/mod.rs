@@ -153,6 +153,8 @@ struct RawShared {
 #[serde(deny_unknown_fields)]
 struct RawCollector {
     token_file: Option<PathBuf>,
+    weight: Option<f64>,
+    catchup_floor: Option<f64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -442,12 +444,20 @@ pub struct Collector {
     pub token_file: PathBuf,
     /// The token.
     pub token: String,
+    /// Its weight in each provider's fair share (R-FS1): while several
+    /// collectors wait for one provider, admissions follow the weights.
+    pub weight: f64,
+    /// The least share of its admissions a catch-up run keeps while a
+    /// steady run's requests wait too (R-FS1).
+    pub catchup_floor: f64,
 }
 
 impl std::fmt::Debug for Collector {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Collector")
             .field("token_file", &self.token_file)
+            .field("weight", &self.weight)
+            .field("catchup_floor", &self.catchup_floor)
             .finish_non_exhaustive()
     }
 }
@@ -655,12 +665,30 @@ impl Config {
                     "the name is also an [auth] credentials user; use one or the other",
                 ));
             }
+            let weight = c.weight.unwrap_or(1.0);
+            if !(weight.is_finite() && (0.01..=1000.0).contains(&weight)) {
+                return Err(err(
+                    format!("{key}.weight"),
+                    "a weight is a number from 0.01 to 1000",
+                ));
+            }
+            let catchup_floor = c
+                .catchup_floor
+                .unwrap_or(sluice_policy::pacer::fair::CATCHUP_FLOOR);
+            if !(catchup_floor.is_finite() && (0.0..=1.0).contains(&catchup_floor)) {
+                return Err(err(
+                    format!("{key}.catchup_floor"),
+                    "a share from 0 to 1 (0.1: a tenth of the collector's admissions)",
+                ));
+            }
             credentials.insert(name.clone(), token.clone());
             collectors.insert(
                 name.clone(),
                 Collector {
                     token_file: path,
                     token,
+                    weight,
+                    catchup_floor,
                 },
             );
         }
@@ -1038,6 +1066,8 @@ mod tests {
         ))
         .unwrap();
         assert_eq!(config.collectors["collector-a"].token, "s3cret-token");
+        assert_eq!(config.collectors["collector-a"].weight, 1.0);
+        assert_eq!(config.collectors["collector-a"].catchup_floor, 0.1);
         assert_eq!(config.credentials["collector-a"], "s3cret-token");
         assert_eq!(config.runs.lease_ttl, Duration::from_secs(5));
         assert_eq!(config.runs.max_cooldown_waits, 3);
@@ -1068,6 +1098,20 @@ mod tests {
             (
                 "[runs]\nlease_ttl = \"10ms\"\n".to_string(),
                 "runs.lease_ttl",
+            ),
+            (
+                format!(
+                    "[collectors.a]\ntoken_file = \"{}\"\nweight = 0\n",
+                    good.display()
+                ),
+                "collectors.a.weight",
+            ),
+            (
+                format!(
+                    "[collectors.a]\ntoken_file = \"{}\"\ncatchup_floor = 1.5\n",
+                    good.display()
+                ),
+                "collectors.a.catchup_floor",
             ),
             (
                 "[collectors.a]\ntoken = \"x\"\n".to_string(),

@@ -430,6 +430,13 @@ impl Runs {
         Ok(record)
     }
 
+    /// The mode of collector `user`'s active run, if it has one.
+    pub fn active_mode(&self, user: &str) -> Option<Mode> {
+        let reg = self.lock();
+        let active = reg.slots.get(user)?.active.as_ref()?;
+        Some(active.record.mode)
+    }
+
     /// The run a request from proxy user `user` belongs to, if its
     /// collector has one active; the request renews the lease. When the
     /// attempts made near the end of the block reserved on disk, the next

@@ -447,6 +447,8 @@ mod tests {
             Collector {
                 token_file: "/dev/null".into(),
                 token: "t".into(),
+                weight: 1.0,
+                catchup_floor: 0.1,
             },
         );
         let rt = tokio::runtime::Builder::new_current_thread()
