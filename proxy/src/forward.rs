@@ -251,6 +251,13 @@ pub async fn forward(
         )
         .into_response();
     }
+    let user = req
+        .extensions()
+        .get::<Identity>()
+        .and_then(|i| i.0.as_deref());
+    if let Some(refused) = outside_allowlist(&app.config(), user, &host) {
+        return refused;
+    }
     let (mut parts, body) = req.into_parts();
     let path = parts
         .uri
@@ -401,6 +408,28 @@ const RUN_REMAINING: HeaderName = HeaderName::from_static("sluice-run-remaining"
 
 /// `attempts=N, deadline_s=S` (each `unbounded` when the run has none),
 /// and `stopped=REASON` once the run has stopped.
+/// A collector's request to a destination outside its allowlist (R-FS3):
+/// `403`, before any connection, naming the allowlist.
+pub(crate) fn outside_allowlist(
+    config: &Config,
+    user: Option<&str>,
+    host: &str,
+) -> Option<Response<ResBody>> {
+    let name = user?;
+    let collector = config.collectors.get(name)?;
+    if collector.allows(host) {
+        return None;
+    }
+    Some(
+        Refusal::new(
+            StatusCode::FORBIDDEN,
+            "destination_ip_prohibited",
+            format!("not in collectors.{name}.allow"),
+        )
+        .into_response(),
+    )
+}
+
 /// The fair-share class of collector `user`'s requests: its weight, and the
 /// lane of its active run's mode (R-FS1).
 fn fair_class(app: &App, user: &str) -> Option<Class> {

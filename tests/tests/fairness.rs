@@ -100,3 +100,63 @@ async fn two_collectors_share_a_provider_by_weight() {
         "alone, collector-b took {alone:.1} req/s of a learned {rate:.1}"
     );
 }
+
+/// R-FS3: a collector with an allowlist reaches what it lists and nothing
+/// else: a destination outside it gets `403` with `Proxy-Status` naming
+/// the allowlist, over plain HTTP and over CONNECT alike, and no connection
+/// is made (the destination's listener accepts nothing). A proxy user
+/// without an allowlist reaches the same destination.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_collectors_allowlist_is_enforced_before_connecting() {
+    use sluice_tests::clients::curl;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let allowed = Sim::start("127.0.0.63").await;
+    let outside = tokio::net::TcpListener::bind("127.0.0.64:0").await.unwrap();
+    let port = outside.local_addr().unwrap().port();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let count = accepted.clone();
+    let listener = tokio::spawn(async move {
+        while let Ok((conn, _)) = outside.accept().await {
+            count.fetch_add(1, Ordering::SeqCst);
+            drop(conn);
+        }
+    });
+    let dir = TempDir::new("allowlist");
+    std::fs::write(dir.join("a.token"), "tok-a\n").unwrap();
+    std::fs::write(dir.join("b.token"), "tok-b\n").unwrap();
+    let config = format!(
+        "[destinations]\nallow = [\"127.0.0.0/8\"]\nconnect_ports = [443, {port}]\n\
+         [collectors.collector-a]\ntoken_file = \"{}\"\nallow = [\"127.0.0.63\", \"*.example.org\"]\n\
+         [collectors.collector-b]\ntoken_file = \"{}\"\n",
+        dir.join("a.token").display(),
+        dir.join("b.token").display()
+    );
+    let sluice = Sluice::start_in(dir, &config);
+    let as_a = format!("http://collector-a:tok-a@{}", sluice.proxy);
+    let t = Duration::from_secs(20);
+    let ok = curl(&as_a, &[], &allowed.url("http", "/ok"), t).await;
+    assert_eq!(ok.status, 200, "{ok:?}");
+    let plain = curl(&as_a, &[], &format!("http://127.0.0.64:{port}/x"), t).await;
+    assert_eq!(plain.status, 403, "{plain:?}");
+    let why = plain.header("proxy-status").unwrap_or_default();
+    assert!(
+        why.contains("destination_ip_prohibited") && why.contains("collectors.collector-a.allow"),
+        "{why}"
+    );
+    let tunnel = curl(&as_a, &["-k"], &format!("https://127.0.0.64:{port}/x"), t).await;
+    assert!(
+        tunnel.headers.starts_with("HTTP/1.1 403"),
+        "CONNECT refused: {tunnel:?}"
+    );
+    let why = tunnel.header("proxy-status").unwrap_or_default();
+    assert!(why.contains("collectors.collector-a.allow"), "{why}");
+    assert_eq!(accepted.load(Ordering::SeqCst), 0, "no connection was made");
+    // Another collector, without an allowlist, gets there: the listener
+    // counts the connection.
+    let as_b = format!("http://collector-b:tok-b@{}", sluice.proxy);
+    let other = curl(&as_b, &[], &format!("http://127.0.0.64:{port}/x"), t).await;
+    assert_ne!(other.status, 403, "{other:?}");
+    assert!(accepted.load(Ordering::SeqCst) >= 1, "{other:?}");
+    listener.abort();
+}

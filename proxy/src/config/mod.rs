@@ -155,6 +155,7 @@ struct RawCollector {
     token_file: Option<PathBuf>,
     weight: Option<f64>,
     catchup_floor: Option<f64>,
+    allow: Option<Vec<String>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -450,6 +451,18 @@ pub struct Collector {
     /// The least share of its admissions a catch-up run keeps while a
     /// steady run's requests wait too (R-FS1).
     pub catchup_floor: f64,
+    /// The only destinations it may reach, if set (R-FS3): any other is
+    /// refused before a connection is made.
+    pub allow: Option<Vec<HostPattern>>,
+}
+
+impl Collector {
+    /// Whether the collector may reach normalised `host`.
+    pub fn allows(&self, host: &str) -> bool {
+        self.allow
+            .as_ref()
+            .is_none_or(|patterns| patterns.iter().any(|p| p.matches(host)))
+    }
 }
 
 impl std::fmt::Debug for Collector {
@@ -681,6 +694,21 @@ impl Config {
                     "a share from 0 to 1 (0.1: a tenth of the collector's admissions)",
                 ));
             }
+            let allow = match &c.allow {
+                None => None,
+                Some(hosts) if hosts.is_empty() => {
+                    return Err(err(
+                        format!("{key}.allow"),
+                        "an empty allowlist would refuse everything; leave it out to allow what [destinations] allows",
+                    ))
+                }
+                Some(hosts) => Some(
+                    hosts
+                        .iter()
+                        .map(|h| HostPattern::parse(h).map_err(|r| err(format!("{key}.allow"), r)))
+                        .collect::<Result<Vec<_>, _>>()?,
+                ),
+            };
             credentials.insert(name.clone(), token.clone());
             collectors.insert(
                 name.clone(),
@@ -689,6 +717,7 @@ impl Config {
                     token,
                     weight,
                     catchup_floor,
+                    allow,
                 },
             );
         }
@@ -1112,6 +1141,20 @@ mod tests {
                     good.display()
                 ),
                 "collectors.a.catchup_floor",
+            ),
+            (
+                format!(
+                    "[collectors.a]\ntoken_file = \"{}\"\nallow = [\"a.*.com\"]\n",
+                    good.display()
+                ),
+                "collectors.a.allow",
+            ),
+            (
+                format!(
+                    "[collectors.a]\ntoken_file = \"{}\"\nallow = []\n",
+                    good.display()
+                ),
+                "collectors.a.allow",
             ),
             (
                 "[collectors.a]\ntoken = \"x\"\n".to_string(),

@@ -449,6 +449,7 @@ mod tests {
                 token: "t".into(),
                 weight: 1.0,
                 catchup_floor: 0.1,
+                allow: None,
             },
         );
         let rt = tokio::runtime::Builder::new_current_thread()

@@ -108,6 +108,9 @@ pub async fn connect(
         .into_response();
     }
     let host = normalise_host(authority.host());
+    if let Some(refused) = crate::forward::outside_allowlist(config, identity.0.as_deref(), &host) {
+        return refused;
+    }
     let provider = app.providers.get(&host);
     let intercepting = app.ca.is_some() && provider.intercept();
     let upstream = if intercepting {
