@@ -27,6 +27,7 @@
 
 pub mod breaker;
 pub mod bulkhead;
+pub mod cost;
 pub mod error;
 pub mod events;
 pub mod outcome;

@@ -144,6 +144,14 @@ macro_rules! provider_settings {
             /// belongs to its credential, not to a pod. Off: each replica
             /// learns alone.
             shared: bool = false,
+            /// What requests cost this provider, in its units, by method and
+            /// path prefix (`"POST /graphql" = 10`): pacing, fair shares
+            /// and quotas count units (R-FS2). Empty: every request costs 1.
+            costs: $crate::cost::Costs = $crate::cost::Costs::default(),
+            /// A response header in which the provider says what a request
+            /// cost (e.g. `x-cost`): the pacer charges the difference from
+            /// the table's price. Unset: the table's price stands.
+            cost_header: ::std::option::Option<::http::HeaderName> = None,
         }
     };
 }

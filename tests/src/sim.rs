@@ -32,6 +32,11 @@
 //!   `none`; `lie` multiplies what it advertises (2: it claims twice what
 //!   it allows). Over the quota: 429 with `Retry-After` to the window's
 //!   end.
+//! * `/graphql` — a points quota (see [`Sim::set_units`]; 1,000 per 60 s
+//!   by default): a `POST` costs 10 points, anything else 1; advertised in
+//!   IETF `RateLimit` headers, the cost in `x-cost`; over it, 429 with
+//!   `Retry-After` to the window's end. Hits are recorded with their
+//!   method as the path's suffix (`/graphql#POST`).
 //! * `/slow/{ms}` — 200 after a delay.
 //! * `/hang` — never answers.
 //! * `/reset` — closes the connection without an answer.
@@ -130,6 +135,8 @@ struct State {
     /// `/quota` paths: when their windows began, and the current window's
     /// number and requests.
     quotas: HashMap<String, (Instant, u64, u64)>,
+    /// `/graphql`'s points quota: points per window.
+    units: Option<(u64, Duration)>,
 }
 
 impl State {
@@ -222,6 +229,11 @@ impl Sim {
             self.tls.clone(),
             self.stop.clone(),
         ));
+    }
+
+    /// Sets `/graphql`'s points quota (default 1,000 per 60 s).
+    pub fn set_units(&self, limit: u64, window: Duration) {
+        self.state.lock().unwrap().units = Some((limit, window));
     }
 
     /// Sets the hidden limit of `/limited`: a token bucket.
@@ -343,6 +355,7 @@ async fn answer(
     req: Request<Incoming>,
 ) -> Result<Response<Body>, std::io::Error> {
     let path = req.uri().path().to_string();
+    let method = req.method().clone();
     let version = req.version();
     let header_names: Vec<String> = req.headers().keys().map(|k| k.to_string()).collect();
     let host = req
@@ -508,6 +521,43 @@ async fn answer(
                     429
                 }
             }
+            ["graphql"] => {
+                // A points quota: a POST (a query) costs 10 points, any other
+                // request 1; windows from the first request; advertised in
+                // IETF headers; over it, 429 to the window's end.
+                let cost: u64 = if method == http::Method::POST { 10 } else { 1 };
+                let (limit, window) = st.units.unwrap_or((1000, Duration::from_secs(60)));
+                let (epoch, index, used) = st
+                    .quotas
+                    .entry("graphql".to_string())
+                    .or_insert((now, 0, 0));
+                let current = ((now - *epoch).as_secs_f64() / window.as_secs_f64()) as u64;
+                if current != *index {
+                    *index = current;
+                    *used = 0;
+                }
+                let left = *epoch + window * (current as u32 + 1) - now;
+                let ok = *used + cost <= limit;
+                if ok {
+                    *used += cost;
+                }
+                let reset = left.as_secs() + u64::from(left.subsec_nanos() > 0);
+                extra_headers.push((
+                    "ratelimit-policy",
+                    format!("\"w\";q={limit};w={}", window.as_secs()),
+                ));
+                extra_headers.push((
+                    "ratelimit",
+                    format!("\"w\";r={};t={reset}", limit.saturating_sub(*used)),
+                ));
+                extra_headers.push(("x-cost", cost.to_string()));
+                if ok {
+                    200
+                } else {
+                    retry_after = Some(reset.to_string());
+                    429
+                }
+            }
             ["slow", ms] => {
                 delay = Duration::from_millis(ms.parse().unwrap_or(0));
                 200
@@ -518,7 +568,11 @@ async fn answer(
         };
         st.hits.push(Hit {
             at: now,
-            path: path.clone(),
+            path: if path == "/graphql" {
+                format!("/graphql#{method}")
+            } else {
+                path.clone()
+            },
             status,
             version,
             delay,

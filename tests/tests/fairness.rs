@@ -160,3 +160,91 @@ async fn a_collectors_allowlist_is_enforced_before_connecting() {
     assert!(accepted.load(Ordering::SeqCst) >= 1, "{other:?}");
     listener.abort();
 }
+
+/// R-FS2: a GraphQL-like provider that charges 10 points per `POST
+/// /graphql` and 1 per `GET`, advertising 1,000 points a minute
+/// (`RateLimit` headers). sluice prices requests by its cost table
+/// (`costs = { "POST /graphql" = 10 }`) and paces points, not requests:
+/// over the first minute, 4 threads posting and 4 getting, the provider
+/// refuses nothing, at least 90 % of the minute's points are used, and
+/// they are spread over it (no tenth of the minute takes more than a
+/// fifth of them — paced by requests, the posts would spend most of the
+/// quota in its first seconds).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_points_quota_is_paced_in_points() {
+    use sluice_tests::clients::python_within;
+    let sim = Sim::start("127.0.0.65").await;
+    let sluice = Sluice::start(
+        "[destinations]\nallow = [\"127.0.0.0/8\"]\n\
+         [providers.gql]\nhosts = [\"127.0.0.65\"]\ncost_header = \"x-cost\"\n\
+         costs = { \"POST /graphql\" = 10 }\n",
+    );
+    const SCRIPT: &str = r#"
+import sys, threading, time, requests
+url, secs = sys.argv[1], float(sys.argv[2])
+deadline = time.monotonic() + secs
+counts = {}
+lock = threading.Lock()
+def run(post):
+    s = requests.Session()
+    while time.monotonic() < deadline:
+        try:
+            r = s.post(url, data=b'{"query":"{x}"}', timeout=40) if post else s.get(url, timeout=40)
+            code = r.status_code
+        except Exception as e:
+            code = type(e).__name__
+        with lock:
+            key = ("POST" if post else "GET", code)
+            counts[key] = counts.get(key, 0) + 1
+threads = [threading.Thread(target=run, args=(i < 4,)) for i in range(8)]
+for t in threads: t.start()
+for t in threads: t.join()
+print(" ".join(f"{m}:{c}={n}" for (m, c), n in sorted(counts.items(), key=str)))
+"#;
+    let url = sim.url("http", "/graphql");
+    let clients = python_within(
+        Duration::from_secs(62 + 120),
+        &sluice.proxy_url(),
+        SCRIPT,
+        &[&url, "62"],
+        &[],
+    )
+    .await;
+    let hits = sim.hits("/graphql");
+    let t0 = hits.first().expect("the provider saw requests").at;
+    let points = |h: &sluice_tests::sim::Hit| if h.path.ends_with("#POST") { 10 } else { 1 };
+    let refused = hits.iter().filter(|h| h.status != 200).count();
+    let tenths: Vec<u64> = (0..10)
+        .map(|i| {
+            hits.iter()
+                .filter(|h| {
+                    h.status == 200
+                        && h.at >= t0 + Duration::from_secs(6 * i)
+                        && h.at < t0 + Duration::from_secs(6 * (i + 1))
+                })
+                .map(points)
+                .sum()
+        })
+        .collect();
+    let minute: u64 = tenths.iter().sum();
+    let posts = hits
+        .iter()
+        .filter(|h| {
+            h.status == 200 && h.path.ends_with("#POST") && h.at < t0 + Duration::from_secs(60)
+        })
+        .count();
+    let (_, readout) = sluice.admin_get("/v1/providers/gql").await;
+    println!(
+        "1,000 points a minute, POST 10 / GET 1: the first minute used {minute} points \
+         ({posts} posts), per 6 s {tenths:?}; {refused} refused by the provider; clients saw \
+         {}; {readout}",
+        clients.trim()
+    );
+    assert_eq!(refused, 0, "the provider refused: never overspend");
+    assert!(minute >= 900, "the minute's points used: {minute}");
+    assert!(posts >= 40, "posts were served: {posts}");
+    assert!(
+        tenths.iter().all(|&p| p <= 200),
+        "spread over the minute: {tenths:?}"
+    );
+}

@@ -891,6 +891,13 @@ impl Aimd {
         self.window_here = self.window_here.saturating_add(1);
     }
 
+    /// A request costing `units` was admitted at `now`: it counts as that
+    /// many towards saturation and the wait before a probe (R-FS2).
+    pub fn on_admit_units(&mut self, now: Instant, units: u32) {
+        self.on_admitted(now, units);
+        self.window_here = self.window_here.saturating_add(units);
+    }
+
     fn new_epoch(&self, sent_at: Instant) -> bool {
         self.last_decrease.is_none_or(|cut| sent_at >= cut)
     }

@@ -10,6 +10,7 @@ use super::aimd::{Aimd, Backoff, BackoffReason, Belief};
 use super::fair::{Class, FairQueue};
 use super::gcra::{interval_of, Gcra};
 use super::shared::{Proposal, SharedView};
+use crate::cost::Costs;
 use crate::outcome::Outcome;
 use crate::quota::Advertised;
 use crate::settings::ProviderSettings;
@@ -82,6 +83,10 @@ pub struct PacerCore {
     /// A windowed quota learned from where the provider's `Retry-After`s
     /// point, when it advertises none.
     window: WindowLearner,
+    /// What requests cost, by method and path (R-FS2).
+    costs: Costs,
+    /// Where the provider says what a request cost.
+    cost_header: Option<http::HeaderName>,
 }
 
 /// Learns a fixed-window quota from a provider that advertises none: its
@@ -242,6 +247,8 @@ impl PacerCore {
             shared_count: None,
             alone: None,
             window: WindowLearner::default(),
+            costs: settings.costs.clone(),
+            cost_header: settings.cost_header.clone(),
         }
     }
 
@@ -260,7 +267,29 @@ impl PacerCore {
         self.max_queue_wait = settings.max_queue_wait;
         self.max_hold_wait = settings.max_hold_wait;
         self.aimd.set_latency_factor(settings.soft_throttle_factor);
+        self.costs = settings.costs.clone();
+        self.cost_header = settings.cost_header.clone();
         self.sync_interval();
+    }
+
+    /// What a request of `method` to `path` costs, in units (R-FS2).
+    pub fn cost_of(&self, method: &http::Method, path: &str) -> u32 {
+        self.costs.of(method, path)
+    }
+
+    /// The header the provider says what a request cost in, if configured.
+    pub fn cost_header(&self) -> Option<&http::HeaderName> {
+        self.cost_header.as_ref()
+    }
+
+    /// The provider charged a request admitted at `sent_at` `extra` units
+    /// more than its price: the schedule takes them on (the next requests
+    /// wait for them; a lower charge gives nothing back — never shorter).
+    pub fn charge(&mut self, now: Instant, extra: u32) {
+        if extra > 0 {
+            self.gcra.charge(extra);
+            self.aimd.on_admit_units(now, extra);
+        }
     }
 
     /// Restores learned state (R-PS1): rate and limit clamped to the
@@ -641,12 +670,19 @@ impl PacerCore {
     /// The fast path: with nobody waiting and the slot due, a request is
     /// admitted at once, without a ticket. `false`: it must queue.
     pub fn try_admit(&mut self, now: Instant) -> bool {
+        self.try_admit_units(now, 1)
+    }
+
+    /// [`PacerCore::try_admit`] for a request costing `units`: it takes as
+    /// many slots, paid after it goes (R-FS2).
+    pub fn try_admit_units(&mut self, now: Instant, units: u32) -> bool {
         self.last_seen = Some(now);
         if !self.waiting.is_empty() || self.slot(now, 0) > now {
             return false;
         }
         self.gcra.admit(now);
-        self.aimd.on_admit(now);
+        self.gcra.charge(units.saturating_sub(1));
+        self.aimd.on_admit_units(now, units.max(1));
         true
     }
 
@@ -666,9 +702,11 @@ impl PacerCore {
             return Admission::Refuse(at.saturating_duration_since(now));
         }
         if next && at <= now {
+            let units = self.waiting.cost(ticket).unwrap_or(1.0).round().max(1.0) as u32;
             self.waiting.admitted(ticket);
             self.gcra.admit_waited(now);
-            self.aimd.on_admit(now);
+            self.gcra.charge(units - 1);
+            self.aimd.on_admit_units(now, units);
             self.last_seen = Some(now);
             return Admission::Go;
         }

@@ -245,9 +245,15 @@ impl FairQueue {
         }
     }
 
-    /// About how many admissions go before `ticket`: its place in its lane,
-    /// stretched by its lane's and its class's shares of the slots while
-    /// the others wait. Exact for one class in one lane (FIFO).
+    /// What `ticket` costs, if it waits.
+    pub fn cost(&self, ticket: Ticket) -> Option<f64> {
+        self.waiting.get(&ticket).map(|w| w.cost)
+    }
+
+    /// About how many slots (units) go before `ticket`: the units ahead of
+    /// it in its lane, stretched by its lane's and its class's shares of
+    /// the slots while the others wait. Exact for one class in one lane
+    /// (FIFO).
     pub fn ahead(&self, ticket: Ticket) -> u32 {
         let Some(w) = self.waiting.get(&ticket) else {
             return 0;
@@ -255,7 +261,12 @@ impl FairQueue {
         let Some(q) = self.classes.get(&w.class) else {
             return 0;
         };
-        let place = q.lane(w.lane).range(..ticket).count() as f64;
+        let place: f64 = q
+            .lane(w.lane)
+            .range(..ticket)
+            .filter_map(|t| self.waiting.get(t))
+            .map(|w| w.cost)
+            .sum();
         let total: f64 = self.classes.values().map(|c| c.weight).sum();
         let share = q.weight / total * q.lane_share(w.lane);
         let ahead = (place / share).floor();

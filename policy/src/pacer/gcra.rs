@@ -126,6 +126,15 @@ impl Gcra {
         self.interval = interval;
     }
 
+    /// Charges `units` more intervals to the last admission: a request that
+    /// costs several units takes as many slots (R-FS2), paid after it goes,
+    /// so that the next request waits for them.
+    pub fn charge(&mut self, units: u32) {
+        if let Some(tat) = self.tat {
+            self.tat = Some(tat + self.interval * units);
+        }
+    }
+
     /// Changes the burst size (≥ 1).
     pub fn set_burst(&mut self, burst: u32) {
         self.burst = burst.max(1);

@@ -189,6 +189,14 @@ impl PacerShared {
         self.announce(fb, now);
     }
 
+    /// The provider charged a request `extra` units beyond its price
+    /// (R-FS2): the schedule takes them on.
+    pub fn charge(&self, extra: u32) {
+        if extra > 0 {
+            self.lock().charge(Instant::now(), extra);
+        }
+    }
+
     /// Locks the decision state. A poisoned lock is recovered: the state is
     /// plain numbers, valid after any panic.
     pub fn lock(&self) -> MutexGuard<'_, PacerCore> {
@@ -233,26 +241,29 @@ impl PacerShared {
     /// `stop_at`: a request whose slot would come at or after it does not
     /// wait for it nor take it — its run stops, planned (R-RN2).
     pub async fn acquire_before(&self, stop_at: Option<Instant>) -> Result<Instant, Cause> {
-        self.acquire_as(&Class::default(), stop_at).await
+        self.acquire_as(&Class::default(), 1, stop_at).await
     }
 
     /// [`PacerShared::acquire_before`] for a request of `class`: waiting
     /// requests go in the fair order (R-FS1) — weighted between
-    /// collectors, steady before catch-up within one.
+    /// collectors, steady before catch-up within one — and a request
+    /// costing `units` takes as many slots (R-FS2; a budget shared through
+    /// Redis counts requests).
     pub async fn acquire_as(
         &self,
         class: &Class,
+        units: u32,
         stop_at: Option<Instant>,
     ) -> Result<Instant, Cause> {
         let arrived = Instant::now();
         let Some(budget) = self.budget() else {
-            return self.acquire_here(arrived, class, stop_at).await;
+            return self.acquire_here(arrived, class, units, stop_at).await;
         };
         if self.lock().alone() {
             // The store did not answer lately: this replica's share, paced
             // here; the store is asked again below (and rejoined if it
             // answers).
-            self.acquire_here(arrived, class, stop_at).await?;
+            self.acquire_here(arrived, class, units, stop_at).await?;
         }
         self.acquire_shared(&*budget, arrived).await
     }
@@ -325,6 +336,7 @@ impl PacerShared {
         &self,
         arrived: Instant,
         class: &Class,
+        units: u32,
         stop_at: Option<Instant>,
     ) -> Result<Instant, Cause> {
         let now = arrived;
@@ -333,12 +345,12 @@ impl PacerShared {
         }
         let (ticket, mut patience) = {
             let mut core = self.lock();
-            if core.try_admit(now) {
+            if core.try_admit_units(now, units) {
                 drop(core);
                 emit(&self.events, Event::PacingWait(Duration::ZERO));
                 return Ok(now);
             }
-            match core.enqueue_as(now, class, 1.0) {
+            match core.enqueue_as(now, class, f64::from(units.max(1))) {
                 Ok(t) => (t, core.patience(now)),
                 Err((refusal, wait)) => {
                     emit(&self.events, Event::Shed(refusal));

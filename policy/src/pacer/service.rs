@@ -58,9 +58,16 @@ where
         let shared = self.shared.clone();
         let run = req.extensions().get::<RunHandle>().cloned();
         let class = req.extensions().get::<Class>().cloned().unwrap_or_default();
+        let (units, cost_header) = {
+            let core = shared.lock();
+            (
+                core.cost_of(req.method(), req.uri().path()),
+                core.cost_header().cloned(),
+            )
+        };
         Box::pin(async move {
             let stop_at = run.as_ref().and_then(RunHandle::deadline);
-            let sent_at = match shared.acquire_as(&class, stop_at).await {
+            let sent_at = match shared.acquire_as(&class, units, stop_at).await {
                 Ok(at) => at,
                 Err(Cause::RunStopped(stopped)) => {
                     if let Some(run) = &run {
@@ -86,6 +93,13 @@ where
                 .and_then(|resp| resp.extensions().get::<Ttfb>().map(|t| t.0));
             shared.feedback(outcome, sent_at, ttfb);
             if let Ok(resp) = &result {
+                // What the provider says it charged, beyond the price.
+                if let Some(charged) = cost_header
+                    .as_ref()
+                    .and_then(|h| crate::cost::charged(resp.headers(), h))
+                {
+                    shared.charge(charged.saturating_sub(units));
+                }
                 shared.quota(
                     quota::advertised(resp.headers(), SystemTime::now()),
                     sent_at,

@@ -258,6 +258,22 @@ impl FromToml for Vec<http::Method> {
     }
 }
 
+impl FromToml for sluice_policy::cost::Costs {
+    type Raw = BTreeMap<String, u32>;
+    fn from_toml(raw: &BTreeMap<String, u32>) -> Result<Self, String> {
+        sluice_policy::cost::Costs::parse(raw.iter().map(|(k, v)| (k.as_str(), *v)))
+    }
+}
+
+impl FromToml for Option<http::HeaderName> {
+    type Raw = String;
+    fn from_toml(raw: &String) -> Result<Self, String> {
+        http::HeaderName::from_bytes(raw.trim().to_ascii_lowercase().as_bytes())
+            .map(Some)
+            .map_err(|_| format!("{raw:?} is not a header name"))
+    }
+}
+
 /// Makes [`RawProvider`] from the list of provider settings.
 macro_rules! raw_provider {
     ($( $(#[$doc:meta])* $name:ident : $ty:ty = $default:expr ),* $(,)?) => {
