@@ -73,6 +73,8 @@ pub struct LearnedState {
     pub breaker: State,
     /// Time left open, if open.
     pub open_remaining: Option<Duration>,
+    /// How far the allowance's period has got, if one is set and begun.
+    pub allowance: Option<crate::pacer::AllowanceUse>,
 }
 
 /// Everything observable about a provider, read at one instant.
@@ -151,15 +153,20 @@ impl ProviderPolicy {
             baseline: pacer.baseline_ttfb,
             breaker: breaker.state,
             open_remaining: breaker.open_remaining,
+            allowance: self.pacer.lock().allowance_use(now),
         }
     }
 
     /// Restores learned state (R-PS1): the rate and limit are clamped to
     /// the ceiling; an open breaker stays open for the time it had left.
     pub fn restore(&self, learned: &LearnedState) {
-        self.pacer
-            .lock()
-            .restore(learned.rate_rps, learned.limit_rps, learned.baseline);
+        {
+            let mut pacer = self.pacer.lock();
+            pacer.restore(learned.rate_rps, learned.limit_rps, learned.baseline);
+            if let Some(used) = learned.allowance {
+                pacer.restore_allowance(Instant::now(), used);
+            }
+        }
         self.pacer.notify();
         self.breaker
             .lock()

@@ -152,6 +152,12 @@ macro_rules! provider_settings {
             /// cost (e.g. `x-cost`): the pacer charges the difference from
             /// the table's price. Unset: the table's price stands.
             cost_header: ::std::option::Option<::http::HeaderName> = None,
+            /// Units this provider allows per long period — a daily or
+            /// monthly quota (`{ units = 100000, per = "24h" }`): paced so it
+            /// lasts the period, what is left spread over what remains, with
+            /// the learned rate and the ceiling still on top (R-FS2). Unset:
+            /// none.
+            allowance: ::std::option::Option<$crate::pacer::Allowance> = None,
         }
     };
 }

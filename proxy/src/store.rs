@@ -95,6 +95,13 @@ pub struct LearnedRecord {
     pub breaker: StoredBreaker,
     /// Time left open, ms.
     pub open_remaining_ms: Option<u64>,
+    /// When the allowance's current period began (wall clock, ms since the
+    /// epoch), if one is set and begun.
+    #[serde(default)]
+    pub allowance_began_unix_ms: Option<u64>,
+    /// Units spent in that period.
+    #[serde(default)]
+    pub allowance_spent: Option<f64>,
 }
 
 impl LearnedRecord {
@@ -109,6 +116,10 @@ impl LearnedRecord {
             baseline_ms: state.baseline.map(|b| b.as_secs_f64() * 1000.0),
             breaker: state.breaker.into(),
             open_remaining_ms: state.open_remaining.map(|d| d.as_millis() as u64),
+            allowance_began_unix_ms: state
+                .allowance
+                .map(|a| unix_ms_now().saturating_sub(a.elapsed.as_millis() as u64)),
+            allowance_spent: state.allowance.map(|a| a.spent),
         }
     }
 
@@ -139,6 +150,13 @@ impl LearnedRecord {
                 (b, _) => b,
             },
             open_remaining,
+            allowance: match (self.allowance_began_unix_ms, self.allowance_spent) {
+                (Some(began), Some(spent)) => Some(sluice_policy::pacer::AllowanceUse {
+                    elapsed: Duration::from_millis(unix_ms_now().saturating_sub(began)),
+                    spent,
+                }),
+                _ => None,
+            },
         }
     }
 }
@@ -725,6 +743,7 @@ mod tests {
                 baseline: Some(Duration::from_millis(40)),
                 breaker: State::Closed,
                 open_remaining: None,
+                allowance: None,
             };
             s.save_learned("api.test", &LearnedRecord::of(&state, Duration::ZERO))
                 .unwrap();

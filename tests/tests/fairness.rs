@@ -248,3 +248,67 @@ print(" ".join(f"{m}:{c}={n}" for (m, c), n in sorted(counts.items(), key=str)))
         "spread over the minute: {tenths:?}"
     );
 }
+
+/// R-FS2: an allowance of 3,600 units an hour, 8 naive clients, a provider
+/// that would take far more: the provider sees about one request a second
+/// (never more than the ceiling), with no burst at the period's start; after
+/// a `kill -9` and a restart the allowance goes on where it was — what was
+/// spent and when the period ends — instead of starting a fresh hour.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_allowance_is_paced_to_last_and_survives_a_restart() {
+    let sim = Sim::start("127.0.0.66").await;
+    let config = "[destinations]\nallow = [\"127.0.0.0/8\"]\n\
+         [providers.daily]\nhosts = [\"127.0.0.66\"]\nceiling_rps = 10.0\n\
+         allowance = { units = 3600, per = \"1h\" }\n";
+    let sluice = Sluice::start_in(TempDir::new("allowance"), config);
+    let url = sim.url("http", "/ok");
+    let first = naive_clients(&sluice.proxy_url(), &url, 8, 20, &[]).await;
+    let hits = sim.hits("/ok");
+    let t0 = hits.first().expect("the provider saw requests").at;
+    let within = |from: u64, to: u64| {
+        sim.hits("/ok")
+            .iter()
+            .filter(|h| {
+                h.at >= t0 + Duration::from_secs(from) && h.at < t0 + Duration::from_secs(to)
+            })
+            .count()
+    };
+    let (start, steady) = (within(0, 5), within(5, 19));
+    let (_, before) = sluice.admin_get("/v1/providers/daily").await;
+    let before: Value = serde_json::from_str(&before).unwrap();
+    let spent = before["allowance"]["spent"].as_f64().unwrap();
+    let dir = sluice.kill9();
+    let sluice = Sluice::start_in(dir, config);
+    let second = naive_clients(&sluice.proxy_url(), &url, 8, 10, &[]).await;
+    let (_, after) = sluice.admin_get("/v1/providers/daily").await;
+    let after: Value = serde_json::from_str(&after).unwrap();
+    let (spent_after, resets_in) = (
+        after["allowance"]["spent"].as_f64().unwrap(),
+        after["allowance"]["resets_in_ms"].as_u64().unwrap(),
+    );
+    let total = sim.hits("/ok").len();
+    println!(
+        "3,600 an hour, ceiling 10, 8 clients: first 5 s {start}, 5–19 s {steady} ({:.2}/s); \
+         spent {spent} before the kill -9, {spent_after} after 10 s more, period ends in \
+         {:.0} s; the provider saw {total} in all; clients saw {} then {}; readout {}",
+        steady as f64 / 14.0,
+        resets_in as f64 / 1000.0,
+        first.trim(),
+        second.trim(),
+        after["allowance"]
+    );
+    assert!(start <= 7, "no burst at the start: {start} in 5 s");
+    assert!(
+        (12..=17).contains(&steady),
+        "about one a second: {steady} in 14 s"
+    );
+    // kill -9 may lose the last save (every 2 s): at most two units.
+    assert!(
+        spent_after >= spent - 3.0 + 8.0,
+        "the period went on: {spent} then {spent_after}"
+    );
+    assert!(
+        resets_in <= 3_600_000 - 25_000,
+        "the same period, not a fresh hour: ends in {resets_in} ms"
+    );
+}

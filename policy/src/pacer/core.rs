@@ -7,6 +7,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::aimd::{Aimd, Backoff, BackoffReason, Belief};
+use super::allowance::{AllowanceSnapshot, AllowanceState, AllowanceUse};
 use super::fair::{Class, FairQueue};
 use super::gcra::{interval_of, Gcra};
 use super::shared::{Proposal, SharedView};
@@ -87,6 +88,8 @@ pub struct PacerCore {
     costs: Costs,
     /// Where the provider says what a request cost.
     cost_header: Option<http::HeaderName>,
+    /// A long-horizon allowance, paced to last its period.
+    allowance: Option<AllowanceState>,
 }
 
 /// Learns a fixed-window quota from a provider that advertises none: its
@@ -195,6 +198,8 @@ pub struct PacerSnapshot {
     pub belief: Option<Belief>,
     /// Outages seen since start.
     pub outages: u64,
+    /// The long-horizon allowance, if one is set.
+    pub allowance: Option<AllowanceSnapshot>,
 }
 
 /// What an outcome did to the pacer.
@@ -249,6 +254,7 @@ impl PacerCore {
             window: WindowLearner::default(),
             costs: settings.costs.clone(),
             cost_header: settings.cost_header.clone(),
+            allowance: settings.allowance.map(AllowanceState::new),
         }
     }
 
@@ -269,7 +275,34 @@ impl PacerCore {
         self.aimd.set_latency_factor(settings.soft_throttle_factor);
         self.costs = settings.costs.clone();
         self.cost_header = settings.cost_header.clone();
+        match (settings.allowance, self.allowance.as_mut()) {
+            (Some(a), Some(state)) => state.set(a),
+            (Some(a), None) => self.allowance = Some(AllowanceState::new(a)),
+            (None, _) => self.allowance = None,
+        }
         self.sync_interval();
+    }
+
+    /// Units spent in the allowance's current period, for the store.
+    pub fn allowance_use(&self, now: Instant) -> Option<AllowanceUse> {
+        self.allowance.as_ref()?.usage(now)
+    }
+
+    /// Takes up an allowance period restored from the store.
+    pub fn restore_allowance(&mut self, now: Instant, used: AllowanceUse) {
+        if let Some(a) = self.allowance.as_mut() {
+            a.restore(now, used);
+        }
+        self.sync_interval();
+    }
+
+    /// `units` were admitted at `now`: the allowance spends them and its
+    /// rate moves with what is left.
+    fn spend(&mut self, now: Instant, units: u32) {
+        if let Some(a) = self.allowance.as_mut() {
+            a.spend(now, f64::from(units));
+            self.sync_interval();
+        }
     }
 
     /// What a request of `method` to `path` costs, in units (R-FS2).
@@ -289,6 +322,7 @@ impl PacerCore {
         if extra > 0 {
             self.gcra.charge(extra);
             self.aimd.on_admit_units(now, extra);
+            self.spend(now, extra);
         }
     }
 
@@ -319,6 +353,11 @@ impl PacerCore {
         let rate = match self.quota.and_then(|q| q.rate) {
             Some(even) => self.aimd.rate().min(even.max(self.aimd.floor())),
             None => self.aimd.rate(),
+        };
+        // An allowance is a budget, not a guess: no floor under it.
+        let rate = match &self.allowance {
+            Some(a) => rate.min(a.rate(Instant::now())),
+            None => rate,
         };
         match (self.alone, self.shared_rate) {
             (Some(replicas), Some(shared)) => rate.min(shared) / f64::from(replicas.max(1)),
@@ -413,6 +452,12 @@ impl PacerCore {
     /// Which authority the pace follows: `advertised` while the provider
     /// advertises a quota, else `learned`.
     pub fn authority(&self) -> &'static str {
+        if let Some(a) = &self.allowance {
+            let learned = self.aimd.rate();
+            if a.rate(Instant::now()) < learned {
+                return "allowance";
+            }
+        }
         match self.quota {
             Some(q) if q.synthetic => "learned_window",
             Some(_) => "advertised",
@@ -683,6 +728,7 @@ impl PacerCore {
         self.gcra.admit(now);
         self.gcra.charge(units.saturating_sub(1));
         self.aimd.on_admit_units(now, units.max(1));
+        self.spend(now, units.max(1));
         true
     }
 
@@ -707,6 +753,7 @@ impl PacerCore {
             self.gcra.admit_waited(now);
             self.gcra.charge(units - 1);
             self.aimd.on_admit_units(now, units);
+            self.spend(now, units);
             self.last_seen = Some(now);
             return Admission::Go;
         }
@@ -871,6 +918,7 @@ impl PacerCore {
             authority: self.authority(),
             belief: self.aimd.belief(now),
             outages: self.aimd.outages(),
+            allowance: self.allowance.as_ref().map(|a| a.snapshot(now)),
         }
     }
 }

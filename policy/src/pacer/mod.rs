@@ -16,6 +16,7 @@
 //! it. Cloning does not create a new rate.
 
 pub mod aimd;
+pub mod allowance;
 pub mod core;
 mod error;
 pub mod fair;
@@ -36,6 +37,7 @@ use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
 
 pub use self::aimd::{Backoff, BackoffReason, Belief, Condition};
+pub use self::allowance::{Allowance, AllowanceSnapshot, AllowanceUse};
 pub use self::core::{
     Admission, Feedback, PacerCore, PacerSnapshot, QuotaSnapshot, Refusal, Ticket,
 };

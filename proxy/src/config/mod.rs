@@ -274,6 +274,30 @@ impl FromToml for Option<http::HeaderName> {
     }
 }
 
+/// How TOML writes an allowance: `{ units = 100000, per = "24h" }`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawAllowance {
+    units: u64,
+    per: Dur,
+}
+
+impl FromToml for Option<sluice_policy::pacer::Allowance> {
+    type Raw = RawAllowance;
+    fn from_toml(raw: &RawAllowance) -> Result<Self, String> {
+        if raw.units == 0 {
+            return Err("units: at least 1".into());
+        }
+        if raw.per.0 < Duration::from_secs(1) {
+            return Err("per: at least 1s".into());
+        }
+        Ok(Some(sluice_policy::pacer::Allowance {
+            units: raw.units,
+            per: raw.per.0,
+        }))
+    }
+}
+
 /// Makes [`RawProvider`] from the list of provider settings.
 macro_rules! raw_provider {
     ($( $(#[$doc:meta])* $name:ident : $ty:ty = $default:expr ),* $(,)?) => {

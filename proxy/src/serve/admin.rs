@@ -255,6 +255,14 @@ fn provider_json(app: &App, p: &Provider, with_evidence: bool) -> Value {
             "even_rate_rps": q.rate_rps.map_or_else(|| json!("none left: held until the reset"), |r| json!(r)),
             "trusted": q.trusted,
         })),
+        "allowance": s.pacer.allowance.map_or_else(|| json!("none"), |a| json!({
+            "units": a.allowance.units,
+            "per_s": a.allowance.per.as_secs_f64(),
+            "spent": a.spent,
+            "left": (a.allowance.units as f64 - a.spent).max(0.0),
+            "resets_in_ms": a.resets_in.as_millis() as u64,
+            "rate_rps": a.rate_rps,
+        })),
         "last_backoff": s.pacer.last_backoff.map_or_else(unknown, |b| json!({
             "at_unix_ms": unix_ms(b.at),
             "ago_ms": now.saturating_duration_since(b.at).as_millis() as u64,
