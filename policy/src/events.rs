@@ -26,6 +26,17 @@ pub enum Event {
     },
     /// A request got its pacing slot after waiting this long.
     PacingWait(Duration),
+    /// A request of this fair-share class (a collector's name; empty for
+    /// the default class) was admitted, costing `units`, after `wait`
+    /// (R-FS1).
+    Admitted {
+        /// The class.
+        class: Arc<str>,
+        /// What it cost.
+        units: u32,
+        /// How long it waited.
+        wait: Duration,
+    },
     /// The pacer refused a request.
     Shed(Refusal),
     /// A provider's `Retry-After` set or lengthened the hold.

@@ -44,6 +44,7 @@ async fn busy(args: &[&str]) -> Busy {
          [providers.plain]\nhosts = [\"127.0.0.50\"]\n\
          [providers.dead]\nhosts = [\"127.0.0.51\"]\nbreaker_min_calls = 4\n\
          [providers.secure]\nhosts = [\"127.0.0.52\"]\n\
+         allowance = {{ units = 1000000, per = \"24h\" }}\n\
          [providers.unused]\nhosts = [\"unused.test\"]\nceiling_rps = 7.0\n\
          [collectors.collector-a]\ntoken_file = \"{}\"\n",
         tls.addr.port(),
@@ -164,6 +165,10 @@ async fn scrape_passes_promtool_and_the_dashboard_matches_it() {
         "sluice_run_attempts_total{collector=\"collector-a\"} 1",
         "sluice_runs_active{collector=\"collector-a\"} 0",
         "sluice_build_info{version=",
+        "sluice_collector_admitted_units_total{collector=\"collector-a\",provider=\"plain\"}",
+        "sluice_collector_pacing_wait_seconds_bucket{collector=\"collector-a\"",
+        "sluice_provider_allowance_units{provider=\"secure\"} 1000000",
+        "sluice_provider_allowance_spent_units{provider=\"secure\"}",
     ] {
         assert!(scrape.contains(series), "missing {series}\n{scrape}");
     }

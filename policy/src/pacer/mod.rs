@@ -226,6 +226,19 @@ impl PacerShared {
         }
     }
 
+    /// Reports a request of `class` admitted after `wait`.
+    fn admitted(&self, class: &Class, units: u32, wait: Duration) {
+        emit(&self.events, Event::PacingWait(wait));
+        emit(
+            &self.events,
+            Event::Admitted {
+                class: class.name.clone(),
+                units,
+                wait,
+            },
+        );
+    }
+
     /// A readout at `now`.
     pub fn snapshot(&self, now: Instant) -> PacerSnapshot {
         self.lock().snapshot(now)
@@ -349,7 +362,7 @@ impl PacerShared {
             let mut core = self.lock();
             if core.try_admit_units(now, units) {
                 drop(core);
-                emit(&self.events, Event::PacingWait(Duration::ZERO));
+                self.admitted(class, units, Duration::ZERO);
                 return Ok(now);
             }
             match core.enqueue_as(now, class, f64::from(units.max(1))) {
@@ -389,10 +402,7 @@ impl PacerShared {
                 Admission::Go => {
                     guard.ticket = None;
                     self.left(ticket);
-                    emit(
-                        &self.events,
-                        Event::PacingWait(now.saturating_duration_since(arrived)),
-                    );
+                    self.admitted(class, units, now.saturating_duration_since(arrived));
                     return Ok(now);
                 }
                 Admission::Refuse(wait) => {

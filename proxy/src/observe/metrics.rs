@@ -52,6 +52,11 @@ pub struct Metrics {
     attempts: IntCounterVec,
     retries: IntCounterVec,
     pacing_wait: HistogramVec,
+    collector_units: IntCounterVec,
+    collector_wait: HistogramVec,
+    allowance_units: GaugeVec,
+    allowance_spent: GaugeVec,
+    allowance_reset: GaugeVec,
     ttfb: HistogramVec,
     holds: IntCounterVec,
     hold_seconds: CounterVec,
@@ -277,6 +282,43 @@ impl Metrics {
                 "pacing_wait_seconds",
                 "Time a request waited for its pacing slot",
                 seconds.clone(),
+            ),
+            collector_units: counter(
+                &r,
+                "collector_admitted_units_total",
+                "Units admitted to a provider per collector (\"-\": proxy users without one): the fair shares (R-FS1)",
+                &["provider", "collector"],
+            ),
+            collector_wait: {
+                let h = HistogramVec::new(
+                    HistogramOpts::new(
+                        "collector_pacing_wait_seconds",
+                        "Time a collector's requests waited for their pacing slot, any provider",
+                    )
+                    .buckets(seconds.clone()),
+                    &["collector"],
+                )
+                .expect("valid metric");
+                r.register(Box::new(h.clone())).expect("unique metric");
+                h
+            },
+            allowance_units: gauge(
+                &r,
+                "provider_allowance_units",
+                "Units the provider's long-horizon allowance grants per period (absent without one)",
+                p,
+            ),
+            allowance_spent: gauge(
+                &r,
+                "provider_allowance_spent_units",
+                "Units spent in the allowance's current period",
+                p,
+            ),
+            allowance_reset: gauge(
+                &r,
+                "provider_allowance_reset_seconds",
+                "Until the allowance's period ends",
+                p,
             ),
             ttfb: histogram(
                 &r,
@@ -566,6 +608,15 @@ impl Metrics {
                 .pacing_wait
                 .with_label_values(&[label])
                 .observe(w.as_secs_f64()),
+            Event::Admitted { class, units, wait } => {
+                let collector = if class.is_empty() { "-" } else { class };
+                self.collector_units
+                    .with_label_values(&[label, collector])
+                    .inc_by(u64::from(*units));
+                self.collector_wait
+                    .with_label_values(&[collector])
+                    .observe(wait.as_secs_f64());
+            }
             Event::Shed(_) => {}
             Event::Hold(d) => {
                 self.holds.with_label_values(&[label]).inc();
@@ -614,6 +665,9 @@ impl Metrics {
             &self.quota_limit,
             &self.quota_remaining,
             &self.quota_reset,
+            &self.allowance_units,
+            &self.allowance_spent,
+            &self.allowance_reset,
         ] {
             g.reset();
         }
@@ -671,6 +725,15 @@ impl Metrics {
                 self.quota_reset
                     .with_label_values(&l)
                     .set(q.reset_in.as_secs_f64());
+            }
+            if let Some(a) = &s.pacer.allowance {
+                self.allowance_units
+                    .with_label_values(&l)
+                    .set(a.allowance.units as f64);
+                self.allowance_spent.with_label_values(&l).set(a.spent);
+                self.allowance_reset
+                    .with_label_values(&l)
+                    .set(a.resets_in.as_secs_f64());
             }
             if let Some(limit) = s.pacer.limit_rps {
                 self.limit.with_label_values(&l).set(limit);
