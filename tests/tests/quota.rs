@@ -146,7 +146,7 @@ fn honest(f: &Figures, max_429_share: f64) {
 /// window is used whole — hence a run long enough that one window is under
 /// a percent of it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn per_second_quota_both_families() {
+async fn a_per_second_quota_holds_in_both_families() {
     let (x, ietf) = tokio::join!(
         run("127.0.0.71", "x", 20, 1, 1, 90),
         run("127.0.0.70", "ietf", 20, 1, 1, 90)
