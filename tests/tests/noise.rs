@@ -11,7 +11,7 @@ use sluice_tests::harness::Sluice;
 use sluice_tests::sim::Sim;
 
 const CLIENTS: u32 = 16;
-const SECS: u32 = 30;
+const SECS: u32 = 25;
 
 /// Successes the provider gave `path`'s clients over one run.
 async fn run(sluice: &Sluice, sim: &Sim, path: &str) -> (usize, String) {
@@ -27,7 +27,7 @@ async fn run(sluice: &Sluice, sim: &Sim, path: &str) -> (usize, String) {
     (ok, out.trim().to_string())
 }
 
-/// 16 naive clients, 30 s each, through one sluice whose ceiling is
+/// 16 naive clients, 25 s each, through one sluice whose ceiling is
 /// 100 req/s, on providers that take far more: random 503s at 1, 3 and 5 %
 /// and 10 and 30 % of requests 400 ms slower each keep ≥ 80 % of the clean
 /// run's successes (before issue 8: 3 % of them with 3 % 503s).

@@ -87,7 +87,7 @@ async fn metric(s: &Sluice, prefix: &str) -> Option<String> {
 /// first 60 s from a cold start printed); not shared, several times the
 /// 429s. Both run side by side and print.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_fleet_of_eight_replicas_paces_like_one() {
+async fn eight_replicas_pace_like_one() {
     let redis = Redis::start();
     let (shared_sim, alone_sim) = (
         Sim::start("127.0.0.81").await,
