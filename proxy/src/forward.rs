@@ -24,6 +24,7 @@ use crate::config::{normalise_host, Config};
 use crate::edge::{self, Refusal};
 use crate::framing::Verdicts;
 use crate::identity::Identity;
+use crate::runs::records::Mode;
 
 /// `Via` value sluice adds (RFC 9110 §7.6.3).
 const VIA: &str = "1.1 sluice";
@@ -254,8 +255,8 @@ pub async fn forward(
     let user = req
         .extensions()
         .get::<Identity>()
-        .and_then(|i| i.0.as_deref());
-    if let Some(refused) = outside_allowlist(&app.config(), user, &host) {
+        .and_then(|i| i.user.as_deref());
+    if let Some(refused) = outside_allowlist(config, user, &host) {
         return refused;
     }
     let (mut parts, body) = req.into_parts();
@@ -346,18 +347,29 @@ pub async fn forward(
     // A collector's request belongs to its active run, if it has one: the
     // run's budgets apply to every attempt, and the request renews the
     // run's lease (R-RN4).
-    let user = parts.extensions.get::<Identity>().and_then(|i| i.0.clone());
-    let run = match user.as_deref() {
-        Some(u) => app.runs.attach(u).await,
+    let Identity { user, mode } = parts.extensions.remove::<Identity>().unwrap_or_default();
+    let attached = match user.as_deref() {
+        Some(u) => app.runs.attach(u, mode).await,
         None => None,
     };
+    // A collector waits for the provider as itself, at its weight, in the
+    // lane of the run the request is for (R-FS1); other proxy users share
+    // the default class.
+    if let Some(c) = user.as_deref().and_then(|u| config.collectors.get(u)) {
+        let mode = attached.as_ref().map(|(_, m)| *m).or(mode);
+        parts.extensions.insert(Class {
+            name: c.name.clone(),
+            weight: c.weight,
+            catchup_floor: c.catchup_floor,
+            lane: match mode {
+                Some(Mode::Catchup) => Lane::Catchup,
+                Some(Mode::Steady) | None => Lane::Steady,
+            },
+        });
+    }
+    let run = attached.map(|(run, _)| run);
     if let Some(run) = &run {
         parts.extensions.insert(run.clone());
-    }
-    // A collector waits for the provider as itself, at its weight (R-FS1);
-    // other proxy users share the default class.
-    if let Some(class) = user.as_deref().and_then(|u| fair_class(&app, u)) {
-        parts.extensions.insert(class);
     }
     let req = Request::from_parts(parts, body);
     let result = provider.service.clone().oneshot(req).await;
@@ -428,23 +440,6 @@ pub(crate) fn outside_allowlist(
         )
         .into_response(),
     )
-}
-
-/// The fair-share class of collector `user`'s requests: its weight, and the
-/// lane of its active run's mode (R-FS1).
-fn fair_class(app: &App, user: &str) -> Option<Class> {
-    let config = app.config();
-    let c = config.collectors.get(user)?;
-    let lane = match app.runs.active_mode(user) {
-        Some(crate::runs::records::Mode::Catchup) => Lane::Catchup,
-        _ => Lane::Steady,
-    };
-    Some(Class {
-        name: Arc::from(user),
-        weight: c.weight,
-        catchup_floor: c.catchup_floor,
-        lane,
-    })
 }
 
 fn run_remaining(run: &RunHandle) -> HeaderValue {

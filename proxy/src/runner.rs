@@ -4,7 +4,9 @@
 //! `sluice run --collector NAME --token-file F --request-cap 500 --deadline
 //! 15m -- python collect.py` opens a run on the admin API, starts the
 //! command with `HTTP_PROXY`/`HTTPS_PROXY` (both cases) carrying the
-//! collector's credentials, the CA variables `sluice ca` prints, and the
+//! collector's credentials (its user names the run's mode,
+//! `NAME+steady` or `NAME+catchup`, so that a steady and a catch-up run of
+//! one collector can go on side by side), the CA variables `sluice ca` prints, and the
 //! admin API added to `NO_PROXY`/`no_proxy` (a collector's calls to
 //! `SLUICE_ADMIN` must not go through the proxy, whose destination guard
 //! refuses loopback), keeps the lease alive, forwards SIGINT and SIGTERM to
@@ -130,7 +132,15 @@ pub async fn run(cmd: RunCommand, config: &Config) -> ExitCode {
         .map_or(60_000, |at| at.saturating_sub(crate::store::unix_ms_now()));
     eprintln!("sluice run: run {id} opened for {}", cmd.collector);
 
-    let proxy_url = format!("http://{}:{token}@{}", cmd.collector, cmd.proxy);
+    // The user names the run's mode (`collector-a+catchup`): a steady and
+    // a catch-up run of one collector may be active at once, and each
+    // command's requests belong to its own run (R-FS1).
+    let proxy_url = format!(
+        "http://{}+{}:{token}@{}",
+        cmd.collector,
+        cmd.mode.label(),
+        cmd.proxy
+    );
     let mut child = tokio::process::Command::new(program);
     child.args(args);
     for var in ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"] {

@@ -533,6 +533,21 @@ async fn checkpoints_are_forward_only_exact_and_durable() {
         )
         .await;
     assert_eq!(s, 200);
+    // A steady run beside the catch-up run: one active run per collector
+    // and mode (R-RN4, R-FS1). A second steady run is refused, naming the
+    // holder.
+    let (s, steady) = open(&sluice, "collector-a", json!({})).await;
+    assert_eq!(s, 201, "{steady}");
+    let sid = steady["id"].as_str().unwrap().to_string();
+    let (s, held) = open(&sluice, "collector-a", json!({ "mode": "steady" })).await;
+    assert_eq!(
+        (s, held["holder"].as_str()),
+        (409, Some(sid.as_str())),
+        "{held}"
+    );
+    let (_, c) = sluice.api("GET", "/v1/collectors/collector-a", None).await;
+    assert_eq!(c["active_runs"].as_array().map(Vec::len), Some(2), "{c}");
+    assert_eq!(c["active_run"]["id"], sid.as_str(), "steady first: {c}");
 
     // kill -9, restart on the same state: everything answered 200 is there.
     let dir = sluice.kill9();
@@ -557,6 +572,17 @@ async fn checkpoints_are_forward_only_exact_and_durable() {
     let (_, old) = sluice.api("GET", &format!("/v1/runs/{cid}"), None).await;
     assert_eq!(old["phase"], "active", "{old}");
     assert_eq!(old["lease"]["fencing_token"], cfence, "{old}");
+    // So is the steady run beside it, with its own token.
+    let (_, resumed) = sluice.api("GET", &format!("/v1/runs/{sid}"), None).await;
+    assert_eq!(resumed["phase"], "active", "{resumed}");
+    assert_eq!(
+        resumed["lease"]["fencing_token"], steady["lease"]["fencing_token"],
+        "{resumed}"
+    );
+    let (s, _) = sluice
+        .api("POST", &format!("/v1/runs/{sid}/finish"), None)
+        .await;
+    assert_eq!(s, 200);
     let (s, e) = sluice
         .api(
             "PUT",

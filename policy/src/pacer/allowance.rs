@@ -58,6 +58,9 @@ pub(crate) struct AllowanceState {
     /// When the current period began; `None` before the first request.
     began: Option<Instant>,
     spent: f64,
+    /// [`AllowanceState::rate`] as of the last [`AllowanceState::refresh`]:
+    /// what the pacer paces at, read without a clock.
+    pace: f64,
 }
 
 impl AllowanceState {
@@ -66,12 +69,27 @@ impl AllowanceState {
             allowance,
             began: None,
             spent: 0.0,
+            pace: allowance.units as f64 / allowance.per.as_secs_f64().max(f64::MIN_POSITIVE),
         }
     }
 
-    /// The allowance changed (a reload): what was spent counts against it.
+    /// The allowance changed (a reload): what was spent counts against it
+    /// (the pace follows at the next request).
     pub(crate) fn set(&mut self, allowance: Allowance) {
         self.allowance = allowance;
+    }
+
+    /// Brings [`AllowanceState::pace`] to `now`: what is left over what
+    /// remains moves with time as well as with spending, and a spent
+    /// period gives way to the next.
+    pub(crate) fn refresh(&mut self, now: Instant) {
+        self.roll(now);
+        self.pace = self.rate(now);
+    }
+
+    /// The rate as of the last refresh.
+    pub(crate) fn pace(&self) -> f64 {
+        self.pace
     }
 
     /// Moves to the period `now` falls in.
@@ -91,6 +109,7 @@ impl AllowanceState {
         self.roll(now);
         self.began.get_or_insert(now);
         self.spent += units;
+        self.pace = self.rate(now);
     }
 
     /// What is left spread over what remains of the period.
@@ -112,6 +131,13 @@ impl AllowanceState {
         (left / secs).max(SPENT_RATE)
     }
 
+    /// When a period whose units are all spent ends: nothing goes before
+    /// it, not even a first request's burst (`None` while units are left).
+    pub(crate) fn spent_until(&self, now: Instant) -> Option<Instant> {
+        let end = self.began? + self.allowance.per;
+        (now < end && self.spent >= self.allowance.units as f64).then_some(end)
+    }
+
     pub(crate) fn usage(&self, now: Instant) -> Option<AllowanceUse> {
         let began = self.began?;
         (now < began + self.allowance.per).then(|| AllowanceUse {
@@ -126,6 +152,7 @@ impl AllowanceState {
             self.began = Some(now.checked_sub(used.elapsed).unwrap_or(now));
             self.spent = used.spent;
         }
+        self.refresh(now);
     }
 
     pub(crate) fn snapshot(&self, now: Instant) -> AllowanceSnapshot {

@@ -305,6 +305,17 @@ impl PacerCore {
         }
     }
 
+    /// Brings an allowance's pace to `now` as requests arrive and wait:
+    /// unspent time raises it, and a period that ended while everything
+    /// was spent gives way to the next (nothing else would wake a pacer
+    /// whose interval is the spent allowance's).
+    fn refresh_allowance(&mut self, now: Instant) {
+        if let Some(a) = self.allowance.as_mut() {
+            a.refresh(now);
+            self.sync_interval();
+        }
+    }
+
     /// What a request of `method` to `path` costs, in units (R-FS2).
     pub fn cost_of(&self, method: &http::Method, path: &str) -> u32 {
         self.costs.of(method, path)
@@ -356,7 +367,7 @@ impl PacerCore {
         };
         // An allowance is a budget, not a guess: no floor under it.
         let rate = match &self.allowance {
-            Some(a) => rate.min(a.rate(Instant::now())),
+            Some(a) => rate.min(a.pace()),
             None => rate,
         };
         match (self.alone, self.shared_rate) {
@@ -454,7 +465,7 @@ impl PacerCore {
     pub fn authority(&self) -> &'static str {
         if let Some(a) = &self.allowance {
             let learned = self.aimd.rate();
-            if a.rate(Instant::now()) < learned {
+            if a.pace() < learned {
                 return "allowance";
             }
         }
@@ -667,7 +678,10 @@ impl PacerCore {
 
     /// The instant the request with `ahead` waiters before it would go.
     fn slot(&self, now: Instant, ahead: u32) -> Instant {
-        let at = self.gcra.earliest(now, ahead);
+        let mut at = self.gcra.earliest(now, ahead);
+        if let Some(end) = self.allowance.as_ref().and_then(|a| a.spent_until(now)) {
+            at = at.max(end);
+        }
         match self.hold_until {
             Some(hold) if hold > now => {
                 // After the hold, waiters go one interval apart from the hold.
@@ -692,6 +706,7 @@ impl PacerCore {
         cost: f64,
     ) -> Result<Ticket, (Refusal, Duration)> {
         self.last_seen = Some(now);
+        self.refresh_allowance(now);
         let ticket = Ticket(self.next_ticket);
         self.waiting.insert(ticket, class, cost);
         let wait = self
@@ -722,6 +737,7 @@ impl PacerCore {
     /// many slots, paid after it goes (R-FS2).
     pub fn try_admit_units(&mut self, now: Instant, units: u32) -> bool {
         self.last_seen = Some(now);
+        self.refresh_allowance(now);
         if !self.waiting.is_empty() || self.slot(now, 0) > now {
             return false;
         }
@@ -1031,6 +1047,47 @@ mod tests {
         assert!(per_window[2..].iter().all(|&n| n == 20), "{per_window:?}");
         let q = core.snapshot(now).quota.unwrap();
         assert_eq!(q.advertised.window, Some(Duration::from_secs(1)));
+    }
+
+    /// R-FS2: an allowance spent before its period ends (here, as the
+    /// store restores it after a restart) holds requests off; the period's
+    /// end lets them go again, though no answer arrived to move the pace
+    /// (requests arriving bring it up to date), and the new period is paced
+    /// to last, not spent at once.
+    #[test]
+    fn a_spent_allowance_lets_requests_go_when_its_period_ends() {
+        let mut settings = ProviderSettings::with_ceiling(50.0);
+        settings.start_rps = Some(50.0);
+        settings.allowance = Some(crate::pacer::Allowance {
+            units: 20,
+            per: Duration::from_secs(10),
+        });
+        let mut core = PacerCore::new(&settings);
+        let t0 = Instant::now();
+        core.restore_allowance(
+            t0,
+            AllowanceUse {
+                elapsed: Duration::from_secs(1),
+                spent: 20.0,
+            },
+        );
+        let mut now = t0;
+        let mut admitted = Vec::new();
+        while now < t0 + Duration::from_secs(19) {
+            if core.try_admit(now) {
+                admitted.push((now - t0).as_secs_f64());
+            }
+            now += Duration::from_millis(5);
+        }
+        assert!(
+            admitted.first().is_some_and(|&t| (9.0..9.1).contains(&t)),
+            "{admitted:?}"
+        );
+        assert!((19..=20).contains(&admitted.len()), "{admitted:?}");
+        assert!(
+            admitted.windows(2).all(|w| w[1] - w[0] >= 0.3),
+            "spread, never a burst: {admitted:?}"
+        );
     }
 
     /// Nothing left: held until the reset, like `Retry-After`.

@@ -27,6 +27,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use ipnet::IpNet;
@@ -481,6 +482,8 @@ impl std::fmt::Debug for Credentials {
 /// A collector: a proxy user that may open runs (R-RN4).
 #[derive(Clone)]
 pub struct Collector {
+    /// Its name, shared by every request's fair-share class (R-FS1).
+    pub name: Arc<str>,
     /// The file its token was read from (again on SIGHUP).
     pub token_file: PathBuf,
     /// The token.
@@ -753,6 +756,7 @@ impl Config {
             collectors.insert(
                 name.clone(),
                 Collector {
+                    name: Arc::from(name.as_str()),
                     token_file: path,
                     token,
                     weight,

@@ -478,7 +478,7 @@ impl Metrics {
             runs_active: int_gauge(
                 &r,
                 "runs_active",
-                "1 while the collector has an active run",
+                "The collector's active runs (at most one per mode: steady, catchup)",
                 &["collector"],
             ),
             run_attempts: counter(

@@ -60,7 +60,11 @@ impl Runs {
                 ));
             }
             let previous = reg.checkpoints.insert(index, checkpoint.clone());
-            if let Some(active) = reg.slots.get_mut(&name).and_then(|s| s.active.as_mut()) {
+            if let Some(active) = reg
+                .slots
+                .get_mut(&name)
+                .and_then(|s| s.active.get_mut(&mode))
+            {
                 active.streams.insert(stream.to_string());
             }
             (name, key, previous, checkpoint)

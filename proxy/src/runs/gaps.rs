@@ -18,13 +18,14 @@ impl Runs {
         &self,
         reg: &mut Registry,
         name: &str,
+        mode: Mode,
         reason: &str,
         provider: Option<&str>,
     ) -> u64 {
-        let Some(active) = reg.slots.get(name).and_then(|s| s.active.as_ref()) else {
+        let Some(active) = reg.slots.get(name).and_then(|s| s.active.get(&mode)) else {
             return 0;
         };
-        let (mode, run_id) = (active.record.mode, active.record.id.clone());
+        let run_id = active.record.id.clone();
         let mut streams: Vec<String> = active.streams.iter().cloned().collect();
         if streams.is_empty() {
             streams.push("*".to_string());
@@ -34,7 +35,11 @@ impl Runs {
             let gap = self.stop_gap(reg, name, mode, &stream, reason, provider, &run_id);
             written += u64::from(gap.is_some());
         }
-        if let Some(active) = reg.slots.get_mut(name).and_then(|s| s.active.as_mut()) {
+        if let Some(active) = reg
+            .slots
+            .get_mut(name)
+            .and_then(|s| s.active.get_mut(&mode))
+        {
             active.record.gaps_recorded += written;
             let record = active.snapshot();
             if let Some((_, seq)) = split_id(&record.id) {
@@ -106,11 +111,11 @@ impl Runs {
     /// As a run ends: its stop's gaps take the cursors as of the end of
     /// the run (a collector may commit after the `403`), and a `*` gap
     /// gives way to the streams the run committed after all (R-RN12).
-    pub(super) fn finalize_stop_gaps(&self, reg: &mut Registry, name: &str) {
-        let Some(active) = reg.slots.get(name).and_then(|s| s.active.as_ref()) else {
+    pub(super) fn finalize_stop_gaps(&self, reg: &mut Registry, name: &str, mode: Mode) {
+        let Some(active) = reg.slots.get(name).and_then(|s| s.active.get(&mode)) else {
             return;
         };
-        let (mode, run_id) = (active.record.mode, active.record.id.clone());
+        let run_id = active.record.id.clone();
         let streams: Vec<String> = active.streams.iter().cloned().collect();
         let mine: Vec<Gap> = reg
             .stop_gaps

@@ -31,19 +31,23 @@ impl Runs {
                 .and_then(|v| v.try_into().ok())
                 .map_or(0, u64::from_be_bytes);
             let mut last = None;
-            let mut resumed = None;
+            let mut resumed: BTreeMap<Mode, RunRecord> = BTreeMap::new();
+            let mut seen: Vec<Mode> = Vec::new();
             let mut interrupted = Vec::new();
             let now_ms = unix_ms_now();
             for (key, value) in store.scan_newest(RunTree::Runs, &prefix(&name)) {
                 let Ok(mut record) = serde_json::from_slice::<RunRecord>(&value) else {
                     continue;
                 };
+                let newest_of_mode = !seen.contains(&record.mode);
+                seen.push(record.mode);
                 if record.phase == Phase::Active {
-                    // The newest active run whose lease has not lapsed goes
-                    // on (R-RN10); any other was interrupted.
+                    // Per mode, the newest run goes on if it is active, its
+                    // lease has not lapsed and its token is one handed out
+                    // (R-RN10); any other active run was interrupted.
                     let alive = record.lease_until_unix_ms.is_some_and(|l| l > now_ms);
-                    if alive && resumed.is_none() && record.fencing_token == fence {
-                        resumed = Some(record);
+                    if alive && newest_of_mode && record.fencing_token <= fence {
+                        resumed.insert(record.mode, record);
                         continue;
                     }
                     record.phase = Phase::Interrupted;
@@ -85,9 +89,9 @@ impl Runs {
                 slot.fence = fence;
                 slot.last = last;
                 slot.pending_gaps = pending;
-                if let Some(record) = resumed {
-                    tracing::info!(collector = %name, run = %record.id, attempts = record.attempts_reserved, "run resumed after a restart");
-                    slot.active = Some(resume(record, now_ms, max_waits));
+                for (mode, record) in resumed {
+                    tracing::info!(collector = %name, run = %record.id, mode = mode.label(), attempts = record.attempts_reserved, "run resumed after a restart");
+                    slot.active.insert(mode, resume(record, now_ms, max_waits));
                 }
             }
             // Runs whose lease lapsed while sluice was down: interrupted,
@@ -121,34 +125,45 @@ impl Runs {
     /// the process's sweep.
     pub fn sweep(&self, now: Instant) {
         let mut reg = self.lock();
-        let names: Vec<String> = reg.slots.keys().cloned().collect();
-        for name in names {
-            self.settle(&mut reg, &name);
+        let lanes: Vec<(String, Mode)> = reg
+            .slots
+            .iter()
+            .flat_map(|(name, slot)| slot.active.keys().map(|m| (name.clone(), *m)))
+            .collect();
+        for (name, mode) in lanes {
+            self.settle(&mut reg, &name, mode);
             let lapsed = reg.slots[&name]
                 .active
-                .as_ref()
+                .get(&mode)
                 .is_some_and(|a| a.lease_until <= now);
             if lapsed {
-                self.end(&mut reg, &name, Phase::Expired);
+                self.end(&mut reg, &name, mode, Phase::Expired);
             }
         }
     }
 
-    /// Ends `name`'s active run with `phase`, releasing the lease.
-    pub(super) fn end(&self, reg: &mut Registry, name: &str, phase: Phase) -> Option<RunRecord> {
+    /// Ends `name`'s active run of `mode` with `phase`, releasing its
+    /// lease.
+    pub(super) fn end(
+        &self,
+        reg: &mut Registry,
+        name: &str,
+        mode: Mode,
+        phase: Phase,
+    ) -> Option<RunRecord> {
         // A run that ends without a stop — its lease lapsed — leaves its
         // remainder as gap records like any stop (R-RN10).
         let unsettled = reg
             .slots
             .get(name)
-            .and_then(|s| s.active.as_ref())
+            .and_then(|s| s.active.get(&mode))
             .is_some_and(|a| !a.settled && a.handle.stopped().is_none());
         if unsettled && matches!(phase, Phase::Expired | Phase::Interrupted) {
-            self.write_gaps(reg, name, phase.label(), None);
+            self.write_gaps(reg, name, mode, phase.label(), None);
         }
-        self.finalize_stop_gaps(reg, name);
+        self.finalize_stop_gaps(reg, name, mode);
         let slot = reg.slots.get_mut(name)?;
-        let mut active = slot.active.take()?;
+        let mut active = slot.active.remove(&mode)?;
         self.count_attempts(name, &mut active);
         let mut record = active.snapshot();
         if let Some(m) = &self.metrics {
@@ -174,8 +189,8 @@ impl Runs {
     /// and the stop reason (one record with no cursor when there is no
     /// checkpoint yet) — the remainder, deferred and resumable. A
     /// provider's stop names the provider.
-    pub(super) fn settle(&self, reg: &mut Registry, name: &str) {
-        let Some(active) = reg.slots.get(name).and_then(|s| s.active.as_ref()) else {
+    pub(super) fn settle(&self, reg: &mut Registry, name: &str, mode: Mode) {
+        let Some(active) = reg.slots.get(name).and_then(|s| s.active.get(&mode)) else {
             return;
         };
         let now = Instant::now();
@@ -199,15 +214,23 @@ impl Runs {
             }
         };
         for (provider, reason) in providers {
-            let written = self.write_gaps(reg, name, reason.label(), Some(&provider));
-            if let Some(active) = reg.slots.get_mut(name).and_then(|s| s.active.as_mut()) {
+            let written = self.write_gaps(reg, name, mode, reason.label(), Some(&provider));
+            if let Some(active) = reg
+                .slots
+                .get_mut(name)
+                .and_then(|s| s.active.get_mut(&mode))
+            {
                 active.settled_providers.insert(provider.clone());
             }
             tracing::info!(collector = %name, provider = %provider, reason = reason.label(), gaps = written, "a provider's part of the run stopped; its remainder deferred as gap records");
         }
         if let Some(reason) = run_stop {
-            let written = self.write_gaps(reg, name, reason.label(), None);
-            if let Some(active) = reg.slots.get_mut(name).and_then(|s| s.active.as_mut()) {
+            let written = self.write_gaps(reg, name, mode, reason.label(), None);
+            if let Some(active) = reg
+                .slots
+                .get_mut(name)
+                .and_then(|s| s.active.get_mut(&mode))
+            {
                 active.settled = true;
             }
             tracing::info!(collector = %name, reason = reason.label(), gaps = written, "run stopped; remainder deferred as gap records");
@@ -265,7 +288,9 @@ impl Runs {
         let Some(slot) = reg.slots.get(name) else {
             return Err((RunError::UnknownCollector, now));
         };
-        if let Some(a) = &slot.active {
+        // One active run per collector and mode (R-RN4): a steady run and
+        // a catch-up run go on side by side (R-FS1).
+        if let Some(a) = slot.active.get(&opening.mode) {
             return Err((RunError::Held(a.record.id.clone()), a.lease_until));
         }
         let seq = self.next_seq(&mut reg);
@@ -319,7 +344,7 @@ impl Runs {
             record,
             lease_expires_unix_ms: Some(ms_from(now, active.lease_until)),
         };
-        slot.active = Some(active);
+        slot.active.insert(opening.mode, active);
         if let Some(w) = &self.writer {
             w.put(RunTree::Meta, fence_key(name), fence.to_be_bytes().to_vec());
         }
@@ -333,7 +358,7 @@ impl Runs {
         let (name, seq) = split_id(id).ok_or(RunError::UnknownRun)?;
         let reg = self.lock();
         let slot = reg.slots.get(name).ok_or(RunError::UnknownRun)?;
-        if let Some(a) = slot.active.as_ref().filter(|a| a.record.id == id) {
+        if let Some(a) = slot.active.values().find(|a| a.record.id == id) {
             return Ok(RunView {
                 record: a.snapshot(),
                 lease_expires_unix_ms: Some(ms_from(Instant::now(), a.lease_until)),
@@ -364,10 +389,8 @@ impl Runs {
         self.applied().await;
         let reg = self.lock();
         let slot = reg.slots.get(name).ok_or(RunError::UnknownCollector)?;
-        let mut out = Vec::new();
-        if let Some(a) = &slot.active {
-            out.push(a.snapshot());
-        }
+        let mut out: Vec<RunRecord> = slot.active.values().map(Active::snapshot).collect();
+        out.sort_by_key(|r| std::cmp::Reverse(r.started_unix_ms));
         match &self.store {
             Some(store) => {
                 for (_, v) in store.scan_newest(RunTree::Runs, &prefix(name)) {
@@ -420,34 +443,34 @@ impl Runs {
     pub fn finish(&self, id: &str) -> Result<RunRecord, RunError> {
         self.sweep(Instant::now());
         let mut reg = self.lock();
-        self.active(&mut reg, id)?;
+        let mode = self.active(&mut reg, id)?.record.mode;
         let name = split_id(id).map(|(n, _)| n.to_string()).unwrap_or_default();
-        self.settle(&mut reg, &name);
+        self.settle(&mut reg, &name, mode);
         let record = self
-            .end(&mut reg, &name, Phase::Finished)
+            .end(&mut reg, &name, mode, Phase::Finished)
             .ok_or(RunError::UnknownRun)?;
         self.flush_soon();
         Ok(record)
     }
 
-    /// The mode of collector `user`'s active run, if it has one.
-    pub fn active_mode(&self, user: &str) -> Option<Mode> {
-        let reg = self.lock();
-        let active = reg.slots.get(user)?.active.as_ref()?;
-        Some(active.record.mode)
-    }
-
     /// The run a request from proxy user `user` belongs to, if its
-    /// collector has one active; the request renews the lease. When the
-    /// attempts made near the end of the block reserved on disk, the next
-    /// block is written and flushed before the request goes on (R-RN10):
-    /// a crash never gives back attempts that were made.
-    pub async fn attach(&self, user: &str) -> Option<RunHandle> {
+    /// collector has one active, and the run's mode: the run of `mode` when
+    /// the credentials name one (`NAME+catchup`), else the steady run, else
+    /// the catch-up run. The request renews the lease. When the attempts
+    /// made near the end of the block reserved on disk, the next block is
+    /// written and flushed before the request goes on (R-RN10): a crash
+    /// never gives back attempts that were made.
+    pub async fn attach(&self, user: &str, mode: Option<Mode>) -> Option<(RunHandle, Mode)> {
         let now = Instant::now();
-        let (handle, reserved) = {
+        let (handle, mode, reserved) = {
             let mut reg = self.lock();
             let ttl = reg.lease_ttl;
-            let active = reg.slots.get_mut(user)?.active.as_mut()?;
+            let slot = reg.slots.get_mut(user)?;
+            let mode = match mode {
+                Some(m) => m,
+                None => *slot.active.keys().next()?,
+            };
+            let active = slot.active.get_mut(&mode)?;
             if active.lease_until <= now {
                 return None;
             }
@@ -468,14 +491,14 @@ impl Runs {
                     self.write(RunTree::Runs, seq_key(user, seq), &record);
                 }
             }
-            (active.handle.clone(), reserve)
+            (active.handle.clone(), mode, reserve)
         };
         if reserved && self.writer.is_some() {
             if let Err(e) = self.flush().await {
                 tracing::warn!(collector = %user, error = %e, "a run's attempt reservation was not made durable");
             }
         }
-        Some(handle)
+        Some((handle, mode))
     }
 
     /// After a run's request: counts sluice's refusal, if it was one, and
@@ -485,11 +508,11 @@ impl Runs {
         let Some(active) = reg
             .slots
             .get_mut(user)
-            .and_then(|s| s.active.as_mut())
-            .filter(|a| a.handle.same(run))
+            .and_then(|s| s.active.values_mut().find(|a| a.handle.same(run)))
         else {
             return;
         };
+        let mode = active.record.mode;
         let refusal = match error {
             Some(Cause::RunStopped(s)) => Some(s.reason.label()),
             Some(Cause::CircuitOpen(_)) => Some("circuit_open"),
@@ -503,7 +526,7 @@ impl Runs {
             *active.record.refusals.entry(r.to_string()).or_default() += 1;
         }
         self.count_attempts(user, active);
-        self.settle(&mut reg, user);
+        self.settle(&mut reg, user, mode);
     }
 
     /// On shutdown: active runs are written as they stand, to go on after
@@ -515,7 +538,7 @@ impl Runs {
         // is down ends it (interrupted) at the next start.
         let reg = self.lock();
         for (name, slot) in &reg.slots {
-            if let Some(active) = &slot.active {
+            for active in slot.active.values() {
                 let record = active.snapshot();
                 if let Some((_, seq)) = split_id(&record.id) {
                     self.write(RunTree::Runs, seq_key(name, seq), &record);

@@ -171,8 +171,10 @@ impl Active {
 /// One collector's place in the registry.
 #[derive(Debug, Default)]
 struct Slot {
-    active: Option<Active>,
-    /// The last fencing token handed out.
+    /// Its active runs: at most one per mode, so a steady run and a
+    /// catch-up run of one collector go on side by side (R-RN4, R-FS1).
+    active: BTreeMap<Mode, Active>,
+    /// The last fencing token handed out (one sequence for both modes).
     fence: u64,
     /// The last run that ended.
     last: Option<RunRecord>,
@@ -222,8 +224,8 @@ pub struct RunView {
 pub struct CollectorView {
     /// Its name.
     pub name: String,
-    /// Its active run.
-    pub active: Option<RunView>,
+    /// Its active runs, steady first (at most one per mode).
+    pub active: Vec<RunView>,
     /// The last run that ended.
     pub last: Option<RunRecord>,
     /// Committed checkpoints: (mode, stream) → checkpoint.
@@ -295,9 +297,9 @@ impl Runs {
         };
         let ended = reg.ended.get(id).map(|r| r.phase);
         let slot = reg.slots.get_mut(name).ok_or(RunError::UnknownRun)?;
-        match slot.active.as_mut() {
-            Some(a) if a.record.id == id => Ok(a),
-            _ => {
+        match slot.active.values_mut().find(|a| a.record.id == id) {
+            Some(a) => Ok(a),
+            None => {
                 let last = slot.last.as_ref().filter(|l| l.id == id).map(|l| l.phase);
                 match ended.or(last).or_else(stored) {
                     Some(phase) => Err(RunError::NotActive(phase.label())),
@@ -315,7 +317,7 @@ impl Runs {
         for (name, slot) in &reg.slots {
             m.runs_active
                 .with_label_values(&[name])
-                .set(i64::from(slot.active.is_some()));
+                .set(slot.active.len() as i64);
             m.gaps_pending
                 .with_label_values(&[name])
                 .set(slot.pending_gaps as i64);
@@ -417,10 +419,14 @@ impl Runs {
         let slot = reg.slots.get(name).ok_or(RunError::UnknownCollector)?;
         Ok(CollectorView {
             name: name.to_string(),
-            active: slot.active.as_ref().map(|a| RunView {
-                record: a.snapshot(),
-                lease_expires_unix_ms: Some(ms_from(now, a.lease_until)),
-            }),
+            active: slot
+                .active
+                .values()
+                .map(|a| RunView {
+                    record: a.snapshot(),
+                    lease_expires_unix_ms: Some(ms_from(now, a.lease_until)),
+                })
+                .collect(),
             last: slot.last.clone(),
             checkpoints,
             pending_gaps: slot.pending_gaps,
@@ -445,6 +451,7 @@ mod tests {
         config.collectors.insert(
             "c".into(),
             Collector {
+                name: "c".into(),
                 token_file: "/dev/null".into(),
                 token: "t".into(),
                 weight: 1.0,

@@ -7,12 +7,18 @@
 //! credentials, every request and CONNECT must carry a valid pair; the
 //! identity travels with the request (runs use it later). The header never
 //! reaches the provider and never appears in a log.
+//!
+//! A collector with a steady and a catch-up run active at once (R-FS1)
+//! says which run a request is for by its user: `collector-a+catchup` (or
+//! `+steady`) with the collector's own token; `sluice run` sets it.
 
 use std::collections::HashMap;
 
 use base64::Engine;
 use http::header::PROXY_AUTHORIZATION;
 use http::HeaderMap;
+
+use crate::runs::records::Mode;
 
 pub use crate::identity::Identity;
 
@@ -22,13 +28,13 @@ pub use crate::identity::Identity;
 pub struct Unauthenticated;
 
 /// Checks `Proxy-Authorization` against the configured credentials.
-/// `Ok(Identity(None))` when none are configured.
+/// `Ok(Identity::anonymous())` when none are configured.
 pub fn authenticate(
     headers: &HeaderMap,
     credentials: &HashMap<String, String>,
 ) -> Result<Identity, Unauthenticated> {
     if credentials.is_empty() {
-        return Ok(Identity(None));
+        return Ok(Identity::anonymous());
     }
     let value = headers
         .get(PROXY_AUTHORIZATION)
@@ -44,9 +50,19 @@ pub fn authenticate(
         .map_err(|_| Unauthenticated)?;
     let text = String::from_utf8(decoded).map_err(|_| Unauthenticated)?;
     let (user, token) = text.split_once(':').ok_or(Unauthenticated)?;
+    let (user, mode) = match credentials.contains_key(user) {
+        true => (user, None),
+        false => {
+            let (name, mode) = user.rsplit_once('+').ok_or(Unauthenticated)?;
+            (name, Some(Mode::parse(mode).ok_or(Unauthenticated)?))
+        }
+    };
     let expected = credentials.get(user).ok_or(Unauthenticated)?;
     if constant_time_eq(expected.as_bytes(), token.as_bytes()) {
-        Ok(Identity(Some(user.to_string())))
+        Ok(Identity {
+            user: Some(user.to_string()),
+            mode,
+        })
     } else {
         Err(Unauthenticated)
     }
@@ -77,8 +93,31 @@ mod tests {
         let ok = base64::engine::general_purpose::STANDARD.encode("collector-a:s3cret");
         assert_eq!(
             authenticate(&with(&format!("Basic {ok}")), &creds()),
-            Ok(Identity(Some("collector-a".into())))
+            Ok(Identity::user("collector-a"))
         );
+        // The run mode rides on the user, with the collector's own token.
+        for (user, mode) in [
+            ("collector-a+catchup", Mode::Catchup),
+            ("collector-a+steady", Mode::Steady),
+        ] {
+            let ok = base64::engine::general_purpose::STANDARD.encode(format!("{user}:s3cret"));
+            assert_eq!(
+                authenticate(&with(&format!("Basic {ok}")), &creds()),
+                Ok(Identity {
+                    user: Some("collector-a".into()),
+                    mode: Some(mode),
+                })
+            );
+        }
+        for bad in [
+            "collector-a+backfill:s3cret",
+            "collector-a+catchup:wrong",
+            "collector-b+catchup:s3cret",
+            "+catchup:s3cret",
+        ] {
+            let bad = base64::engine::general_purpose::STANDARD.encode(bad);
+            assert!(authenticate(&with(&format!("Basic {bad}")), &creds()).is_err());
+        }
         let bad = base64::engine::general_purpose::STANDARD.encode("collector-a:wrong");
         assert!(authenticate(&with(&format!("Basic {bad}")), &creds()).is_err());
         assert!(authenticate(&with("Bearer x"), &creds()).is_err());
@@ -86,7 +125,7 @@ mod tests {
         assert!(authenticate(&HeaderMap::new(), &creds()).is_err());
         assert_eq!(
             authenticate(&HeaderMap::new(), &HashMap::new()),
-            Ok(Identity(None))
+            Ok(Identity::anonymous())
         );
     }
 }

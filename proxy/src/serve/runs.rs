@@ -511,13 +511,16 @@ fn collector_json(c: &CollectorView) -> Value {
     let unknown = || json!("unknown");
     json!({
         "name": c.name,
-        "active_run": c.active.as_ref().map_or_else(unknown, view_json),
-        "lease": c.active.as_ref().map_or_else(unknown, |a| view_json(a)["lease"].clone()),
+        // The steady run if one is active, else the catch-up run; both
+        // in `active_runs` (one per mode at most, R-FS1).
+        "active_run": c.active.first().map_or_else(unknown, view_json),
+        "active_runs": c.active.iter().map(view_json).collect::<Vec<_>>(),
+        "lease": c.active.first().map_or_else(unknown, |a| view_json(a)["lease"].clone()),
         "last_run": c.last.as_ref().map_or_else(unknown, record_json),
-        "attempts": c.active.as_ref().map_or_else(unknown, |a| json!(a.record.attempts)),
+        "attempts": c.active.first().map_or_else(unknown, |a| json!(a.record.attempts)),
         "stop_reason": c
             .active
-            .as_ref()
+            .first()
             .map(|a| &a.record)
             .or(c.last.as_ref())
             .map_or_else(unknown, |r| json!(r.stop_reason)),

@@ -108,7 +108,9 @@ pub async fn connect(
         .into_response();
     }
     let host = normalise_host(authority.host());
-    if let Some(refused) = crate::forward::outside_allowlist(config, identity.0.as_deref(), &host) {
+    if let Some(refused) =
+        crate::forward::outside_allowlist(config, identity.user.as_deref(), &host)
+    {
         return refused;
     }
     let provider = app.providers.get(&host);
@@ -118,9 +120,9 @@ pub async fn connect(
     } else {
         // sluice cannot see the requests inside a raw tunnel: for a
         // collector's run, the CONNECT itself is the attempt.
-        let user = identity.0.as_deref();
+        let user = identity.user.as_deref();
         let run = match user {
-            Some(u) => app.runs.attach(u).await,
+            Some(u) => app.runs.attach(u, identity.mode).await.map(|(run, _)| run),
             None => None,
         };
         if let Some(run) = &run {
