@@ -8,6 +8,20 @@
 //! after the answer. The pacer then spaces units, not requests: a request
 //! of ten units takes ten slots. Without a table every request costs one.
 
+/// A request's price in units, as the provider's gate priced it: carried
+/// in its extensions so that the pacer below does not price it again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Units(pub u32);
+
+/// Units the provider said it charged beyond a request's price (its cost
+/// header), carried in the response's extensions for the run's count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Charged(pub u32);
+
+/// Prices a request of a method to a path in units (the provider's cost
+/// table, [`crate::ProviderPolicy::pricing`]).
+pub type Pricing = std::sync::Arc<dyn Fn(&http::Method, &str) -> u32 + Send + Sync>;
+
 /// One price: requests of `method` (any, if `None`) whose path starts with
 /// `prefix` cost `units`.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -212,6 +212,13 @@ impl ProviderPolicy {
         })
     }
 
+    /// What a request costs in units (R-FS2): the provider's cost table,
+    /// for the run gate, which counts units against a run's cap.
+    pub fn pricing(&self) -> crate::cost::Pricing {
+        let pacer = self.pacer.clone();
+        Arc::new(move |method, path| pacer.lock().cost_of(method, path))
+    }
+
     /// A readout at `now`.
     pub fn snapshot(&self, now: Instant) -> ProviderSnapshot {
         ProviderSnapshot {

@@ -38,7 +38,11 @@ where
         .layer(RetryLayer::new(RetryPolicy::new(policy.retry.clone())))
         // 2. Run envelope: request cap and deadline, before each attempt;
         //    a run's request waits out an open circuit or a long hold.
-        .layer(RunLayer::new(policy.name(), policy.pressure()))
+        .layer(RunLayer::new(
+            policy.name(),
+            policy.pressure(),
+            policy.pricing(),
+        ))
         // 3. Circuit breaker: fail fast while open.
         .layer(BreakerLayer::new(policy.breaker.clone()))
         // 4. Pacer: GCRA slot at the AIMD rate, Retry-After hold, FIFO.

@@ -393,6 +393,28 @@ print(json.dumps(seen))
         .map(|a| a.iter().filter_map(|r| r["mode"].as_str()).collect())
         .unwrap_or_default();
     assert_eq!(modes, ["steady", "catchup"], "{both}");
+    // The catch-up run's requests wait at the provider, counted per
+    // collector in the readout and the metrics.
+    let mut waiting = 0;
+    for _ in 0..100 {
+        let (_, text) = sluice.admin_get("/v1/providers/127.0.0.67").await;
+        let p: Value = serde_json::from_str(&text).unwrap();
+        waiting = p["queue"]["by_collector"]["collector-a"]
+            .as_u64()
+            .unwrap_or(0);
+        if waiting > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(waiting > 0, "collector-a's requests wait at the provider");
+    let (_, metrics) = sluice.admin_get("/metrics").await;
+    assert!(
+        metrics.lines().any(|l| l.starts_with(
+            "sluice_collector_waiting{collector=\"collector-a\",provider=\"127.0.0.67\"}"
+        )),
+        "the waiting gauge per collector"
+    );
     let (steady, catchup) = tokio::join!(steady.wait_with_output(), catchup.wait_with_output());
     let (steady, catchup) = (steady.unwrap(), catchup.unwrap());
     let (_, history) = sluice

@@ -1393,3 +1393,48 @@ async fn a_run_that_lapses_leaves_its_gaps() {
     );
     assert_eq!(gaps.len(), 2, "the expired run's gap stays: {gaps:?}");
 }
+
+/// R-FS2: a run's request cap counts units. A provider whose cost table
+/// prices `POST /graphql` at 10: a run capped at 45 units makes four posts
+/// (40 units); the fifth would pass the cap, so it is not made and the run
+/// stops there, planned — a 1-unit `GET` after it is refused too, and the
+/// run's last answer says 5 units were left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runs_cap_counts_units() {
+    let sim = Sim::start("127.0.0.68").await;
+    let sluice =
+        start("[providers.gql]\nhosts = [\"127.0.0.68\"]\ncosts = { \"POST /graphql\" = 10 }\n");
+    let (s, run) = open(&sluice, "collector-a", json!({ "request_cap": 45 })).await;
+    assert_eq!(s, 201, "{run}");
+    let id = run["id"].as_str().unwrap().to_string();
+    let proxy = proxy_as(&sluice, "collector-a", TOKEN);
+    let url = sim.url("http", "/graphql");
+    let mut posts = Vec::new();
+    for _ in 0..5 {
+        posts.push(
+            curl(&proxy, &["-X", "POST", "-d", "{}"], &url, T)
+                .await
+                .status,
+        );
+    }
+    assert_eq!(
+        posts,
+        [200, 200, 200, 200, 403],
+        "the fifth would pass the cap"
+    );
+    let get = curl(&proxy, &[], &url, T).await;
+    assert_eq!(get.status, 403, "the run has stopped: {get:?}");
+    let remaining = get.header("sluice-run-remaining").unwrap_or_default();
+    assert_eq!(
+        remaining, "attempts=5, deadline_s=unbounded, stopped=request_cap",
+        "{get:?}"
+    );
+    let (_, view) = sluice.api("GET", &format!("/v1/runs/{id}"), None).await;
+    assert_eq!(
+        (&view["attempts"], &view["units"], &view["stop_reason"]),
+        (&json!(4), &json!(40), &json!("request_cap")),
+        "{view}"
+    );
+    assert_eq!(sim.hits("/graphql#POST").len(), 4);
+    assert_eq!(sim.hits("/graphql#GET").len(), 0);
+}

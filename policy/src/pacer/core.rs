@@ -178,6 +178,9 @@ pub struct PacerSnapshot {
     pub hold_remaining: Option<Duration>,
     /// Requests waiting for a slot.
     pub queue_len: usize,
+    /// Of those, how many per collector ("" for proxy users without one),
+    /// for the collectors that have any waiting (R-FS1).
+    pub waiting_by_collector: Vec<(String, usize)>,
     /// Learned time-to-first-byte baseline (the lower quartile of recent
     /// answers), once known.
     pub baseline_ttfb: Option<Duration>,
@@ -921,6 +924,11 @@ impl PacerCore {
             limit_rps: self.aimd.limit(),
             hold_remaining: self.hold_until.filter(|h| *h > now).map(|h| h - now),
             queue_len: self.waiting.len(),
+            waiting_by_collector: self
+                .waiting
+                .waiting_by_class()
+                .map(|(name, n)| (name.to_string(), n))
+                .collect(),
             baseline_ttfb: self.aimd.latency_baseline(),
             error_baseline: self.aimd.error_baseline(),
             on_trial: self.aimd.in_trial(),

@@ -169,6 +169,13 @@ impl FairQueue {
         self.waiting.is_empty()
     }
 
+    /// Requests waiting per class (collector; "" for the default class).
+    pub fn waiting_by_class(&self) -> impl Iterator<Item = (&str, usize)> {
+        self.classes
+            .iter()
+            .map(|(name, q)| (&**name, q.steady.len() + q.catchup.len()))
+    }
+
     /// `ticket` waits, as `class`, costing `cost` units.
     pub fn insert(&mut self, ticket: Ticket, class: &Class, cost: f64) {
         let q = self

@@ -58,10 +58,11 @@ where
         let shared = self.shared.clone();
         let run = req.extensions().get::<RunHandle>().cloned();
         let class = req.extensions().get::<Class>().cloned().unwrap_or_default();
+        let priced = req.extensions().get::<crate::cost::Units>().map(|u| u.0);
         let (units, cost_header) = {
             let core = shared.lock();
             (
-                core.cost_of(req.method(), req.uri().path()),
+                priced.unwrap_or_else(|| core.cost_of(req.method(), req.uri().path())),
                 core.cost_header().cloned(),
             )
         };
@@ -85,20 +86,25 @@ where
                     return Err(RunStopped::run(StopReason::Deadline).into());
                 }
             }
-            let result = inner.oneshot(req).await.map_err(Into::into);
+            let mut result = inner.oneshot(req).await.map_err(Into::into);
             let outcome = Outcome::of_result(&result, SystemTime::now());
             let ttfb = result
                 .as_ref()
                 .ok()
                 .and_then(|resp| resp.extensions().get::<Ttfb>().map(|t| t.0));
             shared.feedback(outcome, sent_at, ttfb);
-            if let Ok(resp) = &result {
-                // What the provider says it charged, beyond the price.
+            if let Ok(resp) = &mut result {
+                // What the provider says it charged, beyond the price: the
+                // pacer takes it on, and so does the run (its gate reads it).
                 if let Some(charged) = cost_header
                     .as_ref()
                     .and_then(|h| crate::cost::charged(resp.headers(), h))
                 {
-                    shared.charge(charged.saturating_sub(units));
+                    let extra = charged.saturating_sub(units);
+                    shared.charge(extra);
+                    if extra > 0 {
+                        resp.extensions_mut().insert(crate::cost::Charged(extra));
+                    }
                 }
                 shared.quota(
                     quota::advertised(resp.headers(), SystemTime::now()),

@@ -7,6 +7,7 @@ use tokio::time::Instant;
 use tower::{Layer, Service, ServiceExt};
 
 use super::{Cooldown, Cycle, Departure, RunHandle, StopReason};
+use crate::cost::{Charged, Pricing, Units};
 use crate::error::{BoxFuture, Cause};
 use crate::outcome::Outcome;
 use crate::retry::policy::clone_request;
@@ -25,14 +26,17 @@ pub type Pressure = Arc<dyn Fn(Instant) -> Option<Cooldown> + Send + Sync>;
 pub struct RunLayer {
     provider: Arc<str>,
     pressure: Option<Pressure>,
+    pricing: Option<Pricing>,
 }
 
 impl RunLayer {
-    /// The gate of `provider`, waiting out what `pressure` reports.
-    pub fn new(provider: &str, pressure: Pressure) -> Self {
+    /// The gate of `provider`, waiting out what `pressure` reports and
+    /// counting each attempt at the units `pricing` gives it (R-FS2).
+    pub fn new(provider: &str, pressure: Pressure, pricing: Pricing) -> Self {
         RunLayer {
             provider: provider.into(),
             pressure: Some(pressure),
+            pricing: Some(pricing),
         }
     }
 }
@@ -51,6 +55,7 @@ impl<S> Layer<S> for RunLayer {
             inner,
             provider: self.provider.clone(),
             pressure: self.pressure.clone(),
+            pricing: self.pricing.clone(),
         }
     }
 }
@@ -61,6 +66,7 @@ pub struct RunGate<S> {
     inner: S,
     provider: Arc<str>,
     pressure: Option<Pressure>,
+    pricing: Option<Pricing>,
 }
 
 impl<S> std::fmt::Debug for RunGate<S> {
@@ -93,12 +99,17 @@ where
         let pressure = self.pressure.clone();
         let provider = self.provider.clone();
         let clock = req.extensions().get::<RequestClock>().cloned();
+        let units = self
+            .pricing
+            .as_ref()
+            .map_or(1, |price| price(req.method(), req.uri().path()));
         Box::pin(async move {
             let mut req = req;
+            req.extensions_mut().insert(Units(units));
             loop {
                 let now = Instant::now();
-                run.check_attempt(&provider, now)?;
-                let reserved = Reserved::new(&run, &provider);
+                run.check_attempt_units(&provider, now, units)?;
+                let reserved = Reserved::new(&run, &provider, units);
                 // Known source pressure: wait it out before sending.
                 if let Some(cooldown) = pressure.as_ref().and_then(|p| p(now)) {
                     reserved.give_back();
@@ -114,6 +125,13 @@ where
                     // restart the run's count of cycles.
                     Some(o) => {
                         reserved.keep();
+                        if let Some(Charged(extra)) = result
+                            .as_ref()
+                            .ok()
+                            .and_then(|r| r.extensions().get::<Charged>())
+                        {
+                            run.charge(*extra);
+                        }
                         if !o.is_breaker_failure() {
                             run.reached(&provider);
                         }
@@ -152,15 +170,17 @@ where
 struct Reserved {
     run: RunHandle,
     provider: Arc<str>,
+    units: u32,
     departure: Departure,
     settled: bool,
 }
 
 impl Reserved {
-    fn new(run: &RunHandle, provider: &Arc<str>) -> Reserved {
+    fn new(run: &RunHandle, provider: &Arc<str>, units: u32) -> Reserved {
         Reserved {
             run: run.clone(),
             provider: provider.clone(),
+            units,
             departure: Departure::default(),
             settled: false,
         }
@@ -172,14 +192,14 @@ impl Reserved {
 
     fn give_back(mut self) {
         self.settled = true;
-        self.run.release_attempt(&self.provider);
+        self.run.release_attempt_units(&self.provider, self.units);
     }
 }
 
 impl Drop for Reserved {
     fn drop(&mut self) {
         if !self.settled && !self.departure.departed() {
-            self.run.release_attempt(&self.provider);
+            self.run.release_attempt_units(&self.provider, self.units);
         }
     }
 }

@@ -180,6 +180,9 @@ pub struct RunState {
     pub envelope: Envelope,
     /// Attempts that reached (or are on their way to) the provider.
     pub attempts: u64,
+    /// The units those attempts cost (R-FS2): what the request cap counts.
+    /// As many as attempts while every request costs 1.
+    pub units: u64,
     /// Retries taken.
     pub retries: u64,
     /// Per provider: the cool-downs waited out and whether its part of the
@@ -206,6 +209,18 @@ impl RunState {
     /// whole run; a provider whose part stopped refuses only its own
     /// attempts.
     pub fn check_attempt(&mut self, provider: &str, now: Instant) -> Result<(), RunStopped> {
+        self.check_attempt_units(provider, now, 1)
+    }
+
+    /// [`RunState::check_attempt`] for an attempt costing `units` (R-FS2):
+    /// the request cap counts units, and an attempt that would take the
+    /// run past it is not made — the run stops at its cap.
+    pub fn check_attempt_units(
+        &mut self,
+        provider: &str,
+        now: Instant,
+        units: u32,
+    ) -> Result<(), RunStopped> {
         if let Some(reason) = self.stopped {
             return Err(RunStopped::run(reason));
         }
@@ -217,7 +232,7 @@ impl RunState {
         } else if self
             .envelope
             .request_cap
-            .is_some_and(|cap| self.attempts >= cap)
+            .is_some_and(|cap| self.units + u64::from(units.max(1)) > cap)
         {
             Some(StopReason::RequestCap)
         } else {
@@ -228,11 +243,19 @@ impl RunState {
             return Err(RunStopped::run(reason));
         }
         self.attempts += 1;
+        self.units += u64::from(units.max(1));
         self.providers
             .entry(provider.to_string())
             .or_default()
             .attempts += 1;
         Ok(())
+    }
+
+    /// The provider said an attempt cost `extra` units beyond its price
+    /// (R-FS2): the run counts them; a cap they pass stops the next
+    /// attempt.
+    pub fn charge(&mut self, extra: u32) {
+        self.units += u64::from(extra);
     }
 
     /// Whether the run may take one more retry.
@@ -250,6 +273,12 @@ impl RunState {
     /// An attempt counted by [`check_attempt`](Self::check_attempt) never
     /// reached `provider` (sluice's own refusal): it does not count.
     pub fn release_attempt(&mut self, provider: &str) {
+        self.release_attempt_units(provider, 1);
+    }
+
+    /// [`RunState::release_attempt`] for an attempt priced at `units`.
+    pub fn release_attempt_units(&mut self, provider: &str, units: u32) {
+        self.units = self.units.saturating_sub(u64::from(units.max(1)));
         self.attempts = self.attempts.saturating_sub(1);
         if let Some(p) = self.providers.get_mut(provider) {
             p.attempts = p.attempts.saturating_sub(1);
@@ -338,12 +367,17 @@ impl RunHandle {
         self.lock().attempts
     }
 
+    /// Units counted so far (R-FS2): what the request cap counts.
+    pub fn units(&self) -> u64 {
+        self.lock().units
+    }
+
     /// Why the whole run stopped, if it has.
     pub fn stopped(&self) -> Option<StopReason> {
         self.lock().stopped
     }
 
-    /// What the run has left at `now`: attempts under its cap and time
+    /// What the run has left at `now`: units under its cap and time
     /// before its deadline (`None` where it has no such budget), and why
     /// it stopped, if it has.
     pub fn remaining(
@@ -354,7 +388,7 @@ impl RunHandle {
         (
             s.envelope
                 .request_cap
-                .map(|cap| cap.saturating_sub(s.attempts)),
+                .map(|cap| cap.saturating_sub(s.units)),
             s.envelope
                 .deadline
                 .map(|d| d.saturating_duration_since(now)),
@@ -372,9 +406,29 @@ impl RunHandle {
         self.lock().can_retry()
     }
 
+    /// See [`RunState::check_attempt_units`].
+    pub fn check_attempt_units(
+        &self,
+        provider: &str,
+        now: Instant,
+        units: u32,
+    ) -> Result<(), RunStopped> {
+        self.lock().check_attempt_units(provider, now, units)
+    }
+
     /// See [`RunState::release_attempt`].
     pub fn release_attempt(&self, provider: &str) {
         self.lock().release_attempt(provider);
+    }
+
+    /// See [`RunState::release_attempt_units`].
+    pub fn release_attempt_units(&self, provider: &str, units: u32) {
+        self.lock().release_attempt_units(provider, units);
+    }
+
+    /// See [`RunState::charge`].
+    pub fn charge(&self, extra: u32) {
+        self.lock().charge(extra);
     }
 
     /// See [`RunState::reached`].
@@ -506,6 +560,31 @@ mod tests {
             s.stopped_providers().collect::<Vec<_>>(),
             [("a", StopReason::CircuitOpen)]
         );
+    }
+
+    /// R-FS2: the request cap counts units. A 10-unit attempt that would
+    /// pass the cap is not made; one given back frees its units; what the
+    /// provider says it charged beyond the price counts too.
+    #[test]
+    fn the_cap_counts_units() {
+        let t = Instant::now();
+        let mut s = RunState::new(Envelope {
+            request_cap: Some(25),
+            ..Envelope::default()
+        });
+        s.check_attempt_units("p", t, 10).unwrap();
+        s.check_attempt_units("p", t, 10).unwrap();
+        s.release_attempt_units("p", 10);
+        assert_eq!((s.attempts, s.units), (1, 10));
+        s.check_attempt_units("p", t, 10).unwrap();
+        s.charge(4);
+        assert_eq!(s.units, 24);
+        s.check_attempt("p", t).unwrap();
+        assert_eq!(
+            s.check_attempt_units("p", t, 1).unwrap_err().reason,
+            StopReason::RequestCap
+        );
+        assert_eq!((s.attempts, s.units), (3, 25));
     }
 
     #[test]

@@ -54,6 +54,7 @@ pub struct Metrics {
     pacing_wait: HistogramVec,
     collector_units: IntCounterVec,
     collector_wait: HistogramVec,
+    collector_waiting: IntGaugeVec,
     allowance_units: GaugeVec,
     allowance_spent: GaugeVec,
     allowance_reset: GaugeVec,
@@ -302,6 +303,12 @@ impl Metrics {
                 r.register(Box::new(h.clone())).expect("unique metric");
                 h
             },
+            collector_waiting: int_gauge(
+                &r,
+                "collector_waiting",
+                "Requests waiting for a provider's pacing slot per collector (\"-\": proxy users without one; absent: none)",
+                &["provider", "collector"],
+            ),
             allowance_units: gauge(
                 &r,
                 "provider_allowance_units",
@@ -675,6 +682,7 @@ impl Metrics {
             &self.on_trial,
             &self.condition,
             &self.queue,
+            &self.collector_waiting,
             &self.in_flight,
             &self.breaker_state,
             &self.budget,
@@ -760,6 +768,12 @@ impl Metrics {
             self.queue
                 .with_label_values(&l)
                 .set(s.pacer.queue_len as i64);
+            for (collector, waiting) in &s.pacer.waiting_by_collector {
+                let collector = if collector.is_empty() { "-" } else { collector };
+                self.collector_waiting
+                    .with_label_values(&[l[0], collector])
+                    .set(*waiting as i64);
+            }
             self.in_flight.with_label_values(&l).set(s.in_flight as i64);
             self.breaker_state
                 .with_label_values(&l)

@@ -312,6 +312,7 @@ impl Runs {
             stop_reason: None,
             provider_stops: Default::default(),
             attempts: 0,
+            units: 0,
             retries: 0,
             cooldown_waits: 0,
             refusals: BTreeMap::new(),
@@ -476,7 +477,7 @@ impl Runs {
             }
             active.lease_until = now + ttl;
             active.attached += 1;
-            let used = active.handle.attempts().max(active.attached);
+            let used = active.handle.units().max(active.attached);
             let reserve = used + RESERVE_MARGIN >= active.reserved;
             if reserve {
                 active.reserved = used + RESERVE_BLOCK;
@@ -567,6 +568,7 @@ pub(super) fn resume(record: RunRecord, now_ms: u64, max_cooldown_waits: u32) ->
         max_cooldown_waits,
     });
     state.attempts = attempts;
+    state.units = record.units.max(attempts);
     state.retries = record.retries;
     state.waits_total = record.cooldown_waits;
     state.stopped = record.stop_reason.as_deref().and_then(reason);

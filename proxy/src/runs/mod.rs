@@ -140,6 +140,7 @@ impl Active {
         let s = self.handle.state();
         let mut r = self.record.clone();
         r.attempts = s.attempts;
+        r.units = s.units;
         r.retries = s.retries;
         r.cooldown_waits = s.waits_total;
         r.stop_reason = s.stopped.map(|s| s.label().to_string());
@@ -161,7 +162,7 @@ impl Active {
                 )
             })
             .collect();
-        r.attempts_reserved = self.reserved.max(s.attempts);
+        r.attempts_reserved = self.reserved.max(s.units).max(s.attempts);
         r.lease_until_unix_ms = Some(ms_from(Instant::now(), self.lease_until));
         r.streams = self.streams.iter().cloned().collect();
         r

@@ -96,6 +96,10 @@ pub struct RunRecord {
     pub provider_stops: BTreeMap<String, String>,
     /// Attempts that reached the provider.
     pub attempts: u64,
+    /// The units they cost (R-FS2): what the request cap counts; as many
+    /// as attempts while every request costs 1.
+    #[serde(default)]
+    pub units: u64,
     /// Retries among them.
     pub retries: u64,
     /// Waits for source pressure.
@@ -108,9 +112,9 @@ pub struct RunRecord {
     /// restart resumes an active run whose lease has not lapsed (R-RN10).
     #[serde(default)]
     pub lease_until_unix_ms: Option<u64>,
-    /// Attempts reserved in durable blocks ahead of those made: a restart
-    /// resumes the count from here — a crash may lose part of a block,
-    /// never give it back (R-RN10).
+    /// Units (attempts, while each costs 1) reserved in durable blocks
+    /// ahead of those spent: a restart resumes the count from here — a
+    /// crash may lose part of a block, never give it back (R-RN10).
     #[serde(default)]
     pub attempts_reserved: u64,
     /// Streams it committed checkpoints of.

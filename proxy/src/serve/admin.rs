@@ -275,6 +275,13 @@ fn provider_json(app: &App, p: &Provider, with_evidence: bool) -> Value {
         })),
         "queue": {
             "waiting": s.pacer.queue_len,
+            // Per collector ("-": proxy users without one), those waiting.
+            "by_collector": s
+                .pacer
+                .waiting_by_collector
+                .iter()
+                .map(|(c, n)| (if c.is_empty() { "-".to_string() } else { c.clone() }, json!(n)))
+                .collect::<serde_json::Map<String, Value>>(),
             "in_flight": s.in_flight,
             "bulkhead_waiting": s.bulkhead_waiting,
         },

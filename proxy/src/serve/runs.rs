@@ -412,6 +412,7 @@ fn record_json(r: &RunRecord) -> Value {
         "stop_reason": r.stop_reason,
         "provider_stops": r.provider_stops,
         "attempts": r.attempts,
+        "units": r.units,
         "retries": r.retries,
         "cooldown_waits": r.cooldown_waits,
         "refusals": r.refusals,
