@@ -46,6 +46,8 @@ pub struct App {
     pub ready: AtomicBool,
     /// The interception CA, if it could be loaded or created.
     pub ca: Option<Arc<CertAuthority>>,
+    /// The last minutes of each provider's pace (the admin page).
+    pub history: crate::observe::history::History,
 }
 
 /// Tells connections to finish, and knows when they have.

@@ -27,6 +27,7 @@ pub mod runner;
 pub mod runs;
 pub mod serve;
 pub mod shared;
+pub mod status;
 pub mod store;
 pub mod tunnel;
 pub mod upstream;

@@ -10,11 +10,11 @@ use std::time::Duration;
 
 use clap::Parser;
 use sluice::runs::records::Mode;
-use sluice::{config, process, runner};
+use sluice::{config, process, runner, status};
 
-/// mimalloc, not the system's: glibc's malloc keeps what a flood of
+/// jemalloc, not the system's: glibc's malloc keeps what a flood of
 /// connections or tunnels used (240 MB after 5,000 intercepted tunnels
-/// closed, against 11 MB before — `bench_flood`), where mimalloc gives it
+/// closed, against 11 MB before — `bench_flood`), where jemalloc gives it
 /// back to the system; a sidecar's memory limit is sized for what it
 /// holds at rest.
 #[global_allocator]
@@ -35,8 +35,9 @@ struct Cli {
     /// Proxy listen address (overrides `listen`).
     #[arg(long, value_name = "ADDR", global = true)]
     listen: Option<SocketAddr>,
-    /// Admin listen address (overrides `admin`).
-    #[arg(long, value_name = "ADDR", global = true)]
+    /// Admin listen address (overrides `admin`); for `sluice status`, the
+    /// admin API to read (`IP:PORT` or `http://IP:PORT`).
+    #[arg(long, value_name = "ADDR", global = true, value_parser = address)]
     admin: Option<SocketAddr>,
     /// State directory (overrides `state_dir`).
     #[arg(long, value_name = "DIR", global = true)]
@@ -59,6 +60,16 @@ enum Command {
     /// print its summary and exit with the command's status — or 0 after a
     /// planned stop (the run's budget ran out: the schedule's success).
     Run(RunArgs),
+    /// Show providers and collectors as a table, read from the admin API
+    /// (the config's `admin`, or `--admin`): the admin page for terminals.
+    Status {
+        /// A collector's token, for the collectors' readout beyond loopback.
+        #[arg(long, value_name = "FILE")]
+        token_file: Option<PathBuf>,
+        /// Redraw every two seconds until interrupted.
+        #[arg(long)]
+        watch: bool,
+    },
     /// Copy this binary to DIR/sluice (a Kubernetes init container puts
     /// it on a volume the collector container shares, for `sluice run`).
     Install {
@@ -169,11 +180,12 @@ fn main() -> ExitCode {
         eprintln!("{e}");
         return ExitCode::from(2);
     }
-    let run_args = match cli.command {
+    let (run_args, status_args) = match cli.command {
         Some(Command::Ca) => return process::print_ca(&config),
         Some(Command::Install { dir }) => return process::install(&dir),
-        Some(Command::Run(args)) => Some(args),
-        None => None,
+        Some(Command::Run(args)) => (Some(args), None),
+        Some(Command::Status { token_file, watch }) => (None, Some((token_file, watch))),
+        None => (None, None),
     };
     process::init_logging(matches!(cli.log_format, LogFormat::Json));
     // rustls: the ring provider, installed explicitly before any TLS use.
@@ -188,6 +200,21 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if let Some((token_file, watch)) = status_args {
+        let token = match token_file.map(std::fs::read_to_string) {
+            None => None,
+            Some(Ok(t)) => Some(t.trim().to_string()),
+            Some(Err(e)) => {
+                eprintln!("sluice status: cannot read the token file: {e}");
+                return ExitCode::from(2);
+            }
+        };
+        return runtime.block_on(status::status(status::StatusCommand {
+            admin: config.admin,
+            token,
+            watch,
+        }));
+    }
     if let Some(args) = run_args {
         let admin = args.admin_url.as_deref().map_or(Ok(config.admin), address);
         let proxy = args.proxy_url.as_deref().map_or(Ok(config.listen), address);

@@ -179,8 +179,10 @@ pub async fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), Sta
         config_path,
         shutdown: Shutdown::new(),
         ready: AtomicBool::new(false),
+        history: Default::default(),
     });
     tokio::spawn(admin::serve(app.clone(), admin_listener));
+    tokio::spawn(sample_history(app.clone()));
     tokio::spawn(sweep(app.clone()));
     tokio::spawn(sweep_runs(app.clone()));
     tokio::spawn(save_periodically(app.clone()));
@@ -330,6 +332,31 @@ async fn sweep(app: Arc<App>) {
         if let Some(writer) = &app.writer {
             writer.prune_learned(app.config().limits.state_max_age);
         }
+    }
+}
+
+/// Every few seconds, a sample of each live provider's pace for the admin
+/// page's charts (R-OP7); providers no longer tracked are forgotten.
+async fn sample_history(app: Arc<App>) {
+    let mut tick = tokio::time::interval(crate::observe::history::EVERY);
+    loop {
+        tick.tick().await;
+        let now = tokio::time::Instant::now();
+        let counts = app.metrics.attempt_counts();
+        let providers = app.providers.all();
+        for p in &providers {
+            let s = p.policy.snapshot(now);
+            let c = counts.get(&p.label).copied().unwrap_or_default();
+            app.history.record(
+                &p.name,
+                crate::store::unix_ms_now(),
+                s.pacer.rate_rps,
+                s.pacer.limit_rps,
+                c,
+            );
+        }
+        app.history
+            .retain(|name| providers.iter().any(|p| p.name == name));
     }
 }
 

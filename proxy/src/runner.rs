@@ -110,7 +110,7 @@ pub async fn run(cmd: RunCommand, config: &Config) -> ExitCode {
         "wait_s": cmd.wait.map(|d| d.as_secs_f64()),
     });
     let path = format!("/v1/collectors/{}/runs", cmd.collector);
-    let (status, run) = match call(cmd.admin, "POST", &path, Some(&opening), &token).await {
+    let (status, run) = match call(cmd.admin, "POST", &path, Some(&opening), Some(&token)).await {
         Ok(r) => r,
         Err(e) => return fail(&format!("admin API at {}: {e}", cmd.admin)),
     };
@@ -194,7 +194,7 @@ pub async fn run(cmd: RunCommand, config: &Config) -> ExitCode {
             let path = format!("/v1/runs/{id}/heartbeat");
             loop {
                 tokio::time::sleep(beat).await;
-                match call(admin, "POST", &path, None, &token).await {
+                match call(admin, "POST", &path, None, Some(&token)).await {
                     Ok((200, v)) => {
                         if let Some(reason) = v["stop_reason"].as_str() {
                             let _ = ended_tx.send(Some(Ended::Stopped(reason.to_string())));
@@ -330,7 +330,7 @@ async fn handoff(cmd: &RunCommand, id: &str, run: &Value, token: &str) -> Result
             Some(a) => format!("/v1/collectors/{}/gaps?after={a}", cmd.collector),
             None => format!("/v1/collectors/{}/gaps", cmd.collector),
         };
-        let page = match call(cmd.admin, "GET", &path, None, token).await {
+        let page = match call(cmd.admin, "GET", &path, None, Some(token)).await {
             Ok((200, page)) => page,
             Ok((status, v)) => return Err(format!("gaps answered {status}: {v}")),
             Err(e) => return Err(format!("gaps: {e}")),
@@ -401,7 +401,7 @@ async fn wait_forwarding_signals(
 /// Finishes the run and prints its summary on stderr; the summary.
 async fn finish(cmd: &RunCommand, id: &str, token: &str) -> Option<Value> {
     let path = format!("/v1/runs/{id}/finish");
-    match call(cmd.admin, "POST", &path, None, token).await {
+    match call(cmd.admin, "POST", &path, None, Some(token)).await {
         Ok((200, s)) => {
             let refusals = s["refusals"]
                 .as_object()
@@ -445,25 +445,27 @@ fn fail(why: &str) -> ExitCode {
 }
 
 /// One admin API call: status and JSON answer.
-async fn call(
+pub(crate) async fn call(
     admin: SocketAddr,
     method: &str,
     path: &str,
     body: Option<&Value>,
-    token: &str,
+    token: Option<&str>,
 ) -> Result<(u16, Value), Box<dyn std::error::Error + Send + Sync>> {
     let stream = tokio::time::timeout(Duration::from_secs(10), TcpStream::connect(admin)).await??;
     let (mut send, conn) =
         hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await?;
     tokio::spawn(conn);
     let bytes = body.map_or_else(Vec::new, |b| b.to_string().into_bytes());
-    let req = http::Request::builder()
+    let mut req = http::Request::builder()
         .method(method)
         .uri(path)
         .header(http::header::HOST, admin.to_string())
-        .header(http::header::CONTENT_TYPE, "application/json")
-        .header(http::header::AUTHORIZATION, format!("Bearer {token}"))
-        .body(Full::new(Bytes::from(bytes)))?;
+        .header(http::header::CONTENT_TYPE, "application/json");
+    if let Some(token) = token {
+        req = req.header(http::header::AUTHORIZATION, format!("Bearer {token}"));
+    }
+    let req = req.body(Full::new(Bytes::from(bytes)))?;
     // Opening may wait for the lease (`--wait`); everything else is quick.
     let resp = send.send_request(req).await?;
     let status = resp.status().as_u16();

@@ -12,7 +12,7 @@
 //! exported — later ones fold into `provider="_other"`. Labels never carry
 //! a path, a query, a header value or a body (R-SF4).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 
 use crate::shared::{BudgetMode, BudgetReadout};
@@ -786,6 +786,32 @@ impl Metrics {
                 .set(i64::from(visible));
         }
         self.providers_tracked.set(n);
+    }
+
+    /// Attempts so far per provider label: (sent, refused as throttled),
+    /// for the history (read from the counters, creating no series).
+    pub fn attempt_counts(&self) -> HashMap<String, (u64, u64)> {
+        use prometheus::core::Collector;
+        let mut counts: HashMap<String, (u64, u64)> = HashMap::new();
+        for family in self.attempts.collect() {
+            for m in family.get_metric() {
+                let (mut provider, mut outcome) = ("", "");
+                for l in m.get_label() {
+                    match l.name() {
+                        "provider" => provider = l.value(),
+                        "outcome" => outcome = l.value(),
+                        _ => {}
+                    }
+                }
+                let n = m.get_counter().get_value() as u64;
+                let c = counts.entry(provider.to_string()).or_default();
+                c.0 += n;
+                if outcome == "throttled" {
+                    c.1 += n;
+                }
+            }
+        }
+        counts
     }
 
     /// The text exposition.

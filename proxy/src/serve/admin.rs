@@ -7,7 +7,13 @@
 //! * `/v1/providers`, `/v1/providers/{name}` — the live readout (R-OP2):
 //!   rate, ceiling, last back-off, breaker state with evidence, hold,
 //!   queue. Where there is no state yet the field says `"unknown"` — never
-//!   a zero that looks like a measurement.
+//!   a zero that looks like a measurement;
+//! * `/v1/history` — the last minutes of each provider's pace, sampled
+//!   every few seconds;
+//! * `/` — the admin page (R-OP7): one self-contained document, embedded
+//!   in the binary, that polls the readouts above and draws them for
+//!   people. It carries no data itself; what it shows comes through the
+//!   same API calls, with the same credentials, as anyone else's.
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
@@ -89,6 +95,8 @@ fn route(app: &App, req: Request<Incoming>) -> Response<ResBody> {
     }
     let path = req.uri().path();
     match path {
+        "/" => page(),
+        "/v1/history" => json_response(StatusCode::OK, &history_json(app)),
         "/healthz" => text(StatusCode::OK, "ok\n", "text/plain"),
         "/readyz" => {
             let ready = app.ready.load(Ordering::SeqCst);
@@ -163,6 +171,58 @@ fn route(app: &App, req: Request<Incoming>) -> Response<ResBody> {
             _ => text(StatusCode::NOT_FOUND, "not found\n", "text/plain"),
         },
     }
+}
+
+/// The admin page: HTML, CSS and script in one document, from the binary.
+const PAGE: &str = include_str!("page.html");
+
+fn page() -> Response<ResBody> {
+    let mut resp = text(StatusCode::OK, PAGE, "text/html; charset=utf-8");
+    let h = resp.headers_mut();
+    // Nothing from anywhere but this admin port, and no framing.
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(
+            "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; \
+             connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; \
+             frame-ancestors 'none'",
+        ),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    resp
+}
+
+/// Each provider's samples, column by column.
+fn history_json(app: &App) -> Value {
+    let providers: serde_json::Map<String, Value> = app
+        .history
+        .all()
+        .into_iter()
+        .map(|(name, samples)| {
+            let col = |f: &dyn Fn(&crate::observe::history::Sample) -> Value| {
+                Value::Array(samples.iter().map(f).collect())
+            };
+            let round = |x: f32| (f64::from(x) * 1000.0).round() / 1000.0;
+            (
+                name,
+                json!({
+                    "at_unix_ms": col(&|s| json!(s.at_unix_ms)),
+                    "rate_rps": col(&|s| json!(round(s.rate_rps))),
+                    "throttle_point_rps": col(&|s| s.throttle_point_rps.map_or(Value::Null, |l| json!(round(l)))),
+                    "sent": col(&|s| json!(s.sent)),
+                    "refused": col(&|s| json!(s.refused)),
+                }),
+            )
+        })
+        .collect();
+    json!({
+        "every_s": crate::observe::history::EVERY.as_secs(),
+        "providers": providers,
+    })
 }
 
 /// Milliseconds since the epoch of a monotonic instant, through one
