@@ -544,8 +544,8 @@ impl SharedMemory {
         if admitted {
             let slack = SHARED_SLACK.min(Duration::from_secs_f64(0.5 / rate));
             let due = tat.max(hold).max(now - slack);
-            s.tat = Some(due + Duration::from_secs_f64(1.0 / rate));
-            s.admitted += 1;
+            s.tat = Some(due + Duration::from_secs_f64(f64::from(proposal.units.max(1)) / rate));
+            s.admitted += u64::from(proposal.units.max(1));
         }
         SharedAdmit {
             admitted,
@@ -555,6 +555,7 @@ impl SharedMemory {
                 limit: s.limit,
                 hold: s.hold.map(|h| h.saturating_duration_since(now)),
                 admitted: s.admitted,
+                allowance: None,
             },
         }
     }

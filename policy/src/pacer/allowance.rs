@@ -92,6 +92,11 @@ impl AllowanceState {
         self.pace
     }
 
+    /// The allowance in force.
+    pub(crate) fn allowance(&self) -> Allowance {
+        self.allowance
+    }
+
     /// Moves to the period `now` falls in.
     fn roll(&mut self, now: Instant) {
         let per = self.allowance.per;

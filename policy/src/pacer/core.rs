@@ -385,6 +385,8 @@ impl PacerCore {
         Proposal {
             rate: self.aimd.rate(),
             limit: self.aimd.limit(),
+            units: 1,
+            allowance: self.allowance.as_ref().map(AllowanceState::allowance),
         }
     }
 
@@ -410,6 +412,11 @@ impl PacerCore {
         }
         if let Some(hold) = view.hold.filter(|h| !h.is_zero()) {
             fb.hold_until = self.hold(now, now + hold);
+        }
+        // The allowance as every replica spent it (the readout, the store,
+        // and this replica's pace should the store stop answering).
+        if let (Some(used), Some(a)) = (view.allowance, self.allowance.as_mut()) {
+            a.restore(now, used);
         }
         self.sync_interval();
         // Faster or slower, waiters' slots moved (it is not this replica's

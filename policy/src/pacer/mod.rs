@@ -262,8 +262,8 @@ impl PacerShared {
     /// [`PacerShared::acquire_before`] for a request of `class`: waiting
     /// requests go in the fair order (R-FS1) — weighted between
     /// collectors, steady before catch-up within one — and a request
-    /// costing `units` takes as many slots (R-FS2; a budget shared through
-    /// Redis counts requests).
+    /// costing `units` takes as many slots (R-FS2), here and in a budget
+    /// shared through Redis.
     pub async fn acquire_as(
         &self,
         class: &Class,
@@ -280,7 +280,7 @@ impl PacerShared {
             // answers).
             self.acquire_here(arrived, class, units, stop_at).await?;
         }
-        self.acquire_shared(&*budget, arrived).await
+        self.acquire_shared(&*budget, arrived, units).await
     }
 
     /// The shared slot (R-DS1): this replica's requests ask in turn (FIFO,
@@ -292,6 +292,7 @@ impl PacerShared {
         &self,
         budget: &dyn SharedBudget,
         arrived: Instant,
+        units: u32,
     ) -> Result<Instant, Cause> {
         let (max_len, patience) = {
             let core = self.lock();
@@ -308,7 +309,10 @@ impl PacerShared {
         };
         drop(queued);
         loop {
-            let proposal = self.lock().proposal();
+            let proposal = Proposal {
+                units: units.max(1),
+                ..self.lock().proposal()
+            };
             let answer = budget.admit(proposal).await;
             let now = Instant::now();
             let Some(answer) = answer else {

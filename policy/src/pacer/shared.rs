@@ -31,6 +31,12 @@ pub struct Proposal {
     pub rate: f64,
     /// Where this replica saw throttling begin, if it did.
     pub limit: Option<f64>,
+    /// The units the request asking costs (R-FS2): it takes as many of
+    /// the shared schedule's slots.
+    pub units: u32,
+    /// The provider's long-horizon allowance, if it has one: spent by
+    /// every replica together, paced to last its period (R-FS2).
+    pub allowance: Option<crate::pacer::Allowance>,
 }
 
 /// The shared state, as an admission found it.
@@ -42,8 +48,10 @@ pub struct SharedView {
     pub limit: Option<f64>,
     /// Time left on a hold any replica was told of.
     pub hold: Option<Duration>,
-    /// Admissions by every replica so far (a counter; 0 if not kept).
+    /// Units admitted by every replica so far (a counter; 0 if not kept).
     pub admitted: u64,
+    /// How far the shared allowance's period has got, if one is kept.
+    pub allowance: Option<crate::pacer::AllowanceUse>,
 }
 
 /// The answer to one shared admission.
@@ -138,7 +146,9 @@ mod tests {
                 let admitted = at <= now;
                 if admitted {
                     let due = s.tat.unwrap_or(now).max(now - crate::pacer::SHARED_SLACK);
-                    s.tat = Some(due + Duration::from_secs_f64(1.0 / rate));
+                    s.tat = Some(
+                        due + Duration::from_secs_f64(f64::from(proposal.units.max(1)) / rate),
+                    );
                 }
                 SharedAdmit {
                     admitted,
@@ -148,6 +158,7 @@ mod tests {
                         limit: None,
                         hold: s.hold.map(|h| h.saturating_duration_since(now)),
                         admitted: 0,
+                        allowance: None,
                     },
                 }
             });
@@ -210,6 +221,47 @@ mod tests {
                 p
             })
             .collect()
+    }
+
+    /// R-FS2: a 10-unit request takes ten of the shared schedule's slots.
+    /// Two replicas, one sending 10-unit requests and one 1-unit ones, at
+    /// the cold 5 units a second for 10 s: about 50 units together, not
+    /// 50 requests.
+    #[tokio::test(start_paused = true)]
+    async fn a_costly_request_takes_as_many_shared_slots() {
+        let fake = Arc::new(Fake(Mutex::new(Store {
+            up: true,
+            ..Store::default()
+        })));
+        let pacers = replicas(&fake);
+        let end = Instant::now() + Duration::from_secs(10);
+        let mut tasks = Vec::new();
+        for (p, units) in pacers.iter().zip([10u32, 1]) {
+            for _ in 0..2 {
+                let p = p.clone();
+                tasks.push(tokio::spawn(async move {
+                    let mut spent = 0;
+                    while Instant::now() < end {
+                        let class = crate::pacer::Class::default();
+                        if p.acquire_as(&class, units, None)
+                            .await
+                            .is_ok_and(|at| at < end)
+                        {
+                            spent += units;
+                        }
+                    }
+                    (units, spent)
+                }));
+            }
+        }
+        let mut by = [0u32; 2];
+        for t in tasks {
+            let (units, spent) = t.await.unwrap();
+            by[usize::from(units == 1)] += spent;
+        }
+        let total = by[0] + by[1];
+        assert!((49..=62).contains(&total), "units {by:?}");
+        assert!(by[0] >= 10 && by[1] >= 1, "both went: {by:?}");
     }
 
     /// R-DS1: two replicas pace by one schedule — together at the shared

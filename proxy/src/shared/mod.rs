@@ -58,9 +58,13 @@ const SHARE_EVERY: Duration = Duration::from_secs(5);
 /// Takes the provider's next slot if it is due. KEYS[1]: the provider's
 /// hash. ARGV: this replica's rate and throttle point (they start a budget
 /// nobody has), the lateness forgiven (ms; at most half an interval), the
-/// key's TTL (ms). Returns
-/// admitted (0/1), the wait (ms), the shared rate, throttle point (or ""),
-/// the hold left (ms) and the admissions counted.
+/// key's TTL (ms), the units the request costs (it takes as many slots,
+/// R-FS2), and the provider's allowance — units and period (ms), or ""
+/// — which every replica spends together: the schedule then runs no faster
+/// than what is left over what remains of the period, and not at all once
+/// it is spent (R-FS2). Returns admitted (0/1), the wait (ms), the shared
+/// rate, throttle point (or ""), the hold left (ms), the units admitted so
+/// far, and the allowance's period so far (ms, or "") and units spent.
 pub const ADMIT: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
@@ -80,16 +84,48 @@ end
 local tat = tonumber(f[1]) or 0
 local hold = tonumber(f[3]) or 0
 local at = math.max(tat, hold, now)
+local units = tonumber(ARGV[5]) or 1
+local pace = rate
+local aunits = tonumber(ARGV[6])
+local aper = tonumber(ARGV[7])
+local ab = nil
+local aspent = 0
+if aunits and aper and aper > 0 then
+  local g = redis.call('HMGET', KEYS[1], 'ab', 'as')
+  ab = tonumber(g[1])
+  aspent = tonumber(g[2]) or 0
+  if ab and now >= ab + aper then
+    ab = ab + aper * math.floor((now - ab) / aper)
+    aspent = 0
+    redis.call('HSET', KEYS[1], 'ab', tostring(ab), 'as', '0')
+  end
+  local left = aunits - aspent
+  if left <= 0 then
+    at = math.max(at, ab + aper)
+  else
+    local remaining = aper
+    if ab then remaining = ab + aper - now end
+    local even = left / math.max(remaining / 1000, math.min(aper / 1000, 1))
+    if even < pace then pace = even end
+  end
+end
 local admitted = 0
 local count = tonumber(f[5]) or 0
 if at <= now then
-  local due = math.max(tat, hold, now - math.min(tonumber(ARGV[3]), 500 / rate))
-  redis.call('HSET', KEYS[1], 'tat', tostring(due + 1000 / rate))
-  count = redis.call('HINCRBY', KEYS[1], 'admitted', 1)
+  local due = math.max(tat, hold, now - math.min(tonumber(ARGV[3]), 500 / pace))
+  redis.call('HSET', KEYS[1], 'tat', tostring(due + units * 1000 / pace))
+  count = redis.call('HINCRBY', KEYS[1], 'admitted', units)
   admitted = 1
+  if aunits and aper and aper > 0 then
+    if not ab then ab = now end
+    aspent = aspent + units
+    redis.call('HSET', KEYS[1], 'ab', tostring(ab), 'as', tostring(aspent))
+  end
 end
+local aelapsed = ''
+if ab then aelapsed = tostring(now - ab) end
 redis.call('PEXPIRE', KEYS[1], ARGV[4])
-return {admitted, tostring(at - now), rate_text, limit, tostring(math.max(hold - now, 0)), count}
+return {admitted, tostring(at - now), rate_text, limit, tostring(math.max(hold - now, 0)), count, aelapsed, tostring(aspent)}
 ";
 
 /// Cuts the shared rate, once per congestion epoch. ARGV: how long ago
@@ -399,10 +435,15 @@ impl ProviderBudget {
             .arg(proposal.rate.to_string())
             .arg(opt(proposal.limit))
             .arg(millis(sluice_policy::pacer::SHARED_SLACK))
-            .arg(KEY_TTL_MS);
-        let reply: Option<(i64, String, String, String, String, u64)> =
-            self.store.run(invocation, &self.provider).await;
-        let Some((admitted, wait, rate, limit, hold, count)) = reply else {
+            .arg(KEY_TTL_MS)
+            .arg(proposal.units.max(1));
+        match proposal.allowance {
+            Some(a) => invocation.arg(a.units).arg(millis(a.per)),
+            None => invocation.arg("").arg(""),
+        };
+        type Reply = (i64, String, String, String, String, u64, String, String);
+        let reply: Option<Reply> = self.store.run(invocation, &self.provider).await;
+        let Some((admitted, wait, rate, limit, hold, count, aelapsed, aspent)) = reply else {
             self.set_mode(BudgetMode::Degraded);
             return None;
         };
@@ -418,13 +459,22 @@ impl ProviderBudget {
             limit: limit.parse().ok(),
             hold: Some(ms(&hold)).filter(|h| !h.is_zero()),
             admitted: count,
+            allowance: match (aelapsed.parse::<f64>(), aspent.parse::<f64>()) {
+                (Ok(e), Ok(spent)) if e.is_finite() && e >= 0.0 && spent >= 0.0 => {
+                    Some(sluice_policy::pacer::AllowanceUse {
+                        elapsed: Duration::from_secs_f64(e / 1000.0),
+                        spent,
+                    })
+                }
+                _ => None,
+            },
         };
         self.set_mode(BudgetMode::Shared);
         let mut s = self.state();
         s.rate = Some(rate);
         s.all = count;
         if admitted == 1 {
-            s.here += 1;
+            s.here += u64::from(proposal.units.max(1));
             let now = Instant::now();
             match s.sampled {
                 Some((at, all0, here0)) if now - at >= SHARE_EVERY => {
