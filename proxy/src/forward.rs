@@ -30,32 +30,40 @@ use crate::runs::records::Mode;
 const VIA: &str = "1.1 sluice";
 
 /// Headers that belong to one connection, never forwarded (RFC 9110
-/// §7.6.1), besides those named in `Connection`.
-const HOP_BY_HOP: [&str; 9] = [
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
+/// §7.6.1), besides those named in `Connection`. Names, not strings: a
+/// string is parsed again at every look-up.
+const HOP_BY_HOP: [HeaderName; 9] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
 ];
 
 /// Removes hop-by-hop headers, including those `Connection` names.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    let named: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
-        .collect();
-    for name in named {
-        headers.remove(name);
+    // One pass over the names decides; a head without any (most answers)
+    // is left as it is.
+    if !headers.keys().any(|k| HOP_BY_HOP.contains(k)) {
+        return;
     }
-    for name in HOP_BY_HOP {
+    if headers.contains_key(header::CONNECTION) {
+        let named: Vec<HeaderName> = headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
+            .collect();
+        for name in named {
+            headers.remove(name);
+        }
+    }
+    for name in &HOP_BY_HOP {
         headers.remove(name);
     }
 }

@@ -191,6 +191,7 @@ fn main() -> ExitCode {
     // rustls: the ring provider, installed explicitly before any TLS use.
     let _ = rustls::crypto::ring::default_provider().install_default();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(config.limits.workers)
         .enable_all()
         .build()
     {

@@ -281,6 +281,7 @@ fn reload(app: &App) {
             ("admin", c.admin != current.admin && c.admin.port() != 0),
             ("state_dir", c.state_dir != current.state_dir),
             ("upstream.extra_ca", c.extra_ca != current.extra_ca),
+            ("limits.workers", c.limits.workers != current.limits.workers),
         ] {
             if changed {
                 tracing::warn!(

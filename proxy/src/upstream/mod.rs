@@ -66,9 +66,15 @@ pub fn tls_config(extra_ca: Option<&Path>) -> Result<rustls::ClientConfig, Confi
     Ok(config)
 }
 
-/// The pooled client, cheap to clone.
+/// The pooled client, cheap to clone: one pointer. Every layer of a
+/// provider's stack clones its inner service per attempt (tower's
+/// `Oneshot`, the retry layer), so a client struct copied by value was
+/// copied and dropped several times per request (issue 24's profile).
 #[derive(Clone, Debug)]
-pub struct Upstream {
+pub struct Upstream(Arc<Clients>);
+
+#[derive(Debug)]
+struct Clients {
     client: Client<HttpsConnector<GuardedConnector>, ProxyBody>,
     /// HTTP/1.1 only, for Upgrade requests: an upgrade cannot ride HTTP/2.
     http1: Client<HttpsConnector<GuardedConnector>, ProxyBody>,
@@ -95,7 +101,7 @@ impl Upstream {
                 .build(https)
         };
         let (client, http1) = (build(true), build(false));
-        Upstream { client, http1 }
+        Upstream(Arc::new(Clients { client, http1 }))
     }
 }
 
@@ -110,9 +116,9 @@ impl Service<Request<ProxyBody>> for Upstream {
 
     fn call(&mut self, req: Request<ProxyBody>) -> Self::Future {
         let fut = if req.headers().contains_key(http::header::UPGRADE) {
-            self.http1.request(req)
+            self.0.http1.request(req)
         } else {
-            self.client.request(req)
+            self.0.client.request(req)
         };
         Box::pin(async move { fut.await.map_err(|e| Cause::Upstream(classify(e.into()))) })
     }
