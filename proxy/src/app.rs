@@ -46,6 +46,9 @@ pub struct App {
     pub ready: AtomicBool,
     /// The interception CA, if it could be loaded or created.
     pub ca: Option<Arc<CertAuthority>>,
+    /// The TLS server config every intercepted handshake that names its
+    /// server shares (one session cache and ticketer: resumption).
+    pub intercept_tls: std::sync::OnceLock<Option<Arc<rustls::ServerConfig>>>,
     /// The last minutes of each provider's pace (the admin page).
     pub history: crate::observe::history::History,
 }

@@ -268,32 +268,39 @@ pub async fn forward(
         return refused;
     }
     let (mut parts, body) = req.into_parts();
-    let path = parts
-        .uri
-        .path_and_query()
-        .map_or("/", |p| p.as_str())
-        .to_string();
     // The authority travels in the URI only, without the scheme's default
     // port: hyper-util writes it as `Host` over HTTP/1.1 and as
     // `:authority` over HTTP/2, where a `Host` header beside it is a
     // duplicate that servers such as nginx refuse (RFC 9113 §8.3.1).
     let authority = without_default_port(&target.scheme, &target.authority);
-    parts.uri = match Uri::builder()
-        .scheme(target.scheme.clone())
-        .authority(authority.clone())
-        .path_and_query(path)
-        .build()
-    {
-        Ok(uri) => uri,
-        Err(_) => {
-            return Refusal::new(
-                StatusCode::BAD_REQUEST,
-                "http_request_error",
-                "invalid request target",
-            )
-            .into_response()
-        }
-    };
+    // An absolute-form URI that already says exactly this (no userinfo, no
+    // default port) is kept as it came; otherwise it is built again.
+    let as_is = target.absolute
+        && parts.uri.authority().map(Authority::as_str) == Some(authority.as_str())
+        && parts.uri.path_and_query().is_some();
+    if !as_is {
+        let path = parts
+            .uri
+            .path_and_query()
+            .map_or("/", |p| p.as_str())
+            .to_string();
+        parts.uri = match Uri::builder()
+            .scheme(target.scheme.clone())
+            .authority(authority.clone())
+            .path_and_query(path)
+            .build()
+        {
+            Ok(uri) => uri,
+            Err(_) => {
+                return Refusal::new(
+                    StatusCode::BAD_REQUEST,
+                    "http_request_error",
+                    "invalid request target",
+                )
+                .into_response()
+            }
+        };
+    }
     strip_hop_by_hop(&mut parts.headers);
     add_via(&mut parts.headers);
     if let Some(protocol) = &upgrade {

@@ -180,6 +180,7 @@ pub async fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), Sta
         shutdown: Shutdown::new(),
         ready: AtomicBool::new(false),
         history: Default::default(),
+        intercept_tls: std::sync::OnceLock::new(),
     });
     tokio::spawn(admin::serve(app.clone(), admin_listener));
     tokio::spawn(sample_history(app.clone()));

@@ -16,3 +16,4 @@ pub mod pki;
 pub mod procfs;
 pub mod redis;
 pub mod sim;
+pub mod squid;

@@ -51,6 +51,33 @@ impl Nginx {
         Nginx::run(dir, &[ip], port, "", &server)
     }
 
+    /// A fast origin for the overhead benches: `ip:port` answering
+    /// `200 ok` to everything over kept-alive HTTP/1.1, without logging;
+    /// with TLS (a leaf for `name` from `ca`, HTTP/1.1 only) when `tls`
+    /// names it.
+    pub fn origin(ip: &str, tls: Option<(&str, &TestCa)>) -> Nginx {
+        let dir = TempDir::new("nginx-origin");
+        let port = free_port(ip);
+        let d = dir.join("").display().to_string();
+        let listen = match tls {
+            None => format!("listen {ip}:{port};"),
+            Some((name, ca)) => {
+                let (cert, key) = ca.leaf_pem(&[name]);
+                std::fs::write(dir.join("leaf.pem"), cert).unwrap();
+                std::fs::write(dir.join("leaf.key"), key).unwrap();
+                format!(
+                    "listen {ip}:{port} ssl;\n    ssl_certificate {d}leaf.pem;\n\
+                     \x20   ssl_certificate_key {d}leaf.key;"
+                )
+            }
+        };
+        let server = format!(
+            "  server {{\n    {listen}\n    access_log off;\n    keepalive_requests 10000000;\n\
+             \x20   location / {{ return 200 \"ok\\n\"; }}\n  }}\n"
+        );
+        Nginx::run(dir, &[ip], port, "", &server)
+    }
+
     /// nginx with one plain-HTTP server per address in `ips`, each with
     /// its own `limit_req` zone at `rate` req/s and `burst`, refusing with
     /// nginx's default, a bare `503`; others get `200 ok`. Every answer is

@@ -9,6 +9,9 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 pub struct TestCa {
     /// The CA certificate, PEM.
     pub pem: String,
+    /// Its private key, PEM (for servers that sign with it, such as
+    /// squid's `ssl-bump`).
+    pub key_pem: String,
     issuer: Issuer<'static, KeyPair>,
 }
 
@@ -29,6 +32,7 @@ impl TestCa {
         let cert = params.self_signed(&key).unwrap();
         TestCa {
             pem: cert.pem(),
+            key_pem: key.serialize_pem(),
             issuer: Issuer::new(params, key),
         }
     }

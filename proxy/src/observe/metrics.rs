@@ -13,17 +13,36 @@
 //! a path, a query, a header value or a body (R-SF4).
 
 use std::collections::{HashMap, HashSet};
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 
 use crate::shared::{BudgetMode, BudgetReadout};
 use prometheus::{
-    exponential_buckets, CounterVec, Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounter,
-    IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
+    exponential_buckets, CounterVec, Encoder, GaugeVec, Histogram, HistogramOpts, HistogramVec,
+    IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 use sluice_policy::breaker::Transition;
 use sluice_policy::events::Event;
 use sluice_policy::pacer::Condition;
 use sluice_policy::provider::ProviderSnapshot;
+
+/// One provider's series that every answered request touches, each
+/// looked up on first use and kept (issue 24: a look-up by label hashes
+/// the values and takes the family's lock; series are never removed, so a
+/// kept handle stays the exported one).
+#[derive(Debug, Default)]
+pub struct Handles {
+    attempt_success: OnceLock<IntCounter>,
+    ttfb: OnceLock<Histogram>,
+    pacing_wait: OnceLock<Histogram>,
+    unclassed_units: OnceLock<IntCounter>,
+    unclassed_wait: OnceLock<Histogram>,
+}
+
+impl Handles {
+    fn ttfb(&self, m: &Metrics, label: &str) -> &Histogram {
+        self.ttfb.get_or_init(|| m.ttfb.with_label_values(&[label]))
+    }
+}
 
 /// The label every provider beyond the label cap shares.
 pub const OTHER: &str = "_other";
@@ -642,6 +661,46 @@ impl Metrics {
                 .quota_malformed
                 .with_label_values(&[label, family.label()])
                 .inc(),
+        }
+    }
+
+    /// Records a provider's event through its [`Handles`]: the series every
+    /// answered request touches are looked up once per provider, the rest
+    /// as [`Metrics::event`] does.
+    pub fn event_with(&self, label: &str, h: &Handles, event: &Event) {
+        match event {
+            Event::Attempt {
+                outcome: Some(sluice_policy::outcome::Outcome::Success),
+                ttfb,
+            } => {
+                h.attempt_success
+                    .get_or_init(|| self.attempts.with_label_values(&[label, "success"]))
+                    .inc();
+                if let Some(t) = ttfb {
+                    h.ttfb(self, label).observe(t.as_secs_f64());
+                }
+            }
+            Event::Attempt {
+                outcome,
+                ttfb: Some(t),
+            } => {
+                let o = outcome.map_or("no_answer", |o| o.label());
+                self.attempts.with_label_values(&[label, o]).inc();
+                h.ttfb(self, label).observe(t.as_secs_f64());
+            }
+            Event::PacingWait(w) => h
+                .pacing_wait
+                .get_or_init(|| self.pacing_wait.with_label_values(&[label]))
+                .observe(w.as_secs_f64()),
+            Event::Admitted { class, units, wait } if class.is_empty() => {
+                h.unclassed_units
+                    .get_or_init(|| self.collector_units.with_label_values(&[label, "-"]))
+                    .inc_by(u64::from(*units));
+                h.unclassed_wait
+                    .get_or_init(|| self.collector_wait.with_label_values(&["-"]))
+                    .observe(wait.as_secs_f64());
+            }
+            other => self.event(label, other),
         }
     }
 

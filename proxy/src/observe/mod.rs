@@ -33,8 +33,9 @@ impl Observer for Observe {
         let label = self.metrics.label(name);
         self.metrics.init_provider(&label);
         let (metrics, provider) = (self.metrics.clone(), name.to_string());
+        let handles = metrics::Handles::default();
         let events: EventSink = Arc::new(move |e: &Event| {
-            metrics.event(&label, e);
+            metrics.event_with(&label, &handles, e);
             match e {
                 Event::Backoff(b) => tracing::info!(
                     provider = %provider,

@@ -23,12 +23,14 @@ use crate::identity::Identity;
 #[derive(Debug)]
 struct LeafResolver {
     ca: Arc<CertAuthority>,
-    connect_host: String,
+    /// For a handshake without SNI; `None` in the shared config, which
+    /// only serves handshakes that name their server.
+    connect_host: Option<String>,
 }
 
 impl ResolvesServerCert for LeafResolver {
     fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        let host = hello.server_name().unwrap_or(&self.connect_host);
+        let host = hello.server_name().or(self.connect_host.as_deref())?;
         match self.ca.leaf(host) {
             Ok(leaf) => Some(leaf),
             Err(e) => {
@@ -39,8 +41,40 @@ impl ResolvesServerCert for LeafResolver {
     }
 }
 
+/// A server config for intercepted handshakes, offering h2 and HTTP/1.1.
+/// With a ticketer, TLS 1.3 sessions resume from stateless tickets.
+fn server_config(resolver: LeafResolver, tickets: bool) -> Option<rustls::ServerConfig> {
+    let builder = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions();
+    let mut config = match builder {
+        Ok(b) => b
+            .with_no_client_auth()
+            .with_cert_resolver(Arc::new(resolver)),
+        Err(e) => {
+            tracing::error!(error = %e, "TLS server config");
+            return None;
+        }
+    };
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    if tickets {
+        match rustls::crypto::ring::Ticketer::new() {
+            Ok(t) => config.ticketer = t,
+            Err(e) => tracing::warn!(error = %e, "no TLS session tickets"),
+        }
+    }
+    Some(config)
+}
+
 /// Terminates TLS on `io` and serves HTTP/1.1 or HTTP/2 (by ALPN) to
 /// `authority`, every request through the provider's stack.
+///
+/// A handshake that names its server (SNI, every client to a host name)
+/// is served by one config shared by all tunnels, so its session resumes
+/// on the client's next tunnel (issue 24) and no config is built per
+/// connection; one without SNI (an IP target) gets its own, with the
+/// CONNECT host's leaf.
 pub async fn intercept<T>(
     app: Arc<App>,
     ca: Arc<CertAuthority>,
@@ -51,31 +85,30 @@ pub async fn intercept<T>(
 ) where
     T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let resolver = LeafResolver {
-        ca,
-        connect_host: authority.host().to_string(),
+    let handshake = async {
+        let start =
+            tokio_rustls::LazyConfigAcceptor::new(rustls::server::Acceptor::default(), io).await?;
+        let config = if start.client_hello().server_name().is_some() {
+            app.intercept_tls
+                .get_or_init(|| {
+                    let resolver = LeafResolver {
+                        ca: ca.clone(),
+                        connect_host: None,
+                    };
+                    server_config(resolver, true).map(Arc::new)
+                })
+                .clone()
+        } else {
+            let resolver = LeafResolver {
+                ca: ca.clone(),
+                connect_host: Some(authority.host().to_string()),
+            };
+            server_config(resolver, false).map(Arc::new)
+        };
+        let config = config.ok_or_else(|| std::io::Error::other("no TLS server config"))?;
+        start.into_stream(config).await
     };
-    let mut config = match rustls::ServerConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    {
-        Ok(b) => b
-            .with_no_client_auth()
-            .with_cert_resolver(Arc::new(resolver)),
-        Err(e) => {
-            tracing::error!(error = %e, "TLS server config");
-            return;
-        }
-    };
-    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
-    let tls = match tokio::time::timeout(
-        app.config().limits.header_read_timeout,
-        acceptor.accept(io),
-    )
-    .await
-    {
+    let tls = match tokio::time::timeout(app.config().limits.header_read_timeout, handshake).await {
         Ok(Ok(tls)) => tls,
         Ok(Err(e)) => {
             app.metrics

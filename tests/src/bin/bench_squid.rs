@@ -1,0 +1,293 @@
+//! sluice beside squid, in one run (issue 24): what each proxy costs per
+//! request on the same origin, load generator and machine.
+//!
+//! `cargo build --release -p sluice && SLUICE_BIN=target/release/sluice
+//! cargo run --release -p sluice-tests --bin bench_squid [ROUNDS] [HOSTS]`
+//!
+//! Needs Debian's `nginx`, `wrk` and `squid-openssl`. Every proxy runs
+//! with its defaults except what the comparison needs: sluice's pacing
+//! is set far above what the machine can do (only the proxy's own work
+//! is measured) and it may reach loopback; squid keeps no cache and no
+//! access log. CPU per request is the proxy process's user + system time
+//! from `/proc` over the measured seconds, divided by the requests
+//! answered in them. The proxies take turns, `ROUNDS` times (default 3),
+//! and the medians are compared:
+//!
+//! 1. plain HTTP, 32 kept-alive connections (wrk, absolute-form GETs):
+//!    requests per second and CPU per request;
+//! 2. one connection (wrk): the median latency, against the origin
+//!    directly;
+//! 3. intercepted HTTPS on 32 kept-alive connections (`CONNECT`, TLS to
+//!    the proxy's CA, GETs back to back): sluice against squid's
+//!    `ssl-bump`, and sluice's HTTPS CPU per request against its plain;
+//! 4. `HOSTS` tracked hosts (default 10,000): one request to each of as
+//!    many loopback addresses (nothing listens there: each is a refused
+//!    connect, a `502`), and sluice's resident memory per host.
+
+use std::net::SocketAddr;
+
+use sluice_tests::harness::Sluice;
+use sluice_tests::load::{load_tunnelled, wrk, Run};
+use sluice_tests::nginx::Nginx;
+use sluice_tests::pki::TestCa;
+use sluice_tests::procfs::{cpu_seconds, status_kib};
+use sluice_tests::squid::Squid;
+
+const CONNS: usize = 32;
+const SECS: u64 = 5;
+
+/// sluice's config: pacing out of the way, loopback allowed.
+const FAST: &str =
+    "[destinations]\nallow = [\"127.0.0.0/8\", \"::1/128\"]\nconnect_ports = [{PORT}]\n\
+    [defaults]\nceiling_rps = 1000000.0\nstart_rps = 999999.0\nburst = 1000\n\
+    max_in_flight = 10000\nmax_queue_len = 10000\n";
+
+/// One measured run: the load's figures and the proxy's CPU per request.
+struct Measured {
+    run: Run,
+    cpu_us: f64,
+}
+
+fn measure(pid: u32, f: impl FnOnce() -> Run) -> Measured {
+    let before = cpu_seconds(pid);
+    let run = f();
+    let cpu = cpu_seconds(pid) - before;
+    Measured {
+        cpu_us: cpu / run.requests.max(1) as f64 * 1e6,
+        run,
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn row(name: &str, m: &Measured) {
+    println!(
+        "  {name:<22} {:>8.0} req/s   p50 {:>8.1} µs   p99 {:>8.1} µs   CPU {:>6.1} µs/request",
+        m.run.rps,
+        m.run.p50.as_secs_f64() * 1e6,
+        m.run.p99.as_secs_f64() * 1e6,
+        m.cpu_us
+    );
+}
+
+#[tokio::main]
+async fn main() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let mut args = std::env::args().skip(1);
+    let rounds: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(3);
+    let hosts: u32 = args.next().and_then(|a| a.parse().ok()).unwrap_or(10_000);
+
+    // The same origin for everyone.
+    let origin = Nginx::origin("127.0.0.80", None);
+    let target: SocketAddr = format!("127.0.0.80:{}", origin.port).parse().unwrap();
+    let url = format!("http://{target}/ok");
+    let provider_ca = TestCa::new("provider CA");
+    let tls_origin = Nginx::origin("127.0.0.1", Some(("localhost", &provider_ca)));
+    let authority = format!("localhost:{}", tls_origin.port);
+
+    let squid = Squid::plain();
+    let bump_ca = TestCa::new("squid bump CA");
+    let bump = Squid::bump(&bump_ca.pem, &bump_ca.key_pem, &provider_ca.pem);
+    let sluice = {
+        let dir = sluice_tests::harness::TempDir::new("bench-squid");
+        std::fs::write(dir.join("provider-ca.pem"), &provider_ca.pem).unwrap();
+        let config = format!(
+            "{}[upstream]\nextra_ca = \"{}\"\n[limits]\nmax_providers = {}\n",
+            FAST.replace("{PORT}", &tls_origin.port.to_string()),
+            dir.join("provider-ca.pem").display(),
+            hosts + 100
+        );
+        Sluice::start_in(dir, &config)
+    };
+    let sluice_ca =
+        std::fs::read_to_string(sluice.dir.join("state").join("ca.crt")).expect("sluice's CA");
+    let squid_addr: SocketAddr = format!("127.0.0.1:{}", squid.port).parse().unwrap();
+    let bump_addr: SocketAddr = format!("127.0.0.1:{}", bump.port).parse().unwrap();
+
+    // Warm every path once: connections pooled, leaves made.
+    wrk(target, None, 4, 1, 1);
+    wrk(squid_addr, Some(&url), 4, 1, 1);
+    wrk(sluice.proxy, Some(&url), 4, 1, 1);
+    for (proxy, ca) in [(sluice.proxy, &sluice_ca), (bump_addr, &bump_ca.pem)] {
+        load_tunnelled(proxy, &authority, "localhost", ca, "/ok", 4, 1).await;
+    }
+
+    println!(
+        "sluice beside squid {}: {rounds} rounds, {SECS} s each, one 2-core machine shared with the load and the origin\n",
+        squid_version()
+    );
+    let (mut direct, mut sq, mut sl) = (Vec::new(), Vec::new(), Vec::new());
+    println!("1. plain HTTP, {CONNS} kept-alive connections (wrk, 2 threads)");
+    for _ in 0..rounds {
+        let d = wrk(target, None, CONNS, 2, SECS);
+        println!(
+            "  {:<22} {:>8.0} req/s   p50 {:>8.1} µs",
+            "direct",
+            d.rps,
+            d.p50.as_secs_f64() * 1e6
+        );
+        direct.push(d.rps);
+        let q = measure(squid.pid(), || wrk(squid_addr, Some(&url), CONNS, 2, SECS));
+        row("squid", &q);
+        let s = measure(sluice.pid(), || {
+            wrk(sluice.proxy, Some(&url), CONNS, 2, SECS)
+        });
+        row("sluice", &s);
+        sq.push(q);
+        sl.push(s);
+    }
+    let rps = |v: &[Measured]| median(v.iter().map(|m| m.run.rps).collect());
+    let cpu = |v: &[Measured]| median(v.iter().map(|m| m.cpu_us).collect());
+    let plain_cpu = cpu(&sl);
+    println!(
+        "  medians: direct {:.0} req/s; squid {:.0} req/s, {:.1} µs/request; sluice {:.0} req/s, {:.1} µs/request\n  \
+         sluice: {:.2}× squid's requests per second, {:.2}× its CPU per request\n",
+        median(direct),
+        rps(&sq),
+        cpu(&sq),
+        rps(&sl),
+        plain_cpu,
+        rps(&sl) / rps(&sq),
+        plain_cpu / cpu(&sq)
+    );
+
+    println!("2. one connection (wrk, 1 thread)");
+    let (mut d50, mut q50, mut s50) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        let d = wrk(target, None, 1, 1, SECS);
+        let q = wrk(squid_addr, Some(&url), 1, 1, SECS);
+        let s = wrk(sluice.proxy, Some(&url), 1, 1, SECS);
+        println!(
+            "  p50 direct {:>6.1} µs   squid {:>6.1} µs   sluice {:>6.1} µs",
+            d.p50.as_secs_f64() * 1e6,
+            q.p50.as_secs_f64() * 1e6,
+            s.p50.as_secs_f64() * 1e6
+        );
+        d50.push(d.p50.as_secs_f64() * 1e6);
+        q50.push(q.p50.as_secs_f64() * 1e6);
+        s50.push(s.p50.as_secs_f64() * 1e6);
+    }
+    let (d50, q50, s50) = (median(d50), median(q50), median(s50));
+    println!(
+        "  medians: sluice = direct + {:.1} µs; squid = direct + {:.1} µs\n",
+        s50 - d50,
+        q50 - d50
+    );
+
+    println!("3. intercepted HTTPS, {CONNS} kept-alive connections (CONNECT, TLS 1.3 to the proxy's CA, HTTP/1.1)");
+    let (mut bq, mut bs) = (Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        let q = measure(bump.pid(), || {
+            block(load_tunnelled(
+                bump_addr,
+                &authority,
+                "localhost",
+                &bump_ca.pem,
+                "/ok",
+                CONNS,
+                SECS,
+            ))
+        });
+        row("squid ssl-bump", &q);
+        let s = measure(sluice.pid(), || {
+            block(load_tunnelled(
+                sluice.proxy,
+                &authority,
+                "localhost",
+                &sluice_ca,
+                "/ok",
+                CONNS,
+                SECS,
+            ))
+        });
+        row("sluice intercepting", &s);
+        bq.push(q);
+        bs.push(s);
+    }
+    println!(
+        "  medians: squid ssl-bump {:.0} req/s, {:.1} µs/request; sluice {:.0} req/s, {:.1} µs/request\n  \
+         sluice: {:.2}× squid ssl-bump's requests per second; its HTTPS costs {:.2}× its plain HTTP per request\n",
+        rps(&bq),
+        cpu(&bq),
+        rps(&bs),
+        cpu(&bs),
+        rps(&bs) / rps(&bq),
+        cpu(&bs) / plain_cpu
+    );
+
+    println!("4. {hosts} tracked hosts (one request each, a refused connect: 502)");
+    let before = status_kib(sluice.pid(), "VmRSS");
+    let providers_before = tracked(&sluice).await;
+    track_hosts(sluice.proxy, hosts).await;
+    let after = status_kib(sluice.pid(), "VmRSS");
+    let added = tracked(&sluice).await.saturating_sub(providers_before);
+    println!(
+        "  resident {:.1} → {:.1} MiB for {added} providers added: {:.0} bytes per host\n",
+        before as f64 / 1024.0,
+        after as f64 / 1024.0,
+        (after.saturating_sub(before) * 1024) as f64 / added.max(1) as f64
+    );
+}
+
+/// Runs a future to completion from inside `measure`'s closure.
+fn block<F: std::future::Future>(f: F) -> F::Output {
+    tokio::task::block_in_place(|| tokio::runtime::Handle::current().block_on(f))
+}
+
+/// Providers the admin API lists.
+async fn tracked(sluice: &Sluice) -> usize {
+    let (status, body) = sluice.admin_get("/v1/providers").await;
+    assert_eq!(status, 200);
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    v.as_array()
+        .or_else(|| v["providers"].as_array())
+        .map_or(0, |a| a.len())
+}
+
+/// One request to each of `n` loopback addresses, 16 connections at once.
+async fn track_hosts(proxy: SocketAddr, n: u32) {
+    use bytes::Bytes;
+    use http_body_util::{BodyExt, Empty};
+    let per = n.div_ceil(16);
+    let mut tasks = Vec::new();
+    for c in 0..16 {
+        tasks.push(tokio::spawn(async move {
+            let stream = tokio::net::TcpStream::connect(proxy).await.unwrap();
+            let (mut send, conn) =
+                hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                    .await
+                    .unwrap();
+            tokio::spawn(conn);
+            for i in (c * per)..((c + 1) * per).min(n) {
+                // 127.1.0.0 onwards; port 9 (discard): nothing listens.
+                let ip = std::net::Ipv4Addr::from(0x7f01_0000u32 + i);
+                let req = http::Request::get(format!("http://{ip}:9/"))
+                    .body(Empty::<Bytes>::new())
+                    .unwrap();
+                let resp = send.send_request(req).await.unwrap();
+                assert_eq!(resp.status(), 502, "a refused connect answers 502");
+                resp.into_body().collect().await.unwrap();
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+}
+
+fn squid_version() -> String {
+    std::process::Command::new("/usr/sbin/squid")
+        .arg("-v")
+        .output()
+        .ok()
+        .and_then(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .next()
+                .map(|l| l.trim_start_matches("Squid Cache: ").to_string())
+        })
+        .unwrap_or_else(|| "(version unknown)".into())
+}
