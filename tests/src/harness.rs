@@ -30,6 +30,25 @@ pub fn binary() -> PathBuf {
     bin
 }
 
+/// Stops a server that has children of its own (nginx's workers, squid's
+/// helpers): SIGTERM, so it stops them, then SIGKILL if it has not exited
+/// within 3 s. A SIGKILL alone left nginx's worker running, still
+/// listening and holding its connections.
+pub fn stop(child: &mut Child) {
+    let _ = Command::new("kill")
+        .arg("-TERM")
+        .arg(child.id().to_string())
+        .status();
+    for _ in 0..150 {
+        if let Ok(Some(_)) = child.try_wait() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
 /// A fresh directory under the system temp dir, removed on drop.
 #[derive(Debug)]
 pub struct TempDir(pub PathBuf);

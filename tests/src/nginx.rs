@@ -19,8 +19,7 @@ pub struct Nginx {
 
 impl Drop for Nginx {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        crate::harness::stop(&mut self.child);
     }
 }
 

@@ -19,8 +19,7 @@ pub struct Squid {
 
 impl Drop for Squid {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        crate::harness::stop(&mut self.child);
     }
 }
 

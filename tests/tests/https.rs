@@ -526,3 +526,82 @@ async fn a_run_counts_raw_tunnels_by_connect() {
     );
     assert_eq!(s.sims[0].hits("/ok").len(), 2);
 }
+
+/// Issue 24: an intercepted TLS session resumes on the client's next
+/// tunnel. A client that keeps its sessions (rustls here; curl, Go and
+/// browsers do too) opens three tunnels in turn, each with one request:
+/// the first handshake is full, the next two resume from sluice's ticket
+/// instead of a new key exchange and certificate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn intercepted_tls_sessions_resume_on_the_next_tunnel() {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, ServerName};
+    use rustls::HandshakeKind;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let s = Setup::new(&["127.0.0.64"], "").await;
+    let target = format!("127.0.0.64:{}", s.sims[0].addr.port());
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_file_iter(s.sluice_ca()).unwrap() {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let mut config = rustls::ClientConfig::builder()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    // One config for every tunnel: its session store outlives each one.
+    let tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+    let mut kinds = Vec::new();
+    for _ in 0..3 {
+        let mut tcp = tokio::net::TcpStream::connect(s.sluice.proxy)
+            .await
+            .unwrap();
+        tcp.write_all(format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n").as_bytes())
+            .await
+            .unwrap();
+        let mut head = Vec::new();
+        let mut byte = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") && head.len() < 4096 {
+            tokio::time::timeout(T, tcp.read_exact(&mut byte))
+                .await
+                .expect("CONNECT answered in time")
+                .unwrap();
+            head.push(byte[0]);
+        }
+        assert!(head.starts_with(b"HTTP/1.1 200"), "{head:?}");
+        let name = ServerName::try_from("api.test").unwrap();
+        let mut conn = tokio::time::timeout(T, tls.connect(name, tcp))
+            .await
+            .expect("handshake in time")
+            .expect("sluice's leaf for api.test, signed by its CA");
+        kinds.push(conn.get_ref().1.handshake_kind());
+        // One request and its answer: TLS 1.3 tickets come after the
+        // handshake, with the first bytes the server sends.
+        conn.write_all(b"GET /ok HTTP/1.1\r\nHost: api.test\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut answer = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !answer.ends_with(b"ok") && !answer.ends_with(b"ok\n") {
+            match tokio::time::timeout(T, conn.read(&mut buf)).await {
+                Ok(Ok(n)) if n > 0 => answer.extend_from_slice(&buf[..n]),
+                _ => break,
+            }
+        }
+        assert!(
+            answer.starts_with(b"HTTP/1.1 200"),
+            "{}",
+            String::from_utf8_lossy(&answer)
+        );
+    }
+    assert_eq!(
+        kinds,
+        [
+            Some(HandshakeKind::Full),
+            Some(HandshakeKind::Resumed),
+            Some(HandshakeKind::Resumed)
+        ],
+        "each tunnel after the first resumes its TLS session"
+    );
+}
