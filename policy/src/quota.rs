@@ -103,6 +103,15 @@ pub fn advertised(
     headers: &HeaderMap,
     now_wall: SystemTime,
 ) -> Result<Option<Advertised>, Malformed> {
+    // Most answers carry neither family: one pass over the names decides,
+    // instead of a dozen look-ups by name (each parsing the name).
+    let any = headers.keys().any(|k| {
+        let k = k.as_str();
+        k.starts_with("ratelimit") || k.starts_with("x-ratelimit")
+    });
+    if !any {
+        return Ok(None);
+    }
     if let Some(a) = ietf(headers, now_wall)? {
         return Ok(Some(a));
     }
