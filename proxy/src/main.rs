@@ -190,11 +190,17 @@ fn main() -> ExitCode {
     process::init_logging(matches!(cli.log_format, LogFormat::Json));
     // rustls: the ring provider, installed explicitly before any TLS use.
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(config.limits.workers)
-        .enable_all()
-        .build()
-    {
+    // One worker: tokio's current-thread scheduler (no work-stealing
+    // queues or cross-thread wake-ups to pay for); more: its multi-thread
+    // one.
+    let mut builder = if config.limits.workers == 1 {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        let mut b = tokio::runtime::Builder::new_multi_thread();
+        b.worker_threads(config.limits.workers);
+        b
+    };
+    let runtime = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("cannot start the runtime: {e}");

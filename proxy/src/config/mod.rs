@@ -460,11 +460,12 @@ pub struct Limits {
     pub save_interval: Duration,
     /// Distinct provider labels exported in metrics; the rest are `_other`.
     pub max_metric_providers: usize,
-    /// Threads that serve connections (the async runtime's workers). One
-    /// by default: a paced proxy's traffic is bounded by its providers'
-    /// budgets, a sidecar shares its node, and one thread spends less CPU
-    /// per request than two on the same load (issue 24: no cross-thread
-    /// wake-ups). Read at start; a reload does not change it.
+    /// Threads that serve connections. One by default, on tokio's
+    /// current-thread scheduler: a paced proxy's traffic is bounded by its
+    /// providers' budgets, a sidecar shares its node, and one thread spends
+    /// far less CPU per request than two on the same load (issue 24: no
+    /// work-stealing queues, no cross-thread wake-ups). More run on the
+    /// multi-thread scheduler. Read at start; a reload does not change it.
     pub workers: usize,
 }
 
