@@ -137,6 +137,20 @@ impl Providers {
         self.entries.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// The provider name for a host.
+    fn name_of(&self, host: &str) -> String {
+        let host = normalise_host(host);
+        let rules = self.rules();
+        match rules
+            .named
+            .iter()
+            .find(|p| p.hosts.iter().any(|h| h.matches(&host)))
+        {
+            Some(p) => p.name.clone(),
+            None => host,
+        }
+    }
+
     /// The provider name, settings and interception for a host.
     pub fn lookup(&self, host: &str) -> (String, ValidSettings, bool) {
         let host = normalise_host(host);
@@ -154,13 +168,15 @@ impl Providers {
     /// The provider for a host, created (and its learned state restored)
     /// on first use.
     pub fn get(&self, host: &str) -> Arc<Provider> {
-        let (name, settings, intercept) = self.lookup(host);
         let now = Instant::now();
         let mut entries = self.entries();
-        if let Some(p) = entries.get(&name) {
+        // A live provider is found by name alone: its settings are not
+        // copied on every request (issue 24).
+        if let Some(p) = entries.get(&self.name_of(host)) {
             p.touch(self.epoch, now);
             return p.clone();
         }
+        let (name, settings, intercept) = self.lookup(host);
         let max = self.rules().limits.max_providers;
         if entries.len() >= max {
             self.evict_idle(&mut entries, now);

@@ -131,6 +131,45 @@ impl PacerShared {
             .clone()
     }
 
+    /// Feeds back an answered attempt in one call: its outcome, as
+    /// [`PacerShared::feedback`], then the units the provider charged
+    /// beyond the price, as [`PacerShared::charge`], then the quota its
+    /// headers advertise, as [`PacerShared::quota`] — under one lock, with
+    /// one clock reading (issue 24: the answer's hot path took the lock
+    /// three times).
+    pub fn answered(
+        &self,
+        outcome: Option<Outcome>,
+        sent_at: Instant,
+        ttfb: Option<Duration>,
+        extra: u32,
+        quota: Option<Result<Option<Advertised>, Malformed>>,
+    ) {
+        emit(&self.events, Event::Attempt { outcome, ttfb });
+        let advertised = match quota {
+            None => None,
+            Some(Ok(a)) => Some(a),
+            Some(Err(Malformed(family))) => {
+                emit(&self.events, Event::QuotaMalformed(family));
+                Some(None)
+            }
+        };
+        let now = Instant::now();
+        let (on_outcome, on_quota) = {
+            let mut core = self.lock();
+            let o = outcome.map(|o| core.on_outcome(&o, sent_at, ttfb, now));
+            if extra > 0 {
+                core.charge(now, extra);
+            }
+            let q = advertised.map(|a| core.on_quota(a, sent_at, now));
+            (o, q)
+        };
+        for fb in [on_outcome, on_quota].into_iter().flatten() {
+            self.share(&fb, sent_at);
+            self.announce(fb, now);
+        }
+    }
+
     /// Reports what this replica learned to the shared budget: a cut (once
     /// per congestion epoch there), a raise, a hold.
     fn share(&self, fb: &Feedback, sent_at: Instant) {

@@ -87,30 +87,27 @@ where
                 }
             }
             let mut result = inner.oneshot(req).await.map_err(Into::into);
-            let outcome = Outcome::of_result(&result, SystemTime::now());
+            let wall = SystemTime::now();
+            let outcome = Outcome::of_result(&result, wall);
             let ttfb = result
                 .as_ref()
                 .ok()
                 .and_then(|resp| resp.extensions().get::<Ttfb>().map(|t| t.0));
-            shared.feedback(outcome, sent_at, ttfb);
+            let (mut extra, mut quota) = (0, None);
             if let Ok(resp) = &mut result {
-                // What the provider says it charged, beyond the price: the
-                // pacer takes it on, and so does the run (its gate reads it).
                 if let Some(charged) = cost_header
                     .as_ref()
                     .and_then(|h| crate::cost::charged(resp.headers(), h))
                 {
-                    let extra = charged.saturating_sub(units);
-                    shared.charge(extra);
+                    extra = charged.saturating_sub(units);
                     if extra > 0 {
                         resp.extensions_mut().insert(crate::cost::Charged(extra));
                     }
                 }
-                shared.quota(
-                    quota::advertised(resp.headers(), SystemTime::now()),
-                    sent_at,
-                );
+                quota = Some(quota::advertised(resp.headers(), wall));
             }
+            // Outcome, charge, quota: one call, one lock.
+            shared.answered(outcome, sent_at, ttfb, extra, quota);
             result
         })
     }

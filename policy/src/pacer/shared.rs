@@ -240,6 +240,14 @@ mod tests {
             for _ in 0..2 {
                 let p = p.clone();
                 tasks.push(tokio::spawn(async move {
+                    // The 1-unit replica asks first. Told of the same slot,
+                    // replicas wake a random 0-2 ms apart — but on tokio's
+                    // 1 ms timer ticks, and in a tie the timer's order
+                    // decides: the 1-unit one lost all five 10-unit slots
+                    // in about a quarter of runs when both began at once.
+                    if units == 10 {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
                     let mut spent = 0;
                     while Instant::now() < end {
                         let class = crate::pacer::Class::default();
