@@ -45,7 +45,7 @@ impl std::fmt::Debug for PolicyOptions {
 #[derive(Debug)]
 pub struct ProviderPolicy {
     name: String,
-    settings: Mutex<ValidSettings>,
+    settings: Mutex<Arc<ValidSettings>>,
     /// GCRA + AIMD + hold + waiting room.
     pub pacer: Arc<PacerShared>,
     /// The circuit breaker.
@@ -98,9 +98,12 @@ impl ProviderPolicy {
     /// Cold state for a provider.
     pub fn new(
         name: impl Into<String>,
-        settings: ValidSettings,
+        settings: impl Into<Arc<ValidSettings>>,
         options: PolicyOptions,
     ) -> Arc<Self> {
+        // Shared, not copied: every provider of the defaults holds the same
+        // settings (issue 24: 400 bytes and more of each).
+        let settings = settings.into();
         let retry = Arc::new(RetryShared::with_events(
             &settings,
             options.jitter.unwrap_or_else(Jitter::random),
@@ -124,7 +127,7 @@ impl ProviderPolicy {
     }
 
     /// The settings in force.
-    pub fn settings(&self) -> ValidSettings {
+    pub fn settings(&self) -> Arc<ValidSettings> {
         self.settings
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -132,7 +135,8 @@ impl ProviderPolicy {
     }
 
     /// Applies new settings without losing what was learned (R-OP5).
-    pub fn update_settings(&self, settings: ValidSettings) {
+    pub fn update_settings(&self, settings: impl Into<Arc<ValidSettings>>) {
+        let settings = settings.into();
         self.pacer.lock().update_settings(&settings);
         self.pacer.notify();
         self.breaker.update_settings(&settings);

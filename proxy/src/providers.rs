@@ -80,7 +80,8 @@ struct Kept {
 
 struct Rules {
     named: Vec<NamedProvider>,
-    defaults: ValidSettings,
+    /// One copy, shared by every provider of the defaults.
+    defaults: Arc<ValidSettings>,
     defaults_intercept: bool,
     limits: Limits,
 }
@@ -110,7 +111,7 @@ impl Providers {
             epoch: Instant::now(),
             rules: RwLock::new(Rules {
                 named: config.providers.clone(),
-                defaults: config.defaults.clone(),
+                defaults: Arc::new(config.defaults.clone()),
                 defaults_intercept: config.defaults_intercept,
                 limits: config.limits.clone(),
             }),
@@ -152,7 +153,7 @@ impl Providers {
     }
 
     /// The provider name, settings and interception for a host.
-    pub fn lookup(&self, host: &str) -> (String, ValidSettings, bool) {
+    pub fn lookup(&self, host: &str) -> (String, Arc<ValidSettings>, bool) {
         let host = normalise_host(host);
         let rules = self.rules();
         match rules
@@ -160,7 +161,7 @@ impl Providers {
             .iter()
             .find(|p| p.hosts.iter().any(|h| h.matches(&host)))
         {
-            Some(p) => (p.name.clone(), p.settings.clone(), p.intercept),
+            Some(p) => (p.name.clone(), Arc::new(p.settings.clone()), p.intercept),
             None => (host, rules.defaults.clone(), rules.defaults_intercept),
         }
     }
@@ -213,7 +214,7 @@ impl Providers {
     fn build(
         &self,
         name: &str,
-        settings: ValidSettings,
+        settings: Arc<ValidSettings>,
         intercept: bool,
         now: Instant,
     ) -> Provider {
@@ -360,15 +361,16 @@ impl Providers {
             let mut rules = self.rules.write().unwrap_or_else(|p| p.into_inner());
             *rules = Rules {
                 named: config.providers.clone(),
-                defaults: config.defaults.clone(),
+                defaults: Arc::new(config.defaults.clone()),
                 defaults_intercept: config.defaults_intercept,
                 limits: config.limits.clone(),
             };
         }
+        let defaults = self.rules().defaults.clone();
         for p in self.all() {
             let (settings, intercept) = match config.providers.iter().find(|n| n.name == p.name) {
-                Some(n) => (n.settings.clone(), n.intercept),
-                None => (config.defaults.clone(), config.defaults_intercept),
+                Some(n) => (Arc::new(n.settings.clone()), n.intercept),
+                None => (defaults.clone(), config.defaults_intercept),
             };
             p.share(self.shared.as_ref(), settings.shared);
             p.policy.update_settings(settings);
