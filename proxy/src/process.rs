@@ -250,8 +250,25 @@ fn restore(providers: &Providers, store: &Store, metrics: &Metrics, max_age: Dur
 /// Saves every provider's learned state and waits until it is on disk —
 /// through the store's writer thread, never on a runtime worker.
 async fn save(app: &App) {
+    save_learned(app, app.providers.learned()).await;
+}
+
+/// What changed since the last save: the periodic save (every provider is
+/// saved at shutdown).
+async fn save_changed(app: &App) {
+    save_learned(app, app.providers.learned_changed()).await;
+}
+
+async fn save_learned(
+    app: &App,
+    learned: Vec<(
+        String,
+        sluice_policy::provider::LearnedState,
+        std::time::Duration,
+    )>,
+) {
     let Some(writer) = &app.writer else { return };
-    for (name, state, age) in app.providers.learned() {
+    for (name, state, age) in learned {
         writer.save_learned(&name, LearnedRecord::of(&state, age));
     }
     if let Err(e) = writer.flush().await {
@@ -263,7 +280,7 @@ async fn save(app: &App) {
 async fn save_periodically(app: Arc<App>) {
     loop {
         tokio::time::sleep(app.config().limits.save_interval).await;
-        save(&app).await;
+        save_changed(&app).await;
     }
 }
 

@@ -28,6 +28,26 @@ use crate::config::{normalise_host, Config, Limits, NamedProvider};
 use crate::shared::{ProviderBudget, SharedStore};
 use crate::upstream::Upstream;
 
+/// What identifies a provider's saved record: its learned state and when
+/// it was last used (since the table's epoch). An allowance's start counts
+/// to the 100 ms (its `elapsed` is read at `now`).
+fn fingerprint(state: &LearnedState, used: Duration, now: Instant, epoch: Instant) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    state.rate_rps.to_bits().hash(&mut h);
+    state.limit_rps.map(f64::to_bits).hash(&mut h);
+    state.baseline.hash(&mut h);
+    state.breaker.hash(&mut h);
+    state.open_remaining.hash(&mut h);
+    if let Some(a) = state.allowance {
+        let began = now.checked_sub(a.elapsed).unwrap_or(now);
+        (began.saturating_duration_since(epoch).as_millis() / 100).hash(&mut h);
+        a.spent.to_bits().hash(&mut h);
+    }
+    used.as_millis().hash(&mut h);
+    h.finish()
+}
+
 /// The provider every unknown host shares once the table is full.
 pub const OVERFLOW: &str = "_overflow";
 
@@ -59,6 +79,9 @@ pub struct Provider {
     raw_tunnels: AtomicBool,
     /// Milliseconds since the table's epoch at last use.
     last_used: AtomicU64,
+    /// A fingerprint of what was last handed to the store (learned state
+    /// and last use): unchanged providers are not saved again.
+    saved: AtomicU64,
     /// Its budget in Redis, while shared (R-DS1).
     budget: Mutex<Option<Arc<ProviderBudget>>>,
 }
@@ -76,6 +99,9 @@ impl std::fmt::Debug for Provider {
 struct Kept {
     state: LearnedState,
     at: Instant,
+    /// Saved since it was kept: an evicted provider's state no longer
+    /// changes.
+    saved: bool,
 }
 
 struct Rules {
@@ -258,6 +284,7 @@ impl Providers {
             restored: kept.is_some(),
             raw_tunnels: AtomicBool::new(false),
             last_used: AtomicU64::new(0),
+            saved: AtomicU64::new(0),
             budget: Mutex::new(None),
         };
         p.share(self.shared.as_ref(), p.policy.settings().shared);
@@ -271,7 +298,14 @@ impl Providers {
     pub fn keep(&self, name: &str, state: LearnedState, age: Duration) {
         let at = Instant::now().checked_sub(age).unwrap_or_else(Instant::now);
         let mut kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
-        kept.insert(name.to_string(), Kept { state, at });
+        kept.insert(
+            name.to_string(),
+            Kept {
+                state,
+                at,
+                saved: false,
+            },
+        );
         self.bound_kept(&mut kept);
     }
 
@@ -316,6 +350,7 @@ impl Providers {
                         state: p.policy.learned(now),
                         // Its age counts from its last use, not its eviction.
                         at: p.last_used(self.epoch),
+                        saved: false,
                     },
                 );
                 self.bound_kept(&mut kept);
@@ -337,20 +372,42 @@ impl Providers {
     /// each with its age: the time since the provider was last used, which
     /// is what the staleness guard measures (R-PS1).
     pub fn learned(&self) -> Vec<(String, LearnedState, Duration)> {
+        self.learned_where(false)
+    }
+
+    /// Like [`Providers::learned`], only what changed since it was last
+    /// handed out here: a provider whose learned state and last use are
+    /// the same, or a kept state already given, is left out (issue 24:
+    /// every provider was saved every `save_interval`, thousands of
+    /// unchanged records rewritten into sled each time).
+    pub fn learned_changed(&self) -> Vec<(String, LearnedState, Duration)> {
+        self.learned_where(true)
+    }
+
+    fn learned_where(&self, changed_only: bool) -> Vec<(String, LearnedState, Duration)> {
         let now = Instant::now();
         let mut out: Vec<_> = self
             .all()
             .iter()
-            .map(|p| {
-                let age = now.saturating_duration_since(p.last_used(self.epoch));
-                (p.name.clone(), p.policy.learned(now), age)
+            .filter_map(|p| {
+                let used = p.last_used(self.epoch);
+                let state = p.policy.learned(now);
+                let since = used.saturating_duration_since(self.epoch);
+                let print = fingerprint(&state, since, now, self.epoch);
+                let same = p.saved.swap(print, Ordering::Relaxed) == print;
+                if changed_only && same {
+                    return None;
+                }
+                Some((p.name.clone(), state, now.saturating_duration_since(used)))
             })
             .collect();
-        let kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
-        out.extend(
-            kept.iter()
-                .map(|(n, k)| (n.clone(), k.state, now.saturating_duration_since(k.at))),
-        );
+        let mut kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
+        out.extend(kept.iter_mut().filter_map(|(n, k)| {
+            if changed_only && std::mem::replace(&mut k.saved, true) {
+                return None;
+            }
+            Some((n.clone(), k.state, now.saturating_duration_since(k.at)))
+        }));
         out
     }
 
@@ -460,6 +517,41 @@ mod tests {
         assert_eq!(t.get("c.test").name, OVERFLOW);
         // Named providers are never folded.
         assert_eq!(t.get("x.named.test").name, "named");
+    }
+
+    /// Issue 24: the periodic save hands the store only what changed —
+    /// a provider once, then again when it is used or learns something;
+    /// a kept state once. The full list (shutdown) has everyone.
+    #[tokio::test(start_paused = true)]
+    async fn only_what_changed_is_saved_again() {
+        let t = table("");
+        let names = |v: Vec<(String, LearnedState, Duration)>| {
+            let mut n: Vec<String> = v.into_iter().map(|(n, ..)| n).collect();
+            n.sort();
+            n
+        };
+        let a = t.get("a.test");
+        t.get("b.test");
+        assert_eq!(names(t.learned_changed()), ["a.test", "b.test"]);
+        assert!(t.learned_changed().is_empty(), "nothing changed");
+        tokio::time::advance(Duration::from_secs(5)).await;
+        assert!(t.learned_changed().is_empty(), "time alone changes nothing");
+        t.get("a.test");
+        assert_eq!(names(t.learned_changed()), ["a.test"], "a was used");
+        a.policy.pacer.feedback(
+            Some(sluice_policy::outcome::Outcome::Throttled {
+                status: 429,
+                retry_after: None,
+            }),
+            Instant::now(),
+            None,
+        );
+        assert_eq!(names(t.learned_changed()), ["a.test"], "a cut its rate");
+        let state = a.policy.learned(Instant::now());
+        t.keep("gone.test", state, Duration::from_secs(1));
+        assert_eq!(names(t.learned_changed()), ["gone.test"]);
+        assert!(t.learned_changed().is_empty());
+        assert_eq!(names(t.learned()), ["a.test", "b.test", "gone.test"]);
     }
 
     #[tokio::test(start_paused = true)]
