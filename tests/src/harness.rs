@@ -106,6 +106,16 @@ impl Sluice {
 
     /// Starts sluice in `dir` with extra command-line arguments.
     pub fn start_with(dir: TempDir, config: &str, args: &[&str]) -> Sluice {
+        Sluice::spawn(dir, config, args, "info,sluice=debug")
+    }
+
+    /// Starts sluice in `dir` logging as it does by default (`info`): for
+    /// benches, where the tests' debug line per request would be measured.
+    pub fn start_as_deployed(dir: TempDir, config: &str) -> Sluice {
+        Sluice::spawn(dir, config, &[], "info")
+    }
+
+    fn spawn(dir: TempDir, config: &str, args: &[&str], level: &str) -> Sluice {
         let mut text = String::new();
         if !config.contains("listen =") && !config.contains("listen=") {
             text.push_str("listen = \"127.0.0.1:0\"\n");
@@ -128,7 +138,7 @@ impl Sluice {
             .arg("--state-dir")
             .arg(dir.join("state"))
             .args(args)
-            .env("SLUICE_LOG", "info,sluice=debug")
+            .env("SLUICE_LOG", level)
             .stdout(Stdio::piped())
             .stderr(log)
             .spawn()

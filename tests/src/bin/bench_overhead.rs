@@ -22,7 +22,8 @@ const SECS: u64 = 5;
 #[tokio::main]
 async fn main() {
     let sim = Sim::start("127.0.0.60").await;
-    let sluice = Sluice::start(
+    let sluice = Sluice::start_as_deployed(
+        sluice_tests::harness::TempDir::new("bench-overhead"),
         "[destinations]\nallow = [\"127.0.0.0/8\"]\n\
          [defaults]\nceiling_rps = 1000000.0\nstart_rps = 999999.0\nburst = 1000\n\
          max_in_flight = 10000\nmax_queue_len = 10000\n",
