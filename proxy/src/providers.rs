@@ -112,6 +112,15 @@ struct Rules {
     limits: Limits,
 }
 
+impl Rules {
+    /// The named provider a (normalised) host belongs to, if any.
+    fn named_for(&self, host: &str) -> Option<&NamedProvider> {
+        self.named
+            .iter()
+            .find(|p| p.hosts.iter().any(|h| h.matches(host)))
+    }
+}
+
 /// The table.
 pub struct Providers {
     epoch: Instant,
@@ -167,12 +176,7 @@ impl Providers {
     /// The provider name for a host.
     fn name_of(&self, host: &str) -> String {
         let host = normalise_host(host);
-        let rules = self.rules();
-        match rules
-            .named
-            .iter()
-            .find(|p| p.hosts.iter().any(|h| h.matches(&host)))
-        {
+        match self.rules().named_for(&host) {
             Some(p) => p.name.clone(),
             None => host,
         }
@@ -182,11 +186,7 @@ impl Providers {
     pub fn lookup(&self, host: &str) -> (String, Arc<ValidSettings>, bool) {
         let host = normalise_host(host);
         let rules = self.rules();
-        match rules
-            .named
-            .iter()
-            .find(|p| p.hosts.iter().any(|h| h.matches(&host)))
-        {
+        match rules.named_for(&host) {
             Some(p) => (p.name.clone(), Arc::new(p.settings.clone()), p.intercept),
             None => (host, rules.defaults.clone(), rules.defaults_intercept),
         }
