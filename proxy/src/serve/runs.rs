@@ -201,15 +201,22 @@ async fn answer(
                 Err(e) => run_error(e),
             }
         }
-        (Method::GET, ["v1", "runs", id]) => match app.runs.get(id) {
-            Ok(view) => {
-                app.store_applied().await;
-                let mut j = view_json(&view);
-                j["providers"] = run_providers(app, &view.record);
-                reply(StatusCode::OK, &j)
+        (Method::GET, ["v1", "runs", id]) => {
+            // What ends now is queued first, and every write queued so far
+            // is read back before the record is: an ended run's record on
+            // its way to the store (a lapse, a restart's interrupted runs)
+            // was read as it stood before — still active.
+            app.runs.sweep(tokio::time::Instant::now());
+            app.store_applied().await;
+            match app.runs.get(id) {
+                Ok(view) => {
+                    let mut j = view_json(&view);
+                    j["providers"] = run_providers(app, &view.record);
+                    reply(StatusCode::OK, &j)
+                }
+                Err(e) => run_error(e),
             }
-            Err(e) => run_error(e),
-        },
+        }
         (Method::POST, ["v1", "runs", id, "heartbeat"]) => match app.runs.heartbeat(id) {
             Ok(view) => reply(StatusCode::OK, &view_json(&view)),
             Err(e) => run_error(e),
