@@ -60,11 +60,7 @@ impl Haproxy {
             ports.push((ip.to_string(), port));
         }
         std::fs::write(dir.join("haproxy.cfg"), conf).expect("write the config");
-        let bin = ["/usr/sbin/haproxy", "/usr/bin/haproxy"]
-            .into_iter()
-            .find(|p| std::path::Path::new(p).exists())
-            .unwrap_or("haproxy");
-        let mut child = Command::new(bin)
+        let mut child = Command::new(crate::harness::debian_bin("haproxy"))
             .arg("-db")
             .arg("-f")
             .arg(dir.join("haproxy.cfg"))

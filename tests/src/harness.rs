@@ -30,6 +30,25 @@ pub fn binary() -> PathBuf {
     bin
 }
 
+/// A Debian package's daemon: in /usr/sbin, which not every PATH has, or
+/// /usr/bin, or wherever PATH finds it.
+pub fn debian_bin(name: &str) -> PathBuf {
+    ["/usr/sbin", "/usr/bin"]
+        .iter()
+        .map(|d| Path::new(d).join(name))
+        .find(|p| p.exists())
+        .unwrap_or_else(|| PathBuf::from(name))
+}
+
+/// A port free on `ip` now.
+pub fn free_port(ip: &str) -> u16 {
+    std::net::TcpListener::bind((ip, 0))
+        .expect("a free port")
+        .local_addr()
+        .expect("its address")
+        .port()
+}
+
 /// Stops a server that has children of its own (nginx's workers, squid's
 /// helpers): SIGTERM, so it stops them, then SIGKILL if it has not exited
 /// within 3 s. A SIGKILL alone left nginx's worker running, still

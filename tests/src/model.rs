@@ -477,12 +477,9 @@ impl Gate for Sluice {
             &headers,
             std::time::SystemTime::now(),
         );
+        let quota = sluice_policy::quota::advertised(&headers, std::time::SystemTime::now());
         self.0
-            .feedback(Some(outcome), sent_at, Some(answer.latency));
-        self.0.quota(
-            sluice_policy::quota::advertised(&headers, std::time::SystemTime::now()),
-            sent_at,
-        );
+            .answered(Some(outcome), sent_at, Some(answer.latency), 0, Some(quota));
     }
 }
 

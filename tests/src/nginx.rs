@@ -6,7 +6,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 pub use crate::answers::{figures, now_ms, Answer};
-use crate::harness::TempDir;
+use crate::harness::{free_port, TempDir};
 use crate::pki::TestCa;
 
 /// A running nginx.
@@ -124,12 +124,7 @@ impl Nginx {
                uwsgi_temp_path {d}uwsgi;\n  scgi_temp_path {d}scgi;\n{http}{servers}}}\n"
         );
         std::fs::write(dir.join("nginx.conf"), conf).unwrap();
-        // Debian puts it in /usr/sbin, which not every PATH has.
-        let bin = ["/usr/sbin/nginx", "/usr/bin/nginx"]
-            .into_iter()
-            .find(|p| std::path::Path::new(p).exists())
-            .unwrap_or("nginx");
-        let mut child = Command::new(bin)
+        let mut child = Command::new(crate::harness::debian_bin("nginx"))
             .arg("-p")
             .arg(dir.join(""))
             .arg("-c")
@@ -179,13 +174,4 @@ impl Nginx {
             })
             .collect()
     }
-}
-
-/// A port free on `ip` now (the server binds it right after).
-fn free_port(ip: &str) -> u16 {
-    TcpListener::bind((ip, 0))
-        .expect("a free port")
-        .local_addr()
-        .expect("its address")
-        .port()
 }

@@ -3,7 +3,6 @@
 //! (Debian's `squid-openssl`). One process (`workers 1`, `-N`), no cache,
 //! no access log. Stopped on drop.
 
-use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -67,11 +66,7 @@ impl Squid {
     }
 
     fn run(dir: TempDir, port_options: &str) -> Squid {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = crate::harness::free_port("127.0.0.1");
         let d = dir.join("").display().to_string();
         // `port_options` begins on the http_port line (its first line).
         let conf = format!(
@@ -89,11 +84,7 @@ impl Squid {
                 .arg(dir.join(""))
                 .status();
         }
-        let bin = ["/usr/sbin/squid", "/usr/bin/squid"]
-            .into_iter()
-            .find(|p| std::path::Path::new(p).exists())
-            .unwrap_or("squid");
-        let mut child = Command::new(bin)
+        let mut child = Command::new(crate::harness::debian_bin("squid"))
             .arg("-N")
             .arg("-f")
             .arg(dir.join("squid.conf"))

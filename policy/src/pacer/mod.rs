@@ -108,16 +108,10 @@ impl PacerShared {
     }
 
     /// Feeds back an attempt's outcome (see [`PacerCore::on_outcome`]),
-    /// wakes waiters if their slots moved, and reports what happened.
+    /// wakes waiters if their slots moved, and reports what happened: an
+    /// answer without quota headers or extra charge.
     pub fn feedback(&self, outcome: Option<Outcome>, sent_at: Instant, ttfb: Option<Duration>) {
-        emit(&self.events, Event::Attempt { outcome, ttfb });
-        let Some(outcome) = outcome else {
-            return;
-        };
-        let now = Instant::now();
-        let fb = self.lock().on_outcome(&outcome, sent_at, ttfb, now);
-        self.share(&fb, sent_at);
-        self.announce(fb, now);
+        self.answered(outcome, sent_at, ttfb, 0, None);
     }
 
     /// Shares the budget with other replicas through `budget` (R-DS1), or
@@ -133,12 +127,12 @@ impl PacerShared {
             .clone()
     }
 
-    /// Feeds back an answered attempt in one call: its outcome, as
-    /// [`PacerShared::feedback`], then the units the provider charged
-    /// beyond the price, as [`PacerShared::charge`], then the quota its
-    /// headers advertise, as [`PacerShared::quota`] — under one lock, with
-    /// one clock reading (issue 24: the answer's hot path took the lock
-    /// three times).
+    /// Feeds back an answered attempt in one call: its outcome (see
+    /// [`PacerCore::on_outcome`]), then the units the provider charged
+    /// beyond the price (R-FS2), then the quota its headers advertise
+    /// (R-SG1; malformed headers are counted and ignored) — under one
+    /// lock, with one clock reading; wakes waiters if their slots moved
+    /// and reports what happened.
     pub fn answered(
         &self,
         outcome: Option<Outcome>,
@@ -213,30 +207,6 @@ impl PacerShared {
         }
         if let Some(began) = fb.outage {
             emit(&self.events, Event::Outage(began));
-        }
-    }
-
-    /// Feeds back the quota headers of an answer (R-SG1): an advertised
-    /// quota sets the pace; malformed headers are counted and ignored.
-    pub fn quota(&self, parsed: Result<Option<Advertised>, Malformed>, sent_at: Instant) {
-        let advertised = match parsed {
-            Ok(a) => a,
-            Err(Malformed(family)) => {
-                emit(&self.events, Event::QuotaMalformed(family));
-                None
-            }
-        };
-        let now = Instant::now();
-        let fb = self.lock().on_quota(advertised, sent_at, now);
-        self.share(&fb, sent_at);
-        self.announce(fb, now);
-    }
-
-    /// The provider charged a request `extra` units beyond its price
-    /// (R-FS2): the schedule takes them on.
-    pub fn charge(&self, extra: u32) {
-        if extra > 0 {
-            self.lock().charge(Instant::now(), extra);
         }
     }
 

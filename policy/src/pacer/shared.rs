@@ -213,6 +213,14 @@ mod tests {
         per
     }
 
+    /// The shared store, answering.
+    fn store_up() -> Arc<Fake> {
+        Arc::new(Fake(Mutex::new(Store {
+            up: true,
+            ..Store::default()
+        })))
+    }
+
     fn replicas(fake: &Arc<Fake>) -> Vec<Arc<PacerShared>> {
         (0..2)
             .map(|_| {
@@ -229,10 +237,7 @@ mod tests {
     /// 50 requests.
     #[tokio::test(start_paused = true)]
     async fn a_costly_request_takes_as_many_shared_slots() {
-        let fake = Arc::new(Fake(Mutex::new(Store {
-            up: true,
-            ..Store::default()
-        })));
+        let fake = store_up();
         let pacers = replicas(&fake);
         let end = Instant::now() + Duration::from_secs(10);
         let mut tasks = Vec::new();
@@ -277,10 +282,7 @@ mod tests {
     /// with the store down each paces alone at its share.
     #[tokio::test(start_paused = true)]
     async fn replicas_pace_by_one_schedule_and_one_hold() {
-        let fake = Arc::new(Fake(Mutex::new(Store {
-            up: true,
-            ..Store::default()
-        })));
+        let fake = store_up();
         let pacers = replicas(&fake);
         let per = run(&pacers, 10).await;
         let total: u32 = per.iter().sum();

@@ -38,12 +38,6 @@ pub struct Handles {
     unclassed_wait: OnceLock<Histogram>,
 }
 
-impl Handles {
-    fn ttfb(&self, m: &Metrics, label: &str) -> &Histogram {
-        self.ttfb.get_or_init(|| m.ttfb.with_label_values(&[label]))
-    }
-}
-
 /// The label every provider beyond the label cap shares.
 pub const OTHER: &str = "_other";
 
@@ -677,16 +671,10 @@ impl Metrics {
                     .get_or_init(|| self.attempts.with_label_values(&[label, "success"]))
                     .inc();
                 if let Some(t) = ttfb {
-                    h.ttfb(self, label).observe(t.as_secs_f64());
+                    h.ttfb
+                        .get_or_init(|| self.ttfb.with_label_values(&[label]))
+                        .observe(t.as_secs_f64());
                 }
-            }
-            Event::Attempt {
-                outcome,
-                ttfb: Some(t),
-            } => {
-                let o = outcome.map_or("no_answer", |o| o.label());
-                self.attempts.with_label_values(&[label, o]).inc();
-                h.ttfb(self, label).observe(t.as_secs_f64());
             }
             Event::PacingWait(w) => h
                 .pacing_wait
