@@ -102,7 +102,10 @@ pub struct BodyIdle(pub Duration);
 pub struct IdleTimeout<B> {
     inner: B,
     idle: Duration,
-    sleep: Pin<Box<Sleep>>,
+    /// Set at the first wait.
+    sleep: Option<Pin<Box<Sleep>>>,
+    /// A frame came since the timer was last set.
+    progressed: bool,
     _in_flight: Option<InFlight>,
 }
 
@@ -112,7 +115,8 @@ impl<B> IdleTimeout<B> {
         IdleTimeout {
             inner,
             idle,
-            sleep: Box::pin(tokio::time::sleep(idle)),
+            sleep: None,
+            progressed: false,
             _in_flight: in_flight,
         }
     }
@@ -133,14 +137,32 @@ where
         let this = &mut *self;
         match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(frame) => {
-                let deadline = tokio::time::Instant::now() + this.idle;
-                this.sleep.as_mut().reset(deadline);
+                this.progressed = true;
                 Poll::Ready(frame.map(|f| f.map_err(Into::into)))
             }
-            Poll::Pending => match this.sleep.as_mut().poll(cx) {
-                Poll::Ready(()) => Poll::Ready(Some(Err(BodyIdle(this.idle).into()))),
-                Poll::Pending => Poll::Pending,
-            },
+            Poll::Pending => {
+                // The idle clock starts when sluice finds itself waiting,
+                // and again after each frame; a body that is all there
+                // when its head is (most answers) never sets a timer.
+                let deadline = tokio::time::Instant::now() + this.idle;
+                let sleep = match &mut this.sleep {
+                    Some(sleep) => {
+                        if std::mem::take(&mut this.progressed) {
+                            sleep.as_mut().reset(deadline);
+                        }
+                        sleep
+                    }
+                    None => {
+                        this.progressed = false;
+                        this.sleep
+                            .insert(Box::pin(tokio::time::sleep_until(deadline)))
+                    }
+                };
+                match sleep.as_mut().poll(cx) {
+                    Poll::Ready(()) => Poll::Ready(Some(Err(BodyIdle(this.idle).into()))),
+                    Poll::Pending => Poll::Pending,
+                }
+            }
         }
     }
 

@@ -52,12 +52,17 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
         return;
     }
     if headers.contains_key(header::CONNECTION) {
+        // `keep-alive` and `close`, the usual tokens, name nothing more to
+        // remove: only other names are gathered (no copy in the usual case).
         let named: Vec<HeaderName> = headers
             .get_all(header::CONNECTION)
             .iter()
             .filter_map(|v| v.to_str().ok())
             .flat_map(|v| v.split(','))
-            .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
+            .map(str::trim)
+            .filter(|t| !t.eq_ignore_ascii_case("close") && !t.eq_ignore_ascii_case("keep-alive"))
+            .filter_map(|t| HeaderName::from_bytes(t.as_bytes()).ok())
+            .filter(|n| !HOP_BY_HOP.contains(n))
             .collect();
         for name in named {
             headers.remove(name);
@@ -177,10 +182,14 @@ impl Target {
     /// header, a log or the provider.
     pub fn of(uri: &Uri) -> Option<Target> {
         let authority = uri.authority()?;
-        let bare = authority.as_str().rsplit('@').next().unwrap_or_default();
+        let authority = match authority.as_str().rsplit_once('@') {
+            Some((_, bare)) => bare.parse().ok()?,
+            // The usual case: nothing to drop, nothing to parse again.
+            None => authority.clone(),
+        };
         Some(Target {
             scheme: uri.scheme().cloned()?,
-            authority: bare.parse().ok()?,
+            authority,
             absolute: true,
         })
     }

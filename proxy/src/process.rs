@@ -268,9 +268,12 @@ async fn save_learned(
     )>,
 ) {
     let Some(writer) = &app.writer else { return };
-    for (name, state, age) in learned {
-        writer.save_learned(&name, LearnedRecord::of(&state, age));
-    }
+    writer.save_learned(
+        learned
+            .into_iter()
+            .map(|(name, state, age)| (name, LearnedRecord::of(&state, age)))
+            .collect(),
+    );
     if let Err(e) = writer.flush().await {
         app.metrics.store_errors.inc();
         tracing::error!(error = %e, "store flush failed");

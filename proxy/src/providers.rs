@@ -173,13 +173,17 @@ impl Providers {
         self.entries.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The provider name for a host.
-    fn name_of(&self, host: &str) -> String {
+    /// Whether a live provider's name is this host's: the named
+    /// provider's, or the host itself. Copies nothing.
+    fn find_live(
+        &self,
+        entries: &HashMap<String, Arc<Provider>>,
+        host: &str,
+    ) -> Option<Arc<Provider>> {
         let host = normalise_host(host);
-        match self.rules().named_for(&host) {
-            Some(p) => p.name.clone(),
-            None => host,
-        }
+        let rules = self.rules();
+        let name = rules.named_for(&host).map_or(&*host, |p| p.name.as_str());
+        entries.get(name).cloned()
     }
 
     /// The provider name, settings and interception for a host.
@@ -188,7 +192,11 @@ impl Providers {
         let rules = self.rules();
         match rules.named_for(&host) {
             Some(p) => (p.name.clone(), Arc::new(p.settings.clone()), p.intercept),
-            None => (host, rules.defaults.clone(), rules.defaults_intercept),
+            None => (
+                host.into_owned(),
+                rules.defaults.clone(),
+                rules.defaults_intercept,
+            ),
         }
     }
 
@@ -199,9 +207,9 @@ impl Providers {
         let mut entries = self.entries();
         // A live provider is found by name alone: its settings are not
         // copied on every request (issue 24).
-        if let Some(p) = entries.get(&self.name_of(host)) {
+        if let Some(p) = self.find_live(&entries, host) {
             p.touch(self.epoch, now);
-            return p.clone();
+            return p;
         }
         let (name, settings, intercept) = self.lookup(host);
         let max = self.rules().limits.max_providers;

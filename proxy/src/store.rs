@@ -507,7 +507,9 @@ pub const WRITER_QUEUE: usize = 4096;
 enum Op {
     Put(RunTree, Vec<u8>, Vec<u8>),
     Remove(RunTree, Vec<u8>),
-    Learned(String, LearnedRecord),
+    /// One save's providers, whatever their number: one slot of the queue
+    /// (one each dropped a save's providers beyond the queue's 4,096).
+    Learned(Vec<(String, LearnedRecord)>),
     Evidence(String, EvidenceRecord),
     Prune(Duration),
     Flush(tokio::sync::oneshot::Sender<Result<(), StoreError>>),
@@ -560,9 +562,11 @@ impl StoreWriter {
                                 fail("run record not removed", e);
                             }
                         }
-                        Op::Learned(p, r) => {
-                            if let Err(e) = store.save_learned(&p, &r) {
-                                fail("learned state not saved", e);
+                        Op::Learned(batch) => {
+                            for (p, r) in &batch {
+                                if let Err(e) = store.save_learned(p, r) {
+                                    fail("learned state not saved", e);
+                                }
                             }
                         }
                         Op::Evidence(p, r) => {
@@ -621,9 +625,11 @@ impl StoreWriter {
         self.send(Op::Remove(t, key))
     }
 
-    /// Queues a provider's learned state.
-    pub fn save_learned(&self, provider: &str, record: LearnedRecord) {
-        self.send(Op::Learned(provider.to_string(), record));
+    /// Queues the learned state of a save's providers, as one write.
+    pub fn save_learned(&self, learned: Vec<(String, LearnedRecord)>) {
+        if !learned.is_empty() {
+            self.send(Op::Learned(learned));
+        }
     }
 
     /// Queues one transition's evidence (flushed when written).

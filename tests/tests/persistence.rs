@@ -164,6 +164,79 @@ async fn breaker_evidence_survives_kill_9() {
     assert!(open["at_unix_ms"].as_u64().unwrap() > 1_600_000_000_000);
 }
 
+/// R-PS1: a save carries every provider, however many. Each provider's
+/// record used to take a slot of the store writer's queue (4,096), so a
+/// shutdown with more live providers than that dropped the rest — and
+/// logged an error for each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_save_of_more_providers_than_the_writer_queue_loses_none() {
+    const HOSTS: u32 = 5_000;
+    let cfg = format!(
+        "[destinations]\nallow = [\"127.0.0.0/8\"]\n[limits]\nmax_providers = {}\n",
+        HOSTS + 100
+    );
+    let s = Sluice::start(&cfg);
+    one_request_to_each(s.proxy, HOSTS).await;
+    let (status, dir) = s.terminate().await;
+    assert!(status.success());
+    let s = Sluice::start_in(dir, &cfg);
+    let (_, metrics) = s.admin_get("/metrics").await;
+    let restored: u64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("sluice_state_restored_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no sluice_state_restored_total in {metrics}"));
+    assert_eq!(
+        restored,
+        u64::from(HOSTS),
+        "every provider's state restored"
+    );
+    assert!(
+        !s.log().contains("store write dropped"),
+        "no write dropped: {}",
+        s.log()
+            .lines()
+            .filter(|l| l.contains("dropped"))
+            .take(3)
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}
+
+/// One POST to each of `n` loopback addresses from 127.4.0.0 on, port 9
+/// (nothing listens: a refused connect, 502, not retried), over 8
+/// kept-alive connections.
+async fn one_request_to_each(proxy: std::net::SocketAddr, n: u32) {
+    use http_body_util::{BodyExt, Empty};
+    let per = n.div_ceil(8);
+    let mut tasks = Vec::new();
+    for c in 0..8 {
+        tasks.push(tokio::spawn(async move {
+            let stream = tokio::net::TcpStream::connect(proxy).await.unwrap();
+            let (mut send, conn) =
+                hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                    .await
+                    .unwrap();
+            tokio::spawn(conn);
+            for i in (c * per)..((c + 1) * per).min(n) {
+                let ip = std::net::Ipv4Addr::from(0x7f04_0000u32 + i);
+                let req = http::Request::post(format!("http://{ip}:9/"))
+                    .body(Empty::<bytes::Bytes>::new())
+                    .unwrap();
+                let resp = tokio::time::timeout(T, send.send_request(req))
+                    .await
+                    .expect("an answer in time")
+                    .unwrap();
+                assert_eq!(resp.status(), 502, "a refused connect");
+                resp.into_body().collect().await.unwrap();
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+}
+
 /// A corrupted store leads to a cold start, not a crash: moved aside with
 /// a loud log line and a metric.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -58,8 +58,12 @@ pub const CATCHUP_FLOOR: f64 = 0.1;
 
 impl Default for Class {
     fn default() -> Self {
+        // One empty name for every default class: `Arc::from("")` would
+        // allocate per request.
+        static DEFAULT_NAME: std::sync::LazyLock<Arc<str>> =
+            std::sync::LazyLock::new(|| Arc::from(""));
         Class {
-            name: Arc::from(""),
+            name: DEFAULT_NAME.clone(),
             weight: 1.0,
             catchup_floor: CATCHUP_FLOOR,
             lane: Lane::Steady,

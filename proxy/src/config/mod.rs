@@ -24,6 +24,7 @@
 //! yet used by a setting needs a [`FromToml`] impl saying how TOML writes
 //! it.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -362,7 +363,7 @@ pub enum HostPattern {
 
 impl HostPattern {
     fn parse(p: &str) -> Result<Self, String> {
-        let p = normalise_host(p);
+        let p = normalise_host(p).into_owned();
         if p.is_empty() {
             return Err("an empty host pattern".into());
         }
@@ -393,13 +394,20 @@ impl HostPattern {
     }
 }
 
-/// Lower case, no trailing dot, no IPv6 brackets.
-pub fn normalise_host(host: &str) -> String {
-    host.trim()
+/// Lower case, no trailing dot, no IPv6 brackets. Borrowed when the host
+/// already is (almost every request: issue 24 counted two copies a
+/// request).
+pub fn normalise_host(host: &str) -> Cow<'_, str> {
+    let bare = host
+        .trim()
         .trim_start_matches('[')
         .trim_end_matches(']')
-        .trim_end_matches('.')
-        .to_ascii_lowercase()
+        .trim_end_matches('.');
+    if bare.bytes().any(|b| b.is_ascii_uppercase()) {
+        Cow::Owned(bare.to_ascii_lowercase())
+    } else {
+        Cow::Borrowed(bare)
+    }
 }
 
 /// A named provider from the config.
@@ -1227,6 +1235,21 @@ mod tests {
             "tokens never in Debug"
         );
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn hosts_are_normalised_without_a_copy_when_already_normal() {
+        assert!(matches!(
+            normalise_host("api.test"),
+            Cow::Borrowed("api.test")
+        ));
+        assert!(matches!(normalise_host("[::1]"), Cow::Borrowed("::1")));
+        assert!(matches!(
+            normalise_host("api.test."),
+            Cow::Borrowed("api.test")
+        ));
+        assert_eq!(normalise_host("API.Test."), "api.test");
+        assert!(matches!(normalise_host("API.test"), Cow::Owned(_)));
     }
 
     #[test]
