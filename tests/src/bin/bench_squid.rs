@@ -17,6 +17,11 @@
 //!    requests per second and CPU per request;
 //! 2. one connection (wrk): the median latency, against the origin
 //!    directly;
+//!
+//! and, in 1 and 2, the floor of sluice's HTTP stack beside them:
+//! `hyper_floor`, a forward proxy of hyper's server and hyper-util's pooled
+//! client with nothing else (no policy, no checks), so that what sluice
+//! adds reads as its difference from the floor;
 //! 3. intercepted HTTPS on 32 kept-alive connections (`CONNECT`, TLS to
 //!    the proxy's CA, GETs back to back): sluice against squid's
 //!    `ssl-bump`, and sluice's HTTPS CPU per request against its plain;
@@ -25,6 +30,7 @@
 //!    connect, a `502`), and sluice's resident memory per host.
 
 use std::net::SocketAddr;
+use std::process::{Child, Command};
 
 use sluice_tests::harness::Sluice;
 use sluice_tests::load::{load_tunnelled, wrk, Run};
@@ -88,6 +94,8 @@ async fn main() {
     let tls_origin = Nginx::origin("127.0.0.1", Some(("localhost", &provider_ca)));
     let authority = format!("localhost:{}", tls_origin.port);
 
+    let floor = Floor::start();
+    let floor_addr = floor.addr;
     let squid = Squid::plain();
     let bump_ca = TestCa::new("squid bump CA");
     let bump = Squid::bump(&bump_ca.pem, &bump_ca.key_pem, &provider_ca.pem);
@@ -110,6 +118,7 @@ async fn main() {
     // Warm every path once: connections pooled, leaves made.
     wrk(target, None, 4, 1, 1);
     wrk(squid_addr, Some(&url), 4, 1, 1);
+    wrk(floor_addr, Some(&url), 4, 1, 1);
     wrk(sluice.proxy, Some(&url), 4, 1, 1);
     for (proxy, ca) in [(sluice.proxy, &sluice_ca), (bump_addr, &bump_ca.pem)] {
         load_tunnelled(proxy, &authority, "localhost", ca, "/ok", 4, 1).await;
@@ -119,7 +128,7 @@ async fn main() {
         "sluice beside squid {}: {rounds} rounds, {SECS} s each, one 2-core machine shared with the load and the origin\n",
         squid_version()
     );
-    let (mut direct, mut sq, mut sl) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut direct, mut sq, mut sl, mut fl) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     println!("1. plain HTTP, {CONNS} kept-alive connections (wrk, 2 threads)");
     for _ in 0..rounds {
         let d = wrk(target, None, CONNS, 2, SECS);
@@ -130,6 +139,9 @@ async fn main() {
             d.p50.as_secs_f64() * 1e6
         );
         direct.push(d.rps);
+        let f = measure(floor.pid(), || wrk(floor_addr, Some(&url), CONNS, 2, SECS));
+        row("hyper floor", &f);
+        fl.push(f);
         let q = measure(squid.pid(), || wrk(squid_addr, Some(&url), CONNS, 2, SECS));
         row("squid", &q);
         let s = measure(sluice.pid(), || {
@@ -144,37 +156,54 @@ async fn main() {
     let plain_cpu = cpu(&sl);
     println!(
         "  medians: direct {:.0} req/s; squid {:.0} req/s, {:.1} µs/request; sluice {:.0} req/s, {:.1} µs/request\n  \
-         sluice: {:.2}× squid's requests per second, {:.2}× its CPU per request\n",
+         sluice: {:.2}× squid's requests per second, {:.2}× its CPU per request\n  \
+         hyper floor {:.0} req/s, {:.1} µs/request: sluice adds {:.1} µs/request to its HTTP stack's floor\n",
         median(direct),
         rps(&sq),
         cpu(&sq),
         rps(&sl),
         plain_cpu,
         rps(&sl) / rps(&sq),
-        plain_cpu / cpu(&sq)
+        plain_cpu / cpu(&sq),
+        rps(&fl),
+        cpu(&fl),
+        plain_cpu - cpu(&fl)
     );
 
     println!("2. one connection (wrk, 1 thread)");
-    let (mut d50, mut q50, mut s50) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut d50, mut f50, mut q50, mut s50) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut fcpu, mut scpu) = (Vec::new(), Vec::new());
     for _ in 0..rounds {
         let d = wrk(target, None, 1, 1, SECS);
+        let f = measure(floor.pid(), || wrk(floor_addr, Some(&url), 1, 1, SECS));
         let q = wrk(squid_addr, Some(&url), 1, 1, SECS);
-        let s = wrk(sluice.proxy, Some(&url), 1, 1, SECS);
+        let s = measure(sluice.pid(), || wrk(sluice.proxy, Some(&url), 1, 1, SECS));
         println!(
-            "  p50 direct {:>6.1} µs   squid {:>6.1} µs   sluice {:>6.1} µs",
+            "  p50 direct {:>6.1} µs   hyper floor {:>6.1} µs   squid {:>6.1} µs   sluice {:>6.1} µs   \
+             CPU per request: floor {:.1} µs, sluice {:.1} µs",
             d.p50.as_secs_f64() * 1e6,
+            f.run.p50.as_secs_f64() * 1e6,
             q.p50.as_secs_f64() * 1e6,
-            s.p50.as_secs_f64() * 1e6
+            s.run.p50.as_secs_f64() * 1e6,
+            f.cpu_us,
+            s.cpu_us
         );
         d50.push(d.p50.as_secs_f64() * 1e6);
+        f50.push(f.run.p50.as_secs_f64() * 1e6);
         q50.push(q.p50.as_secs_f64() * 1e6);
-        s50.push(s.p50.as_secs_f64() * 1e6);
+        s50.push(s.run.p50.as_secs_f64() * 1e6);
+        fcpu.push(f.cpu_us);
+        scpu.push(s.cpu_us);
     }
-    let (d50, q50, s50) = (median(d50), median(q50), median(s50));
+    let (d50, f50, q50, s50) = (median(d50), median(f50), median(q50), median(s50));
     println!(
-        "  medians: sluice = direct + {:.1} µs; squid = direct + {:.1} µs\n",
+        "  medians: sluice = direct + {:.1} µs; hyper floor = direct + {:.1} µs; squid = direct + {:.1} µs\n  \
+         CPU per request on one connection: sluice {:.1} µs, hyper floor {:.1} µs\n",
         s50 - d50,
-        q50 - d50
+        f50 - d50,
+        q50 - d50,
+        median(scpu),
+        median(fcpu)
     );
 
     println!("3. intercepted HTTPS, {CONNS} kept-alive connections (CONNECT, TLS 1.3 to the proxy's CA, HTTP/1.1)");
@@ -299,4 +328,52 @@ fn squid_version() -> String {
                 .map(|l| l.trim_start_matches("Squid Cache: ").to_string())
         })
         .unwrap_or_else(|| "(version unknown)".into())
+}
+
+/// `hyper_floor`, from beside this binary, on a free loopback port.
+struct Floor {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl Floor {
+    fn start() -> Floor {
+        let exe = std::env::current_exe().expect("this binary's path");
+        let bin = exe.with_file_name("hyper_floor");
+        let addr: SocketAddr = format!(
+            "127.0.0.1:{}",
+            sluice_tests::harness::free_port("127.0.0.1")
+        )
+        .parse()
+        .unwrap();
+        let child = Command::new(&bin)
+            .arg(addr.to_string())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!(
+                    "cannot start {} (cargo build --release -p sluice-tests): {e}",
+                    bin.display()
+                )
+            });
+        // Up to 10 s for it to listen.
+        let listening = (0..500).any(|_| {
+            let up = std::net::TcpStream::connect(addr).is_ok();
+            if !up {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            up
+        });
+        assert!(listening, "hyper_floor did not listen on {addr}");
+        Floor { child, addr }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for Floor {
+    fn drop(&mut self) {
+        sluice_tests::harness::stop(&mut self.child);
+    }
 }
