@@ -200,7 +200,7 @@ impl Target {
 /// forwarded to the tunnel's target.
 pub async fn tunnelled(
     app: Arc<App>,
-    mut req: Request<Incoming>,
+    req: Request<Incoming>,
     target: Target,
     identity: Identity,
     verdicts: &Verdicts,
@@ -222,18 +222,18 @@ pub async fn tunnelled(
     if let Some(resp) = oversize_head(req.headers(), config.limits.max_header_bytes) {
         return resp;
     }
-    req.extensions_mut().insert(identity);
-    forward(app, &config, req, target).await
+    forward(app, &config, req, target, identity).await
 }
 
 /// Forwards `req` to `target` through the provider's stack and returns
 /// the answer — the provider's, or sluice's own refusal. `config` is the
-/// snapshot the request started with.
+/// snapshot the request started with; `identity`, who sent it.
 pub async fn forward(
     app: Arc<App>,
     config: &Config,
     mut req: Request<Incoming>,
     target: Target,
+    identity: Identity,
 ) -> Response<ResBody> {
     let started = Instant::now();
     if let Some(refusal) = malformed(&app, &target) {
@@ -269,11 +269,7 @@ pub async fn forward(
         )
         .into_response();
     }
-    let user = req
-        .extensions()
-        .get::<Identity>()
-        .and_then(|i| i.user.as_deref());
-    if let Some(refused) = outside_allowlist(config, user, &host) {
+    if let Some(refused) = outside_allowlist(config, identity.user.as_deref(), &host) {
         return refused;
     }
     let (mut parts, body) = req.into_parts();
@@ -323,16 +319,17 @@ pub async fn forward(
     // is the same authority, written again by the client. Either way it
     // goes, and hyper-util writes the URI's. A tunnelled `Host` naming
     // something else (virtual hosting) stands.
-    let redundant = parts.headers.get(header::HOST).is_some_and(|h| {
-        h.to_str()
-            .ok()
-            .and_then(|h| h.parse::<Authority>().ok())
-            .is_some_and(|h| {
-                without_default_port(&target.scheme, &h)
-                    .as_str()
-                    .eq_ignore_ascii_case(authority.as_str())
-            })
-    });
+    let redundant = !target.absolute
+        && parts.headers.get(header::HOST).is_some_and(|h| {
+            h.to_str()
+                .ok()
+                .and_then(|h| h.parse::<Authority>().ok())
+                .is_some_and(|h| {
+                    without_default_port(&target.scheme, &h)
+                        .as_str()
+                        .eq_ignore_ascii_case(authority.as_str())
+                })
+        });
     if target.absolute || redundant {
         parts.headers.remove(header::HOST);
     }
@@ -371,7 +368,7 @@ pub async fn forward(
     // A collector's request belongs to its active run, if it has one: the
     // run's budgets apply to every attempt, and the request renews the
     // run's lease (R-RN4).
-    let Identity { user, mode } = parts.extensions.remove::<Identity>().unwrap_or_default();
+    let Identity { user, mode } = identity;
     let attached = match user.as_deref() {
         Some(u) => app.runs.attach(u, mode).await,
         None => None,
@@ -401,7 +398,8 @@ pub async fn forward(
         app.runs.after(user, run, result.as_ref().err());
     }
     let elapsed_ms = started.elapsed().as_millis() as u64;
-    app.metrics.request(&provider.label, final_outcome(&result));
+    app.metrics
+        .request_with(&provider.label, &provider.requests, final_outcome(&result));
     let remaining = run.as_ref().map(run_remaining);
     let mut resp = match result {
         Ok(resp) => {
@@ -549,7 +547,12 @@ fn switch(
 /// The label of a client request's final outcome (R-OP1).
 fn final_outcome<R>(result: &Result<Response<R>, Cause>) -> &'static str {
     match result {
-        Ok(resp) => outcome::of_response(resp, SystemTime::now()).label(),
+        // The bulkhead stamped it: the clock is read only for an answer
+        // that was never classified.
+        Ok(resp) => match resp.extensions().get::<outcome::Outcome>() {
+            Some(o) => o.label(),
+            None => outcome::of_response(resp, SystemTime::now()).label(),
+        },
         Err(cause) => cause.outcome_label(),
     }
 }

@@ -70,6 +70,8 @@ pub struct Provider {
     pub policy: Arc<ProviderPolicy>,
     /// Its stack, cheap to clone per request.
     pub service: ProviderService<ProxyBody, Incoming>,
+    /// Its count of successful requests, found once.
+    pub requests: crate::observe::metrics::RequestHandle,
     /// Whether its CONNECT tunnels are intercepted.
     intercept: AtomicBool,
     /// Whether it started from restored state.
@@ -288,6 +290,7 @@ impl Providers {
             label,
             policy,
             service,
+            requests: Default::default(),
             intercept: AtomicBool::new(intercept),
             restored: kept.is_some(),
             raw_tunnels: AtomicBool::new(false),

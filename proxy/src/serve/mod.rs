@@ -75,11 +75,7 @@ async fn serve_http(app: Arc<App>, stream: TcpStream, peer: SocketAddr, mut trac
 }
 
 /// One request from a client: authenticate, then CONNECT or forward.
-async fn handle(
-    app: Arc<App>,
-    mut req: Request<Incoming>,
-    verdicts: &Verdicts,
-) -> Response<ResBody> {
+async fn handle(app: Arc<App>, req: Request<Incoming>, verdicts: &Verdicts) -> Response<ResBody> {
     if verdicts.next_is_ambiguous() {
         return ambiguous_length(&app);
     }
@@ -109,10 +105,7 @@ async fn handle(
         return tunnel::connect(app, &config, req, identity).await;
     }
     match Target::of(req.uri()) {
-        Some(target) => {
-            req.extensions_mut().insert(identity);
-            forward(app, &config, req, target).await
-        }
+        Some(target) => forward(app, &config, req, target, identity).await,
         None => Refusal::new(
             StatusCode::BAD_REQUEST,
             "http_request_error",
