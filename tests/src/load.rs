@@ -216,3 +216,35 @@ fn parse_wrk_duration(s: &str) -> Option<Duration> {
     };
     Some(Duration::from_secs_f64(n.parse::<f64>().ok()? * scale))
 }
+
+/// One POST to each of `n` loopback addresses from `first` on, port 9
+/// (nothing listens: each is a refused connect, a `502`, and a POST is not
+/// retried), over `conns` kept-alive connections — `n` providers tracked.
+pub async fn one_request_to_each(proxy: SocketAddr, first: std::net::Ipv4Addr, n: u32, conns: u32) {
+    let per = n.div_ceil(conns);
+    let mut tasks = Vec::new();
+    for c in 0..conns {
+        tasks.push(tokio::spawn(async move {
+            let stream = TcpStream::connect(proxy).await.unwrap();
+            let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+                .await
+                .unwrap();
+            tokio::spawn(conn);
+            for i in (c * per)..((c + 1) * per).min(n) {
+                let ip = std::net::Ipv4Addr::from(u32::from(first) + i);
+                let req = Request::post(format!("http://{ip}:9/"))
+                    .body(Empty::<Bytes>::new())
+                    .unwrap();
+                let resp = tokio::time::timeout(Duration::from_secs(20), send.send_request(req))
+                    .await
+                    .expect("an answer within 20 s")
+                    .unwrap();
+                assert_eq!(resp.status(), 502, "a refused connect answers 502");
+                resp.into_body().collect().await.unwrap();
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+}

@@ -6,6 +6,7 @@ use std::time::Duration;
 use serde_json::Value;
 use sluice_tests::clients::{curl, naive_clients, python};
 use sluice_tests::harness::{walk, Sluice};
+use sluice_tests::load::one_request_to_each;
 use sluice_tests::sim::Sim;
 use tokio::time::Instant;
 
@@ -176,7 +177,7 @@ async fn a_save_of_more_providers_than_the_writer_queue_loses_none() {
         HOSTS + 100
     );
     let s = Sluice::start(&cfg);
-    one_request_to_each(s.proxy, HOSTS).await;
+    one_request_to_each(s.proxy, "127.4.0.0".parse().unwrap(), HOSTS, 8).await;
     let (status, dir) = s.terminate().await;
     assert!(status.success());
     let s = Sluice::start_in(dir, &cfg);
@@ -201,40 +202,6 @@ async fn a_save_of_more_providers_than_the_writer_queue_loses_none() {
             .collect::<Vec<_>>()
             .join("\n")
     );
-}
-
-/// One POST to each of `n` loopback addresses from 127.4.0.0 on, port 9
-/// (nothing listens: a refused connect, 502, not retried), over 8
-/// kept-alive connections.
-async fn one_request_to_each(proxy: std::net::SocketAddr, n: u32) {
-    use http_body_util::{BodyExt, Empty};
-    let per = n.div_ceil(8);
-    let mut tasks = Vec::new();
-    for c in 0..8 {
-        tasks.push(tokio::spawn(async move {
-            let stream = tokio::net::TcpStream::connect(proxy).await.unwrap();
-            let (mut send, conn) =
-                hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-                    .await
-                    .unwrap();
-            tokio::spawn(conn);
-            for i in (c * per)..((c + 1) * per).min(n) {
-                let ip = std::net::Ipv4Addr::from(0x7f04_0000u32 + i);
-                let req = http::Request::post(format!("http://{ip}:9/"))
-                    .body(Empty::<bytes::Bytes>::new())
-                    .unwrap();
-                let resp = tokio::time::timeout(T, send.send_request(req))
-                    .await
-                    .expect("an answer in time")
-                    .unwrap();
-                assert_eq!(resp.status(), 502, "a refused connect");
-                resp.into_body().collect().await.unwrap();
-            }
-        }));
-    }
-    for t in tasks {
-        t.await.unwrap();
-    }
 }
 
 /// A corrupted store leads to a cold start, not a crash: moved aside with

@@ -33,7 +33,7 @@ use std::net::SocketAddr;
 use std::process::{Child, Command};
 
 use sluice_tests::harness::Sluice;
-use sluice_tests::load::{load_tunnelled, wrk, Run};
+use sluice_tests::load::{load_tunnelled, one_request_to_each, wrk, Run};
 use sluice_tests::nginx::Nginx;
 use sluice_tests::pki::TestCa;
 use sluice_tests::procfs::{cpu_seconds, status_kib};
@@ -250,7 +250,7 @@ async fn main() {
     println!("4. {hosts} tracked hosts (one POST each, a refused connect: 502)");
     let before = status_kib(sluice.pid(), "VmRSS");
     let providers_before = tracked(&sluice).await;
-    track_hosts(sluice.proxy, hosts).await;
+    one_request_to_each(sluice.proxy, "127.1.0.0".parse().unwrap(), hosts, 16).await;
     let after = status_kib(sluice.pid(), "VmRSS");
     let added = tracked(&sluice).await.saturating_sub(providers_before);
     let per = |kib: u64| (kib.saturating_sub(before) * 1024) as f64 / added.max(1) as f64;
@@ -282,38 +282,6 @@ async fn tracked(sluice: &Sluice) -> usize {
     v.as_array()
         .or_else(|| v["providers"].as_array())
         .map_or(0, |a| a.len())
-}
-
-/// One request to each of `n` loopback addresses, 16 connections at once.
-async fn track_hosts(proxy: SocketAddr, n: u32) {
-    use bytes::Bytes;
-    use http_body_util::{BodyExt, Empty};
-    let per = n.div_ceil(16);
-    let mut tasks = Vec::new();
-    for c in 0..16 {
-        tasks.push(tokio::spawn(async move {
-            let stream = tokio::net::TcpStream::connect(proxy).await.unwrap();
-            let (mut send, conn) =
-                hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-                    .await
-                    .unwrap();
-            tokio::spawn(conn);
-            for i in (c * per)..((c + 1) * per).min(n) {
-                // 127.1.0.0 onwards; port 9 (discard): nothing listens.
-                let ip = std::net::Ipv4Addr::from(0x7f01_0000u32 + i);
-                // A POST is not retried: one refused connect each.
-                let req = http::Request::post(format!("http://{ip}:9/"))
-                    .body(Empty::<Bytes>::new())
-                    .unwrap();
-                let resp = send.send_request(req).await.unwrap();
-                assert_eq!(resp.status(), 502, "a refused connect answers 502");
-                resp.into_body().collect().await.unwrap();
-            }
-        }));
-    }
-    for t in tasks {
-        t.await.unwrap();
-    }
 }
 
 fn squid_version() -> String {
