@@ -144,18 +144,18 @@ where
                 // The idle clock starts when sluice finds itself waiting,
                 // and again after each frame; a body that is all there
                 // when its head is (most answers) never sets a timer.
-                let deadline = tokio::time::Instant::now() + this.idle;
+                let deadline = || tokio::time::Instant::now() + this.idle;
                 let sleep = match &mut this.sleep {
                     Some(sleep) => {
                         if std::mem::take(&mut this.progressed) {
-                            sleep.as_mut().reset(deadline);
+                            sleep.as_mut().reset(deadline());
                         }
                         sleep
                     }
                     None => {
                         this.progressed = false;
                         this.sleep
-                            .insert(Box::pin(tokio::time::sleep_until(deadline)))
+                            .insert(Box::pin(tokio::time::sleep_until(deadline())))
                     }
                 };
                 match sleep.as_mut().poll(cx) {

@@ -1,7 +1,6 @@
 //! Forwarding one HTTP request through its provider's stack (R-PX1).
 
 use std::sync::Arc;
-use std::time::SystemTime;
 use tokio::time::Instant;
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
@@ -547,12 +546,8 @@ fn switch(
 /// The label of a client request's final outcome (R-OP1).
 fn final_outcome<R>(result: &Result<Response<R>, Cause>) -> &'static str {
     match result {
-        // The bulkhead stamped it: the clock is read only for an answer
-        // that was never classified.
-        Ok(resp) => match resp.extensions().get::<outcome::Outcome>() {
-            Some(o) => o.label(),
-            None => outcome::of_response(resp, SystemTime::now()).label(),
-        },
+        // The bulkhead stamped it: no clock read in the usual case.
+        Ok(resp) => outcome::of_response_now(resp).label(),
         Err(cause) => cause.outcome_label(),
     }
 }

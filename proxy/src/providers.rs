@@ -175,8 +175,8 @@ impl Providers {
         self.entries.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Whether a live provider's name is this host's: the named
-    /// provider's, or the host itself. Copies nothing.
+    /// The live provider for a host — the named provider it belongs to, or
+    /// the host's own — found without copying a name.
     fn find_live(
         &self,
         entries: &HashMap<String, Arc<Provider>>,

@@ -542,7 +542,7 @@ impl StoreWriter {
     /// Starts the writer thread over `store`; failures count in `errors`.
     pub fn spawn(store: Arc<dyn Durable>, errors: IntCounter) -> StoreWriter {
         let (tx, rx) = std::sync::mpsc::sync_channel::<Op>(WRITER_QUEUE);
-        let counted = errors.clone();
+        let (counted, errors_saving) = (errors.clone(), errors.clone());
         let fail = move |what: &str, e: StoreError| {
             counted.inc();
             tracing::error!(error = %e, "{what}");
@@ -563,10 +563,18 @@ impl StoreWriter {
                             }
                         }
                         Op::Learned(batch) => {
+                            // Each failure counted, one line for the save.
+                            let mut failed = 0;
+                            let mut first = None;
                             for (p, r) in &batch {
                                 if let Err(e) = store.save_learned(p, r) {
-                                    fail("learned state not saved", e);
+                                    failed += 1;
+                                    first.get_or_insert(e);
                                 }
+                            }
+                            if let Some(e) = first {
+                                errors_saving.inc_by(failed);
+                                tracing::error!(error = %e, failed, of = batch.len(), "learned state not saved");
                             }
                         }
                         Op::Evidence(p, r) => {
