@@ -17,6 +17,7 @@ pub use crate::breaker::CircuitOpen;
 pub use crate::bulkhead::BulkheadFull;
 use crate::outcome::Outcome;
 pub use crate::pacer::RateLimited;
+pub use crate::park::ProviderDown;
 pub use crate::run::RunStopped;
 
 /// A boxed error, for what is not a provider's stack (bodies, I/O).
@@ -120,6 +121,9 @@ pub enum Cause {
     RequestTimeout(RequestTimeout),
     /// The attempt failed before a response head.
     Upstream(Upstream),
+    /// The provider is down and the request waited parked as long as it
+    /// may (`max_outage_wait`).
+    ProviderDown(ProviderDown),
 }
 
 impl Cause {
@@ -135,6 +139,7 @@ impl Cause {
             Cause::CircuitOpen(e) => sluice(Some(e.retry_after)),
             Cause::BulkheadFull(e) => sluice(Some(e.retry_after)),
             Cause::RunStopped(_) => sluice(None),
+            Cause::ProviderDown(e) => sluice(Some(e.retry_after)),
             Cause::AttemptTimeout | Cause::RequestTimeout(_) => ErrorInfo {
                 fault: Fault::Upstream,
                 outcome: Some(Outcome::Timeout),
@@ -182,6 +187,7 @@ impl Cause {
         match self {
             Cause::RateLimited(_) | Cause::BulkheadFull(_) => "shed",
             Cause::CircuitOpen(_) => "circuit_open",
+            Cause::ProviderDown(_) => "provider_down",
             Cause::RunStopped(_) => "run_stopped",
             Cause::AttemptTimeout | Cause::RequestTimeout(_) | Cause::Upstream(_) => {
                 self.info().outcome.map_or("denied", |o| o.label())
@@ -212,6 +218,12 @@ impl std::fmt::Display for Cause {
                 e.after, e.attempts
             ),
             Cause::Upstream(e) => write!(f, "upstream {:?}: {}", e.kind, e.source),
+            Cause::ProviderDown(e) => write!(
+                f,
+                "provider down ({}), parked {:?}",
+                e.reason.label(),
+                e.waited
+            ),
         }
     }
 }
@@ -235,7 +247,7 @@ macro_rules! into_cause {
     )*};
 }
 
-into_cause!(RateLimited, CircuitOpen, BulkheadFull, RunStopped, Upstream);
+into_cause!(RateLimited, CircuitOpen, BulkheadFull, RunStopped, Upstream, ProviderDown);
 
 /// What the layers need to know about an error.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

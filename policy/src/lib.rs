@@ -12,6 +12,7 @@
 //! ```text
 //! request timeout (the whole request, up to its response head)
 //!   → retry (ratio budget, full jitter, Retry-After)
+//!   → parking (an outage's requests wait for its end; only probes go)
 //!   → run envelope (request cap, deadline: checked before each attempt)
 //!   → circuit breaker (sliding window, minimum throughput, half-open probes)
 //!   → pacer (GCRA pacing at a rate learned by AIMD, Retry-After hold, FIFO queue)
@@ -32,6 +33,7 @@ pub mod error;
 pub mod events;
 pub mod outcome;
 pub mod pacer;
+pub mod park;
 pub mod provider;
 pub mod quota;
 pub mod retry;

@@ -16,6 +16,7 @@ use crate::error::Cause;
 use crate::events::EventSink;
 use crate::pacer::{PacerShared, PacerSnapshot};
 use crate::retry::{Jitter, RetryShared};
+use crate::park::{ParkShared, ParkSnapshot};
 use crate::run::{Cooldown, Cycle, Pressure, StopReason};
 use crate::settings::ValidSettings;
 use crate::timeout::SharedDuration;
@@ -54,6 +55,8 @@ pub struct ProviderPolicy {
     pub retry: Arc<RetryShared>,
     /// Permits for attempts in flight.
     pub bulkhead: Arc<BulkheadShared>,
+    /// The outage watch and the requests parked through an outage.
+    pub park: Arc<ParkShared>,
     /// The per-attempt timeout, read on every attempt.
     pub attempt_timeout: Arc<SharedDuration>,
     /// The whole request's timeout, read on every request.
@@ -92,6 +95,8 @@ pub struct ProviderSnapshot {
     pub in_flight: usize,
     /// Requests waiting for a bulkhead permit.
     pub bulkhead_waiting: usize,
+    /// The outage watch and the parked requests.
+    pub park: ParkSnapshot,
 }
 
 impl ProviderPolicy {
@@ -109,12 +114,15 @@ impl ProviderPolicy {
             options.jitter.unwrap_or_else(Jitter::random),
             options.events.clone(),
         ));
+        let pacer = PacerShared::with_events(&settings, options.events);
+        let breaker = BreakerShared::new(&settings, retry.clone(), options.sink);
         Arc::new(ProviderPolicy {
             name: name.into(),
             attempt_timeout: Arc::new(SharedDuration::new(settings.attempt_timeout)),
             request_timeout: Arc::new(SharedDuration::new(settings.request_timeout)),
-            pacer: PacerShared::with_events(&settings, options.events),
-            breaker: BreakerShared::new(&settings, retry.clone(), options.sink),
+            park: ParkShared::new(&settings, breaker.clone(), pacer.clone()),
+            pacer,
+            breaker,
             retry,
             bulkhead: BulkheadShared::new(&settings),
             settings: Mutex::new(settings),
@@ -142,6 +150,7 @@ impl ProviderPolicy {
         self.breaker.update_settings(&settings);
         self.retry.update_settings(&settings);
         self.bulkhead.update_settings(&settings);
+        self.park.update_settings(&settings);
         self.attempt_timeout.set(settings.attempt_timeout);
         self.request_timeout.set(settings.request_timeout);
         *self.settings.lock().unwrap_or_else(|p| p.into_inner()) = settings;
@@ -189,24 +198,14 @@ impl ProviderPolicy {
     }
 
     /// What a run's request would meet at this provider at a given
-    /// instant, when it is source pressure a run waits out (R-RN8): the
-    /// breaker open, or a `Retry-After` hold longer than
-    /// `max_retry_after_wait`. How long, the reason the provider's part of
-    /// the run would stop with, and which cool-down cycle it is.
+    /// instant, when it is source pressure a run waits out before sending
+    /// (R-RN8): a `Retry-After` hold longer than `max_retry_after_wait`.
+    /// How long, the reason the provider's part of the run would stop
+    /// with, and which cool-down cycle it is. (An outage — the breaker
+    /// open among its signs — is waited out parked, [`crate::park`].)
     pub fn pressure(&self) -> Pressure {
-        let (breaker, pacer, retry) =
-            (self.breaker.clone(), self.pacer.clone(), self.retry.clone());
+        let (pacer, retry) = (self.pacer.clone(), self.retry.clone());
         Arc::new(move |now| {
-            let b = breaker.snapshot(now);
-            if b.state == State::Open {
-                if let Some(left) = b.open_remaining.filter(|l| !l.is_zero()) {
-                    return Some(Cooldown {
-                        wait: left,
-                        reason: StopReason::CircuitOpen,
-                        cycle: Cycle::Open(breaker.cycle()),
-                    });
-                }
-            }
             let (hold, cycle) = pacer.lock().hold_left(now)?;
             (hold > retry.settings().max_retry_after_wait).then_some(Cooldown {
                 wait: hold,
@@ -232,6 +231,7 @@ impl ProviderPolicy {
             retry_budget_left: self.retry.budget_left(now),
             in_flight: self.bulkhead.in_flight(),
             bulkhead_waiting: self.bulkhead.waiting(),
+            park: self.park.snapshot(now),
         }
     }
 }

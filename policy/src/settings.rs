@@ -79,6 +79,14 @@ macro_rules! provider_settings {
             /// longer one goes back to the client instead of holding its
             /// connection.
             max_retry_after_wait: ::std::time::Duration = ::std::time::Duration::from_secs(10),
+            /// While the provider is down (every request failing, R-SG4), a
+            /// request outside a run waits parked this long in all for its
+            /// return instead of getting the failure (R-RN13); then `503`
+            /// with `Proxy-Status`. 10 s rides out a deploy or a load
+            /// balancer swap and is below `max_retry_after_wait`'s order of
+            /// a wait clients sit through; `0` passes failures at once. A
+            /// run's requests always park, bounded by the run (R-RN8).
+            max_outage_wait: ::std::time::Duration = ::std::time::Duration::from_secs(10),
             /// The bulkhead: attempts in flight to this provider
             /// (non-adaptive, R-BH1).
             max_in_flight: usize = 64,

@@ -133,6 +133,13 @@ impl RequestClock {
         *self.0.deadline.lock().unwrap_or_else(|p| p.into_inner()) += wait;
     }
 
+    /// Takes back part of a move made by [`RequestClock::extend`] that
+    /// was not used (the wait ended early).
+    pub fn give_back(&self, unused: Duration) {
+        let mut d = self.0.deadline.lock().unwrap_or_else(|p| p.into_inner());
+        *d = d.checked_sub(unused).unwrap_or(*d);
+    }
+
     /// An attempt leaves for the provider.
     pub fn attempt(&self) {
         self.0.attempts.fetch_add(1, Ordering::Relaxed);

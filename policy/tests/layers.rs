@@ -16,6 +16,7 @@ use sluice_policy::events::Event;
 use sluice_policy::pacer::{PacerLayer, Refusal};
 use sluice_policy::provider::PolicyOptions;
 use sluice_policy::retry::Jitter;
+use sluice_policy::park::watch::PROBE_FIRST_WAIT;
 use sluice_policy::run::{Envelope, RunHandle, StopReason};
 use sluice_policy::stack::{provider_stack, ProviderService};
 use sluice_policy::{Outcome, ProviderPolicy, ProviderSettings};
@@ -401,6 +402,9 @@ async fn retries_stop_when_the_budget_is_empty() {
     settings.retry_min_per_sec = 0;
     settings.retry_max_attempts = 10;
     settings.breaker_min_calls = 1000;
+    // Parking off: a proxy user gets the provider's failures as they come
+    // (R-RN13's `0`), and only the retry budget stands between them.
+    settings.max_outage_wait = Duration::ZERO;
     let (policy, _) = policy(settings);
     let provider = Provider::new(|_| status(500));
     let svc = stack(&policy, &provider);
@@ -607,11 +611,12 @@ async fn deadline_does_not_interrupt_an_attempt_in_flight() {
 }
 
 /// R-RN1: the run's retry budget bounds retries; running out is a planned
-/// stop.
+/// stop. (A provider that throttles: its failures are not an outage, which
+/// a run's requests would wait out parked instead, R-RN8.)
 #[tokio::test(start_paused = true)]
 async fn run_retry_budget_bounds_retries() {
     let (policy, _) = policy(ProviderSettings::default());
-    let provider = Provider::new(|_| status(500));
+    let provider = Provider::new(|_| status(429));
     let svc = stack(&policy, &provider);
     let run = RunHandle::new(Envelope {
         retry_budget: Some(1),
@@ -623,7 +628,7 @@ async fn run_retry_budget_bounds_retries() {
             .await
             .unwrap()
             .status(),
-        500
+        429
     );
     // Three attempts were allowed per request, but the run had one retry.
     assert_eq!(provider.arrivals().len(), 2);
@@ -634,36 +639,44 @@ async fn run_retry_budget_bounds_retries() {
 }
 
 /// Settings whose breaker opens after four failures and stays open 5 s,
-/// with no retries (each request is one attempt).
+/// with no retries (each request is one attempt), and proxy users' failures
+/// passed at once (`max_outage_wait = 0`): a run's requests park all the
+/// same (R-RN8).
 fn quick_breaker() -> ProviderSettings {
     ProviderSettings {
         breaker_min_calls: 4,
         breaker_open_for: Duration::from_secs(5),
         breaker_half_open_probes: 1,
         retry_max_attempts: 1,
+        max_outage_wait: Duration::ZERO,
         ..ProviderSettings::default()
     }
 }
 
-/// Four failures open [`quick_breaker`]'s circuit; the run's next request
-/// waits the cool-down out and gets the recovered provider's `200`.
+/// Four failures of proxy users open [`quick_breaker`]'s circuit; the
+/// run's next request parks, goes as the first probe half a second later
+/// (not `breaker_open_for`), and gets the recovered provider's `200`.
 async fn open_then_wait_it_out(svc: &ProviderService<String, ()>, run: &RunHandle) {
     for i in 0..4 {
-        let r = svc.clone().oneshot(with_run(get(i.to_string()), run)).await;
+        let r = svc.clone().oneshot(get(i.to_string())).await;
         assert_eq!(r.unwrap().status(), 500);
     }
     let t0 = Instant::now();
     let r = svc.clone().oneshot(with_run(get("after"), run)).await;
     assert_eq!(r.unwrap().status(), 200);
-    assert!(
-        Instant::now() - t0 >= Duration::from_secs(4),
-        "waited the cool-down"
-    );
+    // The third failure, a pacing interval (200 ms) before the fourth,
+    // told the outage (the proxy users' answers count, parked or not);
+    // the first probe goes half a second after that.
+    assert_eq!(Instant::now() - t0, PROBE_FIRST_WAIT - INTERVAL, "parked until the probe");
 }
 
-/// R-RN8: a run's request that meets an open circuit waits out the
-/// cool-down and then goes — and the provider, recovered, answers it.
-/// Only attempts that reached the provider count against the cap.
+/// The default start rate's interval (5 req/s).
+const INTERVAL: Duration = Duration::from_millis(200);
+
+/// R-RN8: a run's request that meets an open circuit is parked, goes as
+/// the probe — let through the open breaker, whose success closes it — and
+/// the provider, recovered, answers it. Only attempts that reached the
+/// provider count against the cap.
 #[tokio::test(start_paused = true)]
 async fn a_run_waits_out_an_open_circuit() {
     let (policy, _) = policy(quick_breaker());
@@ -676,13 +689,14 @@ async fn a_run_waits_out_an_open_circuit() {
     });
     open_then_wait_it_out(&svc, &run).await;
     let state = run.state();
-    assert_eq!(state.attempts, 5, "the wait was not an attempt");
+    assert_eq!(state.attempts, 1, "the wait was not an attempt");
     assert_eq!(
         (state.waits_total, state.providers["provider.test"].cycles),
         (1, 0)
     );
     assert_eq!(state.stopped, None);
     assert_eq!(provider.arrivals().len(), 5);
+    assert_eq!(policy.breaker.snapshot(Instant::now()).state, State::Closed);
 }
 
 /// Issue 20: a provider that never answers is given `request_timeout`
@@ -714,30 +728,60 @@ async fn the_request_timeout_bounds_every_attempt_and_wait() {
     );
 }
 
-/// Issue 20 with R-RN8: a run's request waiting out an open circuit does
-/// not spend its `request_timeout` on the wait — the cool-down (5 s) is
-/// longer than the bound (4 s), and the request is still answered.
+/// Issue 20 with R-RN8, R-RN13: a run's request parked through an outage
+/// longer than its `request_timeout` (6 s against 4 s) does not spend the
+/// bound on the wait, and is answered once the provider is back; a proxy
+/// user's parked request does (its `max_outage_wait` is 10 s): `504` at
+/// 4 s, its clock its own.
 #[tokio::test(start_paused = true)]
 async fn a_runs_cooldown_wait_does_not_spend_the_request_timeout() {
     let (policy, _) = policy(ProviderSettings {
         attempt_timeout: Duration::from_secs(1),
         request_timeout: Duration::from_secs(4),
-        ..quick_breaker()
+        ..ProviderSettings::default()
     });
-    let provider = Provider::new(|n| if n < 4 { status(500) } else { status(200) });
+    let t0 = Instant::now();
+    let up = t0 + Duration::from_secs(6);
+    let provider = Provider::new(move |_| {
+        if Instant::now() < up {
+            status(503)
+        } else {
+            status(200)
+        }
+    });
     let svc = stack(&policy, &provider);
     let run = RunHandle::new(Envelope {
         max_cooldown_waits: 3,
         ..Envelope::default()
     });
-    open_then_wait_it_out(&svc, &run).await;
-    assert_eq!(run.state().waits_total, 1);
+    let (in_run, alone) = tokio::join!(
+        svc.clone().oneshot(with_run(get("run"), &run)),
+        async {
+            // After the outage is recognised: parked at once.
+            sleep(Duration::from_secs(2)).await;
+            let r = svc.clone().oneshot(get("alone")).await;
+            (r, Instant::now() - t0)
+        },
+    );
+    assert_eq!(in_run.unwrap().status(), 200);
+    assert!(Instant::now() - t0 <= Duration::from_secs(7), "back within a probe");
+    let (alone, at) = alone;
+    assert!(
+        matches!(&alone, Err(Cause::RequestTimeout(_))),
+        "{:?}",
+        alone.map(|r| r.status())
+    );
+    assert_eq!(at, Duration::from_secs(6), "its own 4 s from 2 s");
+    assert_eq!(run.state().waits_total, 2, "two cycles of 5 s: {:?}", run.state());
 }
 
-/// R-RN8's cycle guard: against a provider that never recovers, each
-/// half-open probe fails and the circuit re-opens; after
-/// `max_cooldown_waits` waits in a row the run stops with `circuit_open`
-/// (source pressure), and its later requests are refused at once.
+/// R-RN8's cycle guard: against a provider that never recovers, a run's
+/// request is parked and only probes go, one a second; after
+/// `max_cooldown_waits` cycles of `breaker_open_for` the provider's part
+/// of the run stops with `circuit_open` (the breaker opened meanwhile:
+/// source pressure), and its later requests are refused at once. The
+/// first failure of a serial collector, before any verdict, goes back
+/// (a lone failure proves nothing; retries are off here).
 #[tokio::test(start_paused = true)]
 async fn a_circuit_that_never_recovers_stops_the_run() {
     let (policy, _) = policy(quick_breaker());
@@ -748,6 +792,7 @@ async fn a_circuit_that_never_recovers_stops_the_run() {
         max_cooldown_waits: 2,
         ..Envelope::default()
     });
+    let t0 = Instant::now();
     let mut statuses = Vec::new();
     let mut stopped = None;
     for i in 0..20 {
@@ -758,20 +803,31 @@ async fn a_circuit_that_never_recovers_stops_the_run() {
         {
             Ok(r) => statuses.push(r.status().as_u16()),
             Err(Cause::RunStopped(s)) => {
-                stopped = Some(s.reason);
+                stopped = Some((s.reason, s.provider, Instant::now() - t0));
                 break;
             }
             Err(other) => panic!("{other}"),
         }
     }
-    assert_eq!(statuses, [500, 500, 500, 500, 500, 500], "4, then 2 probes");
-    assert_eq!(stopped, Some(StopReason::CircuitOpen));
+    assert_eq!(statuses, [500], "the lone failure, after a second's verdict");
+    // Down at 1 s (the second failure, a second after the first); two
+    // cycles of 5 s waited out; stopped at the third.
+    assert_eq!(
+        stopped,
+        Some((
+            StopReason::CircuitOpen,
+            Some("provider.test".to_string()),
+            Duration::from_secs(11)
+        ))
+    );
     assert!(StopReason::CircuitOpen.is_source_pressure());
     let t = Instant::now();
     let again = svc.clone().oneshot(with_run(get("x"), &run)).await;
     assert!(matches!(again, Err(Cause::RunStopped(_))));
     assert_eq!(Instant::now(), t, "refused at once");
-    assert_eq!(provider.arrivals().len(), 6);
+    // Two failures, then a probe at 1.5 s and one a second to 10.5 s.
+    assert_eq!(provider.arrivals().len(), 2 + 10);
+    assert_eq!(run.state().attempts, 12);
 }
 
 /// A provider that fails everything, its breaker opened by four failures
@@ -1186,7 +1242,11 @@ async fn eight_waiters_of_one_open_period_are_one_wait() {
             .map(|r| r.as_ref().map_err(|e| e.to_string()))
             .collect::<Vec<_>>()
     );
-    assert!(Instant::now() - t0 >= Duration::from_secs(5), "waited");
+    // Parked until the probe (see `open_then_wait_it_out`), not for the
+    // breaker's open period; then paced.
+    let arrivals = provider.arrivals();
+    assert_eq!(arrivals[4].0 - t0, PROBE_FIRST_WAIT - INTERVAL, "the probe");
+    assert!(Instant::now() - t0 < Duration::from_secs(5));
     let state = run.state();
     assert_eq!(state.waits_total, 1, "{state:?}");
     assert_eq!(state.stopped, None);
@@ -1218,16 +1278,19 @@ async fn a_deadline_during_the_wait_stops_every_waiter_planned() {
         }
     }
     assert_eq!(Instant::now() - t0, Duration::from_secs(2));
-    assert_eq!(provider.arrivals().len(), 4);
+    // Four to open it, then only the probes: at 0.3 s and 1.3 s (see
+    // `open_then_wait_it_out`).
+    assert_eq!(provider.arrivals().len(), 4 + 2);
     assert_eq!(run.state().stopped, Some(StopReason::Deadline));
 }
 
 /// The seeds' third scenario ("a circuit that keeps re-opening converges
-/// to a bounded defer"), with eight concurrent requests: each re-opening
-/// is one cycle whatever the concurrency; after `max_cooldown_waits`
-/// cycles the provider's part of the run stops with `circuit_open` —
-/// within `max_cooldown_waits × breaker_open_for` (the probes answer at
-/// once) — while the run itself goes on at another provider.
+/// to a bounded defer"), with eight concurrent requests parked: each
+/// `breaker_open_for` of the outage is one cycle whatever the concurrency;
+/// after `max_cooldown_waits` cycles the provider's part of the run stops
+/// with `circuit_open` — at `max_cooldown_waits × breaker_open_for` — while
+/// the run itself goes on at another provider. Meanwhile only probes went,
+/// one a second, each an attempt of the run.
 #[tokio::test(start_paused = true)]
 async fn a_circuit_that_keeps_reopening_stops_only_its_providers_part() {
     let (dead_policy, evidence) = policy(quick_breaker());
@@ -1251,33 +1314,31 @@ async fn a_circuit_that_keeps_reopening_stops_only_its_providers_part() {
     let t0 = Instant::now();
     let got = concurrently(&dead_svc, Some(&run), 8).await;
     let elapsed = Instant::now() - t0;
-    let (mut probes, mut stopped) = (0, 0);
     for r in &got {
         match r {
-            // The request that went as a half-open probe gets the answer.
-            Ok(500) => probes += 1,
             Err(Cause::RunStopped(s)) => {
                 assert_eq!(s.reason, StopReason::CircuitOpen);
                 assert_eq!(s.provider.as_deref(), Some("provider.test"));
-                stopped += 1;
             }
             other => panic!("{:?}", other.as_ref().map_err(|e| e.to_string())),
         }
     }
-    assert_eq!((probes, stopped), (3, 5));
-    assert!(elapsed <= Duration::from_secs(15), "{elapsed:?}");
-    assert!(elapsed >= Duration::from_secs(14), "{elapsed:?}");
-    // Four to open it, then one failing probe per re-opening.
-    assert_eq!(dead.arrivals().len(), 4 + 3);
+    // Three cycles from the outage's verdict, one pacing interval before
+    // the fourth failure (see `open_then_wait_it_out`).
+    assert_eq!(elapsed, Duration::from_secs(15) - INTERVAL);
+    // Four to open it, then one probe at 0.5 s and one a second after.
+    assert_eq!(dead.arrivals().len(), 4 + 15);
     let opens = evidence
         .lock()
         .unwrap()
         .iter()
         .filter(|t| t.to == State::Open)
         .count();
-    assert_eq!(opens, 4, "opened, then re-opened three times");
+    // Opened, then re-opened by the probe after each half-open.
+    assert_eq!(opens, 3, "{:?}", evidence.lock().unwrap());
     let state = run.state();
     assert_eq!(state.waits_total, 3);
+    assert_eq!(state.attempts, 15, "the probes were the run's attempts");
     assert_eq!(state.stopped, None, "the run goes on");
     // The other provider's requests keep succeeding until the run's own
     // budget ends: 30 attempts, 7 of them spent at the dead provider.
@@ -1295,7 +1356,7 @@ async fn a_circuit_that_keeps_reopening_stops_only_its_providers_part() {
             Err(e) => panic!("{e}"),
         }
     }
-    assert_eq!(ok, 30 - 3);
+    assert_eq!(ok, 30 - 15);
     assert_eq!(run.state().stopped, Some(StopReason::RequestCap));
 }
 
@@ -1307,6 +1368,7 @@ async fn a_circuit_that_keeps_reopening_stops_only_its_providers_part() {
 async fn an_outage_at_a_low_rate_opens_the_breaker_on_the_streak() {
     let mut settings = fixed_rate(1.0);
     settings.retry_max_attempts = 1;
+    settings.max_outage_wait = Duration::ZERO;
     let (policy, evidence) = policy(settings);
     let provider = Provider::new(|_| status(502));
     let svc = stack(&policy, &provider);
@@ -1337,10 +1399,12 @@ async fn an_outage_at_a_low_rate_opens_the_breaker_on_the_streak() {
 /// paced at its ceiling fails every request with a bare 503 for 3 s. The
 /// rate is held (two cuts at most), the failures are found an outage, and
 /// the first success afterwards gives the ceiling back; no throttle point
-/// is learned.
+/// is learned. (Parking off: the controller's own verdict, with every
+/// failure passed on; parked, see `a_short_outage_reaches_a_run_as_latency`.)
 #[tokio::test(start_paused = true)]
 async fn a_three_second_outage_of_bare_503s_costs_no_rate() {
-    let settings = ProviderSettings::with_ceiling(50.0);
+    let mut settings = ProviderSettings::with_ceiling(50.0);
+    settings.max_outage_wait = Duration::ZERO;
     let (policy, _) = policy(settings);
     let t0 = Instant::now();
     let down = (t0 + Duration::from_secs(20), t0 + Duration::from_secs(23));
@@ -1465,4 +1529,223 @@ async fn a_ten_second_outage_of_reset_connections_is_ridden_out() {
         ..status(0)
     })
     .await;
+}
+
+// ------------------------------------------------- parking (issue 32)
+
+/// A provider answering `status(200)` but during `down`, when it answers
+/// `during`.
+fn down_for(down: (Instant, Instant), during: Reply) -> Provider {
+    Provider::new(move |_| {
+        let now = Instant::now();
+        if now >= down.0 && now < down.1 {
+            during
+        } else {
+            status(200)
+        }
+    })
+}
+
+/// `threads` clients of `run` (or none), each sending GETs one after
+/// another until `until`; what each request got, with when it was asked.
+async fn clients(
+    svc: &ProviderService<String, ()>,
+    run: Option<&RunHandle>,
+    threads: usize,
+    until: Instant,
+) -> Vec<(Instant, Result<u16, String>)> {
+    let tasks: Vec<_> = (0..threads)
+        .map(|i| {
+            let (svc, run) = (svc.clone(), run.cloned());
+            tokio::spawn(async move {
+                let mut got = Vec::new();
+                let mut n = 0;
+                while Instant::now() < until {
+                    let req = get(format!("t{i}-{n}"));
+                    let req = match &run {
+                        Some(run) => with_run(req, run),
+                        None => req,
+                    };
+                    let asked = Instant::now();
+                    let r = svc.clone().oneshot(req).await;
+                    got.push((asked, r.map(|r| r.status().as_u16()).map_err(|e| e.to_string())));
+                    n += 1;
+                }
+                got
+            })
+        })
+        .collect();
+    let mut out = Vec::new();
+    for t in tasks {
+        out.extend(t.await.unwrap());
+    }
+    out
+}
+
+/// Answers the provider gave in `[from, from + secs)`, per second.
+fn per_second(provider: &Provider, from: Instant, secs: f64, status_ok: bool) -> f64 {
+    let to = from + Duration::from_secs_f64(secs);
+    let n = provider
+        .arrivals()
+        .iter()
+        .filter(|(at, _)| *at >= from && *at < to)
+        .count() as f64;
+    if status_ok {
+        n / secs
+    } else {
+        n
+    }
+}
+
+/// Issue 32's first Done-when line on the paused clock (R-RN8): eight
+/// clients of a run at a provider paced at its ceiling; the provider
+/// answers a bare `503` to everything for 5 s. The run's requests see no
+/// failure, only latency: the outage is told after three failures, the
+/// requests are parked, only probes reach the provider (at most two a
+/// second), and within a second of its return the successes are back at
+/// the rate before. No retry was spent; each cycle of the outage was one
+/// wait.
+#[tokio::test(start_paused = true)]
+async fn a_short_outage_reaches_a_run_as_latency() {
+    let (policy, _) = policy(ProviderSettings::with_ceiling(50.0));
+    let t0 = Instant::now();
+    let down = (t0 + Duration::from_secs(20), t0 + Duration::from_secs(25));
+    let provider = down_for(down, status(503));
+    let svc = stack(&policy, &provider);
+    let run = RunHandle::new(Envelope {
+        max_cooldown_waits: 3,
+        ..Envelope::default()
+    });
+    let got = clients(&svc, Some(&run), 8, t0 + Duration::from_secs(30)).await;
+    let failed: Vec<_> = got.iter().filter(|(_, r)| *r != Ok(200)).collect();
+    assert!(failed.is_empty(), "{failed:?}");
+    let before = per_second(&provider, down.0 - Duration::from_secs(10), 10.0, true);
+    let during = per_second(&provider, down.0, 5.0, false);
+    let back = per_second(&provider, down.1 + Duration::from_secs(1), 1.0, true);
+    assert!(before >= 49.0, "{before}/s before");
+    assert!(
+        during <= 10.0,
+        "{during} requests in 5 s of outage: {:?}",
+        provider
+            .arrivals()
+            .iter()
+            .filter(|(at, _)| *at >= down.0 && *at < down.1)
+            .map(|(at, id)| (*at - down.0, id.clone()))
+            .collect::<Vec<_>>()
+    );
+    assert!(back >= 0.9 * before, "{back}/s in the second after the first");
+    let state = run.state();
+    assert_eq!(state.retries, 0, "parked re-sends are not retries");
+    // Down from 20 s to the probe after 25 s: into its second cycle of
+    // `breaker_open_for`, each one wait however many were parked.
+    assert_eq!(state.waits_total, 2, "{state:?}");
+    let p = policy.snapshot(Instant::now());
+    assert_eq!(p.pacer.rate_rps, 50.0, "{:?}", p.pacer);
+    assert_eq!((p.pacer.limit_rps, p.pacer.outages), (None, 1));
+    assert_eq!(p.park.watch.episodes, 1);
+    assert!(p.park.resumed >= 8, "{:?}", p.park);
+    assert_eq!(p.park.parked, 0);
+}
+
+/// R-RN13: a proxy user's requests are parked the same way, up to
+/// `max_outage_wait` (10 s): a 5 s outage is absorbed; a provider that
+/// stays down gets them `ProviderDown` at 10 s, with a `Retry-After`; with
+/// `max_outage_wait = 0` its failures pass at once.
+#[tokio::test(start_paused = true)]
+async fn a_proxy_user_is_parked_up_to_max_outage_wait() {
+    let t0 = Instant::now();
+    let (policy_a, _) = policy(ProviderSettings::with_ceiling(50.0));
+    let short = down_for(
+        (t0 + Duration::from_secs(5), t0 + Duration::from_secs(10)),
+        status(503),
+    );
+    let got = clients(&stack(&policy_a, &short), None, 8, t0 + Duration::from_secs(15)).await;
+    let failed: Vec<_> = got.iter().filter(|(_, r)| *r != Ok(200)).collect();
+    assert!(failed.is_empty(), "{failed:?}");
+
+    let t1 = Instant::now();
+    let (policy_b, _) = policy(ProviderSettings::with_ceiling(50.0));
+    let long = down_for((t1 + Duration::from_secs(1), t1 + Duration::from_secs(3600)), status(503));
+    let got = clients(&stack(&policy_b, &long), None, 8, t1 + Duration::from_secs(5)).await;
+    let gave_up: Vec<_> = got
+        .iter()
+        .filter(|(_, r)| r.as_ref().is_err_and(|e| e.starts_with("provider down")))
+        .collect();
+    assert_eq!(gave_up.len(), 8, "{got:?}");
+    for (asked, r) in &gave_up {
+        assert!(
+            r.as_ref().unwrap_err().contains("parked 10s"),
+            "{asked:?} {r:?}"
+        );
+    }
+    assert!(got.iter().all(|(_, r)| r.as_ref().is_ok_and(|s| *s == 200) || r.is_err()));
+
+    let mut settings = ProviderSettings::with_ceiling(50.0);
+    settings.max_outage_wait = Duration::ZERO;
+    let (policy_c, _) = policy(settings);
+    let dead = Provider::new(|_| status(503));
+    let svc = stack(&policy_c, &dead);
+    let t2 = Instant::now();
+    let r = svc.clone().oneshot(get("x")).await.unwrap();
+    assert_eq!(r.status(), 503);
+    assert!(Instant::now() - t2 < Duration::from_secs(2), "retried, never parked");
+}
+
+/// R-RN8: a request the provider may have acted on is never sent again.
+/// A run's `POST` that goes as the probe of a provider down (its breaker
+/// opened by proxy users' failures) and whose connection is reset after it
+/// was sent goes back as it is — one arrival; a `POST` answered `503` (the
+/// provider says it did not process it) is parked again and sent with the
+/// next probe, which the provider, back, answers.
+#[tokio::test(start_paused = true)]
+async fn a_post_is_parked_only_when_the_answer_proves_it_unprocessed() {
+    let (policy, _) = policy(quick_breaker());
+    let provider = Provider::new(|n| match n {
+        0..4 => status(500),
+        4 => status(503),
+        _ => status(200),
+    });
+    let reset = Provider::new(|_| Reply {
+        error: Some(UpstreamKind::ConnectionClosed),
+        ..status(0)
+    });
+    let svc = stack(&policy, &provider);
+    // The same provider's stack over an upstream that resets every
+    // connection: the policy, and so the outage watch, is shared.
+    let resetting = stack(&policy, &reset);
+    for i in 0..4 {
+        let r = svc.clone().oneshot(get(i.to_string())).await;
+        assert_eq!(r.unwrap().status(), 500);
+    }
+    let run = RunHandle::new(Envelope {
+        max_cooldown_waits: 3,
+        ..Envelope::default()
+    });
+    let post = |id: &str| {
+        let req = Request::post("http://provider.test/")
+            .body(id.to_string())
+            .unwrap();
+        with_run(req, &run)
+    };
+    let t0 = Instant::now();
+    let r = resetting.oneshot(post("reset")).await;
+    assert!(
+        matches!(&r, Err(Cause::Upstream(u)) if u.kind == UpstreamKind::ConnectionClosed),
+        "{:?}",
+        r.map(|r| r.status())
+    );
+    assert_eq!(reset.arrivals().len(), 1, "never sent twice");
+    assert_eq!(Instant::now() - t0, PROBE_FIRST_WAIT - INTERVAL, "as the probe");
+    let r = svc.clone().oneshot(post("busy")).await.unwrap();
+    assert_eq!(r.status(), 200, "parked, then sent again");
+    let busy: Vec<Duration> = provider
+        .arrivals()
+        .iter()
+        .filter(|(_, id)| id == "busy")
+        .map(|(at, _)| *at - t0)
+        .collect();
+    // Probes a second apart once one failed: the reset at 0.3 s, the 503
+    // at 1.3 s, the 200 at 2.3 s.
+    assert_eq!(busy, [Duration::from_millis(1300), Duration::from_millis(2300)]);
+    assert_eq!(run.state().attempts, 3);
 }

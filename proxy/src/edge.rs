@@ -81,6 +81,17 @@ pub fn refusal(cause: &Cause) -> Refusal {
             "destination_unavailable",
             "circuit open: provider failing".to_string(),
         ),
+        // Parked through an outage as long as it may wait: the provider's
+        // failures are not passed on, its state is (R-RN13).
+        Cause::ProviderDown(e) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "destination_unavailable",
+            format!(
+                "provider down ({}): every request failing; parked {:.1} s, the most max_outage_wait allows",
+                e.reason.label(),
+                e.waited.as_secs_f64()
+            ),
+        ),
         Cause::BulkheadFull(_) => (
             StatusCode::SERVICE_UNAVAILABLE,
             "connection_limit_reached",

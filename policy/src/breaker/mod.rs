@@ -150,6 +150,32 @@ impl BreakerShared {
         }
     }
 
+    /// A permit for the probe of parked requests ([`Permit::Parked`]):
+    /// never refused.
+    pub fn acquire_parked(self: &Arc<Self>) -> CallPermit {
+        let (permit, transition) = self.lock().acquire_parked(Instant::now());
+        if let Some(t) = transition {
+            self.publish(t);
+        }
+        CallPermit {
+            shared: self.clone(),
+            permit: Some(permit),
+        }
+    }
+
+    /// The state now (moving Open → HalfOpen if due, and publishing that).
+    pub fn state(&self) -> State {
+        let (state, t) = {
+            let mut b = self.lock();
+            let t = b.tick(Instant::now());
+            (b.state(), t)
+        };
+        if let Some(t) = t {
+            self.publish(t);
+        }
+        state
+    }
+
     /// The open period the breaker is in or last was in (see
     /// [`Breaker::cycle`]).
     pub fn cycle(&self) -> u64 {
@@ -170,6 +196,12 @@ impl BreakerShared {
         snap
     }
 }
+
+/// Marks a request as the probe of requests parked through an outage
+/// ([`crate::park`]), in its extensions: the breaker lets it through while
+/// open, and its success closes the breaker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ParkedProbe;
 
 /// A call the breaker let through. [`CallPermit::finish`] records how it
 /// went; dropped without a verdict (refused further down, or its client

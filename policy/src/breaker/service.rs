@@ -5,7 +5,7 @@ use std::time::SystemTime;
 use http::{Request, Response};
 use tower::{Service, ServiceExt};
 
-use super::BreakerShared;
+use super::{BreakerShared, ParkedProbe};
 use crate::error::{BoxFuture, Cause};
 use crate::outcome::Outcome;
 
@@ -36,7 +36,13 @@ where
         let inner = self.inner.clone();
         let shared = self.shared.clone();
         Box::pin(async move {
-            let permit = match shared.acquire() {
+            let parked_probe = req.extensions().get::<ParkedProbe>().is_some();
+            let acquired = if parked_probe {
+                Ok(shared.acquire_parked())
+            } else {
+                shared.acquire()
+            };
+            let permit = match acquired {
                 Ok(p) => p,
                 Err(open) => match shared.wait_for_probe() {
                     // Opted in: wait for the half-open probe, within the

@@ -104,6 +104,12 @@ pub enum Permit {
     Normal,
     /// A half-open probe.
     Probe,
+    /// A probe sent for requests parked through an outage
+    /// ([`crate::park`]): let through while open, without waiting for the
+    /// reset timeout. Its success closes the breaker at once — the parked
+    /// requests resume behind it — and its failure leaves an open breaker
+    /// open (a half-open one opens again).
+    Parked,
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -301,11 +307,30 @@ impl Breaker {
         (permit, transition)
     }
 
+    /// Asks to send the probe of parked requests at `now`: always let
+    /// through ([`Permit::Parked`] while open or half-open, an ordinary
+    /// call while closed). The parking layer sends one at a time.
+    pub fn acquire_parked(&mut self, now: Instant) -> (Permit, Option<Transition>) {
+        let transition = self.tick(now);
+        let permit = match self.state {
+            State::Closed => Permit::Normal,
+            State::Open | State::HalfOpen => Permit::Parked,
+        };
+        (permit, transition)
+    }
+
     /// Records a call's outcome: `failure` is a failure or throttle
     /// (R-CB1). Returns the transition it caused, if any.
     pub fn record(&mut self, permit: Permit, failure: bool, now: Instant) -> Option<Transition> {
         match (permit, self.state) {
-            (Permit::Normal, State::Closed) => {
+            (Permit::Parked, State::Open | State::HalfOpen) => match (failure, self.state) {
+                (false, _) => Some(self.go(State::Closed, Reason::ProbesSucceeded, now, 1, 0)),
+                (true, State::HalfOpen) => {
+                    Some(self.go(State::Open, Reason::ProbeFailed, now, 1, 1))
+                }
+                (true, _) => None,
+            },
+            (Permit::Normal | Permit::Parked, State::Closed) => {
                 self.count(failure, now);
                 let (calls, failures) = self.totals(now);
                 if calls >= self.min_calls

@@ -726,6 +726,28 @@ impl Aimd {
         self.streak.is_some_and(|s| s.outage_at.is_some())
     }
 
+    /// The outage watch ([`crate::park`]) found the provider down before
+    /// this controller did: the streak of failures in progress is an
+    /// outage, judged at `now` — the rate is held, no trial or probe
+    /// survives it, and its first clean answer gives back the rate and
+    /// throttle point from before it (R-SG4). Returns whether this made
+    /// it one (not when there is no streak, or it already is one, or the
+    /// failures are a relapse judged as a throttle).
+    pub fn declare_outage(&mut self, now: Instant) -> bool {
+        let Some(streak) = self.streak.as_mut() else {
+            return false;
+        };
+        if streak.outage_at.is_some() || streak.relapse {
+            return false;
+        }
+        streak.outage_at = Some(now);
+        self.outages += 1;
+        self.trial = None;
+        self.recover_to = None;
+        self.reset_plateau();
+        true
+    }
+
     /// What the controller makes of the recent failures at `now`, if
     /// anything: an outage while one is believed; a throttle while a
     /// streak of failures is being cut on, a cut awaits its trial, or a

@@ -895,6 +895,18 @@ impl PacerCore {
         fb
     }
 
+    /// Whether the rate controller takes the recent failures for an outage
+    /// (R-SG4).
+    pub fn in_outage(&self) -> bool {
+        self.aimd.in_outage()
+    }
+
+    /// The outage watch found the provider down first: see
+    /// [`Aimd::declare_outage`](super::aimd::Aimd::declare_outage).
+    pub fn declare_outage(&mut self, now: Instant) -> bool {
+        self.aimd.declare_outage(now)
+    }
+
     /// Holds every request until `until` unless a longer hold is in force;
     /// returns the new end if it moved.
     fn hold(&mut self, now: Instant, until: Instant) -> Option<Instant> {

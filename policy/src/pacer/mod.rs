@@ -210,6 +210,15 @@ impl PacerShared {
         }
     }
 
+    /// The outage watch found the provider down ([`crate::park`]): the
+    /// controller takes the failures in progress for an outage too, and
+    /// says so.
+    pub fn outage_found(&self, now: Instant) {
+        if self.lock().declare_outage(now) {
+            emit(&self.events, Event::Outage(true));
+        }
+    }
+
     /// Locks the decision state. A poisoned lock is recovered: the state is
     /// plain numbers, valid after any panic.
     pub fn lock(&self) -> MutexGuard<'_, PacerCore> {

@@ -6,11 +6,10 @@ use http::{Request, Response};
 use tokio::time::Instant;
 use tower::{Layer, Service, ServiceExt};
 
-use super::{Cooldown, Cycle, Departure, RunHandle, StopReason};
+use super::{Cooldown, Departure, RunHandle};
 use crate::cost::{Charged, Pricing, Units};
 use crate::error::{BoxFuture, Cause};
 use crate::outcome::Outcome;
-use crate::retry::policy::clone_request;
 use crate::retry::ReplayBody;
 use crate::timeout::RequestClock;
 
@@ -20,8 +19,9 @@ use crate::timeout::RequestClock;
 pub type Pressure = Arc<dyn Fn(Instant) -> Option<Cooldown> + Send + Sync>;
 
 /// Checks the run envelope of each attempt (first or retry) before it
-/// starts, and makes a run's request wait out source pressure (R-RN8),
-/// counted per cool-down cycle of this provider.
+/// starts, and makes a run's request wait out a long `Retry-After` hold
+/// (R-RN8), counted per cool-down cycle of this provider. (An outage is
+/// waited out by the parking layer, outside this one.)
 #[derive(Clone, Default)]
 pub struct RunLayer {
     provider: Arc<str>,
@@ -109,7 +109,10 @@ where
             loop {
                 let now = Instant::now();
                 run.check_attempt_units(&provider, now, units)?;
-                let reserved = Reserved::new(&run, &provider, units);
+                // The attempt's departure mark: the one the parking layer
+                // set (it watches it too), else a new one.
+                let departure = req.extensions().get::<Departure>().cloned();
+                let reserved = Reserved::new(&run, &provider, units, departure);
                 // Known source pressure: wait it out before sending.
                 if let Some(cooldown) = pressure.as_ref().and_then(|p| p(now)) {
                     reserved.give_back();
@@ -117,7 +120,6 @@ where
                     continue;
                 }
                 req.extensions_mut().insert(reserved.departure.clone());
-                let copy = clone_request(&req);
                 let result = inner.clone().oneshot(req).await.map_err(Into::into);
                 match Outcome::of_result(&result, SystemTime::now()) {
                     // Only an answer that is not a failure says the
@@ -138,25 +140,14 @@ where
                         return result;
                     }
                     // sluice refused it (or the client's request could not
-                    // be sent): it never reached the provider.
-                    None => reserved.give_back(),
-                }
-                let open = match &result {
-                    Err(Cause::CircuitOpen(open)) => Some(Cooldown {
-                        wait: open.retry_after,
-                        reason: StopReason::CircuitOpen,
-                        cycle: Cycle::Open(open.cycle),
-                    }),
-                    _ => None,
-                };
-                match (open, copy) {
-                    // The breaker opened since the check (or its half-open
-                    // probes are all out): wait, then again.
-                    (Some(cooldown), Some(copy)) => {
-                        wait_out(&run, &provider, &cooldown, clock.as_ref()).await?;
-                        req = copy;
+                    // be sent): it never reached the provider, and what it
+                    // met goes back. (An open circuit is the parking
+                    // layer's, outside this one: it parks the request and
+                    // sends it again, R-RN8.)
+                    None => {
+                        reserved.give_back();
+                        return result;
                     }
-                    _ => return result,
                 }
             }
         })
@@ -176,12 +167,17 @@ struct Reserved {
 }
 
 impl Reserved {
-    fn new(run: &RunHandle, provider: &Arc<str>, units: u32) -> Reserved {
+    fn new(
+        run: &RunHandle,
+        provider: &Arc<str>,
+        units: u32,
+        departure: Option<Departure>,
+    ) -> Reserved {
         Reserved {
             run: run.clone(),
             provider: provider.clone(),
             units,
-            departure: Departure::default(),
+            departure: departure.unwrap_or_default(),
             settled: false,
         }
     }

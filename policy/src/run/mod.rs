@@ -124,21 +124,27 @@ pub struct Envelope {
     /// Retries allowed as a share of the run's first attempts (at least
     /// one retry once there is a first attempt).
     pub retry_ratio: Option<f64>,
-    /// Cool-down cycles of one provider (an open period of its circuit, a
-    /// long `Retry-After` hold) the run may wait out in a row before that
+    /// Cool-down cycles of one provider (`breaker_open_for` of an outage,
+    /// a long `Retry-After` hold) the run may wait out in a row before that
     /// provider's part of it stops with a source-pressure reason (R-RN8).
     /// 0: no waiting.
     pub max_cooldown_waits: u32,
 }
 
-/// One cool-down of a provider that a run's requests wait out: an open
-/// period of its breaker (with the half-open spell after it), or one
-/// `Retry-After` hold. However many of the run's requests wait it out, it
+/// One cool-down of a provider that a run's requests wait out: a period
+/// of an outage they are parked through, or one `Retry-After` hold. However many of the run's requests wait it out, it
 /// counts as one wait (R-RN8).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Cycle {
-    /// The breaker's open period of this number.
-    Open(u64),
+    /// One `breaker_open_for` of an outage its requests are parked
+    /// through ([`crate::park`]): the outage's number, and which period of
+    /// it.
+    Outage {
+        /// The outage's number.
+        episode: u64,
+        /// The period of it, from 0.
+        period: u32,
+    },
     /// The pacer's hold of this number.
     Hold(u64),
 }
@@ -210,6 +216,18 @@ impl RunState {
     /// attempts.
     pub fn check_attempt(&mut self, provider: &str, now: Instant) -> Result<(), RunStopped> {
         self.check_attempt_units(provider, now, 1)
+    }
+
+    /// Whether an attempt of one unit to `provider` at `now` would be
+    /// refused, without counting anything.
+    pub fn would_refuse(&self, provider: &str, now: Instant) -> bool {
+        self.stopped.is_some()
+            || self
+                .providers
+                .get(provider)
+                .is_some_and(|p| p.stopped.is_some())
+            || self.envelope.deadline.is_some_and(|d| now >= d)
+            || self.envelope.request_cap.is_some_and(|cap| self.units >= cap)
     }
 
     /// [`RunState::check_attempt`] for an attempt costing `units` (R-FS2):
@@ -401,6 +419,11 @@ impl RunHandle {
         self.lock().check_attempt(provider, now)
     }
 
+    /// See [`RunState::would_refuse`].
+    pub fn would_refuse(&self, provider: &str, now: Instant) -> bool {
+        self.lock().would_refuse(provider, now)
+    }
+
     /// See [`RunState::can_retry`].
     pub fn can_retry(&self) -> bool {
         self.lock().can_retry()
@@ -513,7 +536,10 @@ mod tests {
         Cooldown {
             wait: Duration::from_secs(5),
             reason: StopReason::CircuitOpen,
-            cycle: Cycle::Open(n),
+            cycle: Cycle::Outage {
+                episode: 1,
+                period: u32::try_from(n).unwrap(),
+            },
         }
     }
 

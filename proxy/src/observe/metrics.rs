@@ -59,6 +59,8 @@ pub struct Metrics {
     error_baseline: GaugeVec,
     latency_baseline: GaugeVec,
     on_trial: IntGaugeVec,
+    provider_down: IntGaugeVec,
+    parked: IntGaugeVec,
     condition: IntGaugeVec,
     outages: IntCounterVec,
     queue: IntGaugeVec,
@@ -245,6 +247,18 @@ impl Metrics {
                 &r,
                 "provider_latency_baseline_seconds",
                 "Learned time-to-first-byte baseline, lower quartile (absent until learned)",
+                p,
+            ),
+            provider_down: int_gauge(
+                &r,
+                "provider_down",
+                "1 while the provider is taken to be down (every request failing, or its breaker open): its requests are parked and only probes go",
+                p,
+            ),
+            parked: int_gauge(
+                &r,
+                "parked_requests",
+                "Requests parked through the provider's outage, waiting for its return",
                 p,
             ),
             on_trial: int_gauge(
@@ -742,6 +756,8 @@ impl Metrics {
             g.reset();
         }
         for g in [
+            &self.provider_down,
+            &self.parked,
             &self.on_trial,
             &self.condition,
             &self.queue,
@@ -820,6 +836,12 @@ impl Metrics {
             self.on_trial
                 .with_label_values(&l)
                 .set(i64::from(s.pacer.on_trial));
+            self.provider_down
+                .with_label_values(&l)
+                .set(i64::from(s.park.watch.down.is_some()));
+            self.parked
+                .with_label_values(&l)
+                .set(s.park.parked as i64);
             for c in [Condition::Outage, Condition::Throttle] {
                 self.condition
                     .with_label_values(&[l[0], c.label()])

@@ -519,6 +519,7 @@ impl Runs {
             Some(Cause::CircuitOpen(_)) => Some("circuit_open"),
             Some(Cause::RateLimited(_)) => Some("rate_limited"),
             Some(Cause::BulkheadFull(_)) => Some("bulkhead_full"),
+            Some(Cause::ProviderDown(_)) => Some("provider_down"),
             Some(Cause::AttemptTimeout | Cause::RequestTimeout(_) | Cause::Upstream(_)) | None => {
                 None
             }

@@ -305,6 +305,18 @@ fn provider_json(app: &App, p: &Provider, with_evidence: bool) -> Value {
             "since_ms": now.saturating_duration_since(b.since).as_millis() as u64,
         })),
         "outages": s.pacer.outages,
+        // Parking (R-RN8, R-RN13): down or not, and who waits for its return.
+        "outage": json!({
+            "down": s.park.watch.down.is_some(),
+            "why": s.park.watch.down.map(|(_, r)| r.label()),
+            "down_for_ms": s.park.watch.down.map(|(d, _)| d.as_millis() as u64),
+            "failures_in_a_row": s.park.watch.streak,
+            "parked": s.park.parked,
+            "episodes": s.park.watch.episodes,
+            "probes": s.park.watch.probes,
+            "resumed": s.park.resumed,
+            "gave_up": s.park.gave_up,
+        }),
         "pace_authority": s.pacer.authority,
         "quota": s.pacer.quota.map_or_else(unknown, |q| json!({
             "family": q.advertised.family.label(),
@@ -384,6 +396,7 @@ fn unknown_json(app: &App, name: &str, with_evidence: bool) -> Value {
         "cut_on_trial": "unknown",
         "condition": "unknown",
         "outages": "unknown",
+        "outage": "unknown",
         "pace_authority": "unknown",
         "quota": "unknown",
         "shared": "unknown",

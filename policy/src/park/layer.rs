@@ -1,0 +1,36 @@
+use std::sync::Arc;
+
+use tower::Layer;
+
+use super::{Park, ParkShared};
+
+/// Parks a provider's requests through its outages. Cloning the layer
+/// shares the same watch.
+#[derive(Debug, Clone)]
+pub struct ParkLayer {
+    provider: Arc<str>,
+    shared: Arc<ParkShared>,
+}
+
+impl ParkLayer {
+    /// The parking of `provider` (the name a run's cycle guard counts
+    /// under).
+    pub fn new(provider: &str, shared: Arc<ParkShared>) -> Self {
+        ParkLayer {
+            provider: provider.into(),
+            shared,
+        }
+    }
+}
+
+impl<S> Layer<S> for ParkLayer {
+    type Service = Park<S>;
+
+    fn layer(&self, inner: S) -> Park<S> {
+        Park {
+            inner,
+            provider: self.provider.clone(),
+            shared: self.shared.clone(),
+        }
+    }
+}

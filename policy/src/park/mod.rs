@@ -1,0 +1,386 @@
+//! Parking: a provider's short outage reaches its clients as latency, not
+//! as failures (R-RN8, R-RN13).
+//!
+//! The most common event in a collector's life is a provider that fails
+//! everything for a few seconds — a deploy, a load balancer swap. Retries
+//! do not help: a ratio budget is spent within a second (R-RB2), and a
+//! collector that gives up on its first 5xx fails its whole job. The
+//! breaker does not help either: its window still holds the successes from
+//! before, so a five-second outage never opens it, and while it is open it
+//! fails requests fast.
+//!
+//! So sluice watches for the outage itself ([`Watch`]): failures in a row,
+//! more than the provider's own noise explains — three at a clean
+//! provider, a streak of a second at a quiet one — or the breaker open, or
+//! the rate controller's outage verdict, whichever comes first. While the
+//! provider is down:
+//!
+//! * requests are **parked** instead of sent: those that arrive, and those
+//!   whose attempt just failed in a way that proves the provider did not
+//!   process them (any failure for idempotent methods; a connection
+//!   refused, a `503` or `429` for the others) — never a request the
+//!   provider may have acted on;
+//! * only **probes** reach the provider, one at a time, half a second and
+//!   then a second apart — the oldest parked request goes as the probe;
+//! * when a probe gets an answer from a live provider, the parked requests
+//!   resume in the order they came, at the rate from before the outage
+//!   (the controller is told the failures were an outage, and gives back
+//!   the cuts they caused, R-SG4).
+//!
+//! A parked re-send is not a retry: it spends no retry budget (it adds no
+//! load — it waits for the provider to be back), though it counts as an
+//! attempt of its run when it leaves. A parked request waits at most:
+//!
+//! * in a run, what is left of the run's deadline, and as many cool-down
+//!   cycles (`breaker_open_for` each) as the run's cycle guard allows —
+//!   then the provider's part of the run stops, planned, with gap records
+//!   (R-RN8); the run's wait does not count against `request_timeout`;
+//! * outside a run, `max_outage_wait` in all (R-RN13), then `503` with
+//!   `Proxy-Status` naming the outage and `Retry-After`. `0` turns parking
+//!   off for such requests: failures pass at once.
+//!
+//! The layer sits inside retry and outside the run gate: every parked
+//! re-send passes the run's envelope, and a failure that is parked never
+//! reaches the retry policy.
+
+mod error;
+mod layer;
+mod service;
+pub mod watch;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+pub use self::error::ProviderDown;
+pub use self::layer::ParkLayer;
+pub use self::service::Park;
+pub use self::watch::{Answer, Change, DownReason, Watch, WatchSnapshot};
+use crate::breaker::{BreakerShared, State};
+use crate::outcome::Outcome;
+use crate::pacer::PacerShared;
+use crate::settings::ProviderSettings;
+
+/// A readout of a provider's parking.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ParkSnapshot {
+    /// The outage watch.
+    pub watch: WatchSnapshot,
+    /// Requests parked right now.
+    pub parked: usize,
+    /// Requests that were parked and then sent, since start.
+    pub resumed: u64,
+    /// Parked requests whose wait ended without the provider's return
+    /// (`max_outage_wait`, a run's deadline or cycle guard), since start.
+    pub gave_up: u64,
+}
+
+/// What a parked request may do now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Turn {
+    /// The provider is up: go.
+    Go,
+    /// Go as the probe.
+    Probe,
+    /// Wait, until the given instant at the latest (or until woken).
+    Wait(Option<Instant>),
+}
+
+/// What a failed attempt's request should do while the verdict on a
+/// streak of failures is out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    /// The provider is down: park the request.
+    Down,
+    /// No outage: the failure goes back as it is.
+    Clear,
+    /// Not yet known; wait, until the given instant at the latest.
+    Due(Instant),
+}
+
+#[derive(Debug, Default)]
+struct ParkState {
+    watch: Watch,
+    /// Parked (and held) requests by arrival, woken in that order.
+    waiters: BTreeMap<u64, Arc<Notify>>,
+    next_ticket: u64,
+    resumed: u64,
+    gave_up: u64,
+}
+
+/// One provider's parking, shared by all its services: the outage watch
+/// and who is parked. Cloning the layer shares it.
+#[derive(Debug)]
+pub struct ParkShared {
+    state: Mutex<ParkState>,
+    /// Bumped each time the provider goes down: requests already on their
+    /// way — waiting for a pacing slot or a permit — are called back and
+    /// parked if they have not left.
+    downs: tokio::sync::watch::Sender<u64>,
+    breaker: Arc<BreakerShared>,
+    pacer: Arc<PacerShared>,
+    limits: Mutex<Limits>,
+}
+
+#[derive(Debug, Clone)]
+struct Limits {
+    max_outage_wait: Duration,
+    cycle: Duration,
+    extra_methods: Vec<http::Method>,
+}
+
+impl Limits {
+    fn of(settings: &ProviderSettings) -> Limits {
+        Limits {
+            max_outage_wait: settings.max_outage_wait,
+            cycle: settings.breaker_open_for,
+            extra_methods: settings.retry_methods.clone(),
+        }
+    }
+}
+
+impl ParkShared {
+    /// Parking for a provider whose breaker and pacer these are.
+    pub fn new(
+        settings: &ProviderSettings,
+        breaker: Arc<BreakerShared>,
+        pacer: Arc<PacerShared>,
+    ) -> Arc<Self> {
+        Arc::new(ParkShared {
+            state: Mutex::new(ParkState::default()),
+            downs: tokio::sync::watch::Sender::new(0),
+            breaker,
+            pacer,
+            limits: Mutex::new(Limits::of(settings)),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, ParkState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn limits(&self) -> Limits {
+        self.limits
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Applies new settings; the watch is kept.
+    pub fn update_settings(&self, settings: &ProviderSettings) {
+        *self.limits.lock().unwrap_or_else(|p| p.into_inner()) = Limits::of(settings);
+    }
+
+    /// Whether anything is amiss (down, or failures in a row): a request
+    /// sent now keeps a copy, in case it must be parked after its attempt.
+    pub(crate) fn unsettled(&self) -> bool {
+        self.lock().watch.unsettled()
+    }
+
+    /// Whether the provider is down at `now` (an open breaker makes it so).
+    pub(crate) fn is_down(&self, now: Instant) -> bool {
+        if self.lock().watch.is_down() {
+            return true;
+        }
+        if self.breaker.state() == State::Closed {
+            return false;
+        }
+        let change = self.lock().watch.force_down(now, DownReason::Breaker);
+        self.changed(change, now);
+        true
+    }
+
+    /// Whether the breaker is closed (the reason a run's part stops with
+    /// differs).
+    pub(crate) fn breaker_closed(&self) -> bool {
+        self.breaker.state() == State::Closed
+    }
+
+    /// Takes a place among the parked: a ticket (kept across re-parks, so
+    /// a request keeps its place) and its wake-up.
+    pub(crate) fn join(&self, ticket: Option<u64>) -> (u64, Arc<Notify>) {
+        let mut s = self.lock();
+        let ticket = ticket.unwrap_or_else(|| {
+            s.next_ticket += 1;
+            s.next_ticket
+        });
+        let notify = s.waiters.entry(ticket).or_default().clone();
+        (ticket, notify)
+    }
+
+    /// Leaves the parked; `resumed` when it goes on to the provider,
+    /// `gave_up` when its wait ended without the provider's return.
+    pub(crate) fn leave(&self, ticket: u64, resumed: bool, gave_up: bool) {
+        let mut s = self.lock();
+        s.waiters.remove(&ticket);
+        s.resumed += u64::from(resumed);
+        s.gave_up += u64::from(gave_up);
+    }
+
+    /// What a parked request may do at `now`.
+    pub(crate) fn poll(&self, now: Instant) -> Turn {
+        let mut s = self.lock();
+        if !s.watch.is_down() {
+            return Turn::Go;
+        }
+        match s.watch.take_probe(now) {
+            Ok(()) => Turn::Probe,
+            Err(next) => Turn::Wait(next),
+        }
+    }
+
+    /// The verdict on the streak of failures, for a request whose attempt
+    /// just failed. A lone failure goes back at once unless `hold_lone`
+    /// (a run's request: its collector must not see a failure an outage
+    /// may have caused; the next failures, or a second, tell).
+    pub(crate) fn verdict(&self, now: Instant, hold_lone: bool) -> Verdict {
+        let (verdict, change) = {
+            let mut s = self.lock();
+            let change = s.watch.tick(now);
+            let verdict = if s.watch.is_down() {
+                Verdict::Down
+            } else if s.watch.streak() < 2 && !hold_lone {
+                // A lone failure goes back at once, as it always did: it
+                // proves nothing, and the retry policy deals with it.
+                Verdict::Clear
+            } else {
+                // Due and still not an outage: what the streak has is not
+                // enough, and nothing more came.
+                s.watch
+                    .verdict_due()
+                    .filter(|due| *due > now)
+                    .map_or(Verdict::Clear, Verdict::Due)
+            };
+            (verdict, change)
+        };
+        self.changed(change, now);
+        verdict
+    }
+
+    /// The outage in progress: its number and when it began.
+    pub(crate) fn episode(&self) -> Option<(u64, Instant)> {
+        self.lock().watch.episode()
+    }
+
+    /// Records what an attempt sent at `sent` came back with (`None`: it
+    /// never reached the provider), and, for a probe, that it ended.
+    pub(crate) fn answered(&self, outcome: Option<Outcome>, sent: Instant, probe: bool) {
+        let now = Instant::now();
+        let answer = outcome.as_ref().map(Answer::of);
+        // Read before the watch's lock: the breaker and the pacer never
+        // take it, so no two locks are ever held the other way round.
+        let breaker_open = answer.is_some() && self.breaker.state() != State::Closed;
+        let controller = answer == Some(Answer::Failed) && self.pacer.lock().in_outage();
+        let (change, wake) = {
+            let mut s = self.lock();
+            let unsettled = s.watch.unsettled();
+            let mut change = match answer {
+                // Alive, but the breaker is still open (a throttle counts
+                // against it): not back until a probe closes it.
+                Some(Answer::Alive) if breaker_open => {
+                    s.watch.alive_but_held(sent);
+                    None
+                }
+                Some(a) => s.watch.on_answer(sent, a, now),
+                None => None,
+            };
+            if probe {
+                let ended = match answer {
+                    Some(Answer::Alive) if breaker_open => Some(Answer::Failed),
+                    a => a,
+                };
+                s.watch.probe_ended(ended, now);
+            }
+            if breaker_open {
+                change = change.or(s.watch.force_down(now, DownReason::Breaker));
+            }
+            if controller {
+                change = change.or(s.watch.force_down(now, DownReason::Controller));
+            }
+            // Waiters re-check after anything they wait on: the verdict,
+            // the return, a probe's end, a streak that ended.
+            let wake = change.is_some() || probe || (unsettled && !s.watch.unsettled());
+            (change, wake)
+        };
+        if wake {
+            self.wake_all();
+        }
+        self.went(change, now);
+    }
+
+    /// After a change: a provider gone down calls back the requests on
+    /// their way, and tells the rate controller (unless it told us).
+    fn went(&self, change: Option<Change>, now: Instant) {
+        if let Some(Change::Down(reason)) = change {
+            self.downs.send_modify(|n| *n += 1);
+            if reason != DownReason::Controller {
+                self.pacer.outage_found(now);
+            }
+        }
+    }
+
+    /// When a request that gave up waiting should come back (the next
+    /// probe, or a second), and why the provider is down.
+    pub(crate) fn retry_after(&self, now: Instant) -> (Duration, DownReason) {
+        let s = self.lock();
+        let wait = s
+            .watch
+            .next_probe()
+            .map_or(watch::PROBE_MAX_WAIT, |at| at.saturating_duration_since(now))
+            .max(Duration::from_secs(1));
+        let reason = s
+            .watch
+            .snapshot(now)
+            .down
+            .map_or(DownReason::Failures, |(_, r)| r);
+        (wait, reason)
+    }
+
+    fn changed(&self, change: Option<Change>, now: Instant) {
+        if change.is_some() {
+            self.wake_all();
+        }
+        self.went(change, now);
+    }
+
+    /// A receiver that sees the provider's next going down.
+    pub(crate) fn downs(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.downs.subscribe()
+    }
+
+    /// Wakes every parked request, oldest first.
+    fn wake_all(&self) {
+        let waiters: Vec<Arc<Notify>> = self.lock().waiters.values().cloned().collect();
+        for w in waiters {
+            // Stored if the waiter is not waiting right now: never lost.
+            w.notify_one();
+        }
+    }
+
+    /// The longest a request outside a run waits parked, and the length
+    /// of one cool-down cycle for a run's cycle guard.
+    pub(crate) fn bounds(&self) -> (Duration, Duration) {
+        let l = self.limits();
+        (l.max_outage_wait, l.cycle)
+    }
+
+    /// Methods retried besides the idempotent ones: a failed attempt of
+    /// these is parked as an idempotent one is.
+    pub(crate) fn extra_methods(&self) -> Vec<http::Method> {
+        self.limits().extra_methods
+    }
+
+    /// A readout at `now`.
+    pub fn snapshot(&self, now: Instant) -> ParkSnapshot {
+        let s = self.lock();
+        ParkSnapshot {
+            watch: s.watch.snapshot(now),
+            parked: s.waiters.len(),
+            resumed: s.resumed,
+            gave_up: s.gave_up,
+        }
+    }
+}

@@ -1,0 +1,368 @@
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, SystemTime};
+
+use http::{Request, Response};
+use tokio::sync::Notify;
+use tokio::time::Instant;
+use tower::{Service, ServiceExt};
+
+use super::{ParkShared, ProviderDown, Turn, Verdict};
+use crate::breaker::ParkedProbe;
+use crate::error::{BoxFuture, Cause, UpstreamKind};
+use crate::outcome::Outcome;
+use crate::retry::policy::clone_request;
+use crate::retry::{retryable_method, ReplayBody};
+use crate::run::{Cooldown, Cycle, Departure, RunHandle, StopReason};
+use crate::timeout::RequestClock;
+
+/// The service of [`ParkLayer`](super::ParkLayer): parks a provider's
+/// requests while it is down, sends its probes, resumes them when it is
+/// back.
+#[derive(Debug, Clone)]
+pub struct Park<S> {
+    pub(super) inner: S,
+    pub(super) provider: Arc<str>,
+    pub(super) shared: Arc<ParkShared>,
+}
+
+impl<S, B, R> Service<Request<B>> for Park<S>
+where
+    S: Service<Request<B>, Response = Response<R>> + Clone + Send + 'static,
+    S::Error: Into<Cause>,
+    S::Future: Send + 'static,
+    B: ReplayBody + Send + 'static,
+    R: Send + 'static,
+{
+    type Response = Response<R>;
+    type Error = Cause;
+    type Future = BoxFuture<Response<R>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Cause>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        let inner = self.inner.clone();
+        let shared = self.shared.clone();
+        let provider = self.provider.clone();
+        Box::pin(async move {
+            let run = req.extensions().get::<RunHandle>().cloned();
+            let (max_wait, cycle) = shared.bounds();
+            // A run that would refuse the attempt anyway (R-RN3: a budget
+            // stop touches no provider state, not even a probe's turn).
+            if run
+                .as_ref()
+                .is_some_and(|r| r.would_refuse(&provider, Instant::now()))
+            {
+                return inner.oneshot(req).await.map_err(Into::into);
+            }
+            if run.is_none() && max_wait.is_zero() {
+                // Parking is off for proxy users here: the answers still
+                // tell the watch what the provider is doing.
+                let sent = Instant::now();
+                let result = inner.oneshot(req).await.map_err(Into::into);
+                shared.answered(Outcome::of_result(&result, SystemTime::now()), sent, false);
+                return result;
+            }
+            let mut parking = Parking {
+                clock: req.extensions().get::<RequestClock>().cloned(),
+                shared,
+                provider,
+                run,
+                max_wait,
+                cycle,
+                ticket: None,
+                waited: Duration::ZERO,
+            };
+            let idempotent = retryable_method(req.method(), &[])
+                || parking.shared.extra_methods().contains(req.method());
+            let mut req = req;
+            loop {
+                let mut probe = false;
+                if parking.shared.is_down(Instant::now()) {
+                    probe = parking.wait_turn().await? == Turn::Probe;
+                }
+                // A copy to park after the attempt, where one may be
+                // needed: a run's request always (its collector must see
+                // no failure), another only while something is amiss.
+                let mut copy = (parking.run.is_some() || probe || parking.shared.unsettled())
+                    .then(|| clone_request(&req))
+                    .flatten();
+                let mut guard = probe.then(|| ProbeGuard {
+                    shared: parking.shared.clone(),
+                    armed: true,
+                });
+                if probe {
+                    req.extensions_mut().insert(ParkedProbe);
+                }
+                let departure = Departure::default();
+                req.extensions_mut().insert(departure.clone());
+                let mut downs = parking.shared.downs();
+                let sent = Instant::now();
+                let call = inner.clone().oneshot(req);
+                tokio::pin!(call);
+                let sent_off = loop {
+                    tokio::select! {
+                        r = &mut call => break Ok(r.map_err(Into::into)),
+                        // The provider went down while this request waited
+                        // for its slot: if it has not left, it is parked
+                        // instead of sent (only probes go to a provider
+                        // that is down).
+                        Ok(()) = downs.changed(), if copy.is_some() && !probe => {
+                            if !departure.departed() {
+                                if let Some(c) = copy.take() {
+                                    break Err(c);
+                                }
+                            }
+                        }
+                    }
+                };
+                let result = match sent_off {
+                    Ok(result) => result,
+                    // Called back: `call` is dropped with this turn of the
+                    // loop, and its reservations (slot, run attempt) go
+                    // back; the copy is parked.
+                    Err(c) => {
+                        req = c;
+                        continue;
+                    }
+                };
+                let outcome = Outcome::of_result(&result, SystemTime::now());
+                parking.shared.answered(outcome, sent, probe);
+                if let Some(g) = guard.as_mut() {
+                    g.armed = false;
+                }
+                let failed = outcome.is_some_and(|o| o.is_breaker_failure())
+                    || matches!(result, Err(Cause::CircuitOpen(_)));
+                let Some(mut copy) = copy.filter(|_| failed && unprocessed(&result, idempotent))
+                else {
+                    return result;
+                };
+                if !parking.park_after_failure().await? {
+                    return result;
+                }
+                // Parked: the failure goes nowhere; the copy waits its turn.
+                copy.extensions_mut().remove::<ParkedProbe>();
+                drop(result);
+                req = copy;
+            }
+        })
+    }
+}
+
+/// Whether a failed attempt proves the provider did not act on the
+/// request, so that sending it again cannot do anything twice: any failure
+/// for an idempotent method (RFC 9110 §9.2.2, as retries); for others only
+/// an answer that says so — `503`, `429`, no connection made, sluice's own
+/// refusal.
+fn unprocessed<R>(result: &Result<Response<R>, Cause>, idempotent: bool) -> bool {
+    match result {
+        Ok(resp) => match resp.status().as_u16() {
+            429 | 503 => true,
+            408 | 500..=599 => idempotent,
+            _ => false,
+        },
+        Err(Cause::CircuitOpen(_)) => true,
+        Err(Cause::AttemptTimeout) => idempotent,
+        Err(Cause::Upstream(e)) => match e.kind {
+            UpstreamKind::Dns
+            | UpstreamKind::ConnectionRefused
+            | UpstreamKind::ConnectionTimeout
+            | UpstreamKind::TlsCertificate
+            | UpstreamKind::TlsProtocol => true,
+            // The request may have been read before the connection went.
+            UpstreamKind::ConnectionClosed | UpstreamKind::Protocol => idempotent,
+            UpstreamKind::Prohibited | UpstreamKind::ClientBody => false,
+        },
+        Err(_) => false,
+    }
+}
+
+/// A probe whose attempt was dropped (its client went away) before it was
+/// answered: the next parked request probes instead.
+struct ProbeGuard {
+    shared: Arc<ParkShared>,
+    armed: bool,
+}
+
+impl Drop for ProbeGuard {
+    fn drop(&mut self) {
+        if self.armed {
+            self.shared.answered(None, Instant::now(), true);
+        }
+    }
+}
+
+/// One request's parking: its place, how long it has waited, and what
+/// bounds the wait.
+struct Parking {
+    shared: Arc<ParkShared>,
+    provider: Arc<str>,
+    run: Option<RunHandle>,
+    clock: Option<RequestClock>,
+    max_wait: Duration,
+    cycle: Duration,
+    ticket: Option<u64>,
+    waited: Duration,
+}
+
+/// Leaves the parked when dropped (the request goes on, gives up, or its
+/// client went away).
+struct Place {
+    shared: Arc<ParkShared>,
+    ticket: u64,
+    resumed: bool,
+    gave_up: bool,
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        self.shared.leave(self.ticket, self.resumed, self.gave_up);
+    }
+}
+
+/// How a wait ends short of the provider's return.
+enum Bound {
+    /// Wait on, until this instant at the latest.
+    Until(Instant),
+    /// Stop waiting and go on: the run's own gate refuses the request
+    /// (its deadline passed, or it stopped).
+    Go,
+}
+
+impl Parking {
+    fn place(&mut self) -> (Place, Arc<Notify>) {
+        let (ticket, notify) = self.shared.join(self.ticket);
+        self.ticket = Some(ticket);
+        let place = Place {
+            shared: self.shared.clone(),
+            ticket,
+            resumed: false,
+            gave_up: false,
+        };
+        (place, notify)
+    }
+
+    /// Waits parked until the provider is back or it is this request's
+    /// turn to probe.
+    async fn wait_turn(&mut self) -> Result<Turn, Cause> {
+        let (mut place, notify) = self.place();
+        loop {
+            let now = Instant::now();
+            let next = match self.shared.poll(now) {
+                Turn::Wait(next) => next,
+                turn => {
+                    place.resumed = true;
+                    return Ok(turn);
+                }
+            };
+            let until = match self.bound(now) {
+                Ok(Bound::Until(at)) => at,
+                Ok(Bound::Go) => return Ok(Turn::Go),
+                Err(e) => {
+                    place.gave_up = true;
+                    return Err(e);
+                }
+            };
+            self.sleep(&notify, next.map_or(until, |n| n.min(until)))
+                .await;
+        }
+    }
+
+    /// A failed attempt whose request may be parked: waits for the verdict
+    /// on the failures in progress. `true`: the provider is down, park the
+    /// request; `false`: the failure goes back as it is.
+    async fn park_after_failure(&mut self) -> Result<bool, Cause> {
+        let (mut place, notify) = self.place();
+        loop {
+            let now = Instant::now();
+            if self.shared.is_down(now) {
+                return Ok(true);
+            }
+            let due = match self.shared.verdict(now, self.run.is_some()) {
+                Verdict::Down => return Ok(true),
+                Verdict::Clear => return Ok(false),
+                Verdict::Due(at) => at,
+            };
+            let until = match self.bound(now) {
+                Ok(Bound::Until(at)) => at,
+                Ok(Bound::Go) => return Ok(false),
+                Err(_) => {
+                    // Out of patience before any verdict: the provider's
+                    // own answer goes back.
+                    place.gave_up = true;
+                    return Ok(false);
+                }
+            };
+            self.sleep(&notify, due.min(until)).await;
+        }
+    }
+
+    /// What bounds the wait at `now`: for a run, its deadline and its
+    /// cycle guard (each `breaker_open_for` of an outage is one cool-down
+    /// cycle, R-RN8); otherwise `max_outage_wait` (R-RN13).
+    fn bound(&self, now: Instant) -> Result<Bound, Cause> {
+        let Some(run) = &self.run else {
+            if self.waited >= self.max_wait {
+                let (retry_after, reason) = self.shared.retry_after(now);
+                return Err(Cause::ProviderDown(ProviderDown {
+                    waited: self.waited,
+                    retry_after,
+                    reason,
+                }));
+            }
+            return Ok(Bound::Until(now + (self.max_wait - self.waited)));
+        };
+        if run.stopped().is_some() {
+            return Ok(Bound::Go);
+        }
+        let deadline = run.deadline();
+        if deadline.is_some_and(|d| now >= d) {
+            return Ok(Bound::Go);
+        }
+        let cycle = self.cycle.max(Duration::from_millis(1));
+        let mut until = now + cycle;
+        if let Some((episode, since)) = self.shared.episode() {
+            let into = now.saturating_duration_since(since);
+            let period = u32::try_from(into.as_nanos() / cycle.as_nanos()).unwrap_or(u32::MAX);
+            let ends = since + cycle * period.saturating_add(1);
+            let reason = if self.shared.breaker_closed() {
+                StopReason::UpstreamError
+            } else {
+                StopReason::CircuitOpen
+            };
+            run.wait_for(
+                &self.provider,
+                &Cooldown {
+                    wait: ends.saturating_duration_since(now),
+                    reason,
+                    cycle: Cycle::Outage { episode, period },
+                },
+            )?;
+            until = ends;
+        }
+        Ok(Bound::Until(deadline.map_or(until, |d| until.min(d))))
+    }
+
+    /// Sleeps until `until` or a wake-up. A run's wait moves its request's
+    /// `request_timeout` on by the time waited (R-RN8: the cycle is waited
+    /// out; the client's own clock is its business).
+    async fn sleep(&mut self, notify: &Notify, until: Instant) {
+        let start = Instant::now();
+        let planned = until.saturating_duration_since(start);
+        let clock = self.run.as_ref().and(self.clock.as_ref());
+        if let Some(c) = clock {
+            c.extend(planned);
+        }
+        tokio::select! {
+            () = notify.notified() => {}
+            () = tokio::time::sleep_until(until) => {}
+        }
+        let slept = start.elapsed();
+        if let Some(c) = clock {
+            c.give_back(planned.saturating_sub(slept));
+        }
+        self.waited += slept;
+    }
+}
