@@ -247,7 +247,14 @@ macro_rules! into_cause {
     )*};
 }
 
-into_cause!(RateLimited, CircuitOpen, BulkheadFull, RunStopped, Upstream, ProviderDown);
+into_cause!(
+    RateLimited,
+    CircuitOpen,
+    BulkheadFull,
+    RunStopped,
+    Upstream,
+    ProviderDown
+);
 
 /// What the layers need to know about an error.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

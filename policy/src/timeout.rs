@@ -112,7 +112,12 @@ pub struct RequestClock(Arc<ClockState>);
 struct ClockState {
     deadline: Mutex<Instant>,
     attempts: AtomicU32,
+    /// A number of its own.
+    id: u64,
 }
+
+/// The next clock's number.
+static NEXT_CLOCK: AtomicU64 = AtomicU64::new(1);
 
 impl RequestClock {
     /// A clock whose bound runs out at `deadline`.
@@ -120,6 +125,7 @@ impl RequestClock {
         RequestClock(Arc::new(ClockState {
             deadline: Mutex::new(deadline),
             attempts: AtomicU32::new(0),
+            id: NEXT_CLOCK.fetch_add(1, Ordering::Relaxed),
         }))
     }
 
@@ -131,6 +137,11 @@ impl RequestClock {
     /// Moves the bound on by `wait` (a run's cool-down wait).
     pub fn extend(&self, wait: Duration) {
         *self.0.deadline.lock().unwrap_or_else(|p| p.into_inner()) += wait;
+    }
+
+    /// A number naming the request (its retries share the clock).
+    pub fn id(&self) -> u64 {
+        self.0.id
     }
 
     /// Takes back part of a move made by [`RequestClock::extend`] that

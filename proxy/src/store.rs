@@ -372,12 +372,6 @@ impl Store {
             .map(|(k, v)| (k.to_vec(), v.to_vec()))
     }
 
-    /// A number never handed out before in this store (sled's persistent
-    /// id generator).
-    pub fn next_id(&self) -> Result<u64, StoreError> {
-        Ok(self.db.generate_id()?)
-    }
-
     /// Saves a provider's learned state.
     pub fn save_learned(&self, provider: &str, record: &LearnedRecord) -> Result<(), StoreError> {
         let value = serde_json::to_vec(record)?;

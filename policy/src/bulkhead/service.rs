@@ -89,7 +89,8 @@ where
                 }
             };
             if let Some(departure) = req.extensions().get::<Departure>() {
-                departure.mark();
+                // A run's attempt leaves within its durable reservation.
+                departure.leave().await;
             }
             if let Some(clock) = req.extensions().get::<RequestClock>() {
                 clock.attempt();

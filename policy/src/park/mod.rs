@@ -120,6 +120,9 @@ pub struct ParkShared {
     /// way — waiting for a pacing slot or a permit — are called back and
     /// parked if they have not left.
     downs: tokio::sync::watch::Sender<u64>,
+    /// Attempts sent and not yet answered: their answers may still tell
+    /// whether the provider is down.
+    on_the_way: std::sync::atomic::AtomicUsize,
     breaker: Arc<BreakerShared>,
     pacer: Arc<PacerShared>,
     limits: Mutex<Limits>,
@@ -152,6 +155,7 @@ impl ParkShared {
         Arc::new(ParkShared {
             state: Mutex::new(ParkState::default()),
             downs: tokio::sync::watch::Sender::new(0),
+            on_the_way: Default::default(),
             breaker,
             pacer,
             limits: Mutex::new(Limits::of(settings)),
@@ -233,18 +237,18 @@ impl ParkShared {
     }
 
     /// The verdict on the streak of failures, for a request whose attempt
-    /// just failed. A lone failure goes back at once unless `hold_lone`
-    /// (a run's request: its collector must not see a failure an outage
-    /// may have caused; the next failures, or a second, tell).
-    pub(crate) fn verdict(&self, now: Instant, hold_lone: bool) -> Verdict {
+    /// just failed: waited for while it can still come — other requests
+    /// are on their way, or failed in the streak too — and not when only
+    /// this request's own attempts failed and nothing else is sent (it
+    /// goes back as it always did, and the retry policy deals with it).
+    pub(crate) fn verdict(&self, now: Instant) -> Verdict {
+        let others = self.on_the_way.load(std::sync::atomic::Ordering::Relaxed) > 0;
         let (verdict, change) = {
             let mut s = self.lock();
             let change = s.watch.tick(now);
             let verdict = if s.watch.is_down() {
                 Verdict::Down
-            } else if s.watch.streak() < 2 && !hold_lone {
-                // A lone failure goes back at once, as it always did: it
-                // proves nothing, and the retry policy deals with it.
+            } else if !others && !s.watch.streak_of_many() {
                 Verdict::Clear
             } else {
                 // Due and still not an outage: what the streak has is not
@@ -260,14 +264,31 @@ impl ParkShared {
         verdict
     }
 
+    /// A request's attempt is on its way (`true`) or back (`false`).
+    pub(crate) fn on_the_way(&self, going: bool) {
+        use std::sync::atomic::Ordering::Relaxed;
+        if going {
+            self.on_the_way.fetch_add(1, Relaxed);
+        } else {
+            self.on_the_way.fetch_sub(1, Relaxed);
+        }
+    }
+
     /// The outage in progress: its number and when it began.
     pub(crate) fn episode(&self) -> Option<(u64, Instant)> {
         self.lock().watch.episode()
     }
 
-    /// Records what an attempt sent at `sent` came back with (`None`: it
-    /// never reached the provider), and, for a probe, that it ended.
-    pub(crate) fn answered(&self, outcome: Option<Outcome>, sent: Instant, probe: bool) {
+    /// Records what an attempt of `request` (see [`Watch::on_answer`])
+    /// sent at `sent` came back with (`None`: it never reached the
+    /// provider), and, for a probe, that it ended.
+    pub(crate) fn answered(
+        &self,
+        request: u64,
+        outcome: Option<Outcome>,
+        sent: Instant,
+        probe: bool,
+    ) {
         let now = Instant::now();
         let answer = outcome.as_ref().map(Answer::of);
         // Read before the watch's lock: the breaker and the pacer never
@@ -284,7 +305,7 @@ impl ParkShared {
                     s.watch.alive_but_held(sent);
                     None
                 }
-                Some(a) => s.watch.on_answer(sent, a, now),
+                Some(a) => s.watch.on_answer(request, sent, a, now),
                 None => None,
             };
             if probe {
@@ -329,7 +350,9 @@ impl ParkShared {
         let wait = s
             .watch
             .next_probe()
-            .map_or(watch::PROBE_MAX_WAIT, |at| at.saturating_duration_since(now))
+            .map_or(watch::PROBE_MAX_WAIT, |at| {
+                at.saturating_duration_since(now)
+            })
             .max(Duration::from_secs(1));
         let reason = s
             .watch

@@ -60,11 +60,14 @@ where
             if run.is_none() && max_wait.is_zero() {
                 // Parking is off for proxy users here: the answers still
                 // tell the watch what the provider is doing.
+                let request = request_id(&req);
                 let sent = Instant::now();
                 let result = inner.oneshot(req).await.map_err(Into::into);
-                shared.answered(Outcome::of_result(&result, SystemTime::now()), sent, false);
+                let outcome = Outcome::of_result(&result, SystemTime::now());
+                shared.answered(request, outcome, sent, false);
                 return result;
             }
+            let request = request_id(&req);
             let mut parking = Parking {
                 clock: req.extensions().get::<RequestClock>().cloned(),
                 shared,
@@ -102,6 +105,7 @@ where
                 let sent = Instant::now();
                 let call = inner.clone().oneshot(req);
                 tokio::pin!(call);
+                let _on_the_way = OnTheWay::new(&parking.shared);
                 let sent_off = loop {
                     tokio::select! {
                         r = &mut call => break Ok(r.map_err(Into::into)),
@@ -129,7 +133,8 @@ where
                     }
                 };
                 let outcome = Outcome::of_result(&result, SystemTime::now());
-                parking.shared.answered(outcome, sent, probe);
+                drop(_on_the_way);
+                parking.shared.answered(request, outcome, sent, probe);
                 if let Some(g) = guard.as_mut() {
                     g.armed = false;
                 }
@@ -179,6 +184,33 @@ fn unprocessed<R>(result: &Result<Response<R>, Cause>, idempotent: bool) -> bool
     }
 }
 
+/// A number naming the client's request, the same for every attempt of
+/// it: retries carry the request's clock, which has a number; a request
+/// without one gets a number of its own.
+fn request_id<B>(req: &Request<B>) -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1 << 63);
+    match req.extensions().get::<RequestClock>() {
+        Some(clock) => clock.id(),
+        None => NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+    }
+}
+
+/// Counts an attempt as on its way while it lives.
+struct OnTheWay(Arc<ParkShared>);
+
+impl OnTheWay {
+    fn new(shared: &Arc<ParkShared>) -> Self {
+        shared.on_the_way(true);
+        OnTheWay(shared.clone())
+    }
+}
+
+impl Drop for OnTheWay {
+    fn drop(&mut self) {
+        self.0.on_the_way(false);
+    }
+}
+
 /// A probe whose attempt was dropped (its client went away) before it was
 /// answered: the next parked request probes instead.
 struct ProbeGuard {
@@ -189,7 +221,7 @@ struct ProbeGuard {
 impl Drop for ProbeGuard {
     fn drop(&mut self) {
         if self.armed {
-            self.shared.answered(None, Instant::now(), true);
+            self.shared.answered(0, None, Instant::now(), true);
         }
     }
 }
@@ -280,7 +312,7 @@ impl Parking {
             if self.shared.is_down(now) {
                 return Ok(true);
             }
-            let due = match self.shared.verdict(now, self.run.is_some()) {
+            let due = match self.shared.verdict(now) {
                 Verdict::Down => return Ok(true),
                 Verdict::Clear => return Ok(false),
                 Verdict::Due(at) => at,

@@ -14,6 +14,8 @@ use crate::outcome::Outcome;
 /// A streak of failures this long (and at least two failures) is an
 /// outage even where too few requests were sent to reach the count: a
 /// provider called once a second is recognised in about a second too.
+/// Either way the failures must come from more than one request: a
+/// request whose retries all fail may be one the provider cannot serve.
 pub const RECOGNISE: Duration = Duration::from_secs(1);
 
 /// The first probe goes this long after the outage is recognised; each
@@ -116,6 +118,12 @@ struct Streak {
     /// When its first failure came back.
     first_at: Instant,
     failures: u32,
+    /// The request whose failure began it.
+    first_request: u64,
+    /// Whether another request failed in it too: one request's own
+    /// attempts failing (its retries) say that request fails — a record
+    /// the provider cannot serve — not that the provider does.
+    others: bool,
     /// The share of failures learned before the streak began: the streak's
     /// own failures do not make it look like noise.
     noise: f64,
@@ -193,6 +201,12 @@ impl Watch {
         self.streak.map_or(0, |s| s.failures)
     }
 
+    /// Whether the failures in a row so far came from more than one
+    /// request.
+    pub fn streak_of_many(&self) -> bool {
+        self.streak.is_some_and(|s| s.others)
+    }
+
     /// When a streak that has not yet been called an outage will be, if
     /// no answer comes meanwhile: the instant the slow verdict is due.
     pub fn verdict_due(&self) -> Option<Instant> {
@@ -209,10 +223,11 @@ impl Watch {
         };
         let p = s.noise.clamp(NOISE_FLOOR, 0.99);
         let chance = p.powi(i32::try_from(s.failures).unwrap_or(i32::MAX));
-        (s.failures >= MIN_FAILURES && chance <= NOISE_SIGNIFICANCE)
-            || (s.failures >= 2
-                && now.saturating_duration_since(s.first_at) >= RECOGNISE
-                && chance <= SLOW_SIGNIFICANCE)
+        s.others
+            && ((s.failures >= MIN_FAILURES && chance <= NOISE_SIGNIFICANCE)
+                || (s.failures >= 2
+                    && now.saturating_duration_since(s.first_at) >= RECOGNISE
+                    && chance <= SLOW_SIGNIFICANCE))
     }
 
     fn go_down(&mut self, now: Instant, reason: DownReason) -> Option<Change> {
@@ -233,8 +248,16 @@ impl Watch {
         Some(Change::Down(reason))
     }
 
-    /// The answer to a request sent at `sent` came back at `now`.
-    pub fn on_answer(&mut self, sent: Instant, answer: Answer, now: Instant) -> Option<Change> {
+    /// The answer to an attempt of `request` (a number naming the client's
+    /// request, the same for its retries) sent at `sent` came back at
+    /// `now`.
+    pub fn on_answer(
+        &mut self,
+        request: u64,
+        sent: Instant,
+        answer: Answer,
+        now: Instant,
+    ) -> Option<Change> {
         match answer {
             Answer::Alive => {
                 if self.down.is_none() {
@@ -261,9 +284,12 @@ impl Watch {
                     first_sent: sent,
                     first_at: now,
                     failures: 0,
+                    first_request: request,
+                    others: false,
                     noise,
                 });
                 s.failures = s.failures.saturating_add(1);
+                s.others |= request != s.first_request;
                 if self.down.is_none() && self.recognised(now) {
                     return self.go_down(now, DownReason::Failures);
                 }
@@ -370,11 +396,11 @@ mod tests {
     fn a_few_failures_in_a_row_at_a_clean_provider_are_an_outage() {
         let t = Instant::now();
         let mut w = Watch::default();
-        assert_eq!(w.on_answer(t, Answer::Failed, t + ms(5)), None);
-        assert_eq!(w.on_answer(t + ms(20), Answer::Failed, t + ms(25)), None);
+        assert_eq!(w.on_answer(1, t, Answer::Failed, t + ms(5)), None);
+        assert_eq!(w.on_answer(2, t + ms(20), Answer::Failed, t + ms(25)), None);
         assert!(!w.is_down() && w.unsettled());
         assert_eq!(
-            w.on_answer(t + ms(40), Answer::Failed, t + ms(45)),
+            w.on_answer(3, t + ms(40), Answer::Failed, t + ms(45)),
             Some(Change::Down(DownReason::Failures))
         );
         assert!(w.is_down());
@@ -396,22 +422,50 @@ mod tests {
             } else {
                 Answer::Alive
             };
-            assert_eq!(w.on_answer(at, a, at), None, "answer {i}");
+            assert_eq!(w.on_answer(1000 + i, at, a, at), None, "answer {i}");
         }
         assert!((w.snapshot(t).noise - 0.3).abs() < 0.05);
         let t = t + ms(10_000);
         for i in 0..3u64 {
             let at = t + ms(i * 10);
-            assert_eq!(w.on_answer(at, Answer::Failed, at), None, "failure {i}");
+            assert_eq!(
+                w.on_answer(2000 + i, at, Answer::Failed, at),
+                None,
+                "failure {i}"
+            );
         }
-        w.on_answer(t + ms(30), Answer::Alive, t + ms(30));
+        w.on_answer(6, t + ms(30), Answer::Alive, t + ms(30));
         let t = t + ms(100);
         for i in 0..9u64 {
             let at = t + ms(i * 10);
-            assert_eq!(w.on_answer(at, Answer::Failed, at), None, "failure {i}");
+            assert_eq!(
+                w.on_answer(3000 + i, at, Answer::Failed, at),
+                None,
+                "failure {i}"
+            );
         }
         assert_eq!(
-            w.on_answer(t + ms(90), Answer::Failed, t + ms(90)),
+            w.on_answer(8, t + ms(90), Answer::Failed, t + ms(90)),
+            Some(Change::Down(DownReason::Failures))
+        );
+    }
+
+    /// One request's own attempts failing, however many, are that
+    /// request's failure (a record the provider cannot serve), never an
+    /// outage; a second request failing too makes the streak count.
+    #[test]
+    fn one_requests_retries_are_not_an_outage() {
+        let t = Instant::now();
+        let mut w = Watch::default();
+        for i in 0..10u64 {
+            let at = t + ms(i * 500);
+            assert_eq!(w.on_answer(7, at, Answer::Failed, at), None, "attempt {i}");
+            assert_eq!(w.tick(at + RECOGNISE), None);
+        }
+        assert!(!w.streak_of_many());
+        let at = t + ms(5000);
+        assert_eq!(
+            w.on_answer(8, at, Answer::Failed, at),
             Some(Change::Down(DownReason::Failures))
         );
     }
@@ -422,10 +476,14 @@ mod tests {
     fn the_slow_verdict_needs_two_failures_and_a_second() {
         let t = Instant::now();
         let mut w = Watch::default();
-        w.on_answer(t, Answer::Failed, t);
+        w.on_answer(9, t, Answer::Failed, t);
         assert_eq!(w.verdict_due(), Some(t + RECOGNISE));
-        assert_eq!(w.tick(t + RECOGNISE * 5), None, "one failure proves nothing");
-        w.on_answer(t + ms(300), Answer::Failed, t + ms(300));
+        assert_eq!(
+            w.tick(t + RECOGNISE * 5),
+            None,
+            "one failure proves nothing"
+        );
+        w.on_answer(10, t + ms(300), Answer::Failed, t + ms(300));
         assert_eq!(w.tick(t + ms(999)), None);
         assert_eq!(
             w.tick(t + RECOGNISE),
@@ -440,13 +498,13 @@ mod tests {
         let t = Instant::now();
         let mut w = Watch::default();
         for i in 0..3 {
-            w.on_answer(t + ms(100 + i), Answer::Failed, t + ms(110 + i));
+            w.on_answer(100 + i, t + ms(100 + i), Answer::Failed, t + ms(110 + i));
         }
         assert!(w.is_down());
-        assert_eq!(w.on_answer(t, Answer::Alive, t + ms(200)), None, "old");
+        assert_eq!(w.on_answer(12, t, Answer::Alive, t + ms(200)), None, "old");
         assert!(w.is_down());
         assert_eq!(
-            w.on_answer(t + ms(300), Answer::Alive, t + ms(310)),
+            w.on_answer(13, t + ms(300), Answer::Alive, t + ms(310)),
             Some(Change::Up)
         );
         assert!(!w.unsettled());
@@ -464,17 +522,17 @@ mod tests {
         let t1 = t + PROBE_FIRST_WAIT;
         assert_eq!(w.take_probe(t1), Ok(()));
         assert_eq!(w.take_probe(t1), Err(None), "one at a time");
-        w.on_answer(t1, Answer::Failed, t1 + ms(5));
+        w.on_answer(14, t1, Answer::Failed, t1 + ms(5));
         w.probe_ended(Some(Answer::Failed), t1 + ms(5));
         assert_eq!(w.take_probe(t1 + ms(10)), Err(Some(t1 + ms(1005))));
         let t2 = t1 + ms(1005);
         assert_eq!(w.take_probe(t2), Ok(()));
         w.probe_ended(None, t2);
         assert_eq!(w.take_probe(t2), Ok(()), "a dropped probe hands on");
-        w.on_answer(t2, Answer::Failed, t2);
+        w.on_answer(15, t2, Answer::Failed, t2);
         w.probe_ended(Some(Answer::Failed), t2);
         assert_eq!(w.next_probe(), Some(t2 + PROBE_MAX_WAIT), "capped");
-        assert_eq!(w.on_answer(t2, Answer::Alive, t2), Some(Change::Up));
+        assert_eq!(w.on_answer(16, t2, Answer::Alive, t2), Some(Change::Up));
         assert_eq!(w.take_probe(t2), Ok(()), "up: everyone goes");
         assert_eq!(w.snapshot(t2).probes, 3);
     }

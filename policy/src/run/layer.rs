@@ -113,6 +113,7 @@ where
                 // set (it watches it too), else a new one.
                 let departure = req.extensions().get::<Departure>().cloned();
                 let reserved = Reserved::new(&run, &provider, units, departure);
+                reserved.departure.bind(&run, units);
                 // Known source pressure: wait it out before sending.
                 if let Some(cooldown) = pressure.as_ref().and_then(|p| p(now)) {
                     reserved.give_back();

@@ -25,33 +25,95 @@
 mod error;
 mod layer;
 
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use tokio::time::Instant;
 
 pub use self::error::RunStopped;
 pub use self::layer::{Pressure, RunGate, RunLayer};
 
-/// Marks a run's attempt as gone to the provider. The run layer reserves
-/// the attempt before it waits for a pacing slot; the bulkhead marks it
-/// when it lets the attempt through to the upstream. An attempt dropped
-/// before that — its client went away while it waited — never left, and
-/// its reservation is given back to the run (an attempt counts only when
-/// it leaves for the provider, R-RN2).
+/// Marks an attempt as gone to the provider. The run layer reserves the
+/// attempt before it waits for a pacing slot; the bulkhead marks it when it
+/// lets the attempt through to the upstream ([`Departure::leave`]). An
+/// attempt dropped before that — its client went away while it waited, or
+/// the provider went down meanwhile and the parking layer called it back —
+/// never left, and its reservation is given back to the run (an attempt
+/// counts only when it leaves for the provider, R-RN2). A run's attempt
+/// leaves only once the run's durable reservation covers it (R-RN10).
 #[derive(Debug, Clone, Default)]
-pub struct Departure(Arc<AtomicBool>);
+pub struct Departure(Arc<DepartureState>);
+
+#[derive(Debug, Default)]
+struct DepartureState {
+    departed: AtomicBool,
+    /// The run the attempt belongs to, and its units.
+    run: OnceLock<(RunHandle, u32)>,
+}
 
 impl Departure {
-    /// The attempt leaves for the provider now.
+    /// The attempt belongs to `run` and costs `units`: it leaves only once
+    /// the run's reservation covers it.
+    pub fn bind(&self, run: &RunHandle, units: u32) {
+        let _ = self.0.run.set((run.clone(), units));
+    }
+
+    /// The attempt leaves for the provider now: waits, if need be, for
+    /// the run's reservation to be durable past it, then marks it.
+    pub async fn leave(&self) {
+        if let Some((run, units)) = self.0.run.get() {
+            run.departing(*units).await;
+        }
+        self.mark();
+    }
+
+    /// Marks the attempt as left, without a reservation (no run).
     pub fn mark(&self) {
-        self.0.store(true, Ordering::Release);
+        self.0.departed.store(true, Ordering::Release);
     }
 
     /// Whether the attempt left.
     pub fn departed(&self) -> bool {
-        self.0.load(Ordering::Acquire)
+        self.0.departed.load(Ordering::Acquire)
     }
+}
+
+/// Makes a run's reservation durable up to this many units (the proxy
+/// writes the run's record and flushes it). What a restart charges the run
+/// is its reservation (R-RN10): never less than what left, at most a block
+/// more.
+pub type Reserve =
+    Arc<dyn Fn(u64) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
+
+/// A run's durable reservation: attempts leave only within it, and it
+/// grows a block at a time.
+struct Reservation {
+    reserve: Reserve,
+    /// Units reserved per write: `max(1, cap / 100)`, at most 16 — a
+    /// restart over-counts by less than a block (R-RN10: at most
+    /// `max(1, 5 % of the cap)`), and a write (a flush) is made once a
+    /// block.
+    block: u64,
+    /// The reservation asked for so far.
+    asked: Mutex<u64>,
+    /// The reservation known durable.
+    durable: tokio::sync::watch::Sender<u64>,
+}
+
+impl std::fmt::Debug for Reservation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reservation")
+            .field("block", &self.block)
+            .field("durable", &*self.durable.borrow())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Units reserved per durable write for a run with this cap (see
+/// [`RunHandle::reserving`]).
+pub fn reservation_block(cap: Option<u64>) -> u64 {
+    cap.map_or(32, |c| (c / 100).clamp(1, 16))
 }
 
 /// Why a run stopped.
@@ -199,6 +261,8 @@ pub struct RunState {
     pub waits_total: u64,
     /// Why the whole run stopped, once it has (a budget).
     pub stopped: Option<StopReason>,
+    /// Units that left for the provider (see [`Departure::leave`]).
+    pub departed: u64,
 }
 
 impl RunState {
@@ -227,7 +291,10 @@ impl RunState {
                 .get(provider)
                 .is_some_and(|p| p.stopped.is_some())
             || self.envelope.deadline.is_some_and(|d| now >= d)
-            || self.envelope.request_cap.is_some_and(|cap| self.units >= cap)
+            || self
+                .envelope
+                .request_cap
+                .is_some_and(|cap| self.units >= cap)
     }
 
     /// [`RunState::check_attempt`] for an attempt costing `units` (R-FS2):
@@ -351,7 +418,13 @@ impl RunState {
 
 /// A shared handle on a run, carried in request extensions.
 #[derive(Debug, Clone)]
-pub struct RunHandle(Arc<Mutex<RunState>>);
+pub struct RunHandle(Arc<RunShared>);
+
+#[derive(Debug)]
+struct RunShared {
+    state: Mutex<RunState>,
+    reservation: OnceLock<Reservation>,
+}
 
 impl RunHandle {
     /// A new run with these budgets.
@@ -362,11 +435,70 @@ impl RunHandle {
     /// A run that goes on from these counters (restored after a restart,
     /// R-RN10).
     pub fn resume(state: RunState) -> Self {
-        RunHandle(Arc::new(Mutex::new(state)))
+        RunHandle(Arc::new(RunShared {
+            state: Mutex::new(state),
+            reservation: OnceLock::new(),
+        }))
+    }
+
+    /// From now on, attempts leave only within a durable reservation of
+    /// units, made by `reserve` a block at a time
+    /// ([`reservation_block`] of the cap); `durable` is what is reserved
+    /// on disk already.
+    pub fn reserving(&self, reserve: Reserve, durable: u64) {
+        let block = reservation_block(self.lock().envelope.request_cap);
+        let _ = self.0.reservation.set(Reservation {
+            reserve,
+            block,
+            asked: Mutex::new(durable),
+            durable: tokio::sync::watch::Sender::new(durable),
+        });
+    }
+
+    /// The reservation asked for (at least what is durable), if the run
+    /// keeps one: what its record says was reserved.
+    pub fn reserved(&self) -> Option<u64> {
+        let r = self.0.reservation.get()?;
+        Some(*r.asked.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// An attempt of `units` leaves: counted as departed, and, past the
+    /// reservation, the next block is reserved and waited for.
+    async fn departing(&self, units: u32) {
+        let need = {
+            let mut s = self.lock();
+            s.departed += u64::from(units.max(1));
+            s.departed
+        };
+        let Some(r) = self.0.reservation.get() else {
+            return;
+        };
+        let ask = {
+            let mut asked = r.asked.lock().unwrap_or_else(|p| p.into_inner());
+            (need > *asked).then(|| {
+                *asked = need + r.block - 1;
+                *asked
+            })
+        };
+        if let Some(target) = ask {
+            // Spawned: a client that goes away meanwhile must not leave
+            // the others waiting on a write nobody makes.
+            let (reserve, durable) = (r.reserve.clone(), r.durable.clone());
+            tokio::spawn(async move {
+                reserve(target).await;
+                durable.send_if_modified(|d| {
+                    let moved = target > *d;
+                    *d = (*d).max(target);
+                    moved
+                });
+            });
+        }
+        let mut durable = r.durable.subscribe();
+        let _ = durable.wait_for(|d| *d >= need).await;
     }
 
     fn lock(&self) -> MutexGuard<'_, RunState> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
+        self.0.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Whether `other` is a handle on the same run.
@@ -611,6 +743,56 @@ mod tests {
             StopReason::RequestCap
         );
         assert_eq!((s.attempts, s.units), (3, 25));
+    }
+
+    /// R-RN10: an attempt leaves only once the run's durable reservation
+    /// covers it, and the reservation grows a block at a time — one unit
+    /// for a cap of 20 (a restart charges nothing that did not leave), ten
+    /// for a cap of 1,000.
+    #[tokio::test(start_paused = true)]
+    async fn attempts_leave_within_a_durable_reservation() {
+        for (cap, departures, asked) in [
+            (20u64, 5u64, vec![1u64, 2, 3, 4, 5]),
+            (1000, 25, vec![10, 20, 30]),
+        ] {
+            let run = RunHandle::new(Envelope {
+                request_cap: Some(cap),
+                ..Envelope::default()
+            });
+            let writes: Arc<Mutex<Vec<(u64, Instant)>>> = Arc::default();
+            let w = writes.clone();
+            run.reserving(
+                Arc::new(move |units| {
+                    let w = w.clone();
+                    Box::pin(async move {
+                        // A flush takes 10 ms.
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                        w.lock().unwrap().push((units, Instant::now()));
+                    })
+                }),
+                0,
+            );
+            let t0 = Instant::now();
+            for _ in 0..departures {
+                let d = Departure::default();
+                d.bind(&run, 1);
+                d.leave().await;
+                assert!(d.departed());
+            }
+            let writes = writes.lock().unwrap().clone();
+            assert_eq!(
+                writes.iter().map(|w| w.0).collect::<Vec<_>>(),
+                asked,
+                "cap {cap}"
+            );
+            // Each write was waited for by the attempt past it.
+            assert_eq!(
+                Instant::now() - t0,
+                Duration::from_millis(10) * asked.len() as u32
+            );
+            assert_eq!(run.reserved(), asked.last().copied());
+            assert_eq!(run.state().departed, departures);
+        }
     }
 
     #[test]

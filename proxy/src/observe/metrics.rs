@@ -839,9 +839,7 @@ impl Metrics {
             self.provider_down
                 .with_label_values(&l)
                 .set(i64::from(s.park.watch.down.is_some()));
-            self.parked
-                .with_label_values(&l)
-                .set(s.park.parked as i64);
+            self.parked.with_label_values(&l).set(s.park.parked as i64);
             for c in [Condition::Outage, Condition::Throttle] {
                 self.condition
                     .with_label_values(&[l[0], c.label()])

@@ -11,9 +11,7 @@ use sluice_policy::run::{Envelope, ProviderWaits, RunHandle, RunState, StopReaso
 use tokio::time::Instant;
 
 use super::records::{prefix, seq_key, split_id, Checkpoint, Gap, Mode, Phase, RunRecord};
-use super::{
-    ms_from, Active, Opening, Registry, RunError, RunView, Runs, RESERVE_BLOCK, RESERVE_MARGIN,
-};
+use super::{ms_from, reserve_key, Active, Opening, Registry, RunError, RunView, Runs};
 use crate::store::{unix_ms_now, RunTree};
 
 impl Runs {
@@ -25,6 +23,26 @@ impl Runs {
         let Some(store) = &self.store else { return };
         let mut reg = self.lock();
         let names: Vec<String> = reg.slots.keys().cloned().collect();
+        // Numbers go on from the last handed out (or the highest stored, if
+        // that was lost with a crash).
+        let seq_of = |key: &[u8]| {
+            key.len()
+                .checked_sub(8)
+                .and_then(|at| key[at..].try_into().ok())
+                .map_or(0, u64::from_be_bytes)
+        };
+        let mut last_seq = store
+            .get(RunTree::Meta, super::SEQ_KEY)
+            .and_then(|v| v.try_into().ok())
+            .map_or(0, u64::from_be_bytes);
+        for name in &names {
+            for tree in [RunTree::Runs, RunTree::Gaps] {
+                if let Some((key, _)) = store.scan_newest(tree, &prefix(name)).next() {
+                    last_seq = last_seq.max(seq_of(&key));
+                }
+            }
+        }
+        reg.next_seq = reg.next_seq.max(last_seq);
         for name in names {
             let fence = store
                 .get(RunTree::Meta, &fence_key(&name))
@@ -90,8 +108,14 @@ impl Runs {
                 slot.last = last;
                 slot.pending_gaps = pending;
                 for (mode, record) in resumed {
-                    tracing::info!(collector = %name, run = %record.id, mode = mode.label(), attempts = record.attempts_reserved, "run resumed after a restart");
-                    slot.active.insert(mode, resume(record, now_ms, max_waits));
+                    let reserved = store
+                        .get(RunTree::Meta, &reserve_key(&record.id))
+                        .and_then(|v| v.try_into().ok())
+                        .map_or(0, u64::from_be_bytes);
+                    let active = resume(record, reserved, now_ms, max_waits);
+                    tracing::info!(collector = %name, run = %active.record.id, mode = mode.label(), units = active.handle.units(), "run resumed after a restart");
+                    self.reserving(&active.handle, &active.record.id, active.handle.units());
+                    slot.active.insert(mode, active);
                 }
             }
             // Runs whose lease lapsed while sluice was down: interrupted,
@@ -175,6 +199,10 @@ impl Runs {
         slot.last = Some(record.clone());
         if let Some((_, seq)) = split_id(&record.id) {
             self.write(RunTree::Runs, seq_key(name, seq), &record);
+        }
+        if let Some(w) = &self.writer {
+            // Ended: its reservation is in the record, and never read again.
+            w.remove(RunTree::Meta, reserve_key(&record.id));
         }
         if self.store.is_none() {
             reg.ended.insert(record.id.clone(), record.clone());
@@ -318,7 +346,7 @@ impl Runs {
             refusals: BTreeMap::new(),
             gaps_recorded: 0,
             lease_until_unix_ms: Some(ms_from(now, now + ttl)),
-            attempts_reserved: RESERVE_BLOCK,
+            attempts_reserved: 0,
             streams: Vec::new(),
             providers: BTreeMap::new(),
         };
@@ -337,14 +365,13 @@ impl Runs {
             settled_providers: Default::default(),
             streams: Default::default(),
             counted: 0,
-            reserved: RESERVE_BLOCK,
-            attached: 0,
             lease_written_ms: ms_from(now, now + ttl),
         };
         let view = RunView {
             record,
             lease_expires_unix_ms: Some(ms_from(now, active.lease_until)),
         };
+        self.reserving(&active.handle, &active.record.id, 0);
         slot.active.insert(opening.mode, active);
         if let Some(w) = &self.writer {
             w.put(RunTree::Meta, fence_key(name), fence.to_be_bytes().to_vec());
@@ -457,49 +484,33 @@ impl Runs {
     /// The run a request from proxy user `user` belongs to, if its
     /// collector has one active, and the run's mode: the run of `mode` when
     /// the credentials name one (`NAME+catchup`), else the steady run, else
-    /// the catch-up run. The request renews the lease. When the attempts
-    /// made near the end of the block reserved on disk, the next block is
-    /// written and flushed before the request goes on (R-RN10): a crash
-    /// never gives back attempts that were made.
+    /// the catch-up run. The request renews the lease. (Its attempts leave
+    /// within the run's durable reservation, R-RN10: see
+    /// [`RunHandle::reserving`].)
     pub async fn attach(&self, user: &str, mode: Option<Mode>) -> Option<(RunHandle, Mode)> {
         let now = Instant::now();
-        let (handle, mode, reserved) = {
-            let mut reg = self.lock();
-            let ttl = reg.lease_ttl;
-            let slot = reg.slots.get_mut(user)?;
-            let mode = match mode {
-                Some(m) => m,
-                None => *slot.active.keys().next()?,
-            };
-            let active = slot.active.get_mut(&mode)?;
-            if active.lease_until <= now {
-                return None;
-            }
-            active.lease_until = now + ttl;
-            active.attached += 1;
-            let used = active.handle.units().max(active.attached);
-            let reserve = used + RESERVE_MARGIN >= active.reserved;
-            if reserve {
-                active.reserved = used + RESERVE_BLOCK;
-            }
-            // The lease is written when it moved a quarter of its length.
-            let lease_ms = ms_from(now, active.lease_until);
-            let lease = lease_ms >= active.lease_written_ms + ttl.as_millis() as u64 / 4;
-            if reserve || lease {
-                active.lease_written_ms = lease_ms;
-                let record = active.snapshot();
-                if let Some((_, seq)) = split_id(&record.id) {
-                    self.write(RunTree::Runs, seq_key(user, seq), &record);
-                }
-            }
-            (active.handle.clone(), mode, reserve)
+        let mut reg = self.lock();
+        let ttl = reg.lease_ttl;
+        let slot = reg.slots.get_mut(user)?;
+        let mode = match mode {
+            Some(m) => m,
+            None => *slot.active.keys().next()?,
         };
-        if reserved && self.writer.is_some() {
-            if let Err(e) = self.flush().await {
-                tracing::warn!(collector = %user, error = %e, "a run's attempt reservation was not made durable");
+        let active = slot.active.get_mut(&mode)?;
+        if active.lease_until <= now {
+            return None;
+        }
+        active.lease_until = now + ttl;
+        // The lease is written when it moved a quarter of its length.
+        let lease_ms = ms_from(now, active.lease_until);
+        if lease_ms >= active.lease_written_ms + ttl.as_millis() as u64 / 4 {
+            active.lease_written_ms = lease_ms;
+            let record = active.snapshot();
+            if let Some((_, seq)) = split_id(&record.id) {
+                self.write(RunTree::Runs, seq_key(user, seq), &record);
             }
         }
-        Some((handle, mode))
+        Some((active.handle.clone(), mode))
     }
 
     /// After a run's request: counts sluice's refusal, if it was one, and
@@ -553,14 +564,23 @@ impl Runs {
 /// An active run read back from the store (R-RN10): its budgets, its
 /// attempts counted from the reservation (never fewer than were made), its
 /// stops, and the rest of its lease.
-pub(super) fn resume(record: RunRecord, now_ms: u64, max_cooldown_waits: u32) -> Active {
+pub(super) fn resume(
+    record: RunRecord,
+    reserved: u64,
+    now_ms: u64,
+    max_cooldown_waits: u32,
+) -> Active {
     let now = Instant::now();
     let at = |unix_ms: u64| now + Duration::from_millis(unix_ms.saturating_sub(now_ms));
     let deadline = record
         .deadline_s
         .map(|s| at(record.started_unix_ms + (s * 1000.0) as u64));
     let reason = |label: &str| StopReason::ALL.into_iter().find(|r| r.label() == label);
-    let attempts = record.attempts_reserved.max(record.attempts);
+    // Charged: the durable reservation (every attempt that left is within
+    // it; at most a block more, R-RN10) — not the counters last written,
+    // which held attempts still waiting for a slot.
+    let units = record.attempts_reserved.max(reserved);
+    let attempts = record.attempts + units.saturating_sub(record.units);
     let mut state = RunState::new(Envelope {
         request_cap: record.request_cap,
         deadline,
@@ -569,7 +589,8 @@ pub(super) fn resume(record: RunRecord, now_ms: u64, max_cooldown_waits: u32) ->
         max_cooldown_waits,
     });
     state.attempts = attempts;
-    state.units = record.units.max(attempts);
+    state.units = units;
+    state.departed = units;
     state.retries = record.retries;
     state.waits_total = record.cooldown_waits;
     state.stopped = record.stop_reason.as_deref().and_then(reason);
@@ -595,8 +616,6 @@ pub(super) fn resume(record: RunRecord, now_ms: u64, max_cooldown_waits: u32) ->
         handle: RunHandle::resume(state),
         lease_until: at(lease_ms),
         counted: attempts,
-        reserved: attempts,
-        attached: attempts,
         lease_written_ms: lease_ms,
         record,
     }

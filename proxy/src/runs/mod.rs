@@ -113,26 +113,23 @@ struct Active {
     streams: std::collections::BTreeSet<String>,
     /// Attempts already counted in the metrics.
     counted: u64,
-    /// Attempts reserved on disk (see [`RunRecord::attempts_reserved`]).
-    reserved: u64,
-    /// Requests attached to it: each may start an attempt before the
-    /// counter sees it.
-    attached: u64,
     /// The lease's end as last written (ms since the epoch).
     lease_written_ms: u64,
 }
 
+/// The store key (in the meta tree) of the last run or gap number handed
+/// out.
+const SEQ_KEY: &[u8] = b"seq";
+
+/// The store key (in the meta tree) of a run's durable reservation.
+fn reserve_key(id: &str) -> Vec<u8> {
+    let mut k = b"reserve\0".to_vec();
+    k.extend_from_slice(id.as_bytes());
+    k
+}
+
 /// An open stop gap's place: collector, mode, stream, provider.
 type GapKey = (String, Mode, String, Option<String>);
-
-/// Attempts reserved on disk at a time: one flush per this many attempts,
-/// and at most this many lost to a crash.
-const RESERVE_BLOCK: u64 = 32;
-
-/// A new block is reserved once fewer than this many are left beyond the
-/// requests attached (their retries start inside the block already on
-/// disk).
-const RESERVE_MARGIN: u64 = 16;
 
 impl Active {
     /// The record with the live counters.
@@ -162,7 +159,10 @@ impl Active {
                 )
             })
             .collect();
-        r.attempts_reserved = self.reserved.max(s.units).max(s.attempts);
+        // What a restart charges: the durable reservation, which every
+        // attempt that left is within (R-RN10); without a store, what was
+        // counted.
+        r.attempts_reserved = self.handle.reserved().unwrap_or(s.units);
         r.lease_until_unix_ms = Some(ms_from(Instant::now(), self.lease_until));
         r.streams = self.streams.iter().cloned().collect();
         r
@@ -266,7 +266,7 @@ impl Runs {
             lease_ttl: config.runs.lease_ttl,
             max_cooldown_waits: config.runs.max_cooldown_waits,
             ended: HashMap::new(),
-            next_seq: 1,
+            next_seq: 0,
         };
         for name in config.collectors.keys() {
             registry.slots.insert(name.clone(), Slot::default());
@@ -369,6 +369,29 @@ impl Runs {
         }
     }
 
+    /// Keeps `run`'s reservation of units in the store: before an attempt
+    /// leaves past it, the next block is written and flushed (R-RN10).
+    /// `durable`: what the store already holds.
+    fn reserving(&self, run: &RunHandle, id: &str, durable: u64) {
+        let Some(writer) = self.writer.clone() else {
+            return;
+        };
+        let key = reserve_key(id);
+        let id = id.to_string();
+        run.reserving(
+            Arc::new(move |units| {
+                let (writer, key, id) = (writer.clone(), key.clone(), id.clone());
+                Box::pin(async move {
+                    writer.put(RunTree::Meta, key, units.to_be_bytes().to_vec());
+                    if let Err(e) = writer.flush().await {
+                        tracing::warn!(run = %id, error = %e, "a run's attempt reservation was not made durable");
+                    }
+                })
+            }),
+            durable,
+        );
+    }
+
     /// Makes what was written durable soon; nobody waits on it.
     fn flush_soon(&self) {
         if let Some(w) = self.writer.clone() {
@@ -393,12 +416,19 @@ impl Runs {
         }
     }
 
+    /// The next run or gap number: one after the last handed out, kept
+    /// in the store with every new number (sled's own id generator jumps
+    /// by a million or more after each restart: `collector-a.1` was
+    /// followed by `.2000001`).
     fn next_seq(&self, reg: &mut Registry) -> u64 {
-        if let Some(Ok(id)) = self.store.as_ref().map(|s| s.next_id()) {
-            // sled's ids start at 0; keep 0 free.
-            return id + 1;
-        }
         reg.next_seq += 1;
+        if let Some(w) = &self.writer {
+            w.put(
+                RunTree::Meta,
+                SEQ_KEY.to_vec(),
+                reg.next_seq.to_be_bytes().to_vec(),
+            );
+        }
         reg.next_seq
     }
 
