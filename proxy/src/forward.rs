@@ -394,7 +394,11 @@ pub async fn forward(
     let req = Request::from_parts(parts, body);
     let result = provider.service.clone().oneshot(req).await;
     if let (Some(user), Some(run)) = (&user, &run) {
-        app.runs.after(user, run, result.as_ref().err());
+        let answer = match &result {
+            Ok(resp) => crate::runs::Answer::Status(resp.status().as_u16()),
+            Err(e) => crate::runs::Answer::Failed(e),
+        };
+        app.runs.after(user, run, Some(&provider.name), answer);
     }
     let elapsed_ms = started.elapsed().as_millis() as u64;
     app.metrics

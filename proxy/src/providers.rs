@@ -336,6 +336,14 @@ impl Providers {
         }
     }
 
+    /// What a provider that is not live has learned, kept from the store
+    /// or from its eviction, if any: the state and how old it is.
+    pub fn kept(&self, name: &str) -> Option<(LearnedState, Duration)> {
+        let kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
+        kept.get(name)
+            .map(|k| (k.state, Instant::now().saturating_duration_since(k.at)))
+    }
+
     /// Evicts providers idle for `provider_idle`, keeping what they learned.
     pub fn sweep(&self) {
         let now = Instant::now();

@@ -17,13 +17,17 @@
 //! (R-RN11): when the run stops on a budget (cap, deadline, retry budget)
 //! the command is stopped gracefully — SIGTERM, a grace period, SIGKILL —
 //! rather than left to meet `403`s, and `sluice run` exits 0; a command
-//! that exits non-zero after a planned stop (of the run, or of a
-//! provider's part of it) met that stop, and exits 0 too. A command that
-//! fails before any stop passes its status through; `--pass-status`
-//! always passes it. A lost lease ends the run: the command is stopped and
-//! `sluice run` exits 75 (`EX_TEMPFAIL`).
+//! that exits non-zero after a planned stop met that stop, and exits 0
+//! too. A provider that stopped its part of the run (down past the run's
+//! cycle guard, R-RN8), or that failed requests of a command that then
+//! failed (its part is stopped at the finish, with gap records), makes
+//! `sluice run` exit 69 (`EX_UNAVAILABLE`) naming it: part of the work
+//! was not done. A command that fails with no provider to blame passes its
+//! status through; `--pass-status` always passes it. A lost lease ends the
+//! run: the command is stopped and `sluice run` exits 75 (`EX_TEMPFAIL`).
 //!
 //! A command that knows about runs finds the run in `SLUICE_RUN_ID`,
+//! `SLUICE_MODE` (`steady` or `catchup`: what its commits must name),
 //! `SLUICE_FENCING_TOKEN` and `SLUICE_ADMIN` to commit checkpoints, where
 //! to resume in `SLUICE_CHECKPOINTS` (a JSON file: the run's mode's cursor
 //! per stream) and `SLUICE_GAPS` (a JSON file: the collector's pending gap
@@ -158,6 +162,7 @@ pub async fn run(cmd: RunCommand, config: &Config) -> ExitCode {
     }
     child
         .env("SLUICE_RUN_ID", &id)
+        .env("SLUICE_MODE", cmd.mode.label())
         .env("SLUICE_FENCING_TOKEN", fence.to_string())
         .env("SLUICE_ADMIN", &admin_url);
     if let Some(cap) = cmd.request_cap {
@@ -169,7 +174,7 @@ pub async fn run(cmd: RunCommand, config: &Config) -> ExitCode {
     let handoff = match handoff(&cmd, &id, &run, &token).await {
         Ok(h) => h,
         Err(e) => {
-            finish(&cmd, &id, &token).await;
+            finish(&cmd, &id, &token, None).await;
             return fail(&format!("cannot hand the run's state to the command: {e}"));
         }
     };
@@ -179,7 +184,7 @@ pub async fn run(cmd: RunCommand, config: &Config) -> ExitCode {
     let mut child = match child.spawn() {
         Ok(c) => c,
         Err(e) => {
-            finish(&cmd, &id, &token).await;
+            finish(&cmd, &id, &token, None).await;
             handoff.remove();
             return fail(&format!("cannot start {program}: {e}"));
         }
@@ -214,25 +219,69 @@ pub async fn run(cmd: RunCommand, config: &Config) -> ExitCode {
     let status = wait_forwarding_signals(&mut child, &mut ended, cmd.grace).await;
     heartbeat.abort();
     let ended = ended.borrow().clone();
-    let summary = finish(&cmd, &id, &token).await;
-    handoff.remove();
     let status = match status {
         Ok(s) => match (s.code(), std::os::unix::process::ExitStatusExt::signal(&s)) {
             (Some(code), _) => code.clamp(0, 255) as u8,
             (None, Some(sig)) => (128 + sig).clamp(0, 255) as u8,
             (None, None) => 1,
         },
-        Err(e) => return fail(&format!("waiting for the command: {e}")),
+        Err(e) => {
+            finish(&cmd, &id, &token, None).await;
+            handoff.remove();
+            return fail(&format!("waiting for the command: {e}"));
+        }
     };
+    let summary = finish(&cmd, &id, &token, Some(status)).await;
+    handoff.remove();
     if let Some(Ended::LeaseLost(why)) = &ended {
         eprintln!("sluice run: the run's lease was lost ({why}); the command was stopped");
         return ExitCode::from(LEASE_HELD);
     }
-    let Some(what) = summary.as_ref().and_then(planned_stop) else {
+    exit_status(summary.as_ref(), status, cmd.pass_status)
+}
+
+/// Exit status when a provider's part of the run stopped on source
+/// pressure (`EX_UNAVAILABLE`): a provider stayed down past the run's
+/// cycle guard, or failed the command's requests and the command failed.
+/// Part of the work was not done, and the gap records say which.
+const PROVIDER_STOPPED: u8 = 69;
+
+/// What `sluice run` exits with, from the run's summary and the command's
+/// status (R-RN11): a provider's part stopped on source pressure → 69,
+/// naming it; a planned stop (a budget) → 0 even when the command's own
+/// status was not (it met the stop); else the command's status.
+/// `--pass-status` always passes the command's status.
+fn exit_status(summary: Option<&Value>, status: u8, pass_status: bool) -> ExitCode {
+    let Some(summary) = summary else {
         return ExitCode::from(status);
     };
-    eprintln!("sluice run: planned stop: {what}");
-    if status != 0 && !cmd.pass_status {
+    let what = planned_stop(summary);
+    let providers = summary["provider_stops"]
+        .as_object()
+        .filter(|p| !p.is_empty());
+    if let Some(what) = &what {
+        let kind = if providers.is_some() {
+            "stop"
+        } else {
+            "planned stop"
+        };
+        eprintln!("sluice run: {kind}: {what}");
+    }
+    if pass_status {
+        return ExitCode::from(status);
+    }
+    if let Some(providers) = providers {
+        let named: Vec<String> = providers
+            .iter()
+            .map(|(p, r)| format!("{p} ({})", r.as_str().unwrap_or("stopped")))
+            .collect();
+        eprintln!(
+            "sluice run: the provider part of the run stopped on source pressure: {}; the command exited {status}: exiting {PROVIDER_STOPPED}",
+            named.join(", ")
+        );
+        return ExitCode::from(PROVIDER_STOPPED);
+    }
+    if what.is_some() && status != 0 {
         eprintln!("sluice run: the command's status {status} met the planned stop: exiting 0");
         return ExitCode::SUCCESS;
     }
@@ -398,10 +447,12 @@ async fn wait_forwarding_signals(
     }
 }
 
-/// Finishes the run and prints its summary on stderr; the summary.
-async fn finish(cmd: &RunCommand, id: &str, token: &str) -> Option<Value> {
+/// Finishes the run, telling how its command ended (`status`), and prints
+/// its summary on stderr; the summary.
+async fn finish(cmd: &RunCommand, id: &str, token: &str, status: Option<u8>) -> Option<Value> {
     let path = format!("/v1/runs/{id}/finish");
-    match call(cmd.admin, "POST", &path, None, Some(token)).await {
+    let body = json!({ "exit_status": status });
+    match call(cmd.admin, "POST", &path, Some(&body), Some(token)).await {
         Ok((200, s)) => {
             let refusals = s["refusals"]
                 .as_object()
@@ -415,13 +466,29 @@ async fn finish(cmd: &RunCommand, id: &str, token: &str) -> Option<Value> {
                             .join(", ")
                     },
                 );
+            let mut stops: Vec<String> = s["stop_reason"]
+                .as_str()
+                .map(str::to_string)
+                .into_iter()
+                .collect();
+            if let Some(p) = s["provider_stops"].as_object() {
+                stops.extend(
+                    p.iter()
+                        .map(|(p, r)| format!("{} at {p}", r.as_str().unwrap_or("stopped"))),
+                );
+            }
+            let stop = if stops.is_empty() {
+                "none".to_string()
+            } else {
+                stops.join(", ")
+            };
             eprintln!(
-                "sluice run: run {id} finished: {} attempts, {} retries, refused: {refusals}; stop: {}; {} s; {} gap records",
+                "sluice run: run {id} finished: {} attempts, {} retries, refused: {refusals}; stop: {stop}; {} s; {} gap records of the stop, {} posted by the command",
                 s["attempts"],
                 s["retries"],
-                s["stop_reason"].as_str().unwrap_or("none"),
                 s["duration_s"],
                 s["gaps_recorded"],
+                s["gaps_posted"].as_u64().unwrap_or(0),
             );
             Some(s)
         }

@@ -197,12 +197,27 @@ fn providers_table(providers: &Value, history: &Value) -> String {
     for p in &list {
         let name = p["name"].as_str().unwrap_or("?").to_string();
         if p["live"] != true {
+            // Learned before (restored from the store): what it starts
+            // from; else nothing known yet.
+            let restored = p["restored"] == true;
             rows.push(vec![
                 name,
-                "unknown".into(),
+                if restored {
+                    rate(&p["rate_rps"])
+                } else {
+                    "unknown".into()
+                },
                 rate(&p["ceiling_rps"]),
-                "unknown".into(),
-                "not used yet".into(),
+                if restored {
+                    rate(&p["throttle_point_rps"])
+                } else {
+                    "unknown".into()
+                },
+                if restored {
+                    "restored, not used yet".into()
+                } else {
+                    "not used yet".into()
+                },
                 String::new(),
                 String::new(),
                 String::new(),
@@ -216,7 +231,13 @@ fn providers_table(providers: &Value, history: &Value) -> String {
             h[k].as_array()
                 .map_or(0, |a| a.iter().filter_map(Value::as_u64).sum())
         };
-        let (sent, refused) = (sum("sent"), sum("refused"));
+        // Over the history's minutes; before its first sample of them,
+        // over every attempt since start.
+        let (mut sent, mut refused) = (sum("sent"), sum("refused"));
+        if sent == 0 {
+            sent = p["attempts"]["sent"].as_u64().unwrap_or(0);
+            refused = p["attempts"]["throttled"].as_u64().unwrap_or(0);
+        }
         let refusals = if sent == 0 {
             "no attempts".to_string()
         } else {

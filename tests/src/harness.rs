@@ -375,9 +375,21 @@ impl Sluice {
     /// machine's proxy variables removed (the command gets only what
     /// `sluice run` gives it), stdin closed, killed when dropped.
     pub fn run_command(&self, args: &[&str], command: &[&str]) -> tokio::process::Command {
+        self.run_command_as("collector-a", "a.token", args, command)
+    }
+
+    /// [`Sluice::run_command`] for collector `name`, its token in
+    /// `DIR/token_file`.
+    pub fn run_command_as(
+        &self,
+        name: &str,
+        token_file: &str,
+        args: &[&str],
+        command: &[&str],
+    ) -> tokio::process::Command {
         let mut c = tokio::process::Command::new(binary());
-        c.args(["run", "--collector", "collector-a", "--token-file"])
-            .arg(self.dir.join("a.token"))
+        c.args(["run", "--collector", name, "--token-file"])
+            .arg(self.dir.join(token_file))
             .args(args)
             .arg("--admin-url")
             .arg(format!("http://{}", self.admin))

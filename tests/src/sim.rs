@@ -40,6 +40,9 @@
 //! * `/slow/{ms}` — 200 after a delay.
 //! * `/hang` — never answers.
 //! * `/reset` — closes the connection without an answer.
+//! * `/reset-after-body` — reads the whole request body, then closes the
+//!   connection without an answer: a request the provider may have
+//!   acted on.
 //! * `/echo` — 200 with the request body, a header listing request header
 //!   names (`x-seen-headers`) and one with the `Host` it got
 //!   (`x-seen-host`).
@@ -563,7 +566,7 @@ async fn answer(
                 200
             }
             ["hang"] => 0,
-            ["reset"] => 0,
+            ["reset"] | ["reset-after-body"] => 0,
             _ => 404,
         };
         st.hits.push(Hit {
@@ -587,6 +590,13 @@ async fn answer(
             return Err(std::io::Error::new(
                 std::io::ErrorKind::ConnectionReset,
                 "reset",
+            ));
+        }
+        ["reset-after-body"] => {
+            let _ = req.into_body().collect().await;
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::ConnectionReset,
+                "reset after the body",
             ));
         }
         ["echo"] => {

@@ -655,12 +655,15 @@ async fn targets_with_an_invalid_port_are_refused_before_any_connect() {
 
 /// R-PX4, R-TO1: a provider that resets the connection gets 502
 /// `connection_terminated`; one that hangs gets 504 `http_response_timeout`
-/// after the attempt timeout (and its retries).
+/// after the attempt timeout (and its retries). (The failures passed on
+/// at once, `max_outage_wait = 0`: two requests failing in a row with
+/// nothing answered between would otherwise be parked as an outage.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn resets_and_hangs_get_proxy_status() {
     let sim = Sim::start("127.0.0.15").await;
     let sluice = Sluice::start(&allow_loopback(
-        "[providers.sim]\nhosts = [\"127.0.0.15\"]\nattempt_timeout = \"1s\"\nretry_max_attempts = 2\n",
+        "[providers.sim]\nhosts = [\"127.0.0.15\"]\nattempt_timeout = \"1s\"\nretry_max_attempts = 2\n\
+         max_outage_wait = \"0s\"\n",
     ));
     let r = curl(&sluice.proxy_url(), &[], &sim.url("http", "/reset"), T).await;
     assert_eq!(r.status, 502, "{r:?}");

@@ -42,7 +42,7 @@ async fn busy(args: &[&str]) -> Busy {
         "[destinations]\nallow = [\"127.0.0.0/8\"]\nconnect_ports = [{}]\n\
          [upstream]\nextra_ca = \"{}\"\n\
          [providers.plain]\nhosts = [\"127.0.0.50\"]\n\
-         [providers.dead]\nhosts = [\"127.0.0.51\"]\nbreaker_min_calls = 4\n\
+         [providers.dead]\nhosts = [\"127.0.0.51\"]\nbreaker_min_calls = 4\nmax_outage_wait = \"0s\"\n\
          [providers.secure]\nhosts = [\"127.0.0.52\"]\n\
          allowance = {{ units = 1000000, per = \"24h\" }}\n\
          [providers.unused]\nhosts = [\"unused.test\"]\nceiling_rps = 7.0\n\
@@ -373,7 +373,7 @@ async fn secrets_leave_no_trace() {
     ];
     let config = "[destinations]\nallow = [\"127.0.0.0/8\"]\n\
                   [auth]\ncredentials = [\"collector-a:CredSecret77d1\"]\n\
-                  [providers.dead]\nhosts = [\"127.0.0.54\"]\nbreaker_min_calls = 4\n\
+                  [providers.dead]\nhosts = [\"127.0.0.54\"]\nbreaker_min_calls = 4\nmax_outage_wait = \"0s\"\n\
                   [limits]\nsave_interval = \"200ms\"\n";
     for (round, args) in [&[][..], &["--log-format", "json"][..]]
         .into_iter()

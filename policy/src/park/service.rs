@@ -76,7 +76,7 @@ where
                 max_wait,
                 cycle,
                 ticket: None,
-                waited: Duration::ZERO,
+                parked_at: None,
             };
             let idempotent = retryable_method(req.method(), &[])
                 || parking.shared.extra_methods().contains(req.method());
@@ -236,7 +236,9 @@ struct Parking {
     max_wait: Duration,
     cycle: Duration,
     ticket: Option<u64>,
-    waited: Duration,
+    /// When it was first parked: a proxy user's patience runs from there,
+    /// probes it went as included.
+    parked_at: Option<Instant>,
 }
 
 /// Leaves the parked when dropped (the request goes on, gives up, or its
@@ -334,17 +336,19 @@ impl Parking {
     /// What bounds the wait at `now`: for a run, its deadline and its
     /// cycle guard (each `breaker_open_for` of an outage is one cool-down
     /// cycle, R-RN8); otherwise `max_outage_wait` (R-RN13).
-    fn bound(&self, now: Instant) -> Result<Bound, Cause> {
+    fn bound(&mut self, now: Instant) -> Result<Bound, Cause> {
         let Some(run) = &self.run else {
-            if self.waited >= self.max_wait {
+            let since = *self.parked_at.get_or_insert(now);
+            let waited = now.saturating_duration_since(since);
+            if waited >= self.max_wait {
                 let (retry_after, reason) = self.shared.retry_after(now);
                 return Err(Cause::ProviderDown(ProviderDown {
-                    waited: self.waited,
+                    waited,
                     retry_after,
                     reason,
                 }));
             }
-            return Ok(Bound::Until(now + (self.max_wait - self.waited)));
+            return Ok(Bound::Until(since + self.max_wait));
         };
         if run.stopped().is_some() {
             return Ok(Bound::Go);
@@ -380,7 +384,7 @@ impl Parking {
     /// Sleeps until `until` or a wake-up. A run's wait moves its request's
     /// `request_timeout` on by the time waited (R-RN8: the cycle is waited
     /// out; the client's own clock is its business).
-    async fn sleep(&mut self, notify: &Notify, until: Instant) {
+    async fn sleep(&self, notify: &Notify, until: Instant) {
         let start = Instant::now();
         let planned = until.saturating_duration_since(start);
         let clock = self.run.as_ref().and(self.clock.as_ref());
@@ -391,10 +395,8 @@ impl Parking {
             () = notify.notified() => {}
             () = tokio::time::sleep_until(until) => {}
         }
-        let slept = start.elapsed();
         if let Some(c) = clock {
-            c.give_back(planned.saturating_sub(slept));
+            c.give_back(planned.saturating_sub(start.elapsed()));
         }
-        self.waited += slept;
     }
 }

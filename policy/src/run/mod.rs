@@ -408,6 +408,17 @@ impl RunState {
         Ok(())
     }
 
+    /// Stops `provider`'s part of the run with `reason` (source pressure
+    /// seen from outside the stack: a command that failed because of
+    /// it); the first reason is kept.
+    pub fn stop_provider(&mut self, provider: &str, reason: StopReason) {
+        self.providers
+            .entry(provider.to_string())
+            .or_default()
+            .stopped
+            .get_or_insert(reason);
+    }
+
     /// Providers whose part of the run stopped, with why.
     pub fn stopped_providers(&self) -> impl Iterator<Item = (&str, StopReason)> {
         self.providers
@@ -589,6 +600,11 @@ impl RunHandle {
     /// See [`RunState::reached`].
     pub fn reached(&self, provider: &str) {
         self.lock().reached(provider);
+    }
+
+    /// See [`RunState::stop_provider`].
+    pub fn stop_provider(&self, provider: &str, reason: StopReason) {
+        self.lock().stop_provider(provider, reason);
     }
 
     /// See [`RunState::wait_for`].

@@ -4,7 +4,7 @@
 
 use tokio::time::Instant;
 
-use super::records::{checkpoint_key, Checkpoint, Mode};
+use super::records::{checkpoint_key, seq_key, split_id, Checkpoint, Mode};
 use super::{GapKey, RunError, Runs};
 use crate::store::{unix_ms_now, RunTree};
 
@@ -65,7 +65,15 @@ impl Runs {
                 .get_mut(&name)
                 .and_then(|s| s.active.get_mut(&mode))
             {
-                active.streams.insert(stream.to_string());
+                // The run's streams are durable with the commit (R-RN10):
+                // a run cut short by a crash records its gaps at the
+                // cursors of every stream it committed, not one `*` gap.
+                if active.streams.insert(stream.to_string()) {
+                    let record = active.snapshot();
+                    if let Some((_, seq)) = split_id(&record.id) {
+                        self.write(RunTree::Runs, seq_key(&name, seq), &record);
+                    }
+                }
             }
             (name, key, previous, checkpoint)
         };

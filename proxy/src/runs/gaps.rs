@@ -203,6 +203,7 @@ impl Runs {
             if self.writer.is_none() {
                 return Err(RunError::NotDurable("no state store".into()));
             }
+            active.record.gaps_posted += 1;
             let seq = self.next_seq(&mut reg);
             let gap = Gap {
                 id: format!("{name}.{seq}"),

@@ -6,12 +6,12 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use sluice_policy::error::Cause;
+use sluice_policy::error::{Cause, Fault};
 use sluice_policy::run::{Envelope, ProviderWaits, RunHandle, RunState, StopReason};
 use tokio::time::Instant;
 
 use super::records::{prefix, seq_key, split_id, Checkpoint, Gap, Mode, Phase, RunRecord};
-use super::{ms_from, reserve_key, Active, Opening, Registry, RunError, RunView, Runs};
+use super::{ms_from, reserve_key, Active, Answer, Opening, Registry, RunError, RunView, Runs};
 use crate::store::{unix_ms_now, RunTree};
 
 impl Runs {
@@ -345,6 +345,8 @@ impl Runs {
             cooldown_waits: 0,
             refusals: BTreeMap::new(),
             gaps_recorded: 0,
+            gaps_posted: 0,
+            failed: BTreeMap::new(),
             lease_until_unix_ms: Some(ms_from(now, now + ttl)),
             attempts_reserved: 0,
             streams: Vec::new(),
@@ -467,11 +469,24 @@ impl Runs {
         })
     }
 
-    /// Finishes the active run `id`: its summary.
-    pub fn finish(&self, id: &str) -> Result<RunRecord, RunError> {
+    /// Finishes the active run `id`: its summary. `exit_status`: how its
+    /// command ended, when `sluice run` says. A command that failed after
+    /// providers failed its requests failed because of them: their parts
+    /// of the run stop with `upstream_error` (source pressure) and the
+    /// remainder is recorded as gap records naming them — a run never ends
+    /// with no stop and no gap after failing its collector.
+    pub fn finish(&self, id: &str, exit_status: Option<i64>) -> Result<RunRecord, RunError> {
         self.sweep(Instant::now());
         let mut reg = self.lock();
-        let mode = self.active(&mut reg, id)?.record.mode;
+        let active = self.active(&mut reg, id)?;
+        let mode = active.record.mode;
+        if exit_status.is_some_and(|s| s != 0) {
+            for provider in active.record.failed.keys() {
+                active
+                    .handle
+                    .stop_provider(provider, StopReason::UpstreamError);
+            }
+        }
         let name = split_id(id).map(|(n, _)| n.to_string()).unwrap_or_default();
         self.settle(&mut reg, &name, mode);
         let record = self
@@ -514,8 +529,9 @@ impl Runs {
     }
 
     /// After a run's request: counts sluice's refusal, if it was one, and
+    /// the provider's failure passed to the collector, if it was one; and
     /// writes the gap records if the run has stopped.
-    pub fn after(&self, user: &str, run: &RunHandle, error: Option<&Cause>) {
+    pub fn after(&self, user: &str, run: &RunHandle, provider: Option<&str>, answer: Answer<'_>) {
         let mut reg = self.lock();
         let Some(active) = reg
             .slots
@@ -525,6 +541,10 @@ impl Runs {
             return;
         };
         let mode = active.record.mode;
+        let error = match answer {
+            Answer::Failed(e) => Some(e),
+            Answer::Status(_) => None,
+        };
         let refusal = match error {
             Some(Cause::RunStopped(s)) => Some(s.reason.label()),
             Some(Cause::CircuitOpen(_)) => Some("circuit_open"),
@@ -537,6 +557,16 @@ impl Runs {
         };
         if let Some(r) = refusal {
             *active.record.refusals.entry(r.to_string()).or_default() += 1;
+        }
+        let failed = match answer {
+            Answer::Status(s) => s == 429 || s >= 500,
+            Answer::Failed(e) => match e {
+                Cause::RunStopped(_) => false,
+                e => e.info().fault != Fault::Client,
+            },
+        };
+        if let (true, Some(p)) = (failed, provider) {
+            *active.record.failed.entry(p.to_string()).or_default() += 1;
         }
         self.count_attempts(user, active);
         self.settle(&mut reg, user, mode);

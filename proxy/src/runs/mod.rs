@@ -27,6 +27,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use sluice_policy::error::Cause;
 use sluice_policy::run::RunHandle;
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -115,6 +116,15 @@ struct Active {
     counted: u64,
     /// The lease's end as last written (ms since the epoch).
     lease_written_ms: u64,
+}
+
+/// How a run's request was answered, for its counters.
+#[derive(Debug, Clone, Copy)]
+pub enum Answer<'a> {
+    /// With a response of this status (the provider's, passed on).
+    Status(u16),
+    /// With a failure: sluice's refusal, or no answer from the provider.
+    Failed(&'a Cause),
 }
 
 /// The store key (in the meta tree) of the last run or gap number handed

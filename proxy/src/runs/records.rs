@@ -108,6 +108,15 @@ pub struct RunRecord {
     pub refusals: BTreeMap<String, u64>,
     /// Gap records written when it stopped.
     pub gaps_recorded: u64,
+    /// Gap records the collector posted itself during the run.
+    #[serde(default)]
+    pub gaps_posted: u64,
+    /// Per provider, answers passed to the collector that were the
+    /// provider's failures (5xx, `429`, no connection) or sluice's refusal
+    /// on its behalf (an outage waited out as long as allowed): a command
+    /// that fails after them failed because of that provider.
+    #[serde(default)]
+    pub failed: BTreeMap<String, u64>,
     /// When its lease lapses (ms since the epoch), as last written: a
     /// restart resumes an active run whose lease has not lapsed (R-RN10).
     #[serde(default)]

@@ -139,11 +139,12 @@ fn route(app: &App, req: Request<Incoming>) -> Response<ResBody> {
             )
         }
         "/v1/providers" => {
+            let counts = app.metrics.attempt_counts();
             let mut list: Vec<Value> = app
                 .providers
                 .all()
                 .iter()
-                .map(|p| provider_json(app, p, false))
+                .map(|p| provider_json(app, p, false, &counts))
                 .collect();
             for name in app.providers.named() {
                 if app.providers.live(&name).is_none() {
@@ -154,7 +155,10 @@ fn route(app: &App, req: Request<Incoming>) -> Response<ResBody> {
         }
         _ => match path.strip_prefix("/v1/providers/") {
             Some(name) if !name.is_empty() => match app.providers.live(name) {
-                Some(p) => json_response(StatusCode::OK, &provider_json(app, &p, true)),
+                Some(p) => json_response(
+                    StatusCode::OK,
+                    &provider_json(app, &p, true, &app.metrics.attempt_counts()),
+                ),
                 None if app.providers.named().iter().any(|n| n == name)
                     || app
                         .store
@@ -272,7 +276,15 @@ pub(crate) fn evidence(app: &App, name: &str, recent: &[Transition]) -> Vec<Valu
     }
 }
 
-fn provider_json(app: &App, p: &Provider, with_evidence: bool) -> Value {
+fn provider_json(
+    app: &App,
+    p: &Provider,
+    with_evidence: bool,
+    counts: &std::collections::HashMap<String, (u64, u64)>,
+) -> Value {
+    // Attempts since start (sent, refused as throttled): the readout's
+    // refusal share before the history has a sample of them.
+    let (sent, throttled) = counts.get(&p.label).copied().unwrap_or_default();
     let now = Instant::now();
     let s = p.policy.snapshot(now);
     let unknown = || json!("unknown");
@@ -358,6 +370,7 @@ fn provider_json(app: &App, p: &Provider, with_evidence: bool) -> Value {
             "bulkhead_waiting": s.bulkhead_waiting,
         },
         "retry_budget_left": s.retry_budget_left,
+        "attempts": { "sent": sent, "throttled": throttled },
         "shared": p.budget().map_or_else(|| json!(false), |b| {
             let b = b.readout();
             json!({
@@ -386,6 +399,7 @@ fn unknown_json(app: &App, name: &str, with_evidence: bool) -> Value {
     let mut v = json!({
         "name": name,
         "live": false,
+        "restored": false,
         "rate_rps": "unknown",
         "interval_ms": "unknown",
         "ceiling_rps": settings.as_ref().map_or_else(|| json!("unknown"), |s| json!(s.ceiling_rps)),
@@ -407,6 +421,20 @@ fn unknown_json(app: &App, name: &str, with_evidence: bool) -> Value {
         "breaker": { "state": "unknown" },
         "as_of_unix_ms": unix_ms_now(),
     });
+    // Learned before and kept (from the store, or when it was evicted):
+    // what it will start from when first used, not "unknown".
+    if let Some((k, age)) = app.providers.kept(name) {
+        let ceiling = settings.as_ref().map_or(k.rate_rps, |s| s.ceiling_rps);
+        v["restored"] = json!(true);
+        v["restored_age_ms"] = json!(age.as_millis() as u64);
+        v["rate_rps"] = json!(k.rate_rps.min(ceiling));
+        v["interval_ms"] = json!(1000.0 / k.rate_rps.min(ceiling));
+        v["throttle_point_rps"] = k.limit_rps.map_or_else(|| json!("unknown"), |l| json!(l));
+        v["baseline_ttfb_ms"] = k
+            .baseline
+            .map_or_else(|| json!("unknown"), |b| json!(ms(b)));
+        v["breaker"]["state"] = json!(k.breaker.label());
+    }
     if with_evidence {
         v["breaker"]["evidence"] = json!(evidence(app, name, &[]));
     }

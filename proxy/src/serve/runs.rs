@@ -221,10 +221,29 @@ async fn answer(
             Ok(view) => reply(StatusCode::OK, &view_json(&view)),
             Err(e) => run_error(e),
         },
-        (Method::POST, ["v1", "runs", id, "finish"]) => match app.runs.finish(id) {
-            Ok(record) => reply(StatusCode::OK, &record_json(&record)),
-            Err(e) => run_error(e),
-        },
+        (Method::POST, ["v1", "runs", id, "finish"]) => {
+            // Optional: `{"exit_status": N}`, how the run's command ended.
+            let exit_status = match read_json(req).await {
+                Ok(map) => match map.get("exit_status") {
+                    None | Some(Value::Null) => None,
+                    Some(v) => match v.as_i64() {
+                        Some(n) => Some(n),
+                        None => {
+                            return Ok(bad(
+                                StatusCode::BAD_REQUEST,
+                                "exit_status",
+                                "an integer: the command's exit status",
+                            ))
+                        }
+                    },
+                },
+                Err(e) => return Ok(refuse(e)),
+            };
+            match app.runs.finish(id, exit_status) {
+                Ok(record) => reply(StatusCode::OK, &record_json(&record)),
+                Err(e) => run_error(e),
+            }
+        }
         (Method::PUT, ["v1", "runs", id, "checkpoints", stream]) => {
             checkpoint(app, id, &decode(stream), read_json(req).await).await
         }
@@ -424,6 +443,8 @@ fn record_json(r: &RunRecord) -> Value {
         "cooldown_waits": r.cooldown_waits,
         "refusals": r.refusals,
         "gaps_recorded": r.gaps_recorded,
+        "gaps_posted": r.gaps_posted,
+        "failed": r.failed,
     })
 }
 

@@ -129,7 +129,8 @@ pub async fn connect(
             if let Err(stopped) = run.check_attempt(&provider.name, tokio::time::Instant::now()) {
                 let stopped = Cause::RunStopped(stopped);
                 if let Some(u) = user {
-                    app.runs.after(u, run, Some(&stopped));
+                    app.runs
+                        .after(u, run, None, crate::runs::Answer::Failed(&stopped));
                 }
                 return edge::refusal(&stopped).into_response();
             }
@@ -137,7 +138,8 @@ pub async fn connect(
         match open_raw(&app, &provider, &host, port, config.connect_timeout).await {
             Ok(stream) => {
                 if let (Some(u), Some(run)) = (user, &run) {
-                    app.runs.after(u, run, None);
+                    app.runs
+                        .after(u, run, None, crate::runs::Answer::Status(200));
                 }
                 Some(stream)
             }
