@@ -190,6 +190,17 @@ async fn a_short_outage_reaches_a_run_as_latency_only() {
         if r.back_after.is_none_or(|s| s > 1.0) {
             failures.push(format!("{name}: back at 0.9 after {:?} s", r.back_after));
         }
+        // The 12 s outage opened the breaker (its streak: the probes'
+        // failures over half its window); parking went on through it.
+        let opened = p["breaker"]["evidence"]
+            .as_array()
+            .is_some_and(|e| e.iter().any(|t| t["to"] == "open"));
+        if up - 20.0 > 10.0 && !opened {
+            failures.push(format!(
+                "{name}: the breaker never opened: {}",
+                p["breaker"]
+            ));
+        }
     }
     assert!(failures.is_empty(), "{failures:#?}");
 }
@@ -502,25 +513,29 @@ async fn a_post_reset_after_its_body_was_read_is_sent_once() {
     assert!(p["outage"]["probes"].as_u64().unwrap_or(0) >= 1, "{p}");
 }
 
-/// A collector that waits for `GO` to exist, then sends GETs one after
-/// another until its run stops.
-const WAITS_THEN_SENDS: &str = r#"
-import os, sys, time, requests
-url, go = sys.argv[1], sys.argv[2]
-while not os.path.exists(go):
+/// A collector of `THREADS` threads sending GETs to the URL until its run
+/// stops (through sluice's restarts: a failed connection is tried again),
+/// once the file `GO` exists when one is named.
+const SENDS_UNTIL_STOPPED: &str = r#"
+import os, sys, threading, time, requests
+url, threads = sys.argv[1], int(sys.argv[2])
+go = sys.argv[3] if len(sys.argv) > 3 else None
+while go and not os.path.exists(go):
     time.sleep(0.05)
-s, n = requests.Session(), 0
-while True:
-    try:
-        r = s.get(url, timeout=30)
-    except requests.exceptions.RequestException:
-        time.sleep(0.1)
-        s = requests.Session()
-        continue
-    if r.status_code == 403:
-        break
-    n += 1
-print(n)
+def run():
+    s = requests.Session()
+    while True:
+        try:
+            r = s.get(url, timeout=30)
+        except requests.exceptions.RequestException:
+            time.sleep(0.1)
+            s = requests.Session()
+            continue
+        if r.status_code == 403:
+            return
+ts = [threading.Thread(target=run) for _ in range(threads)]
+for t in ts: t.start()
+for t in ts: t.join()
 "#;
 
 /// Issue 32's fifth Done-when line, first half (R-RN10): a cap-20 run
@@ -541,8 +556,9 @@ async fn a_run_killed_before_its_first_request_loses_at_most_one() {
             &[
                 "python3",
                 "-c",
-                WAITS_THEN_SENDS,
+                SENDS_UNTIL_STOPPED,
                 &sim.url("http", "/ok"),
+                "1",
                 go.to_str().unwrap(),
             ],
         )
@@ -573,34 +589,11 @@ async fn a_run_killed_before_its_first_request_loses_at_most_one() {
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     let arrived = sim.hits("/ok").len();
-    println!(
-        "the provider saw {arrived}; the collector counted {}\n{stderr}",
-        String::from_utf8_lossy(&out.stdout).trim()
-    );
+    println!("the provider saw {arrived}\n{stderr}");
     assert_eq!(out.status.code(), Some(0), "{stderr}");
     assert!((19..=20).contains(&arrived), "{arrived} of 20");
     drop(sluice);
 }
-
-/// A collector of four threads sending GETs until its run stops.
-const FOUR_UNTIL_STOPPED: &str = r#"
-import sys, threading, time, requests
-url = sys.argv[1]
-def run():
-    s = requests.Session()
-    while True:
-        try:
-            r = s.get(url, timeout=30)
-        except requests.exceptions.RequestException:
-            time.sleep(0.1)
-            s = requests.Session()
-            continue
-        if r.status_code == 403:
-            return
-ts = [threading.Thread(target=run) for _ in range(4)]
-for t in ts: t.start()
-for t in ts: t.join()
-"#;
 
 /// Issue 32's fifth Done-when line, second half (R-RN10): a cap-1,000 run
 /// of four threads whose sluice is killed three times mid-run and
@@ -616,7 +609,13 @@ async fn a_cap_1000_run_killed_three_times_loses_at_most_5_percent() {
     let child = sluice
         .run_command(
             &["--request-cap", "1000"],
-            &["python3", "-c", FOUR_UNTIL_STOPPED, &sim.url("http", "/ok")],
+            &[
+                "python3",
+                "-c",
+                SENDS_UNTIL_STOPPED,
+                &sim.url("http", "/ok"),
+                "4",
+            ],
         )
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
