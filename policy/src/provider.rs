@@ -184,6 +184,10 @@ impl ProviderPolicy {
         self.breaker
             .lock()
             .restore(learned.breaker, learned.open_remaining, Instant::now());
+        if learned.breaker != State::Closed {
+            // Restored open: down until a probe is answered.
+            self.park.breaker_opened(Instant::now());
+        }
     }
 
     /// Admits one unit of work the stack cannot see inside — a CONNECT

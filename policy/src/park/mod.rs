@@ -49,6 +49,7 @@ mod service;
 pub mod watch;
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -63,6 +64,11 @@ use crate::breaker::{BreakerShared, State};
 use crate::outcome::Outcome;
 use crate::pacer::PacerShared;
 use crate::settings::ProviderSettings;
+
+/// [`ParkShared::flags`]: the provider is down.
+const DOWN: u8 = 1;
+/// [`ParkShared::flags`]: down, or failures in a row so far.
+const UNSETTLED: u8 = 2;
 
 /// A readout of a provider's parking.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -123,6 +129,9 @@ pub struct ParkShared {
     /// Attempts sent and not yet answered: their answers may still tell
     /// whether the provider is down.
     on_the_way: std::sync::atomic::AtomicUsize,
+    /// The watch's verdict as last written ([`DOWN`], [`UNSETTLED`]): what
+    /// every request asks first, read without the lock.
+    flags: AtomicU8,
     breaker: Arc<BreakerShared>,
     pacer: Arc<PacerShared>,
     limits: Mutex<Limits>,
@@ -156,6 +165,7 @@ impl ParkShared {
             state: Mutex::new(ParkState::default()),
             downs: tokio::sync::watch::Sender::new(0),
             on_the_way: Default::default(),
+            flags: AtomicU8::new(0),
             breaker,
             pacer,
             limits: Mutex::new(Limits::of(settings)),
@@ -164,6 +174,19 @@ impl ParkShared {
 
     fn lock(&self) -> MutexGuard<'_, ParkState> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Writes the watch's verdict where requests read it without the lock
+    /// (called with the lock held, after any change to the watch).
+    fn sync(&self, s: &ParkState) {
+        let mut f = 0;
+        if s.watch.is_down() {
+            f |= DOWN;
+        }
+        if s.watch.unsettled() {
+            f |= UNSETTLED;
+        }
+        self.flags.store(f, Ordering::Release);
     }
 
     fn limits(&self) -> Limits {
@@ -181,20 +204,26 @@ impl ParkShared {
     /// Whether anything is amiss (down, or failures in a row): a request
     /// sent now keeps a copy, in case it must be parked after its attempt.
     pub(crate) fn unsettled(&self) -> bool {
-        self.lock().watch.unsettled()
+        self.flags.load(Ordering::Acquire) & UNSETTLED != 0
     }
 
-    /// Whether the provider is down at `now` (an open breaker makes it so).
-    pub(crate) fn is_down(&self, now: Instant) -> bool {
-        if self.lock().watch.is_down() {
-            return true;
-        }
-        if self.breaker.state() == State::Closed {
-            return false;
-        }
-        let change = self.lock().watch.force_down(now, DownReason::Breaker);
+    /// Whether the provider is down. (The breaker opening is seen with
+    /// the answer that opened it, [`ParkShared::answered`], or with the
+    /// refusal it made, [`ParkShared::breaker_opened`].)
+    pub(crate) fn is_down(&self) -> bool {
+        self.flags.load(Ordering::Acquire) & DOWN != 0
+    }
+
+    /// The breaker is open (it refused a call, or was restored open): the
+    /// provider is down.
+    pub fn breaker_opened(&self, now: Instant) {
+        let change = {
+            let mut s = self.lock();
+            let change = s.watch.force_down(now, DownReason::Breaker);
+            self.sync(&s);
+            change
+        };
         self.changed(change, now);
-        true
     }
 
     /// Whether the breaker is closed (the reason a run's part stops with
@@ -246,6 +275,7 @@ impl ParkShared {
         let (verdict, change) = {
             let mut s = self.lock();
             let change = s.watch.tick(now);
+            self.sync(&s);
             let verdict = if s.watch.is_down() {
                 Verdict::Down
             } else if !others && !s.watch.streak_of_many() {
@@ -292,8 +322,11 @@ impl ParkShared {
         let now = Instant::now();
         let answer = outcome.as_ref().map(Answer::of);
         // Read before the watch's lock: the breaker and the pacer never
-        // take it, so no two locks are ever held the other way round.
-        let breaker_open = answer.is_some() && self.breaker.state() != State::Closed;
+        // take it, so no two locks are ever held the other way round. The
+        // breaker is asked only where it can matter: an answer that may
+        // have opened it, or anything while the provider is unsettled.
+        let may_open = outcome.is_some_and(|o| o.is_breaker_failure()) || self.unsettled();
+        let breaker_open = answer.is_some() && may_open && self.breaker.state() != State::Closed;
         let controller = answer == Some(Answer::Failed) && self.pacer.lock().in_outage();
         let (change, wake) = {
             let mut s = self.lock();
@@ -321,6 +354,7 @@ impl ParkShared {
             if controller {
                 change = change.or(s.watch.force_down(now, DownReason::Controller));
             }
+            self.sync(&s);
             // Waiters re-check after anything they wait on: the verdict,
             // the return, a probe's end, a streak that ended.
             let wake = change.is_some() || probe || (unsettled && !s.watch.unsettled());

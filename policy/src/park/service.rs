@@ -63,6 +63,9 @@ where
                 let request = request_id(&req);
                 let sent = Instant::now();
                 let result = inner.oneshot(req).await.map_err(Into::into);
+                if matches!(result, Err(Cause::CircuitOpen(_))) {
+                    shared.breaker_opened(Instant::now());
+                }
                 let outcome = Outcome::of_result(&result, SystemTime::now());
                 shared.answered(request, outcome, sent, false);
                 return result;
@@ -83,7 +86,7 @@ where
             let mut req = req;
             loop {
                 let mut probe = false;
-                if parking.shared.is_down(Instant::now()) {
+                if parking.shared.is_down() {
                     probe = parking.wait_turn().await? == Turn::Probe;
                 }
                 // A copy to park after the attempt, where one may be
@@ -99,9 +102,14 @@ where
                 if probe {
                     req.extensions_mut().insert(ParkedProbe);
                 }
-                let departure = Departure::default();
-                req.extensions_mut().insert(departure.clone());
-                let mut downs = parking.shared.downs();
+                // Only a request with a copy can be called back: it alone
+                // has a departure mark to watch.
+                let departure = copy.is_some().then(|| {
+                    let d = Departure::default();
+                    req.extensions_mut().insert(d.clone());
+                    d
+                });
+                let mut downs = departure.as_ref().map(|_| parking.shared.downs());
                 let sent = Instant::now();
                 let call = inner.clone().oneshot(req);
                 tokio::pin!(call);
@@ -113,8 +121,11 @@ where
                         // for its slot: if it has not left, it is parked
                         // instead of sent (only probes go to a provider
                         // that is down).
-                        Ok(()) = downs.changed(), if copy.is_some() && !probe => {
-                            if !departure.departed() {
+                        Some(Ok(())) = async { match downs.as_mut() {
+                            Some(d) => Some(d.changed().await),
+                            None => None,
+                        } }, if downs.is_some() && !probe => {
+                            if departure.as_ref().is_some_and(|d| !d.departed()) {
                                 if let Some(c) = copy.take() {
                                     break Err(c);
                                 }
@@ -138,8 +149,11 @@ where
                 if let Some(g) = guard.as_mut() {
                     g.armed = false;
                 }
-                let failed = outcome.is_some_and(|o| o.is_breaker_failure())
-                    || matches!(result, Err(Cause::CircuitOpen(_)));
+                let refused_open = matches!(result, Err(Cause::CircuitOpen(_)));
+                if refused_open {
+                    parking.shared.breaker_opened(Instant::now());
+                }
+                let failed = outcome.is_some_and(|o| o.is_breaker_failure()) || refused_open;
                 let Some(mut copy) = copy.filter(|_| failed && unprocessed(&result, idempotent))
                 else {
                     return result;
@@ -311,7 +325,7 @@ impl Parking {
         let (mut place, notify) = self.place();
         loop {
             let now = Instant::now();
-            if self.shared.is_down(now) {
+            if self.shared.is_down() {
                 return Ok(true);
             }
             let due = match self.shared.verdict(now) {
