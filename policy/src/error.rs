@@ -15,7 +15,7 @@ use std::time::Duration;
 
 pub use crate::breaker::CircuitOpen;
 pub use crate::bulkhead::BulkheadFull;
-use crate::outcome::Outcome;
+use crate::classify::Outcome;
 pub use crate::pacer::RateLimited;
 pub use crate::park::ProviderDown;
 pub use crate::run::RunStopped;
@@ -266,8 +266,4 @@ pub struct ErrorInfo {
     pub outcome: Option<Outcome>,
     /// When to come back, if known.
     pub retry_after: Option<Duration>,
-}
-
-pub(crate) fn attempt_outcome(err: &Cause) -> Option<Outcome> {
-    err.info().outcome
 }

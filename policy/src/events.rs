@@ -9,7 +9,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::outcome::Outcome;
+use crate::classify::Outcome;
 use crate::pacer::{Backoff, Refusal};
 use crate::quota::Family;
 

@@ -28,22 +28,21 @@
 
 pub mod breaker;
 pub mod bulkhead;
+pub mod classify;
 pub mod cost;
 pub mod error;
 pub mod events;
-pub mod outcome;
 pub mod pacer;
 pub mod park;
 pub mod provider;
 pub mod quota;
 pub mod retry;
-pub mod retry_after;
 pub mod run;
 pub mod settings;
 pub mod stack;
 pub mod timeout;
 
+pub use classify::Outcome;
 pub use error::BoxError;
-pub use outcome::Outcome;
 pub use provider::ProviderPolicy;
 pub use settings::{ProviderSettings, ValidSettings};

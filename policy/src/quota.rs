@@ -24,7 +24,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use http::HeaderMap;
 
 /// The longest window or reset believed (a day, like `Retry-After`).
-pub const MAX_BELIEVED: Duration = crate::retry_after::MAX_BELIEVED;
+pub const MAX_BELIEVED: Duration = crate::classify::retry_after::MAX_BELIEVED;
 
 /// A quota as one response advertised it.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -9,8 +9,8 @@
 use std::time::Duration;
 
 use http::{HeaderValue, Response, StatusCode};
+use sluice_policy::classify::retry_after::format_delta;
 use sluice_policy::error::{Cause, UpstreamKind};
-use sluice_policy::retry_after::format_delta;
 
 use crate::body::{full, ResBody};
 

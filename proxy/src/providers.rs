@@ -558,7 +558,7 @@ mod tests {
         t.get("a.test");
         assert_eq!(names(t.learned_changed()), ["a.test"], "a was used");
         a.policy.pacer.feedback(
-            Some(sluice_policy::outcome::Outcome::Throttled {
+            Some(sluice_policy::classify::Outcome::Throttled {
                 status: 429,
                 retry_after: None,
             }),

@@ -6,8 +6,8 @@ use http::{Request, Response};
 use tower::{Service, ServiceExt};
 
 use super::{BreakerShared, ParkedProbe};
+use crate::classify::Outcome;
 use crate::error::{BoxFuture, Cause};
-use crate::outcome::Outcome;
 
 /// Fails fast while the provider's circuit is open; counts outcomes.
 #[derive(Debug, Clone)]

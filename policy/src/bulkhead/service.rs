@@ -98,7 +98,7 @@ where
             let start = Instant::now();
             let mut resp = inner.oneshot(req).await.map_err(Into::into)?;
             resp.extensions_mut().insert(Ttfb(start.elapsed()));
-            crate::outcome::stamp(&mut resp, std::time::SystemTime::now());
+            crate::classify::stamp(&mut resp, std::time::SystemTime::now());
             resp.extensions_mut().insert(InFlight {
                 _permit: Arc::new(permit),
             });

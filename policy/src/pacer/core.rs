@@ -8,25 +8,13 @@ use tokio::time::Instant;
 
 use super::aimd::{Aimd, Backoff, BackoffReason, Belief};
 use super::allowance::{AllowanceSnapshot, AllowanceState, AllowanceUse};
-use super::fair::{Class, FairQueue};
+use super::fair::{Class, FairQueue, Ticket};
 use super::gcra::{interval_of, Gcra};
 use super::shared::{Proposal, SharedView};
+use crate::classify::{Outcome, Signal};
 use crate::cost::Costs;
-use crate::outcome::Outcome;
 use crate::quota::Advertised;
 use crate::settings::ProviderSettings;
-
-/// A place in the waiting room.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Ticket(u64);
-
-#[cfg(test)]
-impl Ticket {
-    /// The `n`th ticket.
-    pub(super) const fn new(n: u64) -> Ticket {
-        Ticket(n)
-    }
-}
 
 /// What a waiter should do now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -717,7 +705,7 @@ impl PacerCore {
     ) -> Result<Ticket, (Refusal, Duration)> {
         self.last_seen = Some(now);
         self.refresh_allowance(now);
-        let ticket = Ticket(self.next_ticket);
+        let ticket = Ticket::new(self.next_ticket);
         self.waiting.insert(ticket, class, cost);
         let wait = self
             .slot(now, self.waiting.ahead(ticket))
@@ -824,11 +812,12 @@ impl PacerCore {
         self.last_seen = Some(now);
         let mut fb = Feedback::default();
         let (outages, in_outage) = (self.aimd.outages(), self.aimd.in_outage());
-        match *outcome {
+        // What the answer says is decided once, in `classify`.
+        match outcome.signal() {
             // A client error (404 for a deleted record, 400 for a bad id)
             // is the provider working normally: a clean answer for the rate,
             // like a success (but never retried, never a breaker failure).
-            Outcome::Success | Outcome::ClientError { .. } => {
+            Signal::Clean => {
                 if self.window.boundary.is_some_and(|b| sent_at >= b) {
                     self.window.since += 1;
                 }
@@ -844,15 +833,12 @@ impl PacerCore {
                 fb.backoff = change.backoff;
             }
             // A bare 503 may be noise: weighed against the error baseline.
-            Outcome::Throttled {
-                status: 503,
-                retry_after: None,
-            } => {
+            Signal::Ambiguous { timeout: false } => {
                 fb.backoff = self
                     .aimd
                     .on_ambiguous(sent_at, now, BackoffReason::Unavailable);
             }
-            Outcome::Throttled {
+            Signal::Throttle {
                 status,
                 retry_after,
             } => {
@@ -876,10 +862,10 @@ impl PacerCore {
                 }
                 fb.backoff = self.aimd.on_throttle(sent_at, now, reason);
             }
-            Outcome::Timeout => {
+            Signal::Ambiguous { timeout: true } => {
                 fb.backoff = self.aimd.on_ambiguous(sent_at, now, BackoffReason::Timeout);
             }
-            Outcome::ServerError { .. } | Outcome::ConnectError { .. } => {
+            Signal::Failure => {
                 self.aimd.on_error(sent_at, now);
             }
         }

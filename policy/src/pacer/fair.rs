@@ -24,7 +24,16 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
-use super::core::Ticket;
+/// A place in the waiting room: tickets are handed out in arrival order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Ticket(u64);
+
+impl Ticket {
+    /// The `n`th ticket.
+    pub(super) const fn new(n: u64) -> Ticket {
+        Ticket(n)
+    }
+}
 
 /// Which lane of its collector a request waits in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]

@@ -38,17 +38,15 @@ use tokio::time::Instant;
 
 pub use self::aimd::{Backoff, BackoffReason, Belief, Condition};
 pub use self::allowance::{Allowance, AllowanceSnapshot, AllowanceUse};
-pub use self::core::{
-    Admission, Feedback, PacerCore, PacerSnapshot, QuotaSnapshot, Refusal, Ticket,
-};
+pub use self::core::{Admission, Feedback, PacerCore, PacerSnapshot, QuotaSnapshot, Refusal};
 pub use self::error::RateLimited;
-pub use self::fair::{Class, Lane};
+pub use self::fair::{Class, Lane, Ticket};
 pub use self::layer::PacerLayer;
 pub use self::service::{Pacer, ResponseFuture, Ttfb};
 pub use self::shared::{Proposal, SharedAdmit, SharedBudget, SharedChange, SharedView};
+use crate::classify::Outcome;
 use crate::error::Cause;
 use crate::events::{emit, Event, EventSink};
-use crate::outcome::Outcome;
 use crate::quota::{Advertised, Malformed};
 use crate::run::{RunStopped, StopReason};
 use crate::settings::ProviderSettings;

@@ -6,8 +6,8 @@ use http::{Request, Response};
 use tower::{Service, ServiceExt};
 
 use super::{Class, PacerShared};
+use crate::classify::Outcome;
 use crate::error::{BoxFuture, Cause};
-use crate::outcome::Outcome;
 use crate::quota;
 use crate::run::{RunHandle, RunStopped, StopReason};
 

@@ -293,7 +293,7 @@ mod tests {
         // A hold one replica was told of holds the other.
         let sent = Instant::now();
         pacers[0].feedback(
-            Some(crate::outcome::Outcome::Throttled {
+            Some(crate::classify::Outcome::Throttled {
                 status: 429,
                 retry_after: Some(Duration::from_secs(3)),
             }),
@@ -309,7 +309,7 @@ mod tests {
         );
         // The same overshoot seen by the other replica cuts nothing more.
         pacers[1].feedback(
-            Some(crate::outcome::Outcome::Throttled {
+            Some(crate::classify::Outcome::Throttled {
                 status: 429,
                 retry_after: None,
             }),

@@ -61,7 +61,7 @@ pub use self::layer::ParkLayer;
 pub use self::service::Park;
 pub use self::watch::{Answer, Change, DownReason, Watch, WatchSnapshot};
 use crate::breaker::{BreakerShared, State};
-use crate::outcome::Outcome;
+use crate::classify::Outcome;
 use crate::pacer::PacerShared;
 use crate::settings::ProviderSettings;
 

@@ -9,8 +9,8 @@ use tower::{Service, ServiceExt};
 
 use super::{ParkShared, ProviderDown, Turn, Verdict};
 use crate::breaker::ParkedProbe;
+use crate::classify::Outcome;
 use crate::error::{BoxFuture, Cause, UpstreamKind};
-use crate::outcome::Outcome;
 use crate::retry::policy::clone_request;
 use crate::retry::{retryable_method, ReplayBody};
 use crate::run::{Cooldown, Cycle, Departure, RunHandle, StopReason};

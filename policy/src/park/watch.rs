@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::outcome::Outcome;
+use crate::classify::Outcome;
 
 /// A streak of failures this long (and at least two failures) is an
 /// outage even where too few requests were sent to reach the count: a
@@ -61,20 +61,13 @@ pub enum Answer {
 }
 
 impl Answer {
-    /// How the watch reads an attempt's outcome.
+    /// How the watch reads an attempt's outcome: its signal alive (clean,
+    /// a named throttle) or not (see [`crate::classify::Signal`]).
     pub fn of(outcome: &Outcome) -> Answer {
-        match outcome {
-            Outcome::Success
-            | Outcome::ClientError { .. }
-            | Outcome::Throttled { status: 429, .. }
-            | Outcome::Throttled {
-                retry_after: Some(_),
-                ..
-            } => Answer::Alive,
-            Outcome::Throttled { .. }
-            | Outcome::ServerError { .. }
-            | Outcome::Timeout
-            | Outcome::ConnectError { .. } => Answer::Failed,
+        if outcome.signal().alive() {
+            Answer::Alive
+        } else {
+            Answer::Failed
         }
     }
 }

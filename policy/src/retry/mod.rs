@@ -140,7 +140,7 @@ impl RetryShared {
             .clone()
     }
 
-    pub(crate) fn retried(&self, after: crate::outcome::Outcome) {
+    pub(crate) fn retried(&self, after: crate::classify::Outcome) {
         crate::events::emit(&self.events, crate::events::Event::Retry(after));
     }
 

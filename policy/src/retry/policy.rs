@@ -5,8 +5,8 @@ use http::{Method, Request, Response};
 use tokio::time::{Instant, Sleep};
 
 use super::{ReplayBody, RetryShared};
+use crate::classify::Outcome;
 use crate::error::Cause;
-use crate::outcome::Outcome;
 use crate::run::RunHandle;
 
 /// tower's retry policy for one request to one provider: decides from the

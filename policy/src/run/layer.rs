@@ -7,9 +7,9 @@ use tokio::time::Instant;
 use tower::{Layer, Service, ServiceExt};
 
 use super::{Cooldown, Departure, RunHandle};
+use crate::classify::Outcome;
 use crate::cost::{Charged, Pricing, Units};
 use crate::error::{BoxFuture, Cause};
-use crate::outcome::Outcome;
 use crate::retry::ReplayBody;
 use crate::timeout::RequestClock;
 

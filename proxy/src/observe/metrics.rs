@@ -694,7 +694,7 @@ impl Metrics {
     pub fn event_with(&self, label: &str, h: &Handles, event: &Event) {
         match event {
             Event::Attempt {
-                outcome: Some(sluice_policy::outcome::Outcome::Success),
+                outcome: Some(sluice_policy::classify::Outcome::Success),
                 ttfb,
             } => {
                 h.attempt_success

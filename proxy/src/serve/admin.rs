@@ -24,15 +24,15 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use serde_json::{json, Value};
-use sluice_policy::breaker::Transition;
 use tokio::net::TcpListener;
 use tokio::time::Instant;
 
 use super::accept::AcceptBackoff;
+use super::evidence::evidence;
 use crate::app::App;
 use crate::body::{full, ResBody};
 use crate::providers::Provider;
-use crate::store::{unix_ms_now, EvidenceRecord};
+use crate::store::unix_ms_now;
 
 /// Serves the admin API until the process ends.
 pub async fn serve(app: Arc<App>, listener: TcpListener) {
@@ -247,33 +247,6 @@ fn unix_ms(at: Instant) -> u64 {
 
 fn ms(d: Duration) -> f64 {
     (d.as_secs_f64() * 1000.0 * 1000.0).round() / 1000.0
-}
-
-fn evidence_json(e: &EvidenceRecord) -> Value {
-    json!({
-        "at_unix_ms": e.at_unix_ms,
-        "from": e.from,
-        "to": e.to,
-        "reason": e.reason,
-        "elapsed_ms": e.elapsed_ms,
-        "calls": e.calls,
-        "failures": e.failures,
-        "retry_budget_left": e.retry_budget_left,
-    })
-}
-
-/// Evidence from the store (it survives restarts), else the in-memory log.
-pub(crate) fn evidence(app: &App, name: &str, recent: &[Transition]) -> Vec<Value> {
-    match &app.store {
-        Some(store) => store.evidence(name).iter().map(evidence_json).collect(),
-        None => {
-            let now = Instant::now();
-            recent
-                .iter()
-                .map(|t| evidence_json(&EvidenceRecord::of(t, now.saturating_duration_since(t.at))))
-                .collect()
-        }
-    }
 }
 
 fn provider_json(

@@ -5,6 +5,7 @@ pub mod accept;
 pub mod admin;
 pub mod auth;
 pub mod bodies;
+mod evidence;
 pub mod runs;
 
 use std::net::SocketAddr;

@@ -460,7 +460,7 @@ fn run_providers(app: &App, r: &RunRecord) -> Value {
             .live(name)
             .map(|live| live.policy.breaker.recent())
             .unwrap_or_default();
-        let evidence: Vec<Value> = super::admin::evidence(app, name, &recent)
+        let evidence: Vec<Value> = super::evidence::evidence(app, name, &recent)
             .into_iter()
             .filter(|e| {
                 e["at_unix_ms"]

@@ -1,17 +1,11 @@
-//! One classification of what an attempt came back with, shared by every
-//! layer.
-//!
-//! The pacer, the breaker, the retry policy, the run envelope and the
-//! metrics all need to know "did it reach the provider? was that a
-//! throttle? may it be retried? does it count against the provider?".
-//! Deciding it once, here — [`Outcome::of_result`] for whatever an attempt
-//! came back with, and the predicates below — means they cannot disagree.
+//! What an attempt came back with, as one value: [`Outcome`], read from a
+//! response head ([`Outcome::of`]), with the predicates every layer asks of
+//! it. (A failure from below a layer becomes an outcome in the module
+//! above: [`Outcome::of_result`].)
 
 use std::time::{Duration, SystemTime};
 
 use http::StatusCode;
-
-use crate::error::{self, Cause};
 
 /// What one upstream attempt came back with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,33 +51,12 @@ impl Outcome {
         match code {
             429 | 503 => Outcome::Throttled {
                 status: code,
-                retry_after: crate::retry_after::from_headers(headers, now_wall),
+                retry_after: super::retry_after::from_headers(headers, now_wall),
             },
             408 => Outcome::Timeout,
             500..=599 => Outcome::ServerError { status: code },
             400..=499 => Outcome::ClientError { status: code },
             _ => Outcome::Success,
-        }
-    }
-
-    /// Classifies an error from below a layer. `None` means the error is
-    /// sluice's own refusal (pacer queue full, breaker open, bulkhead full,
-    /// run stopped) or the client's fault: no request reached the provider,
-    /// so the provider's state must not learn anything from it.
-    pub fn of_error(err: &Cause) -> Option<Self> {
-        error::attempt_outcome(err)
-    }
-
-    /// What an attempt came back with — a response or a failure — as every
-    /// layer sees it; `None` when it never reached the provider (see
-    /// [`Outcome::of_error`]). The one place a result becomes an outcome.
-    pub fn of_result<R>(
-        result: &Result<http::Response<R>, Cause>,
-        now_wall: SystemTime,
-    ) -> Option<Self> {
-        match result {
-            Ok(resp) => Some(of_response(resp, now_wall)),
-            Err(e) => Outcome::of_error(e),
         }
     }
 
@@ -203,42 +176,5 @@ mod tests {
             assert!(of(code, None).is_breaker_failure(), "{code}");
         }
         assert!(Outcome::ConnectError { retryable: true }.is_retryable());
-    }
-
-    /// One decision for every layer: a failure that reached the provider
-    /// is classified the same whether the retry policy, the breaker or the
-    /// run asks; sluice's own refusals and the client's faults are nothing.
-    #[test]
-    fn results_are_classified_once() {
-        use crate::error::{CircuitOpen, Upstream, UpstreamKind};
-        let now = SystemTime::UNIX_EPOCH;
-        let err =
-            |kind| -> Result<http::Response<()>, Cause> { Err(Upstream::new(kind, "x").into()) };
-        let dns = Outcome::of_result(&err(UpstreamKind::Dns), now).unwrap();
-        assert_eq!(dns, Outcome::ConnectError { retryable: false });
-        assert!(!dns.is_retryable(), "a name that does not resolve stays so");
-        assert!(dns.is_breaker_failure(), "but the provider is unreachable");
-        let refused = Outcome::of_result(&err(UpstreamKind::ConnectionRefused), now).unwrap();
-        assert!(refused.is_retryable() && refused.is_breaker_failure());
-        assert_eq!(
-            Outcome::of_result(&err(UpstreamKind::ConnectionTimeout), now),
-            Some(Outcome::Timeout)
-        );
-        assert_eq!(
-            Outcome::of_result(&err(UpstreamKind::ClientBody), now),
-            None
-        );
-        assert_eq!(
-            Outcome::of_result(&err(UpstreamKind::Prohibited), now),
-            None
-        );
-        let open: Result<http::Response<()>, Cause> = Err(CircuitOpen {
-            retry_after: Duration::from_secs(1),
-            cycle: 1,
-        }
-        .into());
-        assert_eq!(Outcome::of_result(&open, now), None);
-        let ok: Result<http::Response<()>, Cause> = Ok(http::Response::new(()));
-        assert_eq!(Outcome::of_result(&ok, now), Some(Outcome::Success));
     }
 }
