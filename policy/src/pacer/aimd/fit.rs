@@ -1,0 +1,142 @@
+//! The token-bucket fit (R-SG5): how long each rate lasted after a hold
+//! before it was refused tells a bucket's refill rate.
+
+use super::*;
+
+/// Refusals a [`Descent`] fits, the most recent.
+pub(super) const DESCENT_POINTS: usize = 4;
+
+/// A refusal older than this was another limit's.
+pub(super) const DESCENT_MAX_AGE: Duration = Duration::from_secs(120);
+
+/// The fitted points must lie this far apart in time, as a share of the
+/// shortest, to tell a slope from noise.
+pub(super) const DESCENT_SPREAD: f64 = 0.25;
+
+/// A fit whose bound lies within this share of its rate sets the limit
+/// as closely as a sharp limit's: settled at [`SETTLE_SHARP`] of the bound,
+/// the rate is under the bucket's.
+pub(super) const FIT_TIGHT: f64 = 0.02;
+
+/// Where a token bucket's refill rate lies, read from how long each rate
+/// lasted after a hold before it was refused (R-SG5).
+///
+/// A hold (`Retry-After`) lets the provider's bucket fill. Sent at a rate
+/// `r` from the hold's end, its burst `B` lasts `t = B / (r − L)`: the
+/// requests it let through, `r·t = B + L·t`, grow with `t` at exactly the
+/// refill rate `L`. Two refusals at different rates give that slope, where
+/// the plain descent — one step per refusal, each refusal later than the
+/// one before as the rate nears `L` — takes half a minute to close in.
+/// Each point is known to about a request (the refusal fell between two
+/// sends), so the fit is read with that error on the high side: a noisy
+/// fit leaves the plain descent to do the rest, and never puts the limit
+/// under the provider's. A windowed quota fits no slope (every window
+/// lets the same count through, whatever the rate) and is left alone.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Descent {
+    /// When refused; seconds from the hold's end to the refused send;
+    /// requests sent in them.
+    pub(super) points: VecDeque<(Instant, f64, f64)>,
+}
+
+impl Descent {
+    pub(super) fn push(&mut self, at: Instant, secs: f64, sent: f64) {
+        self.points
+            .retain(|(t, _, _)| at.saturating_duration_since(*t) < DESCENT_MAX_AGE);
+        if self.points.len() == DESCENT_POINTS {
+            self.points.pop_front();
+        }
+        self.points.push_back((at, secs, sent));
+    }
+
+    pub(super) fn clear(&mut self) {
+        self.points.clear();
+    }
+
+    /// The highest refill rate the points allow, if they tell one (at
+    /// least two, far enough apart, with a burst and a rate both
+    /// positive), and how far above the fitted rate that bound lies.
+    pub(super) fn limit(&self) -> Option<(f64, f64)> {
+        let n = self.points.len() as f64;
+        if n < 2.0 {
+            return None;
+        }
+        let xs = self.points.iter().map(|p| p.1);
+        let (lo, hi) = xs.fold((f64::INFINITY, 0.0f64), |(lo, hi), x| {
+            (lo.min(x), hi.max(x))
+        });
+        if hi - lo < lo * DESCENT_SPREAD {
+            return None;
+        }
+        let mx = self.points.iter().map(|p| p.1).sum::<f64>() / n;
+        let my = self.points.iter().map(|p| p.2).sum::<f64>() / n;
+        let sxx: f64 = self.points.iter().map(|p| (p.1 - mx).powi(2)).sum();
+        let sxy: f64 = self.points.iter().map(|p| (p.1 - mx) * (p.2 - my)).sum();
+        let slope = sxy / sxx;
+        let burst = my - slope * mx;
+        let margin = 2.0 / (hi - lo);
+        (slope > 0.0 && burst > 0.0).then_some((slope + margin, margin))
+    }
+}
+
+impl Aimd {
+    /// A refusal at the settle point after a hold, sent at the rate in
+    /// force since the hold's end: a point of the [`Descent`].
+    pub(super) fn time_to_refusal(
+        &mut self,
+        sent_at: Instant,
+        now: Instant,
+        reason: BackoffReason,
+    ) {
+        let Some(end) = self.hold_end else { return };
+        let steady = self.changes.back().is_none_or(|(at, _)| *at <= end);
+        if reason.ambiguous() || self.hold_cost.is_zero() || sent_at <= end || !steady {
+            return;
+        }
+        if self.limit.is_none() || self.probe.is_some() || self.shared {
+            return;
+        }
+        let secs = (sent_at - end).as_secs_f64();
+        self.descent.push(now, secs, self.rate * secs);
+    }
+
+    /// The provider holds every request off until `now` + its `Retry-After`.
+    pub(super) fn extend_hold(&mut self, now: Instant) {
+        if !self.hold_cost.is_zero() {
+            let end = now + self.hold_cost;
+            self.hold_end = Some(self.hold_end.map_or(end, |e| e.max(end)));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::*;
+    use super::*;
+
+    /// R-SG5: a limit learned a third too high (slow start's cut measured
+    /// a burst) on a token bucket that holds with `Retry-After`: the time
+    /// each rate lasted after a hold tells the bucket's refill rate, and
+    /// the rate is under it after four refusals, the last at 19 s — where
+    /// one 5 % step per refusal, each refusal later than the last, took
+    /// five, the last at 31 s.
+    #[test]
+    fn the_time_to_each_refusal_tells_a_token_buckets_rate() {
+        let mut a = Aimd::new(4.0, 0.1, 1000.0, 0.7, W);
+        a.restore(25.3, Some(26.6), None);
+        let refusals = bucket_refusals(&mut a, 60);
+        assert!(refusals.len() <= 4, "{refusals:?}");
+        assert!(refusals.last().is_some_and(|at| *at < 25.0), "{refusals:?}");
+        assert!(a.limit().is_some_and(|l| l <= 21.0), "{:?}", a.limit());
+        assert!(a.rate() >= 0.93 * 20.0 && a.rate() <= 20.0, "{}", a.rate());
+        // From a cold start too, the rate ends under the bucket's.
+        let mut cold = Aimd::new(4.0, 0.1, 1000.0, 0.7, W);
+        let refusals = bucket_refusals(&mut cold, 120);
+        assert!(refusals.len() <= 4, "{refusals:?}");
+        assert!(
+            cold.rate() >= 0.93 * 20.0 && cold.rate() <= 20.0,
+            "{}",
+            cold.rate()
+        );
+    }
+}

@@ -1,0 +1,580 @@
+//! Rate-based AIMD: learn how fast a provider lets us go.
+//!
+//! The rate starts low (R-AI3), grows while a window of saturated, clean
+//! answers passes, and is cut multiplicatively when the provider pushes
+//! back (R-AI1). It never crosses the owner's ceiling (R-AI2), and no error
+//! ever raises it (R-AI4): growth happens only when a clean answer closes a
+//! window.
+//!
+//! **Throttle or noise (R-SG3).** A 429, a 503 with `Retry-After` and a
+//! sustained shift of latency are throttles and cut at once. A bare 503 or
+//! a timeout is *ambiguous*: real providers answer a few percent of
+//! requests that way whatever the load. Such an error cuts only when the
+//! errors rise with the rate or are significantly above the provider's
+//! learned error baseline ([`ErrorTally`]), and the cut is a trial: if the
+//! errors go on at the lower rate about as often as before, the cut bought
+//! nothing — the remembered limit is put back and the rate recovers at the
+//! next clean window; if they stop, the cut stands, and the provider's next
+//! few bare 503s are taken as it means them, like 429s. A cold provider's
+//! first such error cuts without setting a limit (one error proves
+//! nothing). Other 5xx and connect errors never cut; within the baseline
+//! they do not even stop growth. A 404 is a clean answer.
+//!
+//! **Outage or throttle (R-SG4).** A throttle's failures fall when the rate
+//! falls: a token bucket lets the next request through at once, a sliding
+//! window within its length. An outage fails everything at any rate. So a
+//! run of failures with no clean answer between them (a [`Streak`]) may
+//! cut at most [`STREAK_MAX_CUTS`] times; past that the rate is held where
+//! it is, and once every answer has gone on failing for
+//! [`OUTAGE_PERSIST`] at a rate no cut has changed, the controller calls
+//! it an outage: the breaker decides (it opens on a failure streak however
+//! low the rate), and the first clean answer after it gives back the rate
+//! and the throttle point from before the streak — no limit is learned
+//! from an outage. Failures that come back within [`RELAPSE`] of that
+//! were the restored rate's: they are judged as a throttle, without a
+//! hold on the cuts, so a limiter that only looks like an outage (one
+//! that counts its refusals over a long window) is not restored into
+//! twice.
+//!
+//! **Settling.** A throttle costs more than the one 429: with a
+//! `Retry-After` hold the provider's whole capacity for the hold is lost.
+//! So the controller does not saw-tooth around the limit like plain AIMD.
+//! It remembers the rate at which throttling began (`limit`) and:
+//!
+//! 1. before any throttle, grows by half per window (slow start);
+//! 2. after a cut, recovers quickly to a settle point just under `limit`
+//!    (95 %), closing half the gap per window;
+//! 3. waits there [`PROBE_AFTER`] windows and [`PROBE_AFTER_ADMITTED`]
+//!    requests — the second bound keeps a failed probe to one overshoot in
+//!    a few hundred requests however slow the provider;
+//! 4. probes: the step starts at [`PROBE_STEP`] of `limit` and doubles with
+//!    every clean window, so a doubled limit is reached in about six
+//!    windows, while a limit that has not moved stops the probe at its
+//!    first throttle and the rate drops straight back to the settle point:
+//!    one brief overshoot.
+//!
+//! A probe throttled further out moves the limit to what it proved clean
+//! and delivered; a whole clean window at [`PROBE_FOUND`] × the limit drops
+//! the limit altogether (slow start again). When the settle point itself
+//! is throttled the remembered limit was too high; the new one is the
+//! lower of 90 % of the rate and what the provider actually delivered over
+//! the last window (the accepted rate of a drained token bucket is its
+//! refill rate), never below the plain cut. Where the provider holds
+//! after each refusal (`Retry-After`), what was delivered says nothing
+//! (the holds thin it), and the step is one rate at a time — slow, as each
+//! rate nearer the limit lasts longer before its refusal; the time each
+//! rate lasted after a hold tells a token bucket's refill rate instead
+//! (`Descent`), and a tight fit is settled under as closely as a sharp
+//! limit. Only one
+//! cut is made per congestion epoch: answers to requests sent before the
+//! last cut say nothing new (as TCP's fast recovery ignores losses from the
+//! old window).
+//!
+//! Growth only happens when demand reached the pace (the window's
+//! admissions were at least [`SATURATION`] of the rate): a collector that
+//! sends one request a minute proves nothing about ten per second, so the
+//! rate does not creep up to the ceiling while unused (RFC 7661's reasoning
+//! for application-limited TCP).
+
+mod fit;
+mod limit;
+mod outage;
+mod readout;
+mod settle;
+#[cfg(test)]
+mod testing;
+mod trial;
+mod window;
+
+use super::signals::{
+    poisson_below, poisson_tail, Attribution, ErrorTally, LatencyVerdict, LatencyWatch, NOISE_MAX,
+};
+use std::collections::VecDeque;
+use std::time::Duration;
+use tokio::time::Instant;
+
+use self::fit::{Descent, FIT_TIGHT};
+pub use self::limit::{PROBE_DECREASE, PROBE_HELD};
+use self::outage::Streak;
+pub use self::outage::{OUTAGE_MIN_FAILURES, OUTAGE_PERSIST, RELAPSE, STREAK_MAX_CUTS};
+pub use self::readout::{Belief, Condition};
+use self::settle::Probe;
+pub use self::settle::{
+    PROBE_AFTER, PROBE_AFTER_ADMITTED, PROBE_FOUND, PROBE_HOLD_RATIO, PROBE_STEP, RECOVER_MIN_STEP,
+    RECOVER_SHARE, SETTLE, SETTLE_SHARP, SLOW_START_GROWTH,
+};
+use self::trial::Trial;
+pub use self::trial::{
+    TRIAL_EXPECTED_ERRORS, TRIAL_MAX_AGE, TRIAL_MAX_ANSWERS, TRIAL_MIN_ANSWERS, TRIAL_NOISE_ERRORS,
+    TRIAL_SIGNIFICANCE,
+};
+pub use self::window::SATURATION;
+
+/// Why the rate was cut.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackoffReason {
+    /// 429 Too Many Requests.
+    Throttled,
+    /// 503 with `Retry-After`: the provider named its pressure.
+    UnavailableRetryAfter,
+    /// A bare 503, significantly above the learned error baseline.
+    Unavailable,
+    /// The time-to-first-byte distribution shifted above its baseline.
+    Latency,
+    /// Attempts timed out (sluice's timeout or a 408), above the baseline.
+    Timeout,
+}
+
+impl BackoffReason {
+    /// Every reason, for metrics created at zero.
+    pub const ALL: [BackoffReason; 5] = [
+        BackoffReason::Throttled,
+        BackoffReason::UnavailableRetryAfter,
+        BackoffReason::Unavailable,
+        BackoffReason::Latency,
+        BackoffReason::Timeout,
+    ];
+
+    /// A bounded label for metrics and logs.
+    pub fn label(self) -> &'static str {
+        match self {
+            BackoffReason::Throttled => "throttled",
+            BackoffReason::UnavailableRetryAfter => "unavailable_retry_after",
+            BackoffReason::Unavailable => "unavailable",
+            BackoffReason::Latency => "latency",
+            BackoffReason::Timeout => "timeout",
+        }
+    }
+
+    /// Whether the signal may be noise (its cut goes on trial).
+    pub fn ambiguous(self) -> bool {
+        matches!(self, BackoffReason::Unavailable | BackoffReason::Timeout)
+    }
+}
+
+/// A cut of the rate, kept for the operator's readout.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Backoff {
+    /// When it happened.
+    pub at: Instant,
+    /// Why.
+    pub reason: BackoffReason,
+    /// The rate before.
+    pub from_rps: f64,
+    /// The rate after.
+    pub to_rps: f64,
+}
+
+/// What one answer did to the rate.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Change {
+    /// The rate grew.
+    pub increased: bool,
+    /// The rate was cut.
+    pub backoff: Option<Backoff>,
+}
+
+/// The AIMD controller's state.
+#[derive(Debug, Clone)]
+pub struct Aimd {
+    /// The current rate, requests per second; always in `[floor, ceiling]`.
+    rate: f64,
+    /// The owner's ceiling.
+    ceiling: f64,
+    /// The lowest rate a cut may reach.
+    floor: f64,
+    /// Multiplicative decrease far below the known limit.
+    decrease: f64,
+    /// How long one window lasts.
+    window: Duration,
+    /// Time-to-first-byte over its baseline × this is a latency shift.
+    latency_factor: f64,
+    /// The rate at which the provider last throttled us.
+    limit: Option<f64>,
+    /// `limit` rests on one ambiguous signal only: probe it sooner.
+    limit_weak: bool,
+    /// In slow start, a first ambiguous error has cut (R-AI1) without
+    /// setting a limit, since one error on a cold provider cannot tell a
+    /// throttle from noise; later ones wait for evidence.
+    cold_error_cut: bool,
+    /// When the current window began (at its first event).
+    window_start: Option<Instant>,
+    /// Admissions in the current window.
+    window_admitted: u32,
+    /// Clean answers in the current window.
+    window_delivered: u32,
+    /// Answers of any kind in the current window.
+    window_answers: u32,
+    /// Shared: every replica's admissions counted over `window_span`
+    /// (between the store's answers they were read from; spans that a
+    /// hold cut into are left out, their rate is not the provider's).
+    window_counted: u32,
+    /// See `window_counted`.
+    window_span: Duration,
+    /// Of the window's admissions, this replica's: all of them, unless a
+    /// shared budget counts every replica's (then this replica's answers
+    /// are its share of what the provider delivered).
+    window_here: u32,
+    /// The rate was cut during the current window.
+    window_cut: bool,
+    /// A shared budget made this replica wait during the current window:
+    /// its demand saturated the shared pace, whatever share it admitted.
+    window_pressed: bool,
+    /// Clean answers per second over the last closed window.
+    delivered: Option<f64>,
+    /// Clean, saturated windows spent at or above the settle point.
+    plateau: u32,
+    /// Requests admitted during those windows.
+    plateau_admitted: u64,
+    /// A probe in progress.
+    probe: Option<Probe>,
+    /// A rate to return to at the next clean window (a cut undone).
+    recover_to: Option<f64>,
+    /// When the rate was last cut; answers to earlier sends are ignored.
+    last_decrease: Option<Instant>,
+    /// Ambiguous errors and their baseline.
+    errors: ErrorTally,
+    /// Time-to-first-byte and its baseline.
+    latency: LatencyWatch,
+    /// A cut on ambiguous evidence awaiting its verdict.
+    trial: Option<Trial>,
+    /// A trial confirmed that this provider's bare 503s are throttles
+    /// (they stopped when the rate came down), and none found them to be
+    /// noise: its next few 503s are taken as it means them, like 429s,
+    /// without a trial each; this counts them down, and at zero the next
+    /// cut is tried again, so that a wrong verdict cannot stick.
+    unavailable_throttles: u8,
+    /// Recent rate changes (when, the rate before), oldest first: an answer
+    /// is evidence about the rate its request was *sent* at.
+    changes: VecDeque<(Instant, f64)>,
+    /// Failures in a row, if the last answers were failures.
+    streak: Option<Streak>,
+    /// When the last outage ended (its rate given back), and when the
+    /// clean answer that ended it was sent: failures to requests sent
+    /// before that are the outage's last echoes.
+    outage_ended: Option<(Instant, Instant)>,
+    /// Outages seen, for the metrics.
+    outages: u64,
+    /// When a throttle the provider named (429, 503 with `Retry-After`)
+    /// last cut, for the readout.
+    named_throttle: Option<Instant>,
+    /// How long the provider held every request off after its last
+    /// throttle (`Retry-After`): what a failed probe costs.
+    hold_cost: Duration,
+    /// When the provider's last hold (`Retry-After`) ends.
+    hold_end: Option<Instant>,
+    /// Refusals at the settle point after a hold: how long each rate lasted
+    /// from the hold's end to its refusal (see [`Descent`]).
+    descent: Descent,
+    /// The limit is a token bucket's refill rate fitted to within
+    /// [`FIT_TIGHT`] of itself: known as closely as a sharp one's.
+    fitted: bool,
+    /// The rate is a fleet's, shared through a budget (see `adopt`).
+    shared: bool,
+    /// The limit before a probe last moved it, and when: a throttle at the
+    /// new settle point soon after undoes the move.
+    moved_from: Option<(f64, Instant)>,
+    /// When the settle point itself was last throttled.
+    too_high_at: Option<Instant>,
+    /// Named refusals to requests sent after the last cut, within its
+    /// echo (see `Aimd::fresh_pushback`).
+    echo: u32,
+    /// The provider's limit is sharp: its refusals went on after a cut
+    /// (a window that counts over its length, refusals too) rather than
+    /// stopping with the rate, as a token bucket's do. A probe's proven
+    /// rate is then the limit's lower bound, with no burst to fool it.
+    sharp: bool,
+    /// Probes of a sharp limit held at the same place, in a row (the wait
+    /// before the next doubles with each, up to 4×): each costs a window's
+    /// refusals.
+    probe_backoff: u32,
+}
+
+/// The longest a cut's echo is waited out (see `Aimd::fresh_pushback`).
+const ECHO_MAX: Duration = Duration::from_secs(2);
+
+/// Rate changes remembered to date answers by their send rate (a few
+/// seconds' worth at one change per window).
+const CHANGES_KEPT: usize = 16;
+
+impl Aimd {
+    /// A controller starting at `start` (clamped into `[floor, ceiling]`).
+    pub fn new(start: f64, floor: f64, ceiling: f64, decrease: f64, window: Duration) -> Self {
+        let floor = floor.min(ceiling);
+        Aimd {
+            rate: start.clamp(floor, ceiling),
+            ceiling,
+            floor,
+            decrease,
+            window,
+            latency_factor: 3.0,
+            limit: None,
+            limit_weak: false,
+            cold_error_cut: false,
+            window_start: None,
+            window_admitted: 0,
+            window_pressed: false,
+            window_delivered: 0,
+            window_here: 0,
+            window_answers: 0,
+            window_counted: 0,
+            window_span: Duration::ZERO,
+            window_cut: false,
+            delivered: None,
+            plateau: 0,
+            plateau_admitted: 0,
+            probe: None,
+            recover_to: None,
+            last_decrease: None,
+            errors: ErrorTally::default(),
+            latency: LatencyWatch::default(),
+            trial: None,
+            changes: VecDeque::new(),
+            unavailable_throttles: 0,
+            streak: None,
+            outage_ended: None,
+            outages: 0,
+            named_throttle: None,
+            hold_cost: Duration::ZERO,
+            hold_end: None,
+            descent: Descent::default(),
+            fitted: false,
+            shared: false,
+            moved_from: None,
+            too_high_at: None,
+            echo: 0,
+            sharp: false,
+            probe_backoff: 0,
+        }
+    }
+
+    /// The rate that was in force at `sent_at`.
+    /// (Scanned from the newest change: almost every answer is to a
+    /// request sent after the last one, and stops at the first look.)
+    fn rate_at(&self, sent_at: Instant) -> f64 {
+        self.changes
+            .iter()
+            .rev()
+            .take_while(|(at, _)| *at > sent_at)
+            .last()
+            .map_or(self.rate, |(_, before)| *before)
+    }
+
+    /// Sets the rate at `now`, remembering the change.
+    fn set_rate(&mut self, now: Instant, rate: f64) {
+        if rate != self.rate {
+            if self.changes.len() == CHANGES_KEPT {
+                self.changes.pop_front();
+            }
+            self.changes.push_back((now, self.rate));
+            self.rate = rate;
+        }
+    }
+
+    /// The current rate.
+    pub fn rate(&self) -> f64 {
+        self.rate
+    }
+
+    /// The ceiling.
+    pub fn ceiling(&self) -> f64 {
+        self.ceiling
+    }
+
+    /// The increase window.
+    pub fn window(&self) -> Duration {
+        self.window
+    }
+
+    /// The floor.
+    pub fn floor(&self) -> f64 {
+        self.floor
+    }
+
+    /// The rate at which throttling last began, if it ever did.
+    pub fn limit(&self) -> Option<f64> {
+        self.limit
+    }
+
+    /// The learned share of errors unrelated to load.
+    pub fn error_baseline(&self) -> Option<f64> {
+        self.errors.baseline()
+    }
+
+    /// The learned time-to-first-byte baseline (lower quartile).
+    pub fn latency_baseline(&self) -> Option<Duration> {
+        self.latency.baseline()
+    }
+
+    /// Changes the bounds (config reload); the rate is clamped to them.
+    pub fn set_bounds(&mut self, floor: f64, ceiling: f64, decrease: f64, window: Duration) {
+        self.ceiling = ceiling;
+        self.floor = floor.min(ceiling);
+        self.decrease = decrease;
+        self.window = window;
+        self.rate = self.rate.clamp(self.floor, self.ceiling);
+    }
+
+    /// Sets the latency-shift factor.
+    pub fn set_latency_factor(&mut self, factor: f64) {
+        self.latency_factor = factor;
+    }
+
+    /// Restores a learned rate, limit and latency baseline (clamped to the
+    /// bounds, R-AI2).
+    pub fn restore(&mut self, rate: f64, limit: Option<f64>, latency: Option<Duration>) {
+        if rate.is_finite() && rate > 0.0 {
+            self.rate = rate.clamp(self.floor, self.ceiling);
+        }
+        self.limit = limit.filter(|l| l.is_finite() && *l > 0.0);
+        self.fitted = false;
+        if let Some(b) = latency {
+            self.latency.restore(b);
+        }
+    }
+
+    /// Takes the rate a provider advertised (its quota, spent evenly):
+    /// the rate becomes it, within the bounds, and AIMD goes on from there —
+    /// a cut on the next throttle starts from it. No probe or recovery in
+    /// progress survives: the provider said where it stands.
+    pub fn follow(&mut self, now: Instant, rate: f64) {
+        if !(rate.is_finite() && rate > 0.0) {
+            return;
+        }
+        self.probe = None;
+        self.recover_to = None;
+        self.set_rate(now, rate.clamp(self.floor, self.ceiling));
+    }
+
+    /// Takes the rate and throttle point a shared budget holds (R-DS1):
+    /// every replica's AIMD goes on from the one rate. A probe in progress
+    /// survives a raise (another replica's step of the same probe) but not
+    /// a cut.
+    pub fn adopt(&mut self, now: Instant, rate: f64, limit: Option<f64>) {
+        if !(rate.is_finite() && rate > 0.0) {
+            return;
+        }
+        let rate = rate.clamp(self.floor, self.ceiling);
+        // One replica's view of the fleet's refusals fits no bucket: the
+        // shared hold's end and the fleet's rate are not its own.
+        self.shared = true;
+        self.fitted = false;
+        self.descent.clear();
+        // The same rate, as it came back through the store: nothing new.
+        if (rate - self.rate).abs() > self.rate * 1e-9 {
+            if rate < self.rate {
+                self.probe = None;
+                self.recover_to = None;
+            } else if self.probe.is_none() && self.limit.is_some_and(|l| rate > l * SETTLE * 1.001)
+            {
+                // Raised past the settle point: another replica is probing,
+                // and a throttle now is that probe's — judged as one.
+                self.probe = Some(Probe::new(self.rate));
+            }
+            self.set_rate(now, rate);
+        }
+        if let Some(l) = limit.filter(|l| l.is_finite() && *l > 0.0) {
+            self.limit = Some(l);
+        }
+    }
+
+    /// The provider's last throttle held every request off for `hold`
+    /// (its `Retry-After`): the next probe waits [`PROBE_HOLD_RATIO`] times
+    /// that. A throttle without a hold sets it back to nothing.
+    pub fn on_hold(&mut self, hold: Duration) {
+        self.hold_cost = hold;
+    }
+
+    fn new_epoch(&self, sent_at: Instant) -> bool {
+        self.last_decrease.is_none_or(|cut| sent_at >= cut)
+    }
+
+    /// Whether pushback on a request sent at `sent_at` is news: sent at
+    /// least one window after the last cut. A limiter that counts over a
+    /// window (a sliding window, one that counts its refusals too) goes
+    /// on refusing for up to its length after the rate came down — the
+    /// overshoot's echo, not a sign that the cut was too small — and a
+    /// drained token bucket refuses the odd request while it refills.
+    /// Cutting again on those would take the rate far under the limit
+    /// (one cut per round trip, as TCP makes).
+    fn fresh_pushback(&self, sent_at: Instant) -> bool {
+        self.last_decrease
+            .is_none_or(|cut| sent_at >= cut + self.window.min(ECHO_MAX))
+    }
+
+    /// A clean answer — a success, or a client error such as a 404, which
+    /// is the provider working normally — to a request sent at `sent_at`.
+    /// It may close the window, and so grow the rate or, on a latency
+    /// shift, cut it.
+    pub fn on_clean(&mut self, sent_at: Instant, now: Instant, ttfb: Option<Duration>) -> Change {
+        self.window_answers = self.window_answers.saturating_add(1);
+        self.errors
+            .record(false, Attribution::Noise, self.rate_at(sent_at));
+        self.window_delivered = self.window_delivered.saturating_add(1);
+        if self.new_epoch(sent_at) {
+            if let Some(t) = ttfb {
+                self.latency.observe(t);
+            }
+        }
+        if self.end_streak(sent_at, now) {
+            let mut change = self.close_window(now);
+            change.increased = true;
+            return change;
+        }
+        self.trial_answer(sent_at, false, now);
+        self.close_window(now)
+    }
+
+    /// A server error other than a bare 503 (500, 502, 504…) or a failed
+    /// connection: never a cut; counted against the error baseline.
+    pub fn on_error(&mut self, sent_at: Instant, now: Instant) {
+        self.window_answers = self.window_answers.saturating_add(1);
+        if self.outage_echo(sent_at) {
+            return;
+        }
+        self.streak_failure(sent_at, now);
+        let kind = if !self.new_epoch(sent_at) {
+            Attribution::Throttle
+        } else if self.trial.is_none() && self.errors.evidence(self.rate).noise() {
+            Attribution::Noise
+        } else {
+            Attribution::Unknown
+        };
+        self.errors.record(true, kind, self.rate_at(sent_at));
+        self.trial_answer(sent_at, true, now);
+    }
+
+    /// The provider pushed back unambiguously (429, 503 with `Retry-After`)
+    /// on a request sent at `sent_at`. Returns the cut if one was made (at
+    /// most one per congestion epoch). The rate after is never above the
+    /// rate before (R-AI4).
+    pub fn on_throttle(
+        &mut self,
+        sent_at: Instant,
+        now: Instant,
+        reason: BackoffReason,
+    ) -> Option<Backoff> {
+        self.window_answers = self.window_answers.saturating_add(1);
+        self.window_cut = true;
+        let fresh = self.fresh_pushback(sent_at);
+        self.errors
+            .record(true, Attribution::Throttle, self.rate_at(sent_at));
+        // The provider is there and says it is pushing back: no outage.
+        self.streak = None;
+        self.named_throttle = Some(now);
+        if !fresh {
+            if self.new_epoch(sent_at) {
+                self.echo = self.echo.saturating_add(1);
+            }
+            self.extend_hold(now);
+            return None;
+        }
+        // Whatever a trial was weighing, this is pressure.
+        self.trial = None;
+        self.time_to_refusal(sent_at, now, reason);
+        let backoff = self.cut(now, reason);
+        self.limit_weak = false;
+        self.extend_hold(now);
+        Some(backoff)
+    }
+}

@@ -1,0 +1,335 @@
+//! Growth and settling: slow start before any throttle, recovery to the
+//! settle point under the remembered limit, the wait there and the probe
+//! above it (R-AI1, R-SG2).
+
+use super::*;
+
+/// Settle point as a share of the rate at which throttling began.
+pub const SETTLE: f64 = 0.95;
+
+/// Settle point under a sharp limit (see `Aimd::sharp`).
+pub const SETTLE_SHARP: f64 = 0.98;
+
+/// Clean, saturated windows at the settle point before probing upward.
+pub const PROBE_AFTER: u32 = 8;
+
+/// …and requests admitted there: a failed probe costs about one throttled
+/// request, so this bounds its share (≈ 0.3 %) on slow providers too.
+pub const PROBE_AFTER_ADMITTED: u64 = 300;
+
+/// First probe step, as a share of the known limit; it doubles with every
+/// clean probe window.
+pub const PROBE_STEP: f64 = 0.02;
+
+/// A provider that holds every request off for a while after a throttle
+/// (`Retry-After`) makes each failed probe cost that whole while: the wait
+/// at the settle point is at least this many times the last hold, so that
+/// probing costs under 2 % of the time.
+pub const PROBE_HOLD_RATIO: f64 = 60.0;
+
+/// A whole clean window at this multiple of the limit proves it moved:
+/// the controller forgets it and grows as from a cold start. (A token
+/// bucket whose burst is half a second of traffic cannot hide that much.)
+pub const PROBE_FOUND: f64 = 1.5;
+
+/// Growth per window before the first throttle.
+pub const SLOW_START_GROWTH: f64 = 0.5;
+
+/// Share of the gap to the settle point closed per window when recovering.
+pub const RECOVER_SHARE: f64 = 0.5;
+
+/// Smallest recovery step, as a share of the known limit.
+pub const RECOVER_MIN_STEP: f64 = 0.05;
+
+/// A probe above the settle point.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Probe {
+    /// Clean windows probed so far (the step is `PROBE_STEP · 2^k`).
+    pub(super) windows: u32,
+    /// The highest rate a whole window went clean at.
+    pub(super) clean_rate: f64,
+    /// The highest rate proven clean: a whole window went clean at it, and
+    /// so did the next window, at a higher rate. (A provider's burst
+    /// allowance can carry one window past its limit; the next one spends
+    /// what the first left.) What a throttle the provider named is judged
+    /// against; a bare 503 says less, and is judged as before against
+    /// `clean_rate`.
+    pub(super) proven: f64,
+}
+
+impl Probe {
+    pub(super) fn new(rate: f64) -> Self {
+        Probe {
+            windows: 1,
+            clean_rate: rate,
+            proven: rate,
+        }
+    }
+
+    /// What the probe found clean, judged by a throttle for `reason`.
+    pub(super) fn clean(&self, reason: BackoffReason) -> f64 {
+        if reason.ambiguous() {
+            self.clean_rate
+        } else {
+            self.proven
+        }
+    }
+}
+
+impl Aimd {
+    pub(super) fn increase(&mut self, admitted: u32, now: Instant) -> bool {
+        let before = self.rate;
+        if let Some(to) = self.recover_to.take() {
+            if to > self.rate {
+                self.set_rate(now, to.min(self.ceiling));
+                return true;
+            }
+        }
+        let next = match self.limit {
+            None => self.rate * (1.0 + SLOW_START_GROWTH),
+            Some(limit) => {
+                let settle = limit * self.settle_share();
+                if self.rate > limit * PROBE_FOUND {
+                    // A whole clean window clearly past the limit: it has
+                    // moved. Find the new one as from a cold start.
+                    self.limit = None;
+                    self.fitted = false;
+                    self.descent.clear();
+                    self.reset_plateau();
+                    self.rate * (1.0 + SLOW_START_GROWTH)
+                } else if let Some(probe) = self.probe.as_mut() {
+                    probe.proven = probe.proven.max(probe.clean_rate);
+                    probe.clean_rate = probe.clean_rate.max(self.rate);
+                    let k = probe.windows.min(16);
+                    probe.windows += 1;
+                    self.rate + limit * PROBE_STEP * f64::from(1u32 << k)
+                } else if self.rate < settle {
+                    self.reset_plateau();
+                    let step = ((settle - self.rate) * RECOVER_SHARE).max(limit * RECOVER_MIN_STEP);
+                    (self.rate + step).min(settle)
+                } else {
+                    self.plateau += 1;
+                    self.plateau_admitted += u64::from(admitted);
+                    let held_for = self.window * self.plateau;
+                    let k = 1 << self.probe_backoff;
+                    if self.trial.is_some()
+                        || self.plateau < PROBE_AFTER * k
+                        || (!self.limit_weak
+                            && self.plateau_admitted < PROBE_AFTER_ADMITTED * u64::from(k))
+                        || held_for < self.hold_cost.mul_f64(PROBE_HOLD_RATIO)
+                    {
+                        self.rate
+                    } else {
+                        self.probe = Some(Probe::new(self.rate));
+                        self.rate + limit * PROBE_STEP
+                    }
+                }
+            }
+        };
+        self.set_rate(now, next.min(self.ceiling).max(self.rate));
+        self.rate > before
+    }
+
+    /// The settle point's share of the limit: closer under a sharp limit,
+    /// whose probe proved the rate clean.
+    pub(super) fn settle_share(&self) -> f64 {
+        if self.sharp || self.fitted {
+            SETTLE_SHARP
+        } else {
+            SETTLE
+        }
+    }
+
+    pub(super) fn reset_plateau(&mut self) {
+        self.plateau = 0;
+        self.plateau_admitted = 0;
+        self.probe = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::*;
+    use super::*;
+
+    #[test]
+    fn slow_start_then_cut_then_settle_under_the_limit() {
+        let mut t = Instant::now();
+        let mut a = Aimd::new(2.0, 0.1, 100.0, 0.7, W);
+        saturate(&mut a, &mut t, 4);
+        assert!(a.rate() > 5.0, "grew: {}", a.rate());
+        let before = a.rate();
+        let cut = a.on_throttle(t, t, BackoffReason::Throttled).unwrap();
+        assert_eq!(cut.from_rps, before);
+        assert!((a.rate() - before * 0.7).abs() < 1e-9);
+        let limit = a.limit().unwrap();
+        assert!(limit <= before && limit >= before * 0.7, "{limit}");
+        // a second throttle from the same epoch changes nothing
+        assert!(a
+            .on_throttle(t - Duration::from_millis(1), t, BackoffReason::Throttled)
+            .is_none());
+        let settle = limit * SETTLE;
+        let mut windows = 0;
+        while a.rate() < settle - 1e-9 {
+            saturate(&mut a, &mut t, 1);
+            windows += 1;
+        }
+        assert!(windows <= 5, "recovers fast: {windows} windows");
+        assert!((a.rate() - settle).abs() < 1e-9, "{}", a.rate());
+        // It waits at the settle point for PROBE_AFTER windows and
+        // PROBE_AFTER_ADMITTED requests, then probes.
+        let mut windows = 0;
+        let mut admitted = 0.0;
+        while a.rate() <= settle + 1e-9 && windows < 1000 {
+            admitted += a.rate().ceil() + 1.0;
+            saturate(&mut a, &mut t, 1);
+            windows += 1;
+        }
+        assert!(a.rate() > settle, "then probes");
+        assert!(windows >= PROBE_AFTER, "waited {windows} windows");
+        assert!(
+            admitted >= PROBE_AFTER_ADMITTED as f64,
+            "waited for {admitted} requests"
+        );
+        // A probe throttled near the limit goes straight back to settle.
+        saturate(&mut a, &mut t, 1);
+        a.on_throttle(t, t, BackoffReason::Throttled).unwrap();
+        assert!((a.rate() - settle).abs() < 1e-9, "{}", a.rate());
+        assert_eq!(a.limit(), Some(limit), "the limit held");
+    }
+
+    #[test]
+    fn a_probe_doubles_its_step_and_finds_a_doubled_limit() {
+        let mut t = Instant::now();
+        let mut a = Aimd::new(5.0, 0.1, 1000.0, 0.7, W);
+        a.restore(19.0, Some(20.0), None);
+        // Wait, then probe: within 8 probing windows the rate passes 40.
+        let mut windows = 0;
+        while a.rate() < 40.0 && windows < 100 {
+            saturate(&mut a, &mut t, 1);
+            windows += 1;
+        }
+        assert!(a.rate() >= 40.0);
+        let waited = PROBE_AFTER.max((PROBE_AFTER_ADMITTED / 20) as u32);
+        assert!(windows <= waited + 8, "{windows} windows");
+    }
+
+    #[test]
+    fn unused_rate_does_not_grow() {
+        let mut t = Instant::now();
+        let mut a = Aimd::new(2.0, 0.1, 100.0, 0.7, W);
+        for _ in 0..30 {
+            a.on_admit(t);
+            t += W;
+            a.on_clean(t, t, None);
+        }
+        assert_eq!(a.rate(), 2.0);
+    }
+
+    #[test]
+    fn never_above_ceiling_never_below_floor() {
+        let mut t = Instant::now();
+        let mut a = Aimd::new(2.0, 0.5, 10.0, 0.7, W);
+        saturate(&mut a, &mut t, 50);
+        assert_eq!(a.rate(), 10.0);
+        for _ in 0..50 {
+            t += W;
+            a.on_throttle(t, t, BackoffReason::Throttled);
+        }
+        assert_eq!(a.rate(), 0.5);
+    }
+
+    /// A provider that holds every request off after a throttle
+    /// (`Retry-After`) makes a failed probe cost the whole hold: the next
+    /// probe waits at least PROBE_HOLD_RATIO holds at the settle point.
+    #[test]
+    fn a_probe_waits_longer_where_a_failed_one_costs_a_hold() {
+        let windows_to_probe = |hold: Duration| {
+            let mut t = Instant::now();
+            let mut a = Aimd::new(5.0, 0.1, 1000.0, 0.7, W);
+            a.restore(19.0, Some(20.0), None);
+            a.on_hold(hold);
+            let settle = a.rate();
+            let mut windows = 0;
+            while a.rate() <= settle + 1e-9 && windows < 1000 {
+                saturate(&mut a, &mut t, 1);
+                windows += 1;
+            }
+            windows
+        };
+        let plain = windows_to_probe(Duration::ZERO);
+        let held = windows_to_probe(Duration::from_secs(1));
+        assert!(plain < 30, "{plain}");
+        assert!(
+            f64::from(held) >= PROBE_HOLD_RATIO,
+            "probed after {held} windows with a 1 s hold"
+        );
+    }
+
+    /// A probe carried one window past the limit by the provider's burst
+    /// allowance, then refused: a named throttle judges it by the rates
+    /// proven by the next window, so the limit stays where it was (moved
+    /// by at most one probe step) instead of jumping to the burst's rate.
+    #[test]
+    fn a_burst_carried_probe_window_does_not_move_the_limit() {
+        let mut t = Instant::now();
+        let mut a = Aimd::new(5.0, 0.1, 1000.0, 0.7, W);
+        a.restore(19.0, Some(20.0), None);
+        // Wait at the settle point, then probe until the rate is clearly
+        // past the limit (one clean window there: the burst's doing).
+        let mut windows = 0;
+        while a.rate() < 20.0 * PROBE_HELD && windows < 1000 {
+            saturate(&mut a, &mut t, 1);
+            windows += 1;
+        }
+        saturate(&mut a, &mut t, 1);
+        a.on_throttle(t, t, BackoffReason::Throttled).unwrap();
+        let limit = a.limit().unwrap();
+        assert!(
+            limit <= 20.0 * (1.0 + PROBE_STEP) + 1e-9,
+            "the limit moved to {limit}"
+        );
+        assert!(a.rate() <= limit * SETTLE + 1e-9, "{}", a.rate());
+    }
+
+    /// R-SG5: a limiter whose refusals go on after the cut (a sliding
+    /// window counting its refusals) is sharp: no burst carries a probe
+    /// past it, so what a probe proved clean becomes the limit, and the
+    /// rate settles at SETTLE_SHARP of it; a held probe there doubles the
+    /// wait before the next (each costs a window of refusals).
+    #[test]
+    fn a_sharp_limit_is_taken_at_what_the_probe_proved() {
+        let mut t = Instant::now();
+        let mut a = Aimd::new(5.0, 0.1, 1000.0, 0.7, W);
+        a.restore(18.0, Some(18.0), None);
+        saturate(&mut a, &mut t, 1);
+        a.on_throttle(t, t, BackoffReason::Throttled).unwrap();
+        // The cut's echo: refusals to requests sent after it.
+        for ms in [100, 200, 300] {
+            let at = t + Duration::from_millis(ms);
+            assert!(a.on_throttle(at, at, BackoffReason::Throttled).is_none());
+        }
+        t += W;
+        // Settle, wait, probe past 18 (the true limit is higher).
+        let mut windows = 0;
+        while a.rate() < 18.0 * 1.04 && windows < 1000 {
+            saturate(&mut a, &mut t, 1);
+            windows += 1;
+        }
+        let proved = a.rate();
+        saturate(&mut a, &mut t, 1);
+        let refused_at = a.rate();
+        assert!(refused_at > proved);
+        a.on_throttle(t, t, BackoffReason::Throttled).unwrap();
+        let limit = a.limit().unwrap();
+        assert!(
+            (limit - proved).abs() < 1e-9,
+            "the limit is what the probe proved: {limit} vs {proved}"
+        );
+        assert!(
+            (a.rate() - limit * SETTLE_SHARP).abs() < 1e-9,
+            "{}",
+            a.rate()
+        );
+    }
+}

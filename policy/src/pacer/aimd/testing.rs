@@ -1,0 +1,82 @@
+//! What the controller's tests share: saturated windows of answers on a
+//! hand-advanced clock.
+
+use super::*;
+
+/// The increase window the tests use.
+pub(super) const W: Duration = Duration::from_secs(1);
+
+/// Runs `secs` saturated windows whose answers are clean, except every
+/// `error_every`-th, which is a bare 503 (0 = none).
+pub(super) fn run(a: &mut Aimd, t: &mut Instant, secs: u32, error_every: u32) -> u32 {
+    let mut cuts = 0;
+    let mut i = 0u32;
+    for _ in 0..secs {
+        let n = a.rate().ceil() as u32 + 1;
+        for j in 0..n {
+            let at = *t + W * j / n;
+            a.on_admit(at);
+            i += 1;
+            if error_every > 0 && i % error_every == 0 {
+                cuts += u32::from(a.on_ambiguous(at, at, BackoffReason::Unavailable).is_some());
+            } else {
+                a.on_clean(at, at, Some(Duration::from_millis(40)));
+            }
+        }
+        *t += W;
+        a.on_clean(*t, *t, Some(Duration::from_millis(40)));
+    }
+    cuts
+}
+
+pub(super) fn saturate(a: &mut Aimd, t: &mut Instant, secs: u32) {
+    run(a, t, secs, 0);
+}
+
+/// Sends at the rate for `ms` milliseconds, each answer given by
+/// `answer`.
+pub(super) fn fail_for(
+    a: &mut Aimd,
+    t: &mut Instant,
+    ms: u64,
+    answer: impl Fn(&mut Aimd, Instant),
+) {
+    let end = *t + Duration::from_millis(ms);
+    while *t < end {
+        let step = Duration::from_secs_f64(1.0 / a.rate());
+        a.on_admit(*t);
+        answer(a, *t);
+        *t += step;
+    }
+}
+
+pub(super) fn bare_503(a: &mut Aimd, at: Instant) {
+    a.on_ambiguous(at, at, BackoffReason::Unavailable);
+}
+
+/// A token bucket (20/s, burst 10) answering `429` with
+/// `Retry-After: 1` to saturated demand from `a`, for `secs`: when it
+/// refused.
+pub(super) fn bucket_refusals(a: &mut Aimd, secs: u64) -> Vec<f64> {
+    let (limit, burst) = (20.0, 10.0);
+    let start = Instant::now();
+    let (mut t, mut filled, mut held_until) = (start, start, start);
+    let mut tokens: f64 = burst;
+    let mut refusals = Vec::new();
+    while t < start + Duration::from_secs(secs) {
+        t = (t + Duration::from_secs_f64(1.0 / a.rate())).max(held_until);
+        tokens = (tokens + (t - filled).as_secs_f64() * limit).min(burst);
+        filled = t;
+        a.on_admit(t);
+        if tokens >= 1.0 {
+            tokens -= 1.0;
+            a.on_clean(t, t, Some(Duration::from_millis(20)));
+        } else {
+            a.on_hold(Duration::from_secs(1));
+            a.on_throttle(t, t, BackoffReason::Throttled);
+            held_until = t + Duration::from_secs(1);
+            refusals.push((t - start).as_secs_f64());
+        }
+    }
+    refusals
+}

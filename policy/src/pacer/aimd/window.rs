@@ -1,0 +1,114 @@
+//! Window accounting: what each increase window admitted, delivered and
+//! answered, closed once a window has run its length — the latency verdict
+//! and the growth it allows are judged there.
+
+use super::*;
+
+/// Demand must reach this share of the pace for a window to count.
+pub const SATURATION: f64 = 0.8;
+
+/// Clean answers a window needs to measure what the provider delivered.
+pub(super) const DELIVERED_MIN_ANSWERS: u32 = 10;
+
+impl Aimd {
+    /// A shared budget made this replica wait: its demand saturates the
+    /// shared pace.
+    pub fn on_pressed(&mut self) {
+        self.window_pressed = true;
+    }
+
+    /// A request was admitted at `now`.
+    pub fn on_admit(&mut self, now: Instant) {
+        self.on_admitted(now, 1);
+        self.on_admitted_here();
+    }
+
+    /// `n` requests were admitted by `now` — by every replica, when the
+    /// budget is shared: saturation and the wait before a probe are
+    /// measured on the one schedule, as one sluice would.
+    pub fn on_admitted(&mut self, now: Instant, n: u32) {
+        self.window_start.get_or_insert(now);
+        self.window_admitted = self.window_admitted.saturating_add(n);
+    }
+
+    /// A shared budget counted `n` admissions by every replica over `span`
+    /// (between two of its answers to this replica; `None` when a hold cut
+    /// into it).
+    pub fn on_shared_admitted(&mut self, now: Instant, n: u32, span: Option<Duration>) {
+        self.on_admitted(now, n);
+        if let Some(span) = span {
+            self.window_counted = self.window_counted.saturating_add(n);
+            self.window_span += span;
+        }
+    }
+
+    /// This replica took one of the admissions counted by
+    /// [`Aimd::on_admitted`] (a shared budget's).
+    pub fn on_admitted_here(&mut self) {
+        self.window_here = self.window_here.saturating_add(1);
+    }
+
+    /// A request costing `units` was admitted at `now`: it counts as that
+    /// many towards saturation and the wait before a probe (R-FS2).
+    pub fn on_admit_units(&mut self, now: Instant, units: u32) {
+        self.on_admitted(now, units);
+        self.window_here = self.window_here.saturating_add(units);
+    }
+
+    /// Closes the window if it has run its length: judges latency, grows.
+    pub(super) fn close_window(&mut self, now: Instant) -> Change {
+        let start = *self.window_start.get_or_insert(now);
+        let elapsed = now.saturating_duration_since(start);
+        if elapsed < self.window {
+            return Change::default();
+        }
+        let secs = elapsed.as_secs_f64();
+        let saturated =
+            self.window_pressed || f64::from(self.window_admitted) >= SATURATION * self.rate * secs;
+        let clean = !self.window_cut && !self.errors.window_spoiled();
+        // The wait before a probe counts this replica's own admissions.
+        // Shared, a failed probe holds every replica (the hold is shared)
+        // and costs the whole fleet a `Retry-After`: the replicas probe
+        // together as rarely as each would alone.
+        let admitted = self.window_here;
+        // A window of a few answers is too coarse a measure of delivery.
+        self.delivered = if self.window_answers > 0 && !self.window_span.is_zero() {
+            // Shared: every replica's admissions over the time they were
+            // counted in, times the share of this replica's answers that
+            // were clean (a sample of the provider's).
+            let clean = f64::from(self.window_delivered) / f64::from(self.window_answers);
+            (self.window_counted >= DELIVERED_MIN_ANSWERS)
+                .then(|| f64::from(self.window_counted) / self.window_span.as_secs_f64() * clean)
+        } else {
+            (self.window_delivered >= DELIVERED_MIN_ANSWERS)
+                .then(|| f64::from(self.window_delivered) / secs)
+        };
+        self.errors.roll();
+        self.window_start = Some(now);
+        self.window_admitted = 0;
+        self.window_pressed = false;
+        self.window_delivered = 0;
+        self.window_here = 0;
+        self.window_answers = 0;
+        self.window_counted = 0;
+        self.window_span = Duration::ZERO;
+        self.window_cut = false;
+        let draining = match self.latency.judge(self.latency_factor) {
+            LatencyVerdict::Shift(_) => {
+                let backoff = self.cut(now, BackoffReason::Latency);
+                self.trial = None;
+                self.limit_weak = false;
+                return Change {
+                    increased: false,
+                    backoff: Some(backoff),
+                };
+            }
+            LatencyVerdict::Draining => true,
+            LatencyVerdict::Normal | LatencyVerdict::Unjudged => false,
+        };
+        Change {
+            increased: clean && saturated && !draining && self.increase(admitted, now),
+            backoff: None,
+        }
+    }
+}
