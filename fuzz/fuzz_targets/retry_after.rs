@@ -12,13 +12,13 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
-    if let Some(wait) = sluice_policy::retry_after::parse(text, now) {
+    if let Some(wait) = sluice_policy::classify::retry_after::parse(text, now) {
         // Formatting it back never panics either.
-        let _ = sluice_policy::retry_after::format_delta(wait);
+        let _ = sluice_policy::classify::retry_after::format_delta(wait);
     }
     let mut headers = http::HeaderMap::new();
     if let Ok(v) = http::HeaderValue::from_bytes(data) {
         headers.insert(http::header::RETRY_AFTER, v);
-        let _ = sluice_policy::retry_after::from_headers(&headers, now);
+        let _ = sluice_policy::classify::retry_after::from_headers(&headers, now);
     }
 });
