@@ -37,7 +37,7 @@ impl AsyncRead for Pieces<'_> {
 
 /// Reads everything through the watcher; the verdicts of the first heads.
 fn verdicts(bytes: &[u8], sizes: &[u8]) -> Vec<bool> {
-    let (mut watched, verdicts) = sluice::framing::watch(Pieces { bytes, sizes, n: 0 });
+    let (mut watched, verdicts) = sluice::http::framing::watch(Pieces { bytes, sizes, n: 0 });
     let mut cx = Context::from_waker(Waker::noop());
     let mut space = [0u8; 4096];
     loop {

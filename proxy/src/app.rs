@@ -13,12 +13,12 @@ use std::sync::{Arc, RwLock};
 
 use tokio::sync::watch;
 
-use crate::ca::CertAuthority;
 use crate::config::Config;
 use crate::observe::metrics::Metrics;
 use crate::providers::Providers;
 use crate::runs::Runs;
 use crate::store::{Store, StoreWriter};
+use crate::tunnel::tls::ca::CertAuthority;
 use crate::upstream::guard::Guard;
 
 /// Everything a connection needs, shared.

@@ -9,8 +9,9 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
+use sluice::cli::{process, run, status};
+use sluice::config;
 use sluice::runs::records::Mode;
-use sluice::{config, process, runner, status};
 
 /// jemalloc, not the system's: glibc's malloc keeps what a flood of
 /// connections or tunnels used (240 MB after 5,000 intercepted tunnels
@@ -232,7 +233,7 @@ fn main() -> ExitCode {
                 return ExitCode::from(2);
             }
         };
-        let cmd = runner::RunCommand {
+        let cmd = run::RunCommand {
             collector: args.collector,
             token_file: args.token_file,
             request_cap: args.request_cap,
@@ -249,7 +250,7 @@ fn main() -> ExitCode {
             pass_status: args.pass_status,
             command: args.command,
         };
-        return runtime.block_on(runner::run(cmd, &config));
+        return runtime.block_on(run::run(cmd, &config));
     }
     match runtime.block_on(process::run(config, cli.config.clone())) {
         Ok(()) => ExitCode::SUCCESS,

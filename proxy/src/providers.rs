@@ -23,8 +23,8 @@ use sluice_policy::stack::{provider_stack, ProviderService};
 use sluice_policy::{ProviderPolicy, ValidSettings};
 use tokio::time::Instant;
 
-use crate::body::ProxyBody;
 use crate::config::{normalise_host, Config, Limits, NamedProvider};
+use crate::http::body::ProxyBody;
 use crate::shared::{ProviderBudget, SharedStore};
 use crate::upstream::Upstream;
 

@@ -1175,7 +1175,7 @@ async fn sluice_run_forwards_sigterm_and_finishes_the_run() {
 /// collector's; a caller on loopback — the same pod — needs none, so a
 /// run-aware collector under `sluice run` commits with only
 /// `SLUICE_ADMIN`. (Callers from beyond loopback need a token: that
-/// classification is unit-tested in `serve::runs`, since tests never
+/// classification is unit-tested in `serve::collectors`, since tests never
 /// leave loopback.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn beyond_loopback_a_token_given_must_be_the_collectors() {

@@ -9,7 +9,7 @@
 //! checked before each attempt, and source pressure is waited out
 //! (`sluice_policy::run`). The registry here holds the leases (one active
 //! run per collector, fenced), the committed checkpoints and the pending
-//! gap records; the admin API (`serve::runs`) is its HTTP face.
+//! gap records; the admin API (`serve::collectors`) is its HTTP face.
 //!
 //! Everything durable goes through the store's one writer; a checkpoint
 //! or gap is answered only after the writer's flush.

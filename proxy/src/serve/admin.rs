@@ -30,7 +30,7 @@ use tokio::time::Instant;
 use super::accept::AcceptBackoff;
 use super::evidence::evidence;
 use crate::app::App;
-use crate::body::{full, ResBody};
+use crate::http::body::{full, ResBody};
 use crate::providers::Provider;
 use crate::store::unix_ms_now;
 
@@ -51,7 +51,7 @@ pub async fn serve(app: Arc<App>, listener: TcpListener) {
             let service = service_fn(move |req| {
                 let app = app.clone();
                 async move {
-                    let resp = match super::runs::route(&app, req, peer).await {
+                    let resp = match super::collectors::route(&app, req, peer).await {
                         Ok(resp) => resp,
                         Err(req) => {
                             if req.uri().path().starts_with("/v1/providers/") {

@@ -20,7 +20,7 @@ use http::HeaderMap;
 
 use crate::runs::records::Mode;
 
-pub use crate::identity::Identity;
+pub use crate::serve::identity::Identity;
 
 /// The proxy credentials were missing or wrong (never says which).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]

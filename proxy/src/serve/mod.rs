@@ -5,8 +5,9 @@ pub mod accept;
 pub mod admin;
 pub mod auth;
 pub mod bodies;
+pub mod collectors;
 mod evidence;
-pub mod runs;
+pub mod identity;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -19,10 +20,10 @@ use tokio::net::TcpStream;
 
 use self::auth::Identity;
 use crate::app::{App, Tracker};
-use crate::body::ResBody;
-use crate::edge::Refusal;
-use crate::forward::{ambiguous_length, forward, oversize_head, Target};
-use crate::framing::{self, Verdicts};
+use crate::http::body::ResBody;
+use crate::http::edge::Refusal;
+use crate::http::forward::{ambiguous_length, forward, oversize_head, Target};
+use crate::http::framing::{self, Verdicts};
 use crate::tunnel;
 
 /// Serves one client connection of the proxy listener.

@@ -32,13 +32,13 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 
 use crate::app::App;
-use crate::body::{full, ResBody};
 use crate::config::{normalise_host, Config};
-use crate::edge::{self, Refusal};
-use crate::forward::{tunnelled, Target};
-use crate::framing;
-use crate::identity::Identity;
+use crate::http::body::{full, ResBody};
+use crate::http::edge::{self, Refusal};
+use crate::http::forward::{tunnelled, Target};
+use crate::http::framing;
 use crate::providers::Provider;
+use crate::serve::identity::Identity;
 use crate::tunnel::tls::intercept;
 use crate::upstream;
 use sluice_policy::error::{Cause, Upstream, UpstreamKind};
@@ -109,7 +109,7 @@ pub async fn connect(
     }
     let host = normalise_host(authority.host());
     if let Some(refused) =
-        crate::forward::outside_allowlist(config, identity.user.as_deref(), &host)
+        crate::http::forward::outside_allowlist(config, identity.user.as_deref(), &host)
     {
         return refused;
     }

@@ -26,8 +26,8 @@ use sluice_policy::error::{Cause, Upstream as UpstreamError, UpstreamKind};
 use sluice_policy::BoxError;
 use tower::Service;
 
-use crate::body::{ClientBodyError, ProxyBody};
 use crate::config::ConfigError;
+use crate::http::body::{ClientBodyError, ProxyBody};
 use crate::upstream::guard::{Guard, GuardError, GuardedConnector};
 
 /// A TLS config for upstream connections: web roots + the extra CA. An

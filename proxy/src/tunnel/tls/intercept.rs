@@ -13,10 +13,10 @@ use rustls::sign::CertifiedKey;
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use crate::app::App;
-use crate::ca::CertAuthority;
-use crate::forward::{tunnelled, Target};
-use crate::framing;
-use crate::identity::Identity;
+use crate::http::forward::{tunnelled, Target};
+use crate::http::framing;
+use crate::serve::identity::Identity;
+use crate::tunnel::tls::ca::CertAuthority;
 
 /// Picks the leaf for a handshake: the SNI name, or the CONNECT host when
 /// the client sent none (IP targets).

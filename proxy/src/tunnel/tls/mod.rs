@@ -11,9 +11,10 @@
 //! against the web roots plus the configured extra CA — never an
 //! "insecure" default (R-PX3).
 //!
-//! The CA itself is [`crate::ca`]; its key is written with mode 0600 and
+//! The CA itself is [`crate::tunnel::tls::ca`]; its key is written with mode 0600 and
 //! never logged (R-SF4).
 
+pub mod ca;
 mod intercept;
 
 pub use intercept::intercept;

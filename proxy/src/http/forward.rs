@@ -18,12 +18,12 @@ use sluice_policy::run::RunHandle;
 use tower::ServiceExt;
 
 use crate::app::App;
-use crate::body::{collect_limited, IdleTimeout, ProxyBody, ResBody};
 use crate::config::{normalise_host, Config};
-use crate::edge::{self, Refusal};
-use crate::framing::Verdicts;
-use crate::identity::Identity;
+use crate::http::body::{collect_limited, IdleTimeout, ProxyBody, ResBody};
+use crate::http::edge::{self, Refusal};
+use crate::http::framing::Verdicts;
 use crate::runs::records::Mode;
+use crate::serve::identity::Identity;
 
 /// `Via` value sluice adds (RFC 9110 §7.6.3).
 const VIA: &str = "1.1 sluice";
@@ -99,7 +99,7 @@ pub fn oversize_head(headers: &HeaderMap, limit: usize) -> Option<Response<ResBo
 }
 
 /// Refuses a request that carried both `Content-Length` and
-/// `Transfer-Encoding` (RFC 9112 §6.1; see [`crate::framing`]): 400, and
+/// `Transfer-Encoding` (RFC 9112 §6.1; see [`crate::http::framing`]): 400, and
 /// the connection closes. Counted and logged without the request's data.
 pub fn ambiguous_length(app: &App) -> Response<ResBody> {
     bad_request(

@@ -44,10 +44,10 @@ use serde_json::{json, Value};
 use tokio::net::TcpStream;
 use tokio::signal::unix::{signal, SignalKind};
 
-use crate::ca::CertAuthority;
+use crate::cli::process::{ca_paths, CaEnv};
 use crate::config::Config;
-use crate::process::{ca_paths, CaEnv};
 use crate::runs::records::Mode;
+use crate::tunnel::tls::ca::CertAuthority;
 
 /// What `sluice run` was asked to do.
 #[derive(Debug, Clone)]

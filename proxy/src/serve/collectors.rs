@@ -27,7 +27,7 @@ use hyper::body::Incoming;
 use serde_json::{json, Map, Value};
 
 use crate::app::App;
-use crate::body::{full, ResBody};
+use crate::http::body::{full, ResBody};
 use crate::runs::records::{split_id, Checkpoint, Gap, Mode, RunRecord, MAX_GAP_PAGE_BYTES};
 use crate::runs::{CollectorView, RunError, RunView};
 use crate::serve::auth::constant_time_eq;

@@ -12,7 +12,7 @@ use http::{HeaderValue, Response, StatusCode};
 use sluice_policy::classify::retry_after::format_delta;
 use sluice_policy::error::{Cause, UpstreamKind};
 
-use crate::body::{full, ResBody};
+use crate::http::body::{full, ResBody};
 
 /// The `Proxy-Status` header name (RFC 9209).
 pub const PROXY_STATUS: &str = "proxy-status";

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::runner::call;
+use crate::cli::run::call;
 use crate::store::unix_ms_now;
 
 /// What `sluice status` was asked.

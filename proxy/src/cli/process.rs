@@ -13,7 +13,6 @@ use tokio::net::TcpListener;
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::app::{App, Shutdown};
-use crate::ca::{CaError, CaPaths, CertAuthority};
 use crate::config::redact_url;
 use crate::config::{Config, ConfigError};
 use crate::observe::metrics::Metrics;
@@ -24,6 +23,7 @@ use crate::serve::accept::AcceptBackoff;
 use crate::serve::admin;
 use crate::shared::SharedStore;
 use crate::store::{LearnedRecord, Store, StoreWriter};
+use crate::tunnel::tls::ca::{CaError, CaPaths, CertAuthority};
 use crate::upstream::guard::Guard;
 use crate::upstream::{self, Upstream};
 
