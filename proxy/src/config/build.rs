@@ -1,0 +1,448 @@
+//! From the TOML text to the checked config, one section at a time; each
+//! error names the key.
+
+use super::*;
+
+impl Config {
+    /// Reads and checks a config file.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| err("config", format!("cannot read {}: {e}", path.display())))?;
+        Config::from_toml(&text)
+    }
+
+    /// Parses and checks config text.
+    pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
+        let raw: RawConfig = toml::from_str(text).map_err(|e| {
+            let key = e
+                .span()
+                .and_then(|span| key_at(text, span.start))
+                .unwrap_or_else(|| "config".into());
+            err(key, e.message().to_string())
+        })?;
+        Config::from_raw(raw)
+    }
+
+    fn from_raw(raw: RawConfig) -> Result<Config, ConfigError> {
+        if raw.defaults.hosts.is_some() {
+            return Err(err("defaults.hosts", "hosts belong to named providers"));
+        }
+        let defaults = raw
+            .defaults
+            .apply(&ProviderSettings::default(), "defaults")?;
+        let providers = providers(&raw, &defaults)?;
+        let destinations = destinations(&raw.destinations)?;
+        let mut credentials = credentials(&raw.auth)?;
+        let collectors = collectors(&raw.collectors, &mut credentials)?;
+        let runs = runs(&raw.runs)?;
+        let shared = shared(raw.shared)?;
+        let limits = limits(raw.limits)?;
+        let tls = tls(raw.tls)?;
+        let config = Config {
+            defaults_intercept: raw.defaults.intercept.unwrap_or(true),
+            tls,
+            listen: raw
+                .listen
+                .unwrap_or_else(|| "127.0.0.1:3128".parse().unwrap()),
+            admin: raw
+                .admin
+                .unwrap_or_else(|| "127.0.0.1:9901".parse().unwrap()),
+            state_dir: raw
+                .state_dir
+                .unwrap_or_else(|| PathBuf::from("./sluice-state")),
+            destinations,
+            extra_ca: raw.upstream.extra_ca,
+            connect_timeout: raw
+                .upstream
+                .connect_timeout
+                .map_or(Duration::from_secs(10), |d| d.0),
+            defaults,
+            providers,
+            credentials: Credentials(credentials),
+            collectors,
+            runs,
+            shared,
+            limits,
+        };
+        config.check()?;
+        Ok(config)
+    }
+
+    /// Checks that hold across keys; run again after CLI overrides.
+    pub fn check(&self) -> Result<(), ConfigError> {
+        // R-SF1: not an open proxy.
+        if !self.listen.ip().is_loopback() && self.credentials.is_empty() {
+            return Err(err(
+                "auth.credentials",
+                format!(
+                    "required when listening beyond loopback (listen = {}): sluice is not an open proxy",
+                    self.listen
+                ),
+            ));
+        }
+        if self.shared.is_none() {
+            if self.defaults.shared {
+                return Err(err("defaults.shared", "needs [shared] redis"));
+            }
+            if let Some(p) = self.providers.iter().find(|p| p.settings.shared) {
+                return Err(err(
+                    format!("providers.{}.shared", p.name),
+                    "needs [shared] redis",
+                ));
+            }
+        }
+        if self.listen == self.admin && self.listen.port() != 0 {
+            return Err(err("admin", "must differ from listen"));
+        }
+        if let Some(ca) = &self.extra_ca {
+            let pem = std::fs::read(ca).map_err(|e| {
+                err(
+                    "upstream.extra_ca",
+                    format!("cannot read {}: {e}", ca.display()),
+                )
+            })?;
+            let certs = rustls_pemfile::certs(&mut pem.as_slice())
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| err("upstream.extra_ca", format!("{}: {e}", ca.display())))?;
+            if certs.is_empty() {
+                return Err(err(
+                    "upstream.extra_ca",
+                    format!("{} holds no PEM certificate", ca.display()),
+                ));
+            }
+        }
+        let mut seen: HashMap<String, &str> = HashMap::new();
+        for p in &self.providers {
+            for h in &p.hosts {
+                let k = format!("{h:?}");
+                if let Some(other) = seen.insert(k, &p.name) {
+                    return Err(err(
+                        format!("providers.{}.hosts", p.name),
+                        format!("{h:?} is already a host of provider {other:?}"),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A collector's token from its file: the file's text without surrounding
+/// whitespace (a trailing newline is usual); never empty, never with a
+/// `:` (it travels in a proxy URL's user info).
+pub(super) fn read_token(path: &Path) -> Result<String, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let token = text.trim();
+    if token.is_empty() {
+        return Err(format!("{} is empty", path.display()));
+    }
+    if token.contains(':') || token.chars().any(char::is_whitespace) {
+        return Err(format!(
+            "{}: a token has no ':' and no whitespace",
+            path.display()
+        ));
+    }
+    Ok(token.to_string())
+}
+
+/// The dotted key at a byte offset of the TOML text: the last `[table]`
+/// header before it, plus the `key =` on its line.
+pub(super) fn key_at(text: &str, offset: usize) -> Option<String> {
+    let before = text.get(..offset.min(text.len()))?;
+    let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+    let line_end = text[line_start..]
+        .find('\n')
+        .map_or(text.len(), |i| line_start + i);
+    let line = text[line_start..line_end].trim();
+    let table = before[..line_start]
+        .lines()
+        .rev()
+        .map(str::trim)
+        .find(|l| l.starts_with('[') && l.ends_with(']'))
+        .map(|l| l.trim_matches(|c| c == '[' || c == ']').trim().to_string())
+        // `[]` names no table (found by fuzzing: an error keyed "").
+        .filter(|t| !t.is_empty());
+    let key = line
+        .split_once('=')
+        .map(|(k, _)| k.trim().trim_matches('"').to_string())
+        .filter(|k| !k.is_empty() && !k.starts_with('['));
+    match (table, key) {
+        (Some(t), Some(k)) => Some(format!("{t}.{k}")),
+        (None, Some(k)) => Some(k),
+        (Some(t), None) => Some(t),
+        (None, None) => None,
+    }
+}
+
+/// `[providers.NAME]`: each named provider's hosts and settings, over
+/// `[defaults]`.
+fn providers(raw: &RawConfig, defaults: &ValidSettings) -> Result<Vec<NamedProvider>, ConfigError> {
+    let mut providers = Vec::new();
+    for (name, p) in &raw.providers {
+        let key = format!("providers.{name}");
+        if name.is_empty() || name.starts_with('_') {
+            return Err(err(
+                key,
+                "provider names must not be empty or start with '_'",
+            ));
+        }
+        let hosts = p
+            .hosts
+            .as_ref()
+            .filter(|h| !h.is_empty())
+            .ok_or_else(|| {
+                err(
+                    format!("{key}.hosts"),
+                    "a named provider needs at least one host",
+                )
+            })?
+            .iter()
+            .map(|h| HostPattern::parse(h).map_err(|r| err(format!("{key}.hosts"), r)))
+            .collect::<Result<Vec<_>, _>>()?;
+        providers.push(NamedProvider {
+            name: name.clone(),
+            hosts,
+            settings: p.apply(defaults, &key)?,
+            intercept: p.intercept.or(raw.defaults.intercept).unwrap_or(true),
+        });
+    }
+    Ok(providers)
+}
+
+/// `[destinations]`: the private ranges allowed, the CONNECT ports.
+fn destinations(raw: &RawDestinations) -> Result<Destinations, ConfigError> {
+    let allow = raw
+        .allow
+        .iter()
+        .map(|c| {
+            c.parse::<IpNet>()
+                .or_else(|_| c.parse::<std::net::IpAddr>().map(IpNet::from))
+                .map_err(|_| {
+                    err(
+                        "destinations.allow",
+                        format!("{c:?} is not a CIDR like \"127.0.0.0/8\""),
+                    )
+                })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    // 80 too: Node's undici tunnels even `http://` targets with
+    // `CONNECT host:80`, and plain HTTP inside a tunnel goes through the
+    // provider's stack like any request (R-SF2).
+    let connect_ports = raw.connect_ports.clone().unwrap_or_else(|| vec![443, 80]);
+    if connect_ports.contains(&0) {
+        return Err(err("destinations.connect_ports", "0 is not a port"));
+    }
+    Ok(Destinations {
+        allow,
+        connect_ports,
+    })
+}
+
+/// `[auth] credentials`: `user:token` pairs.
+fn credentials(raw: &RawAuth) -> Result<HashMap<String, String>, ConfigError> {
+    let mut credentials = HashMap::new();
+    for c in &raw.credentials {
+        let (user, token) = c
+            .split_once(':')
+            .filter(|(u, t)| !u.is_empty() && !t.is_empty())
+            .ok_or_else(|| err("auth.credentials", "each entry is \"user:token\""))?;
+        credentials.insert(user.to_string(), token.to_string());
+    }
+    Ok(credentials)
+}
+
+/// `[collectors.NAME]`: each collector's token (read from its file, and
+/// added to `credentials`), weight, catch-up floor and allowlist.
+fn collectors(
+    raw: &BTreeMap<String, RawCollector>,
+    credentials: &mut HashMap<String, String>,
+) -> Result<BTreeMap<String, Collector>, ConfigError> {
+    let mut collectors = BTreeMap::new();
+    for (name, c) in raw {
+        let key = format!("collectors.{name}");
+        let valid = !name.is_empty()
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
+        if !valid {
+            return Err(err(
+                key,
+                "a collector name is letters, digits, '-', '_' or '.' (it is a proxy user name)",
+            ));
+        }
+        let path = c.token_file.clone().ok_or_else(|| {
+            err(
+                format!("{key}.token_file"),
+                "a collector needs a token_file",
+            )
+        })?;
+        let token = read_token(&path).map_err(|r| err(format!("{key}.token_file"), r))?;
+        if credentials.contains_key(name) {
+            return Err(err(
+                key,
+                "the name is also an [auth] credentials user; use one or the other",
+            ));
+        }
+        let weight = c.weight.unwrap_or(1.0);
+        if !(weight.is_finite() && (0.01..=1000.0).contains(&weight)) {
+            return Err(err(
+                format!("{key}.weight"),
+                "a weight is a number from 0.01 to 1000",
+            ));
+        }
+        let catchup_floor = c
+            .catchup_floor
+            .unwrap_or(sluice_policy::pacer::fair::CATCHUP_FLOOR);
+        if !(catchup_floor.is_finite() && (0.0..=1.0).contains(&catchup_floor)) {
+            return Err(err(
+                format!("{key}.catchup_floor"),
+                "a share from 0 to 1 (0.1: a tenth of the collector's admissions)",
+            ));
+        }
+        let allow = match &c.allow {
+            None => None,
+            Some(hosts) if hosts.is_empty() => {
+                return Err(err(
+                    format!("{key}.allow"),
+                    "an empty allowlist would refuse everything; leave it out to allow what [destinations] allows",
+                ))
+            }
+            Some(hosts) => Some(
+                hosts
+                    .iter()
+                    .map(|h| HostPattern::parse(h).map_err(|r| err(format!("{key}.allow"), r)))
+                    .collect::<Result<Vec<_>, _>>()?,
+            ),
+        };
+        credentials.insert(name.clone(), token.clone());
+        collectors.insert(
+            name.clone(),
+            Collector {
+                name: Arc::from(name.as_str()),
+                token_file: path,
+                token,
+                weight,
+                catchup_floor,
+                allow,
+            },
+        );
+    }
+    Ok(collectors)
+}
+
+/// `[runs]`: the lease and the cycle guard.
+fn runs(raw: &RawRuns) -> Result<Runs, ConfigError> {
+    let runs = Runs {
+        lease_ttl: raw.lease_ttl.map_or(Duration::from_secs(60), |d| d.0),
+        max_cooldown_waits: raw.max_cooldown_waits.unwrap_or(3),
+    };
+    if runs.lease_ttl < Duration::from_secs(1) {
+        return Err(err("runs.lease_ttl", "must be at least 1s"));
+    }
+    Ok(runs)
+}
+
+/// `[shared]`: the Redis a fleet shares its budgets through, if any.
+fn shared(raw: RawShared) -> Result<Option<Shared>, ConfigError> {
+    let shared = match raw.redis {
+        Some(url) => {
+            let scheme_ok = url.starts_with("redis://") || url.starts_with("rediss://");
+            if !scheme_ok || url.contains(char::is_whitespace) {
+                return Err(err(
+                    "shared.redis",
+                    "a URL like \"redis://host:6379/0\" or \"rediss://host:6380/0\"",
+                ));
+            }
+            let key_prefix = raw.key_prefix.unwrap_or_else(|| "sluice".into());
+            if key_prefix.is_empty() || key_prefix.contains(['{', '}']) {
+                return Err(err(
+                    "shared.key_prefix",
+                    "must be non-empty, without '{' or '}' (the provider is the key's hash tag)",
+                ));
+            }
+            let replicas = raw.replicas.unwrap_or(1);
+            if replicas == 0 {
+                return Err(err("shared.replicas", "must be at least 1"));
+            }
+            let call_timeout = raw.call_timeout.map_or(Duration::from_millis(50), |d| d.0);
+            if call_timeout.is_zero() {
+                return Err(err("shared.call_timeout", "must be greater than zero"));
+            }
+            Some(Shared {
+                redis: url,
+                key_prefix,
+                replicas,
+                call_timeout,
+            })
+        }
+        None if raw.key_prefix.is_some()
+            || raw.replicas.is_some()
+            || raw.call_timeout.is_some() =>
+        {
+            return Err(err("shared.redis", "required by the other [shared] keys"));
+        }
+        None => None,
+    };
+    Ok(shared)
+}
+
+/// `[limits]`: the process's bounds.
+fn limits(l: RawLimits) -> Result<Limits, ConfigError> {
+    let limits = Limits {
+        max_providers: l.max_providers.unwrap_or(1024),
+        provider_idle: l.provider_idle.map_or(Duration::from_secs(600), |d| d.0),
+        state_max_age: l.state_max_age.map_or(Duration::from_secs(3600), |d| d.0),
+        header_read_timeout: l
+            .header_read_timeout
+            .map_or(Duration::from_secs(10), |d| d.0),
+        max_header_bytes: l.max_header_bytes.unwrap_or(64 * 1024),
+        body_idle_timeout: l.body_idle_timeout.map_or(Duration::from_secs(60), |d| d.0),
+        shutdown_grace: l.shutdown_grace.map_or(Duration::from_secs(10), |d| d.0),
+        save_interval: l.save_interval.map_or(Duration::from_secs(2), |d| d.0),
+        max_metric_providers: l.max_metric_providers.unwrap_or(256),
+        workers: l.workers.unwrap_or(1),
+    };
+    if limits.workers == 0 || limits.workers > 256 {
+        return Err(err("limits.workers", "must be 1 to 256"));
+    }
+    if limits.save_interval < Duration::from_millis(100) {
+        return Err(err("limits.save_interval", "must be at least 100ms"));
+    }
+    if limits.max_metric_providers == 0 {
+        return Err(err("limits.max_metric_providers", "must be at least 1"));
+    }
+    if limits.max_providers == 0 {
+        return Err(err("limits.max_providers", "must be at least 1"));
+    }
+    if limits.max_header_bytes < 8192 {
+        return Err(err("limits.max_header_bytes", "must be at least 8192"));
+    }
+    if limits.header_read_timeout.is_zero() {
+        return Err(err(
+            "limits.header_read_timeout",
+            "must be greater than zero",
+        ));
+    }
+    if limits.body_idle_timeout.is_zero() {
+        return Err(err("limits.body_idle_timeout", "must be greater than zero"));
+    }
+    Ok(limits)
+}
+
+/// `[tls]`: the interception CA and the leaf cache.
+fn tls(raw: RawTls) -> Result<Tls, ConfigError> {
+    let tls = Tls {
+        ca_cert: raw.ca_cert,
+        ca_key: raw.ca_key,
+        leaf_cache: raw.leaf_cache.unwrap_or(1024),
+        trust_dir: raw.trust_dir,
+    };
+    if tls.ca_cert.is_some() != tls.ca_key.is_some() {
+        return Err(err("tls.ca_key", "tls.ca_cert and tls.ca_key go together"));
+    }
+    if tls.leaf_cache == 0 {
+        return Err(err("tls.leaf_cache", "must be at least 1"));
+    }
+    Ok(tls)
+}

@@ -1,0 +1,62 @@
+//! Host names and the patterns that match them.
+
+use super::*;
+
+/// A host pattern: `api.example.com` or `*.example.com` (any subdomain,
+/// not the apex).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HostPattern {
+    /// This host exactly.
+    Exact(String),
+    /// Any host ending in `.suffix`.
+    Suffix(String),
+}
+
+impl HostPattern {
+    pub(super) fn parse(p: &str) -> Result<Self, String> {
+        let p = normalise_host(p).into_owned();
+        if p.is_empty() {
+            return Err("an empty host pattern".into());
+        }
+        if let Some(rest) = p.strip_prefix("*.") {
+            if rest.is_empty() || rest.contains('*') {
+                return Err(format!(
+                    "{p:?}: a wildcard is only allowed as a leading \"*.\""
+                ));
+            }
+            return Ok(HostPattern::Suffix(rest.to_string()));
+        }
+        if p.contains('*') || p.contains('/') || p.contains(' ') {
+            return Err(format!("{p:?} is not a host name"));
+        }
+        Ok(HostPattern::Exact(p))
+    }
+
+    /// Whether a normalised host matches.
+    pub fn matches(&self, host: &str) -> bool {
+        match self {
+            HostPattern::Exact(h) => h == host,
+            HostPattern::Suffix(s) => {
+                host.len() > s.len() + 1
+                    && host.ends_with(s.as_str())
+                    && host.as_bytes()[host.len() - s.len() - 1] == b'.'
+            }
+        }
+    }
+}
+
+/// Lower case, no trailing dot, no IPv6 brackets. Borrowed when the host
+/// already is (almost every request: issue 24 counted two copies a
+/// request).
+pub fn normalise_host(host: &str) -> Cow<'_, str> {
+    let bare = host
+        .trim()
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .trim_end_matches('.');
+    if bare.bytes().any(|b| b.is_ascii_uppercase()) {
+        Cow::Owned(bare.to_ascii_lowercase())
+    } else {
+        Cow::Borrowed(bare)
+    }
+}
