@@ -13,11 +13,6 @@
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Units(pub u32);
 
-/// Units the provider said it charged beyond a request's price (its cost
-/// header), carried in the response's extensions for the run's count.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Charged(pub u32);
-
 /// Prices a request of a method to a path in units (the provider's cost
 /// table, [`crate::ProviderPolicy::pricing`]).
 pub type Pricing = std::sync::Arc<dyn Fn(&http::Method, &str) -> u32 + Send + Sync>;

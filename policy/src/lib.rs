@@ -26,6 +26,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 
+pub mod attempt;
 pub mod breaker;
 pub mod bulkhead;
 pub mod classify;

@@ -17,7 +17,7 @@
 //! body is done, so a slow download counts as in flight.
 //!
 //! The bulkhead also stamps each response with its time-to-first-byte
-//! ([`Ttfb`](crate::pacer::Ttfb)) measured from the moment the permit was
+//! ([`Report::ttfb`](crate::attempt::Report)) measured from the moment the permit was
 //! held, so that waiting inside sluice never reads as a slow provider.
 
 mod error;

@@ -8,8 +8,8 @@ use tokio::time::Instant;
 use tower::{Service, ServiceExt};
 
 use super::{BulkheadFull, BulkheadShared};
+use crate::attempt::Report;
 use crate::error::{BoxFuture, Cause};
-use crate::pacer::Ttfb;
 use crate::run::Departure;
 use crate::timeout::RequestClock;
 
@@ -97,8 +97,7 @@ where
             }
             let start = Instant::now();
             let mut resp = inner.oneshot(req).await.map_err(Into::into)?;
-            resp.extensions_mut().insert(Ttfb(start.elapsed()));
-            crate::classify::stamp(&mut resp, std::time::SystemTime::now());
+            Report::stamp(&mut resp, start.elapsed(), std::time::SystemTime::now());
             resp.extensions_mut().insert(InFlight {
                 _permit: Arc::new(permit),
             });

@@ -27,9 +27,29 @@ mod signal;
 
 use std::time::SystemTime;
 
-pub use self::outcome::{of_response, of_response_now, stamp, Outcome};
+pub use self::outcome::Outcome;
 pub use self::signal::Signal;
+use crate::attempt::Report;
 use crate::error::Cause;
+
+/// The outcome of a response: classified once by the innermost layer that
+/// measures it ([`Report`]), so that every layer above
+/// reads the same verdict.
+pub fn of_response<R>(resp: &http::Response<R>, now_wall: SystemTime) -> Outcome {
+    resp.extensions()
+        .get::<Report>()
+        .map(|r| r.outcome)
+        .unwrap_or_else(|| Outcome::of(resp.status(), resp.headers(), now_wall))
+}
+
+/// [`of_response`], reading the wall clock only for a response that was
+/// never stamped (a `Retry-After` date needs it).
+pub fn of_response_now<R>(resp: &http::Response<R>) -> Outcome {
+    match resp.extensions().get::<Report>() {
+        Some(r) => r.outcome,
+        None => Outcome::of(resp.status(), resp.headers(), SystemTime::now()),
+    }
+}
 
 impl Outcome {
     /// Classifies an error from below a layer. `None` means the error is

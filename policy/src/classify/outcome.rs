@@ -101,32 +101,6 @@ impl Outcome {
     }
 }
 
-/// The outcome of a response: classified once and cached in its
-/// extensions by the innermost layer that sees it, so that every layer
-/// above reads the same verdict.
-pub fn of_response<R>(resp: &http::Response<R>, now_wall: SystemTime) -> Outcome {
-    resp.extensions()
-        .get::<Outcome>()
-        .copied()
-        .unwrap_or_else(|| Outcome::of(resp.status(), resp.headers(), now_wall))
-}
-
-/// [`of_response`], reading the wall clock only for a response that was
-/// never stamped (a `Retry-After` date needs it).
-pub fn of_response_now<R>(resp: &http::Response<R>) -> Outcome {
-    match resp.extensions().get::<Outcome>() {
-        Some(o) => *o,
-        None => Outcome::of(resp.status(), resp.headers(), SystemTime::now()),
-    }
-}
-
-/// Stamps the outcome into a response's extensions (see [`of_response`]).
-pub fn stamp<R>(resp: &mut http::Response<R>, now_wall: SystemTime) -> Outcome {
-    let outcome = of_response(resp, now_wall);
-    resp.extensions_mut().insert(outcome);
-    outcome
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -42,7 +42,7 @@ pub use self::core::{Admission, Feedback, PacerCore, PacerSnapshot, QuotaSnapsho
 pub use self::error::RateLimited;
 pub use self::fair::{Class, Lane, Ticket};
 pub use self::layer::PacerLayer;
-pub use self::service::{Pacer, ResponseFuture, Ttfb};
+pub use self::service::{Pacer, ResponseFuture};
 pub use self::shared::{Proposal, SharedAdmit, SharedBudget, SharedChange, SharedView};
 use crate::classify::Outcome;
 use crate::error::Cause;

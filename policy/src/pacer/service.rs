@@ -1,21 +1,16 @@
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use http::{Request, Response};
 use tower::{Service, ServiceExt};
 
 use super::{Class, PacerShared};
+use crate::attempt::Report;
 use crate::classify::Outcome;
 use crate::error::{BoxFuture, Cause};
 use crate::quota;
 use crate::run::{RunHandle, RunStopped, StopReason};
-
-/// Time from dispatch (after the bulkhead permit) to the response head,
-/// stamped into the response's extensions by the bulkhead so that queueing
-/// inside sluice never looks like a slow provider.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Ttfb(pub Duration);
 
 /// The pacer's future.
 pub type ResponseFuture<R> = BoxFuture<Response<R>>;
@@ -92,7 +87,7 @@ where
             let ttfb = result
                 .as_ref()
                 .ok()
-                .and_then(|resp| resp.extensions().get::<Ttfb>().map(|t| t.0));
+                .and_then(|resp| Report::of(resp).map(|r| r.ttfb));
             let (mut extra, mut quota) = (0, None);
             if let Ok(resp) = &mut result {
                 if let Some(charged) = cost_header
@@ -100,8 +95,8 @@ where
                     .and_then(|h| crate::cost::charged(resp.headers(), h))
                 {
                     extra = charged.saturating_sub(units);
-                    if extra > 0 {
-                        resp.extensions_mut().insert(crate::cost::Charged(extra));
+                    if let Some(report) = resp.extensions_mut().get_mut::<Report>() {
+                        report.charged = extra;
                     }
                 }
                 quota = Some(quota::advertised(resp.headers(), wall));

@@ -7,8 +7,9 @@ use tokio::time::Instant;
 use tower::{Layer, Service, ServiceExt};
 
 use super::{Cooldown, Departure, RunHandle};
+use crate::attempt::Report;
 use crate::classify::Outcome;
-use crate::cost::{Charged, Pricing, Units};
+use crate::cost::{Pricing, Units};
 use crate::error::{BoxFuture, Cause};
 use crate::retry::ReplayBody;
 use crate::timeout::RequestClock;
@@ -128,12 +129,14 @@ where
                     // restart the run's count of cycles.
                     Some(o) => {
                         reserved.keep();
-                        if let Some(Charged(extra)) = result
+                        if let Some(extra) = result
                             .as_ref()
                             .ok()
-                            .and_then(|r| r.extensions().get::<Charged>())
+                            .and_then(|r| Report::of(r))
+                            .map(|r| r.charged)
+                            .filter(|c| *c > 0)
                         {
-                            run.charge(*extra);
+                            run.charge(extra);
                         }
                         if !o.is_breaker_failure() {
                             run.reached(&provider);
