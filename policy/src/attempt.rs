@@ -10,14 +10,69 @@
 //! no layer: every layer reads what it needs from them and imports no
 //! other.
 //!
+//! * [`Attempt`] — what a request is, in its extensions: its clock (the
+//!   request timeout), its run and class (set by the proxy), its price in
+//!   units and the instant it may not wait past (set by the run gate), its
+//!   departure mark (set for each attempt), whether it is a probe of
+//!   parked requests;
 //! * [`Report`] — what one attempt learned, stamped on its response by the
 //!   innermost measuring layer (the bulkhead: time to first byte from the
 //!   permit, the outcome classified once); the pacer adds the units the
 //!   provider said it charged beyond the price.
 
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, SystemTime};
 
+use http::{Method, Request};
+
+use tokio::time::Instant;
+
 use crate::classify::Outcome;
+use crate::run::RunHandle;
+
+/// A request's run, as the layers see it ([`Attempt::run`]).
+pub type Run = RunHandle;
+
+/// What a request is, for every layer: in its extensions, one value.
+/// A retry's copy carries it (its clock, run and class are the
+/// request's); each attempt gets a departure mark of its own.
+#[derive(Debug, Clone, Default)]
+pub struct Attempt {
+    /// The whole request's clock (`request_timeout`), set by the request
+    /// timeout layer.
+    pub clock: Option<RequestClock>,
+    /// The run the request belongs to, if any (set by the proxy).
+    pub run: Option<RunHandle>,
+    /// Who it is for the fair share (set by the proxy; the default class
+    /// if not).
+    pub class: Option<Class>,
+    /// Its price in units, as the run gate priced it (the pacer prices a
+    /// request that has none).
+    pub units: Option<u32>,
+    /// It may not wait for a slot past this instant (its run's deadline):
+    /// the pacer refuses it instead (`Refusal::PastDeadline`).
+    pub deadline: Option<Instant>,
+    /// This attempt's departure mark.
+    pub departure: Option<Departure>,
+    /// It is the probe of requests parked through an outage: the breaker
+    /// lets it through while open, and its success closes it.
+    pub parked_probe: bool,
+}
+
+impl Attempt {
+    /// The attempt of `req`, if any layer or the proxy set one.
+    pub fn of<B>(req: &http::Request<B>) -> Option<&Attempt> {
+        req.extensions().get::<Attempt>()
+    }
+
+    /// The attempt of `req`, set to the default first if there is none.
+    pub fn of_mut<B>(req: &mut http::Request<B>) -> &mut Attempt {
+        req.extensions_mut().get_or_insert_default::<Attempt>()
+    }
+}
 
 /// What one attempt learned, in its response's extensions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,5 +103,271 @@ impl Report {
             charged: 0,
         });
         outcome
+    }
+}
+
+/// One request's clock, shared by its attempts (a retry's copy of the
+/// request carries the same clock): when its bound runs out, and how many
+/// attempts left for the provider. A run's request waiting out a cool-down
+/// moves the bound on by the wait — R-RN8 waits a cycle out; the client's
+/// clock is its own business.
+#[derive(Debug, Clone)]
+pub struct RequestClock(Arc<ClockState>);
+
+#[derive(Debug)]
+struct ClockState {
+    deadline: Mutex<Instant>,
+    attempts: AtomicU32,
+    /// A number of its own.
+    id: u64,
+}
+
+/// The next clock's number.
+static NEXT_CLOCK: AtomicU64 = AtomicU64::new(1);
+
+impl RequestClock {
+    /// A clock whose bound runs out at `deadline`.
+    pub fn new(deadline: Instant) -> RequestClock {
+        RequestClock(Arc::new(ClockState {
+            deadline: Mutex::new(deadline),
+            attempts: AtomicU32::new(0),
+            id: NEXT_CLOCK.fetch_add(1, Ordering::Relaxed),
+        }))
+    }
+
+    /// When the bound runs out.
+    pub fn deadline(&self) -> Instant {
+        *self.0.deadline.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Moves the bound on by `wait` (a run's cool-down wait).
+    pub fn extend(&self, wait: Duration) {
+        *self.0.deadline.lock().unwrap_or_else(|p| p.into_inner()) += wait;
+    }
+
+    /// A number naming the request (its retries share the clock).
+    pub fn id(&self) -> u64 {
+        self.0.id
+    }
+
+    /// Takes back part of a move made by [`RequestClock::extend`] that
+    /// was not used (the wait ended early).
+    pub fn give_back(&self, unused: Duration) {
+        let mut d = self.0.deadline.lock().unwrap_or_else(|p| p.into_inner());
+        *d = d.checked_sub(unused).unwrap_or(*d);
+    }
+
+    /// An attempt leaves for the provider.
+    pub fn attempt(&self) {
+        self.0.attempts.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Attempts that left so far.
+    pub fn attempts(&self) -> u32 {
+        self.0.attempts.load(Ordering::Relaxed)
+    }
+}
+
+/// Marks an attempt as gone to the provider. The run layer reserves the
+/// attempt before it waits for a pacing slot; the bulkhead marks it when it
+/// lets the attempt through to the upstream ([`Departure::leave`]). An
+/// attempt dropped before that — its client went away while it waited, or
+/// the provider went down meanwhile and the parking layer called it back —
+/// never left, and its reservation is given back to the run (an attempt
+/// counts only when it leaves for the provider, R-RN2). A run's attempt
+/// leaves only once the run's durable reservation covers it (R-RN10).
+#[derive(Debug, Clone, Default)]
+pub struct Departure(Arc<DepartureState>);
+
+#[derive(Default)]
+struct DepartureState {
+    departed: AtomicBool,
+    /// What the attempt waits for before it leaves: its run's durable
+    /// reservation (set by the run gate).
+    reserve: OnceLock<Reserve>,
+}
+
+impl std::fmt::Debug for DepartureState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DepartureState")
+            .field("departed", &self.departed)
+            .field("reserve", &self.reserve.get().is_some())
+            .finish()
+    }
+}
+
+/// What an attempt awaits before it leaves (see [`Departure::bind`]).
+pub type Reserve = Arc<dyn Fn() -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
+
+impl Departure {
+    /// Before it leaves, the attempt awaits `reserve` (its run's durable
+    /// reservation, R-RN10). Set once.
+    pub fn bind(&self, reserve: Reserve) {
+        let _ = self.0.reserve.set(reserve);
+    }
+
+    /// The attempt leaves for the provider now: waits, if need be, for
+    /// what it is bound to, then marks it.
+    pub async fn leave(&self) {
+        if let Some(reserve) = self.0.reserve.get() {
+            reserve().await;
+        }
+        self.mark();
+    }
+
+    /// Marks the attempt as left, without a reservation (no run).
+    pub fn mark(&self) {
+        self.0.departed.store(true, Ordering::Release);
+    }
+
+    /// Whether the attempt left.
+    pub fn departed(&self) -> bool {
+        self.0.departed.load(Ordering::Acquire)
+    }
+}
+
+/// Which lane of its collector a request waits in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Lane {
+    /// A steady run's, or a request outside any run.
+    #[default]
+    Steady,
+    /// A catch-up run's.
+    Catchup,
+}
+
+/// Who a request is for the fair share: its collector (the default class
+/// for proxy users without one), the collector's weight and catch-up
+/// floor, and its lane.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Class {
+    /// The collector's name; empty for the default class.
+    pub name: Arc<str>,
+    /// Its weight (> 0).
+    pub weight: f64,
+    /// The catch-up lane's least share of the collector's admissions while
+    /// both lanes wait, in `[0, 1]`.
+    pub catchup_floor: f64,
+    /// This request's lane.
+    pub lane: Lane,
+}
+
+/// The catch-up floor when none is set: 10 % of what the collector is
+/// admitted.
+pub const CATCHUP_FLOOR: f64 = 0.1;
+
+impl Default for Class {
+    fn default() -> Self {
+        // One empty name for every default class: `Arc::from("")` would
+        // allocate per request.
+        static DEFAULT_NAME: std::sync::LazyLock<Arc<str>> =
+            std::sync::LazyLock::new(|| Arc::from(""));
+        Class {
+            name: DEFAULT_NAME.clone(),
+            weight: 1.0,
+            catchup_floor: CATCHUP_FLOOR,
+            lane: Lane::Steady,
+        }
+    }
+}
+
+/// A request body that can be copied for a replay. `try_clone` returns
+/// `None` for a body that was too large to keep (or is still streaming),
+/// and such a request is sent once.
+pub trait ReplayBody: Sized {
+    /// A copy to resend, if one was kept.
+    fn try_clone(&self) -> Option<Self>;
+}
+
+impl ReplayBody for () {
+    fn try_clone(&self) -> Option<Self> {
+        Some(())
+    }
+}
+
+impl ReplayBody for String {
+    fn try_clone(&self) -> Option<Self> {
+        Some(self.clone())
+    }
+}
+
+/// Whether requests with this method may be retried: the idempotent
+/// methods of RFC 9110 §9.2.2, plus those the config opts in.
+pub fn retryable_method(method: &Method, extra: &[Method]) -> bool {
+    matches!(
+        *method,
+        Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE
+    ) || extra.contains(method)
+}
+
+/// A copy of `req` to send again, if its body was kept.
+pub fn clone_request<B: ReplayBody>(req: &Request<B>) -> Option<Request<B>> {
+    let body = req.body().try_clone()?;
+    let mut copy = Request::new(body);
+    *copy.method_mut() = req.method().clone();
+    *copy.uri_mut() = req.uri().clone();
+    *copy.version_mut() = req.version();
+    *copy.headers_mut() = req.headers().clone();
+    *copy.extensions_mut() = req.extensions().clone();
+    Some(copy)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::run::Envelope;
+
+    /// R-RN10: an attempt leaves only once the run's durable reservation
+    /// covers it, and the reservation grows a block at a time — one unit
+    /// for a cap of 20 (a restart charges nothing that did not leave), ten
+    /// for a cap of 1,000.
+    #[tokio::test(start_paused = true)]
+    async fn attempts_leave_within_a_durable_reservation() {
+        for (cap, departures, asked) in [
+            (20u64, 5u64, vec![1u64, 2, 3, 4, 5]),
+            (1000, 25, vec![10, 20, 30]),
+        ] {
+            let run = RunHandle::new(Envelope {
+                request_cap: Some(cap),
+                ..Envelope::default()
+            });
+            let writes: Arc<Mutex<Vec<(u64, Instant)>>> = Arc::default();
+            let w = writes.clone();
+            run.reserving(
+                Arc::new(move |units| {
+                    let w = w.clone();
+                    Box::pin(async move {
+                        // A flush takes 10 ms.
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                        w.lock().unwrap().push((units, Instant::now()));
+                    })
+                }),
+                0,
+            );
+            let t0 = Instant::now();
+            for _ in 0..departures {
+                let d = Departure::default();
+                let r = run.clone();
+                d.bind(Arc::new(move || {
+                    let r = r.clone();
+                    Box::pin(async move { r.departing(1).await })
+                }));
+                d.leave().await;
+                assert!(d.departed());
+            }
+            let writes = writes.lock().unwrap().clone();
+            assert_eq!(
+                writes.iter().map(|w| w.0).collect::<Vec<_>>(),
+                asked,
+                "cap {cap}"
+            );
+            // Each write was waited for by the attempt past it.
+            assert_eq!(
+                Instant::now() - t0,
+                Duration::from_millis(10) * asked.len() as u32
+            );
+            assert_eq!(run.reserved(), asked.last().copied());
+            assert_eq!(run.state().departed, departures);
+        }
     }
 }

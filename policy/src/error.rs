@@ -181,6 +181,13 @@ impl Cause {
         }
     }
 
+    /// The pacer refused the request because its slot would come at or
+    /// after the instant it may not wait past (its run's deadline): the
+    /// run gate turns this into the run's planned stop (R-RN2).
+    pub fn is_past_deadline(&self) -> bool {
+        matches!(self, Cause::RateLimited(r) if r.refusal == crate::pacer::Refusal::PastDeadline)
+    }
+
     /// The `sluice_requests_total{outcome}` label of a request that ended
     /// in this failure (R-OP1).
     pub fn outcome_label(&self) -> &'static str {

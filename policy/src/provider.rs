@@ -15,7 +15,7 @@ use crate::bulkhead::BulkheadShared;
 use crate::error::Cause;
 use crate::events::EventSink;
 use crate::pacer::{PacerShared, PacerSnapshot};
-use crate::park::{ParkShared, ParkSnapshot};
+use crate::park::{Neighbours, ParkShared, ParkSnapshot};
 use crate::retry::{Jitter, RetryShared};
 use crate::run::{Cooldown, Cycle, Pressure, StopReason};
 use crate::settings::ValidSettings;
@@ -115,12 +115,17 @@ impl ProviderPolicy {
             options.events.clone(),
         ));
         let pacer = PacerShared::with_events(&settings, options.events);
-        let breaker = BreakerShared::new(&settings, retry.clone(), options.sink);
+        let budget = retry.clone();
+        let breaker = BreakerShared::new(
+            &settings,
+            Arc::new(move |at| budget.budget_left(at)),
+            options.sink,
+        );
         Arc::new(ProviderPolicy {
             name: name.into(),
             attempt_timeout: Arc::new(SharedDuration::new(settings.attempt_timeout)),
             request_timeout: Arc::new(SharedDuration::new(settings.request_timeout)),
-            park: ParkShared::new(&settings, breaker.clone(), pacer.clone()),
+            park: ParkShared::new(&settings, neighbours(&breaker, &pacer)),
             pacer,
             breaker,
             retry,
@@ -237,6 +242,17 @@ impl ProviderPolicy {
             bulkhead_waiting: self.bulkhead.waiting(),
             park: self.park.snapshot(now),
         }
+    }
+}
+
+/// What parking reads of the breaker and the pacer: composed here, so
+/// that no layer imports another.
+fn neighbours(breaker: &Arc<BreakerShared>, pacer: &Arc<PacerShared>) -> Neighbours {
+    let (b, p, q) = (breaker.clone(), pacer.clone(), pacer.clone());
+    Neighbours {
+        breaker_closed: Arc::new(move || b.state() == State::Closed),
+        controller_outage: Arc::new(move || p.lock().in_outage()),
+        outage_found: Arc::new(move |now| q.outage_found(now)),
     }
 }
 

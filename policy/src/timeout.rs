@@ -9,8 +9,8 @@
 //! count as a timeout; a request past its bound fails with
 //! [`Cause::RequestTimeout`], which the client gets as a `504`.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -18,6 +18,7 @@ use http::Request;
 use tokio::time::Instant;
 use tower::{Layer, Service, ServiceExt};
 
+use crate::attempt::{Attempt, RequestClock};
 use crate::error::{BoxFuture, Cause, RequestTimeout};
 
 /// A duration that can be changed while services read it.
@@ -100,68 +101,6 @@ where
     }
 }
 
-/// One request's clock, shared by its attempts (a retry's copy of the
-/// request carries the same clock): when its bound runs out, and how many
-/// attempts left for the provider. A run's request waiting out a cool-down
-/// moves the bound on by the wait — R-RN8 waits a cycle out; the client's
-/// clock is its own business.
-#[derive(Debug, Clone)]
-pub struct RequestClock(Arc<ClockState>);
-
-#[derive(Debug)]
-struct ClockState {
-    deadline: Mutex<Instant>,
-    attempts: AtomicU32,
-    /// A number of its own.
-    id: u64,
-}
-
-/// The next clock's number.
-static NEXT_CLOCK: AtomicU64 = AtomicU64::new(1);
-
-impl RequestClock {
-    /// A clock whose bound runs out at `deadline`.
-    pub fn new(deadline: Instant) -> RequestClock {
-        RequestClock(Arc::new(ClockState {
-            deadline: Mutex::new(deadline),
-            attempts: AtomicU32::new(0),
-            id: NEXT_CLOCK.fetch_add(1, Ordering::Relaxed),
-        }))
-    }
-
-    /// When the bound runs out.
-    pub fn deadline(&self) -> Instant {
-        *self.0.deadline.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Moves the bound on by `wait` (a run's cool-down wait).
-    pub fn extend(&self, wait: Duration) {
-        *self.0.deadline.lock().unwrap_or_else(|p| p.into_inner()) += wait;
-    }
-
-    /// A number naming the request (its retries share the clock).
-    pub fn id(&self) -> u64 {
-        self.0.id
-    }
-
-    /// Takes back part of a move made by [`RequestClock::extend`] that
-    /// was not used (the wait ended early).
-    pub fn give_back(&self, unused: Duration) {
-        let mut d = self.0.deadline.lock().unwrap_or_else(|p| p.into_inner());
-        *d = d.checked_sub(unused).unwrap_or(*d);
-    }
-
-    /// An attempt leaves for the provider.
-    pub fn attempt(&self) {
-        self.0.attempts.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// Attempts that left so far.
-    pub fn attempts(&self) -> u32 {
-        self.0.attempts.load(Ordering::Relaxed)
-    }
-}
-
 /// Bounds a request's whole way through the provider's stack — pacing
 /// waits, attempts, retries and their back-off — up to its response head
 /// (the body streams unbounded, as a long export must).
@@ -217,7 +156,7 @@ where
         Box::pin(async move {
             let started = Instant::now();
             let clock = RequestClock::new(started + limit);
-            req.extensions_mut().insert(clock.clone());
+            Attempt::of_mut(&mut req).clock = Some(clock.clone());
             let call = inner.oneshot(req);
             tokio::pin!(call);
             loop {

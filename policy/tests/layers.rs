@@ -8,6 +8,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use http::{Method, Request, Response, StatusCode};
+use sluice_policy::attempt::Attempt;
 use sluice_policy::breaker::{BreakerLayer, Reason, State, Transition};
 use sluice_policy::bulkhead::{BulkheadLayer, InFlight};
 use sluice_policy::error::Cause;
@@ -572,7 +573,10 @@ async fn timed_out_attempts_are_retried() {
 // ------------------------------------------------------------------ run
 
 fn with_run(mut req: Request<String>, run: &RunHandle) -> Request<String> {
-    req.extensions_mut().insert(run.clone());
+    req.extensions_mut().insert(Attempt {
+        run: Some(run.clone()),
+        ..Attempt::default()
+    });
     req
 }
 

@@ -32,8 +32,10 @@ pub use self::error::CircuitOpen;
 pub use self::layer::BreakerLayer;
 pub use self::service::Breaker as BreakerService;
 pub use self::state::{Breaker, BreakerSnapshot, Permit, Reason, State, Transition};
-use crate::retry::RetryShared;
 use crate::settings::ProviderSettings;
+
+/// The retry budget left at an instant, for the evidence (R-CB2).
+pub type BudgetLeft = Arc<dyn Fn(Instant) -> u32 + Send + Sync>;
 
 /// Where transitions are published (metrics, log, admin API, store).
 pub type TransitionSink = Arc<dyn Fn(&Transition) + Send + Sync>;
@@ -44,8 +46,9 @@ pub const RECENT_TRANSITIONS: usize = 32;
 /// The breaker of one provider, shared by all its services.
 pub struct BreakerShared {
     breaker: Mutex<Breaker>,
-    /// Read to fill `retry_budget_left` in the evidence.
-    retry: Arc<RetryShared>,
+    /// Read to fill `retry_budget_left` in the evidence: the retry
+    /// budget's state, composed in by the provider (`crate::provider`).
+    budget_left: BudgetLeft,
     sink: Option<TransitionSink>,
     recent: Mutex<VecDeque<Transition>>,
     wait_for_probe: Mutex<Option<std::time::Duration>>,
@@ -64,12 +67,12 @@ impl BreakerShared {
     /// A closed breaker publishing to `sink`.
     pub fn new(
         settings: &ProviderSettings,
-        retry: Arc<RetryShared>,
+        budget_left: BudgetLeft,
         sink: Option<TransitionSink>,
     ) -> Arc<Self> {
         Arc::new(BreakerShared {
             breaker: Mutex::new(Breaker::new(settings, Instant::now())),
-            retry,
+            budget_left,
             sink,
             // Grown with the first transition: most providers never have
             // one, and 32 kept in advance were 1.5 KB of every tracked
@@ -108,7 +111,7 @@ impl BreakerShared {
 
     /// Completes a transition's evidence and publishes it.
     pub fn publish(&self, mut t: Transition) {
-        t.retry_budget_left = Some(self.retry.budget_left(t.at));
+        t.retry_budget_left = Some((self.budget_left)(t.at));
         if let Some(sink) = &self.sink {
             sink(&t);
         }
@@ -196,12 +199,6 @@ impl BreakerShared {
         snap
     }
 }
-
-/// Marks a request as the probe of requests parked through an outage
-/// ([`crate::park`]), in its extensions: the breaker lets it through while
-/// open, and its success closes the breaker.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ParkedProbe;
 
 /// A call the breaker let through. [`CallPermit::finish`] records how it
 /// went; dropped without a verdict (refused further down, or its client

@@ -5,7 +5,8 @@ use std::time::SystemTime;
 use http::{Request, Response};
 use tower::{Service, ServiceExt};
 
-use super::{BreakerShared, ParkedProbe};
+use super::BreakerShared;
+use crate::attempt::Attempt;
 use crate::classify::Outcome;
 use crate::error::{BoxFuture, Cause};
 
@@ -36,7 +37,7 @@ where
         let inner = self.inner.clone();
         let shared = self.shared.clone();
         Box::pin(async move {
-            let parked_probe = req.extensions().get::<ParkedProbe>().is_some();
+            let parked_probe = Attempt::of(&req).is_some_and(|a| a.parked_probe);
             let acquired = if parked_probe {
                 Ok(shared.acquire_parked())
             } else {

@@ -8,10 +8,9 @@ use tokio::time::Instant;
 use tower::{Service, ServiceExt};
 
 use super::{BulkheadFull, BulkheadShared};
+use crate::attempt::Attempt;
 use crate::attempt::Report;
 use crate::error::{BoxFuture, Cause};
-use crate::run::Departure;
-use crate::timeout::RequestClock;
 
 /// An attempt's bulkhead permit, carried in the response's extensions.
 /// It is released when the last clone is dropped: move it into the
@@ -88,12 +87,14 @@ where
                     }
                 }
             };
-            if let Some(departure) = req.extensions().get::<Departure>() {
-                // A run's attempt leaves within its durable reservation.
-                departure.leave().await;
-            }
-            if let Some(clock) = req.extensions().get::<RequestClock>() {
-                clock.attempt();
+            if let Some(attempt) = Attempt::of(&req) {
+                if let Some(departure) = &attempt.departure {
+                    // A run's attempt leaves within its durable reservation.
+                    departure.leave().await;
+                }
+                if let Some(clock) = &attempt.clock {
+                    clock.attempt();
+                }
             }
             let start = Instant::now();
             let mut resp = inner.oneshot(req).await.map_err(Into::into)?;

@@ -35,6 +35,9 @@ pub enum Refusal {
     QueueFull,
     /// The slot would come later than `max_queue_wait`.
     WaitTooLong,
+    /// The slot would come at or after the instant the request may not
+    /// wait past (its run's deadline).
+    PastDeadline,
 }
 
 /// One provider's pacer state.

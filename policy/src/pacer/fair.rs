@@ -24,6 +24,8 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
+pub use crate::attempt::{Class, Lane, CATCHUP_FLOOR};
+
 /// A place in the waiting room: tickets are handed out in arrival order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Ticket(u64);
@@ -32,51 +34,6 @@ impl Ticket {
     /// The `n`th ticket.
     pub(super) const fn new(n: u64) -> Ticket {
         Ticket(n)
-    }
-}
-
-/// Which lane of its collector a request waits in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum Lane {
-    /// A steady run's, or a request outside any run.
-    #[default]
-    Steady,
-    /// A catch-up run's.
-    Catchup,
-}
-
-/// Who a request is for the fair share: its collector (the default class
-/// for proxy users without one), the collector's weight and catch-up
-/// floor, and its lane.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Class {
-    /// The collector's name; empty for the default class.
-    pub name: Arc<str>,
-    /// Its weight (> 0).
-    pub weight: f64,
-    /// The catch-up lane's least share of the collector's admissions while
-    /// both lanes wait, in `[0, 1]`.
-    pub catchup_floor: f64,
-    /// This request's lane.
-    pub lane: Lane,
-}
-
-/// The catch-up floor when none is set: 10 % of what the collector is
-/// admitted.
-pub const CATCHUP_FLOOR: f64 = 0.1;
-
-impl Default for Class {
-    fn default() -> Self {
-        // One empty name for every default class: `Arc::from("")` would
-        // allocate per request.
-        static DEFAULT_NAME: std::sync::LazyLock<Arc<str>> =
-            std::sync::LazyLock::new(|| Arc::from(""));
-        Class {
-            name: DEFAULT_NAME.clone(),
-            weight: 1.0,
-            catchup_floor: CATCHUP_FLOOR,
-            lane: Lane::Steady,
-        }
     }
 }
 

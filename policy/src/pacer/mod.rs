@@ -48,7 +48,6 @@ use crate::classify::Outcome;
 use crate::error::Cause;
 use crate::events::{emit, Event, EventSink};
 use crate::quota::{Advertised, Malformed};
-use crate::run::{RunStopped, StopReason};
 use crate::settings::ProviderSettings;
 
 /// How late a replica may take a shared slot without the schedule losing
@@ -274,9 +273,11 @@ impl PacerShared {
         self.acquire_before(None).await
     }
 
-    /// [`PacerShared::acquire`] for a request of a run whose deadline is
-    /// `stop_at`: a request whose slot would come at or after it does not
-    /// wait for it nor take it — its run stops, planned (R-RN2).
+    /// [`PacerShared::acquire`] for a request that may not wait past
+    /// `stop_at` (its run's deadline): a request whose slot would come at
+    /// or after it does not wait for it nor take it, and is refused with
+    /// [`Refusal::PastDeadline`] (its run gate stops the run there,
+    /// planned, R-RN2).
     pub async fn acquire_before(&self, stop_at: Option<Instant>) -> Result<Instant, Cause> {
         self.acquire_as(&Class::default(), 1, stop_at).await
     }
@@ -382,7 +383,7 @@ impl PacerShared {
     ) -> Result<Instant, Cause> {
         let now = arrived;
         if stop_at.is_some_and(|d| now >= d) {
-            return Err(RunStopped::run(StopReason::Deadline).into());
+            return Err(RateLimited::new(Refusal::PastDeadline, Duration::ZERO).into());
         }
         let (ticket, mut patience) = {
             let mut core = self.lock();
@@ -440,7 +441,7 @@ impl PacerShared {
                     if stop.is_some() {
                         // The slot comes after the run's deadline: the run
                         // stops, planned, and the slot stays free.
-                        return Err(RunStopped::run(StopReason::Deadline).into());
+                        return Err(RateLimited::new(Refusal::PastDeadline, Duration::ZERO).into());
                     }
                     emit(&self.events, Event::Shed(Refusal::WaitTooLong));
                     return Err(RateLimited::new(Refusal::WaitTooLong, wait).into());

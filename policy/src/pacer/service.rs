@@ -1,16 +1,15 @@
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use http::{Request, Response};
 use tower::{Service, ServiceExt};
 
-use super::{Class, PacerShared};
-use crate::attempt::Report;
+use super::{PacerShared, RateLimited, Refusal};
+use crate::attempt::{Attempt, Report};
 use crate::classify::Outcome;
 use crate::error::{BoxFuture, Cause};
 use crate::quota;
-use crate::run::{RunHandle, RunStopped, StopReason};
 
 /// The pacer's future.
 pub type ResponseFuture<R> = BoxFuture<Response<R>>;
@@ -51,9 +50,9 @@ where
     fn call(&mut self, req: Request<B>) -> Self::Future {
         let inner = self.inner.clone();
         let shared = self.shared.clone();
-        let run = req.extensions().get::<RunHandle>().cloned();
-        let class = req.extensions().get::<Class>().cloned().unwrap_or_default();
-        let priced = req.extensions().get::<crate::cost::Units>().map(|u| u.0);
+        let attempt = Attempt::of(&req);
+        let class = attempt.and_then(|a| a.class.clone()).unwrap_or_default();
+        let (priced, stop_at) = attempt.map_or((None, None), |a| (a.units, a.deadline));
         let (units, cost_header) = {
             let core = shared.lock();
             (
@@ -62,24 +61,11 @@ where
             )
         };
         Box::pin(async move {
-            let stop_at = run.as_ref().and_then(RunHandle::deadline);
-            let sent_at = match shared.acquire_as(&class, units, stop_at).await {
-                Ok(at) => at,
-                Err(Cause::RunStopped(stopped)) => {
-                    if let Some(run) = &run {
-                        run.stop(stopped.reason);
-                    }
-                    return Err(Cause::RunStopped(stopped));
-                }
-                Err(e) => return Err(e),
-            };
-            // A run's deadline is checked before an attempt starts: one
-            // whose pacing slot came after it is not sent (R-RN2).
-            if let Some(run) = &run {
-                if run.deadline().is_some_and(|d| sent_at >= d) {
-                    run.stop(StopReason::Deadline);
-                    return Err(RunStopped::run(StopReason::Deadline).into());
-                }
+            // Not past the instant the request may not wait past (its run's
+            // deadline): refused instead, and its run gate stops the run.
+            let sent_at = shared.acquire_as(&class, units, stop_at).await?;
+            if stop_at.is_some_and(|d| sent_at >= d) {
+                return Err(RateLimited::new(Refusal::PastDeadline, Duration::ZERO).into());
             }
             let mut result = inner.oneshot(req).await.map_err(Into::into);
             let wall = SystemTime::now();

@@ -60,10 +60,29 @@ pub use self::error::ProviderDown;
 pub use self::layer::ParkLayer;
 pub use self::service::Park;
 pub use self::watch::{Answer, Change, DownReason, Watch, WatchSnapshot};
-use crate::breaker::{BreakerShared, State};
 use crate::classify::Outcome;
-use crate::pacer::PacerShared;
 use crate::settings::ProviderSettings;
+
+/// What parking asks of the provider's other parts, composed in by the
+/// provider (`crate::provider`): parking imports neither the breaker nor
+/// the pacer.
+#[derive(Clone)]
+pub struct Neighbours {
+    /// Whether the breaker is closed now (its open state is an outage's).
+    pub breaker_closed: Arc<dyn Fn() -> bool + Send + Sync>,
+    /// Whether the rate controller takes the recent failures for an
+    /// outage (R-SG4).
+    pub controller_outage: Arc<dyn Fn() -> bool + Send + Sync>,
+    /// Tells the rate controller that the failures in progress are an
+    /// outage (it gives back their cuts at the return).
+    pub outage_found: Arc<dyn Fn(Instant) + Send + Sync>,
+}
+
+impl std::fmt::Debug for Neighbours {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Neighbours").finish_non_exhaustive()
+    }
+}
 
 /// [`ParkShared::flags`]: the provider is down.
 const DOWN: u8 = 1;
@@ -132,8 +151,7 @@ pub struct ParkShared {
     /// The watch's verdict as last written ([`DOWN`], [`UNSETTLED`]): what
     /// every request asks first, read without the lock.
     flags: AtomicU8,
-    breaker: Arc<BreakerShared>,
-    pacer: Arc<PacerShared>,
+    neighbours: Neighbours,
     limits: Mutex<Limits>,
 }
 
@@ -155,19 +173,14 @@ impl Limits {
 }
 
 impl ParkShared {
-    /// Parking for a provider whose breaker and pacer these are.
-    pub fn new(
-        settings: &ProviderSettings,
-        breaker: Arc<BreakerShared>,
-        pacer: Arc<PacerShared>,
-    ) -> Arc<Self> {
+    /// Parking for a provider whose other parts `neighbours` reads.
+    pub fn new(settings: &ProviderSettings, neighbours: Neighbours) -> Arc<Self> {
         Arc::new(ParkShared {
             state: Mutex::new(ParkState::default()),
             downs: tokio::sync::watch::Sender::new(0),
             on_the_way: Default::default(),
             flags: AtomicU8::new(0),
-            breaker,
-            pacer,
+            neighbours,
             limits: Mutex::new(Limits::of(settings)),
         })
     }
@@ -229,7 +242,7 @@ impl ParkShared {
     /// Whether the breaker is closed (the reason a run's part stops with
     /// differs).
     pub(crate) fn breaker_closed(&self) -> bool {
-        self.breaker.state() == State::Closed
+        (self.neighbours.breaker_closed)()
     }
 
     /// Takes a place among the parked: a ticket (kept across re-parks, so
@@ -326,8 +339,8 @@ impl ParkShared {
         // breaker is asked only where it can matter: an answer that may
         // have opened it, or anything while the provider is unsettled.
         let may_open = outcome.is_some_and(|o| o.is_breaker_failure()) || self.unsettled();
-        let breaker_open = answer.is_some() && may_open && self.breaker.state() != State::Closed;
-        let controller = answer == Some(Answer::Failed) && self.pacer.lock().in_outage();
+        let breaker_open = answer.is_some() && may_open && !(self.neighbours.breaker_closed)();
+        let controller = answer == Some(Answer::Failed) && (self.neighbours.controller_outage)();
         let (change, wake) = {
             let mut s = self.lock();
             let unsettled = s.watch.unsettled();
@@ -372,7 +385,7 @@ impl ParkShared {
         if let Some(Change::Down(reason)) = change {
             self.downs.send_modify(|n| *n += 1);
             if reason != DownReason::Controller {
-                self.pacer.outage_found(now);
+                (self.neighbours.outage_found)(now);
             }
         }
     }

@@ -8,13 +8,11 @@ use tokio::time::Instant;
 use tower::{Service, ServiceExt};
 
 use super::{ParkShared, ProviderDown, Turn, Verdict};
-use crate::breaker::ParkedProbe;
+use crate::attempt::{
+    clone_request, retryable_method, Attempt, Departure, ReplayBody, RequestClock,
+};
 use crate::classify::Outcome;
 use crate::error::{BoxFuture, Cause, UpstreamKind};
-use crate::retry::policy::clone_request;
-use crate::retry::{retryable_method, ReplayBody};
-use crate::run::{Cooldown, Cycle, Departure, RunHandle, StopReason};
-use crate::timeout::RequestClock;
 
 /// The service of [`ParkLayer`](super::ParkLayer): parks a provider's
 /// requests while it is down, sends its probes, resumes them when it is
@@ -47,7 +45,7 @@ where
         let shared = self.shared.clone();
         let provider = self.provider.clone();
         Box::pin(async move {
-            let run = req.extensions().get::<RunHandle>().cloned();
+            let run = Attempt::of(&req).and_then(|a| a.run.clone());
             let (max_wait, cycle) = shared.bounds();
             // A run that would refuse the attempt anyway (R-RN3: a budget
             // stop touches no provider state, not even a probe's turn).
@@ -72,7 +70,7 @@ where
             }
             let request = request_id(&req);
             let mut parking = Parking {
-                clock: req.extensions().get::<RequestClock>().cloned(),
+                clock: Attempt::of(&req).and_then(|a| a.clock.clone()),
                 shared,
                 provider,
                 run,
@@ -99,16 +97,15 @@ where
                     shared: parking.shared.clone(),
                     armed: true,
                 });
-                if probe {
-                    req.extensions_mut().insert(ParkedProbe);
-                }
                 // Only a request with a copy can be called back: it alone
-                // has a departure mark to watch.
-                let departure = copy.is_some().then(|| {
-                    let d = Departure::default();
-                    req.extensions_mut().insert(d.clone());
-                    d
-                });
+                // has a departure mark to watch (a mark a retry's copy
+                // carried from its last attempt is cleared).
+                let departure = copy.is_some().then(Departure::default);
+                {
+                    let attempt = Attempt::of_mut(&mut req);
+                    attempt.parked_probe = probe;
+                    attempt.departure = departure.clone();
+                }
                 let mut downs = departure.as_ref().map(|_| parking.shared.downs());
                 let sent = Instant::now();
                 let call = inner.clone().oneshot(req);
@@ -162,7 +159,7 @@ where
                     return result;
                 }
                 // Parked: the failure goes nowhere; the copy waits its turn.
-                copy.extensions_mut().remove::<ParkedProbe>();
+                Attempt::of_mut(&mut copy).parked_probe = false;
                 drop(result);
                 req = copy;
             }
@@ -203,7 +200,7 @@ fn unprocessed<R>(result: &Result<Response<R>, Cause>, idempotent: bool) -> bool
 /// without one gets a number of its own.
 fn request_id<B>(req: &Request<B>) -> u64 {
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1 << 63);
-    match req.extensions().get::<RequestClock>() {
+    match Attempt::of(req).and_then(|a| a.clock.as_ref()) {
         Some(clock) => clock.id(),
         None => NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
     }
@@ -245,7 +242,7 @@ impl Drop for ProbeGuard {
 struct Parking {
     shared: Arc<ParkShared>,
     provider: Arc<str>,
-    run: Option<RunHandle>,
+    run: Option<crate::attempt::Run>,
     clock: Option<RequestClock>,
     max_wait: Duration,
     cycle: Duration,
@@ -377,18 +374,11 @@ impl Parking {
             let into = now.saturating_duration_since(since);
             let period = u32::try_from(into.as_nanos() / cycle.as_nanos()).unwrap_or(u32::MAX);
             let ends = since + cycle * period.saturating_add(1);
-            let reason = if self.shared.breaker_closed() {
-                StopReason::UpstreamError
-            } else {
-                StopReason::CircuitOpen
-            };
-            run.wait_for(
+            run.wait_out_outage(
                 &self.provider,
-                &Cooldown {
-                    wait: ends.saturating_duration_since(now),
-                    reason,
-                    cycle: Cycle::Outage { episode, period },
-                },
+                (episode, period),
+                ends.saturating_duration_since(now),
+                !self.shared.breaker_closed(),
             )?;
             until = ends;
         }

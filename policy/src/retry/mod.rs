@@ -29,29 +29,12 @@ use tokio::time::Instant;
 
 pub use self::backoff::Jitter;
 pub use self::budget::RatioBudget;
-pub use self::policy::{retryable_method, RetryPolicy};
+pub use self::policy::RetryPolicy;
+pub use crate::attempt::retryable_method;
 use crate::events::EventSink;
 use crate::settings::ProviderSettings;
 
-/// A request body that can be copied for a replay. `try_clone` returns
-/// `None` for a body that was too large to keep (or is still streaming),
-/// and such a request is sent once.
-pub trait ReplayBody: Sized {
-    /// A copy to resend, if one was kept.
-    fn try_clone(&self) -> Option<Self>;
-}
-
-impl ReplayBody for () {
-    fn try_clone(&self) -> Option<Self> {
-        Some(())
-    }
-}
-
-impl ReplayBody for String {
-    fn try_clone(&self) -> Option<Self> {
-        Some(self.clone())
-    }
-}
+pub use crate::attempt::ReplayBody;
 
 impl std::fmt::Debug for RetryShared {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

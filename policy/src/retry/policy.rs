@@ -1,13 +1,14 @@
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use http::{Method, Request, Response};
+use http::{Request, Response};
 use tokio::time::{Instant, Sleep};
 
-use super::{ReplayBody, RetryShared};
+use super::RetryShared;
+use crate::attempt::Attempt;
+use crate::attempt::{clone_request, retryable_method, ReplayBody};
 use crate::classify::Outcome;
 use crate::error::Cause;
-use crate::run::RunHandle;
 
 /// tower's retry policy for one request to one provider: decides from the
 /// classified outcome, the provider's ratio budget and the run's budget.
@@ -26,15 +27,6 @@ impl RetryPolicy {
             answered: 0,
         }
     }
-}
-
-/// Whether requests with this method may be retried: the idempotent
-/// methods of RFC 9110 §9.2.2, plus those the config opts in.
-pub fn retryable_method(method: &Method, extra: &[Method]) -> bool {
-    matches!(
-        *method,
-        Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE
-    ) || extra.contains(method)
 }
 
 impl<B, R> tower::retry::Policy<Request<B>, Response<R>, Cause> for RetryPolicy
@@ -76,7 +68,7 @@ where
                 .jitter()
                 .delay(settings.base, settings.cap, self.answered - 1),
         };
-        let run = req.extensions().get::<RunHandle>().cloned();
+        let run = Attempt::of(req).and_then(|a| a.run.clone());
         if run.as_ref().is_some_and(|r| !r.can_retry()) {
             if let Some(r) = &run {
                 r.retry_budget_exhausted();
@@ -96,16 +88,4 @@ where
     fn clone_request(&mut self, req: &Request<B>) -> Option<Request<B>> {
         clone_request(req)
     }
-}
-
-/// A copy of `req` to send again, if its body was kept.
-pub(crate) fn clone_request<B: ReplayBody>(req: &Request<B>) -> Option<Request<B>> {
-    let body = req.body().try_clone()?;
-    let mut copy = Request::new(body);
-    *copy.method_mut() = req.method().clone();
-    *copy.uri_mut() = req.uri().clone();
-    *copy.version_mut() = req.version();
-    *copy.headers_mut() = req.headers().clone();
-    *copy.extensions_mut() = req.extensions().clone();
-    Some(copy)
 }

@@ -6,13 +6,11 @@ use http::{Request, Response};
 use tokio::time::Instant;
 use tower::{Layer, Service, ServiceExt};
 
-use super::{Cooldown, Departure, RunHandle};
-use crate::attempt::Report;
+use super::{Cooldown, RunHandle, RunStopped, StopReason};
+use crate::attempt::{Attempt, Departure, ReplayBody, Report, RequestClock};
 use crate::classify::Outcome;
-use crate::cost::{Pricing, Units};
+use crate::cost::Pricing;
 use crate::error::{BoxFuture, Cause};
-use crate::retry::ReplayBody;
-use crate::timeout::RequestClock;
 
 /// What a run's request would meet at the provider at an instant, when it
 /// is source pressure worth waiting out
@@ -94,35 +92,55 @@ where
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
         let inner = self.inner.clone();
-        let Some(run) = req.extensions().get::<RunHandle>().cloned() else {
+        let Some(run) = Attempt::of(&req).and_then(|a| a.run.clone()) else {
             return Box::pin(async move { inner.oneshot(req).await.map_err(Into::into) });
         };
         let pressure = self.pressure.clone();
         let provider = self.provider.clone();
-        let clock = req.extensions().get::<RequestClock>().cloned();
+        let clock = Attempt::of(&req).and_then(|a| a.clock.clone());
         let units = self
             .pricing
             .as_ref()
             .map_or(1, |price| price(req.method(), req.uri().path()));
         Box::pin(async move {
             let mut req = req;
-            req.extensions_mut().insert(Units(units));
+            {
+                // Priced once here; the pacer below waits for as many
+                // slots, and no longer than the run may wait.
+                let attempt = Attempt::of_mut(&mut req);
+                attempt.units = Some(units);
+                attempt.deadline = run.deadline();
+            }
             loop {
                 let now = Instant::now();
                 run.check_attempt_units(&provider, now, units)?;
                 // The attempt's departure mark: the one the parking layer
-                // set (it watches it too), else a new one.
-                let departure = req.extensions().get::<Departure>().cloned();
+                // set (it watches it too), else a new one; it leaves within
+                // the run's durable reservation (R-RN10).
+                let departure = Attempt::of_mut(&mut req).departure.take();
                 let reserved = Reserved::new(&run, &provider, units, departure);
-                reserved.departure.bind(&run, units);
+                let reserving = run.clone();
+                reserved.departure.bind(Arc::new(move || {
+                    let run = reserving.clone();
+                    Box::pin(async move { run.departing(units).await })
+                }));
                 // Known source pressure: wait it out before sending.
                 if let Some(cooldown) = pressure.as_ref().and_then(|p| p(now)) {
                     reserved.give_back();
                     wait_out(&run, &provider, &cooldown, clock.as_ref()).await?;
                     continue;
                 }
-                req.extensions_mut().insert(reserved.departure.clone());
+                Attempt::of_mut(&mut req).departure = Some(reserved.departure.clone());
                 let result = inner.clone().oneshot(req).await.map_err(Into::into);
+                // The pacer met the run's deadline before a slot (R-RN2):
+                // the run stops there, planned.
+                let result = match result {
+                    Err(e) if e.is_past_deadline() => {
+                        run.stop(StopReason::Deadline);
+                        Err(RunStopped::run(StopReason::Deadline).into())
+                    }
+                    other => other,
+                };
                 match Outcome::of_result(&result, SystemTime::now()) {
                     // Only an answer that is not a failure says the
                     // provider recovered: a probe that fails again does not

@@ -26,58 +26,12 @@ mod error;
 mod layer;
 
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use tokio::time::Instant;
 
 pub use self::error::RunStopped;
 pub use self::layer::{Pressure, RunGate, RunLayer};
-
-/// Marks an attempt as gone to the provider. The run layer reserves the
-/// attempt before it waits for a pacing slot; the bulkhead marks it when it
-/// lets the attempt through to the upstream ([`Departure::leave`]). An
-/// attempt dropped before that — its client went away while it waited, or
-/// the provider went down meanwhile and the parking layer called it back —
-/// never left, and its reservation is given back to the run (an attempt
-/// counts only when it leaves for the provider, R-RN2). A run's attempt
-/// leaves only once the run's durable reservation covers it (R-RN10).
-#[derive(Debug, Clone, Default)]
-pub struct Departure(Arc<DepartureState>);
-
-#[derive(Debug, Default)]
-struct DepartureState {
-    departed: AtomicBool,
-    /// The run the attempt belongs to, and its units.
-    run: OnceLock<(RunHandle, u32)>,
-}
-
-impl Departure {
-    /// The attempt belongs to `run` and costs `units`: it leaves only once
-    /// the run's reservation covers it.
-    pub fn bind(&self, run: &RunHandle, units: u32) {
-        let _ = self.0.run.set((run.clone(), units));
-    }
-
-    /// The attempt leaves for the provider now: waits, if need be, for
-    /// the run's reservation to be durable past it, then marks it.
-    pub async fn leave(&self) {
-        if let Some((run, units)) = self.0.run.get() {
-            run.departing(*units).await;
-        }
-        self.mark();
-    }
-
-    /// Marks the attempt as left, without a reservation (no run).
-    pub fn mark(&self) {
-        self.0.departed.store(true, Ordering::Release);
-    }
-
-    /// Whether the attempt left.
-    pub fn departed(&self) -> bool {
-        self.0.departed.load(Ordering::Acquire)
-    }
-}
 
 /// Makes a run's reservation durable up to this many units (the proxy
 /// writes the run's record and flushes it). What a restart charges the run
@@ -475,7 +429,7 @@ impl RunHandle {
 
     /// An attempt of `units` leaves: counted as departed, and, past the
     /// reservation, the next block is reserved and waited for.
-    async fn departing(&self, units: u32) {
+    pub(crate) async fn departing(&self, units: u32) {
         let need = {
             let mut s = self.lock();
             s.departed += u64::from(units.max(1));
@@ -605,6 +559,34 @@ impl RunHandle {
     /// See [`RunState::stop_provider`].
     pub fn stop_provider(&self, provider: &str, reason: StopReason) {
         self.lock().stop_provider(provider, reason);
+    }
+
+    /// A request of the run is parked through `provider`'s outage number
+    /// `episode`, in its period `period` (one `breaker_open_for` each),
+    /// which ends in `wait`: one cool-down cycle of R-RN8's guard, counted
+    /// once however many wait it out. `Err` once the guard trips: the
+    /// provider's part stops with `circuit_open` if its breaker is open,
+    /// else `upstream_error`.
+    pub fn wait_out_outage(
+        &self,
+        provider: &str,
+        (episode, period): (u64, u32),
+        wait: std::time::Duration,
+        breaker_open: bool,
+    ) -> Result<(), RunStopped> {
+        let reason = if breaker_open {
+            StopReason::CircuitOpen
+        } else {
+            StopReason::UpstreamError
+        };
+        self.wait_for(
+            provider,
+            &Cooldown {
+                wait,
+                reason,
+                cycle: Cycle::Outage { episode, period },
+            },
+        )
     }
 
     /// See [`RunState::wait_for`].
@@ -759,56 +741,6 @@ mod tests {
             StopReason::RequestCap
         );
         assert_eq!((s.attempts, s.units), (3, 25));
-    }
-
-    /// R-RN10: an attempt leaves only once the run's durable reservation
-    /// covers it, and the reservation grows a block at a time — one unit
-    /// for a cap of 20 (a restart charges nothing that did not leave), ten
-    /// for a cap of 1,000.
-    #[tokio::test(start_paused = true)]
-    async fn attempts_leave_within_a_durable_reservation() {
-        for (cap, departures, asked) in [
-            (20u64, 5u64, vec![1u64, 2, 3, 4, 5]),
-            (1000, 25, vec![10, 20, 30]),
-        ] {
-            let run = RunHandle::new(Envelope {
-                request_cap: Some(cap),
-                ..Envelope::default()
-            });
-            let writes: Arc<Mutex<Vec<(u64, Instant)>>> = Arc::default();
-            let w = writes.clone();
-            run.reserving(
-                Arc::new(move |units| {
-                    let w = w.clone();
-                    Box::pin(async move {
-                        // A flush takes 10 ms.
-                        tokio::time::sleep(Duration::from_millis(10)).await;
-                        w.lock().unwrap().push((units, Instant::now()));
-                    })
-                }),
-                0,
-            );
-            let t0 = Instant::now();
-            for _ in 0..departures {
-                let d = Departure::default();
-                d.bind(&run, 1);
-                d.leave().await;
-                assert!(d.departed());
-            }
-            let writes = writes.lock().unwrap().clone();
-            assert_eq!(
-                writes.iter().map(|w| w.0).collect::<Vec<_>>(),
-                asked,
-                "cap {cap}"
-            );
-            // Each write was waited for by the attempt past it.
-            assert_eq!(
-                Instant::now() - t0,
-                Duration::from_millis(10) * asked.len() as u32
-            );
-            assert_eq!(run.reserved(), asked.last().copied());
-            assert_eq!(run.state().departed, departures);
-        }
     }
 
     #[test]

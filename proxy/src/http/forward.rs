@@ -9,10 +9,10 @@ use http::{Request, Response, StatusCode, Uri};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
+use sluice_policy::attempt::{Attempt, Class, Lane};
 use sluice_policy::bulkhead::InFlight;
 use sluice_policy::classify as outcome;
 use sluice_policy::error::Cause;
-use sluice_policy::pacer::{Class, Lane};
 use sluice_policy::retry::retryable_method;
 use sluice_policy::run::RunHandle;
 use tower::ServiceExt;
@@ -375,21 +375,30 @@ pub async fn forward(
     // A collector waits for the provider as itself, at its weight, in the
     // lane of the run the request is for (R-FS1); other proxy users share
     // the default class.
-    if let Some(c) = user.as_deref().and_then(|u| config.collectors.get(u)) {
-        let mode = attached.as_ref().map(|(_, m)| *m).or(mode);
-        parts.extensions.insert(Class {
-            name: c.name.clone(),
-            weight: c.weight,
-            catchup_floor: c.catchup_floor,
-            lane: match mode {
-                Some(Mode::Catchup) => Lane::Catchup,
-                Some(Mode::Steady) | None => Lane::Steady,
-            },
+    let class = user
+        .as_deref()
+        .and_then(|u| config.collectors.get(u))
+        .map(|c| {
+            let mode = attached.as_ref().map(|(_, m)| *m).or(mode);
+            Class {
+                name: c.name.clone(),
+                weight: c.weight,
+                catchup_floor: c.catchup_floor,
+                lane: match mode {
+                    Some(Mode::Catchup) => Lane::Catchup,
+                    Some(Mode::Steady) | None => Lane::Steady,
+                },
+            }
         });
-    }
     let run = attached.map(|(run, _)| run);
-    if let Some(run) = &run {
-        parts.extensions.insert(run.clone());
+    // What the request is, for every layer of the stack (the only value
+    // the proxy hands it besides the request itself).
+    if run.is_some() || class.is_some() {
+        parts.extensions.insert(Attempt {
+            run: run.clone(),
+            class,
+            ..Attempt::default()
+        });
     }
     let req = Request::from_parts(parts, body);
     let result = provider.service.clone().oneshot(req).await;
