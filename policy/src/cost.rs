@@ -8,11 +8,6 @@
 //! after the answer. The pacer then spaces units, not requests: a request
 //! of ten units takes ten slots. Without a table every request costs one.
 
-/// A request's price in units, as the provider's gate priced it: carried
-/// in its extensions so that the pacer below does not price it again.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Units(pub u32);
-
 /// Prices a request of a method to a path in units (the provider's cost
 /// table, [`crate::ProviderPolicy::pricing`]).
 pub type Pricing = std::sync::Arc<dyn Fn(&http::Method, &str) -> u32 + Send + Sync>;

@@ -21,6 +21,13 @@
 //!   → upstream
 //! ```
 //!
+//! No layer imports another: what a request is travels in one
+//! [`attempt::Attempt`] in its extensions, what its attempt learned in one
+//! [`attempt::Report`] on its response; what one layer reads of another's
+//! state (the breaker's of the retry budget, parking's of the breaker and
+//! the rate controller) is composed in [`provider`]. What an answer means
+//! is decided once, in [`classify`].
+//!
 //! Defaults, each with the public reference it comes from, live in one place:
 //! [`settings`].
 #![forbid(unsafe_code)]

@@ -19,8 +19,10 @@
 //!   re-opening stops only its own part of the run.
 //!
 //! With nothing configured, the envelope is unbounded and behaviour is
-//! unchanged. A run travels with each request as a [`RunHandle`] in the
-//! request's extensions.
+//! unchanged. A run travels with each request as a [`RunHandle`] in its
+//! [`Attempt`](crate::attempt::Attempt). The deadline is the gate's: the
+//! pacer below only refuses a slot at or past the instant the request may
+//! not wait past, and the gate turns that into the run's stop.
 
 mod error;
 mod layer;
@@ -381,7 +383,7 @@ impl RunState {
     }
 }
 
-/// A shared handle on a run, carried in request extensions.
+/// A shared handle on a run, carried by its requests' [`Attempt`](crate::attempt::Attempt).
 #[derive(Debug, Clone)]
 pub struct RunHandle(Arc<RunShared>);
 

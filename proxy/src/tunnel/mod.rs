@@ -111,7 +111,7 @@ pub async fn connect(
     if let Some(refused) =
         crate::http::forward::outside_allowlist(config, identity.user.as_deref(), &host)
     {
-        return refused;
+        return refused.into_response();
     }
     let provider = app.providers.get(&host);
     let intercepting = app.ca.is_some() && provider.intercept();

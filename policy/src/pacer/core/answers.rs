@@ -1,0 +1,108 @@
+//! What an answer does to the pace: the controller's feedback, and the
+//! hold a `Retry-After` puts on every request (R-RA1).
+
+use super::*;
+
+impl PacerCore {
+    /// Feeds back what an attempt admitted at `sent_at` came back with.
+    /// `ttfb` is the time from dispatch to the response head, when there was
+    /// one.
+    pub fn on_outcome(
+        &mut self,
+        outcome: &Outcome,
+        sent_at: Instant,
+        ttfb: Option<Duration>,
+        now: Instant,
+    ) -> Feedback {
+        self.last_seen = Some(now);
+        let mut fb = Feedback::default();
+        let (outages, in_outage) = (self.aimd.outages(), self.aimd.in_outage());
+        // What the answer says is decided once, in `classify`.
+        match outcome.signal() {
+            // A client error (404 for a deleted record, 400 for a bad id)
+            // is the provider working normally: a clean answer for the rate,
+            // like a success (but never retried, never a breaker failure).
+            Signal::Clean => {
+                if self.window.boundary.is_some_and(|b| sent_at >= b) {
+                    self.window.since += 1;
+                }
+                if let Some((_, w, start, used)) = self.window.learned.as_mut() {
+                    while now >= *start + *w {
+                        *start += *w;
+                        *used = 0;
+                    }
+                    *used += 1;
+                }
+                let change = self.aimd.on_clean(sent_at, now, ttfb);
+                fb.increased = change.increased;
+                fb.backoff = change.backoff;
+            }
+            // A bare 503 may be noise: weighed against the error baseline.
+            Signal::Ambiguous { timeout: false } => {
+                fb.backoff = self
+                    .aimd
+                    .on_ambiguous(sent_at, now, BackoffReason::Unavailable);
+            }
+            Signal::Throttle {
+                status,
+                retry_after,
+            } => {
+                if let Some(wait) = retry_after {
+                    let until = now + wait;
+                    fb.hold_until = self.hold(now, until);
+                    if status == 429 {
+                        self.learn_window(until, wait);
+                    }
+                }
+                self.aimd.on_hold(retry_after.unwrap_or_default());
+                let reason = if status == 503 {
+                    BackoffReason::UnavailableRetryAfter
+                } else {
+                    BackoffReason::Throttled
+                };
+                // Throttled while following its word: the provider allows
+                // less than it advertises; AIMD learns the rest.
+                if let Some(q) = self.quota.as_mut() {
+                    q.trusted = false;
+                }
+                fb.backoff = self.aimd.on_throttle(sent_at, now, reason);
+            }
+            Signal::Ambiguous { timeout: true } => {
+                fb.backoff = self.aimd.on_ambiguous(sent_at, now, BackoffReason::Timeout);
+            }
+            Signal::Failure => {
+                self.aimd.on_error(sent_at, now);
+            }
+        }
+        if fb.backoff.is_some() {
+            self.last_backoff = fb.backoff;
+        }
+        if self.aimd.outages() > outages {
+            fb.outage = Some(true);
+        } else if in_outage && !self.aimd.in_outage() {
+            fb.outage = Some(false);
+        }
+        self.sync_interval();
+        fb
+    }
+
+    /// Holds every request until `until` unless a longer hold is in force;
+    /// returns the new end if it moved.
+    pub(super) fn hold(&mut self, now: Instant, until: Instant) -> Option<Instant> {
+        if self.hold_until.is_some_and(|h| h >= until) {
+            return None;
+        }
+        if self.hold_until.is_none_or(|h| h <= now) {
+            self.holds += 1;
+        }
+        self.hold_until = Some(until);
+        Some(until)
+    }
+
+    /// The hold in force at `now`: time left, and which hold it is.
+    pub fn hold_left(&self, now: Instant) -> Option<(Duration, u64)> {
+        self.hold_until
+            .filter(|h| *h > now)
+            .map(|h| (h - now, self.holds))
+    }
+}

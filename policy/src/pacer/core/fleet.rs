@@ -1,0 +1,80 @@
+//! A fleet's pace (R-DS1): what this replica proposes to the shared
+//! budget, and the shared rate it adopts.
+
+use super::*;
+
+impl PacerCore {
+    /// What this replica proposes to a shared budget nobody has started.
+    pub fn proposal(&self) -> Proposal {
+        Proposal {
+            rate: self.aimd.rate(),
+            limit: self.aimd.limit(),
+            units: 1,
+            allowance: self.allowance.as_ref().map(AllowanceState::allowance),
+        }
+    }
+
+    /// The shared budget answered (R-DS1): its rate, throttle point and
+    /// hold become this replica's, and pacing alone (if it was) ends.
+    pub fn adopt_shared(&mut self, view: &SharedView, now: Instant) -> Feedback {
+        let mut fb = Feedback::default();
+        let before = self.gcra.interval();
+        self.alone = None;
+        self.shared_rate = Some(view.rate);
+        self.aimd.adopt(now, view.rate, view.limit);
+        // Every replica's admissions since this replica last asked: the
+        // window's demand and delivery are the provider's, not this
+        // replica's share of them.
+        if let Some((prev, at)) = self.shared_count.filter(|(p, _)| view.admitted > *p) {
+            let n = u32::try_from(view.admitted - prev).unwrap_or(u32::MAX);
+            let held = self.hold_until.is_some_and(|h| h > at);
+            let span = (!held).then(|| now.saturating_duration_since(at));
+            self.aimd.on_shared_admitted(now, n, span);
+        }
+        if self.shared_count.is_none_or(|(p, _)| view.admitted != p) {
+            self.shared_count = Some((view.admitted, now));
+        }
+        if let Some(hold) = view.hold.filter(|h| !h.is_zero()) {
+            fb.hold_until = self.hold(now, now + hold);
+        }
+        // The allowance as every replica spent it (the readout, the store,
+        // and this replica's pace should the store stop answering).
+        if let (Some(used), Some(a)) = (view.allowance, self.allowance.as_mut()) {
+            a.restore(now, used);
+        }
+        self.sync_interval();
+        // Faster or slower, waiters' slots moved (it is not this replica's
+        // cut or raise: nothing to report back).
+        fb.increased = self.gcra.interval() != before;
+        fb
+    }
+
+    /// The shared budget could not answer: pace alone at one share of the
+    /// last shared rate until it answers again.
+    pub fn pace_alone(&mut self, replicas: u32) -> Feedback {
+        let before = self.gcra.interval();
+        self.alone = Some(replicas.max(1));
+        self.sync_interval();
+        Feedback {
+            increased: self.gcra.interval() != before,
+            ..Feedback::default()
+        }
+    }
+
+    /// Whether this replica paces alone because its shared budget is
+    /// unreachable.
+    pub fn alone(&self) -> bool {
+        self.alone.is_some()
+    }
+
+    /// This replica took a slot of the shared budget.
+    pub fn admitted_here(&mut self) {
+        self.aimd.on_admitted_here();
+    }
+
+    /// A shared budget made this replica's request wait: its demand
+    /// saturates the shared pace.
+    pub fn pressed(&mut self) {
+        self.aimd.on_pressed();
+    }
+}

@@ -1,0 +1,563 @@
+//! The pacer's whole decision state for one provider: GCRA + AIMD (with
+//! its error and latency baselines) + hold + the FIFO waiting room. Pure:
+//! every method takes `now`.
+
+mod answers;
+mod fleet;
+mod queue;
+mod quota;
+
+use super::aimd::{Aimd, Backoff, BackoffReason, Belief};
+use super::allowance::{AllowanceSnapshot, AllowanceState, AllowanceUse};
+use super::fair::{Class, FairQueue, Ticket};
+use super::gcra::{interval_of, Gcra};
+use super::shared::{Proposal, SharedView};
+use crate::classify::{Outcome, Signal};
+use crate::cost::Costs;
+use crate::quota::Advertised;
+use crate::settings::ProviderSettings;
+use std::time::Duration;
+use tokio::time::Instant;
+
+pub use self::queue::Admission;
+pub use self::quota::QuotaSnapshot;
+use self::quota::{Quota, WindowLearner};
+
+/// Why a request was refused at the door.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// The waiting room is full.
+    QueueFull,
+    /// The slot would come later than `max_queue_wait`.
+    WaitTooLong,
+    /// The slot would come at or after the instant the request may not
+    /// wait past (its run's deadline).
+    PastDeadline,
+}
+
+/// One provider's pacer state.
+#[derive(Debug)]
+pub struct PacerCore {
+    gcra: Gcra,
+    aimd: Aimd,
+    start_rps: f64,
+    /// Nothing is admitted before this instant (a provider's `Retry-After`).
+    hold_until: Option<Instant>,
+    /// Holds begun (one that lengthens a hold still in force is the same
+    /// one): names a hold, so that a run's requests waiting out one count
+    /// one wait (R-RN8).
+    holds: u64,
+    /// Requests waiting, in the order they go: weighted fair between
+    /// collectors, steady before catch-up (FIFO for one class).
+    waiting: FairQueue,
+    next_ticket: u64,
+    max_queue_len: usize,
+    max_queue_wait: Duration,
+    max_hold_wait: Duration,
+    last_backoff: Option<Backoff>,
+    /// When anything last happened, for idle eviction.
+    last_seen: Option<Instant>,
+    /// The quota the provider advertises, while it does (R-SG1).
+    quota: Option<Quota>,
+    /// The shared budget's rate as last seen, when the budget is shared
+    /// (R-DS1).
+    shared_rate: Option<f64>,
+    /// The shared budget's admission count as last seen, and when.
+    shared_count: Option<(u64, Instant)>,
+    /// The shared budget could not be reached: pacing alone at this share
+    /// (one over the replicas) of the last shared rate.
+    alone: Option<u32>,
+    /// A windowed quota learned from where the provider's `Retry-After`s
+    /// point, when it advertises none.
+    window: WindowLearner,
+    /// What requests cost, by method and path (R-FS2).
+    costs: Costs,
+    /// Where the provider says what a request cost.
+    cost_header: Option<http::HeaderName>,
+    /// A long-horizon allowance, paced to last its period.
+    allowance: Option<AllowanceState>,
+}
+
+/// A readout of the pacer: what metrics, the admin API and the store read.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PacerSnapshot {
+    /// Current rate, requests per second.
+    pub rate_rps: f64,
+    /// Current emission interval.
+    pub interval: Duration,
+    /// The owner's ceiling.
+    pub ceiling_rps: f64,
+    /// The cold-start rate.
+    pub start_rps: f64,
+    /// The rate at which throttling last began, if ever.
+    pub limit_rps: Option<f64>,
+    /// Time left on a `Retry-After` hold.
+    pub hold_remaining: Option<Duration>,
+    /// Requests waiting for a slot.
+    pub queue_len: usize,
+    /// Of those, how many per collector ("" for proxy users without one),
+    /// for the collectors that have any waiting (R-FS1).
+    pub waiting_by_collector: Vec<(String, usize)>,
+    /// Learned time-to-first-byte baseline (the lower quartile of recent
+    /// answers), once known.
+    pub baseline_ttfb: Option<Duration>,
+    /// Learned share of errors unrelated to load (bare 503s, other 5xx,
+    /// timeouts, connect errors), once known.
+    pub error_baseline: Option<f64>,
+    /// A cut on ambiguous evidence (a bare 503, a timeout) awaits its
+    /// verdict: kept if the errors stop at the lower rate, undone if not.
+    pub on_trial: bool,
+    /// The last cut of the rate.
+    pub last_backoff: Option<Backoff>,
+    /// The quota the provider advertises, while it does.
+    pub quota: Option<QuotaSnapshot>,
+    /// What the pace follows: `advertised` or `learned`.
+    pub authority: &'static str,
+    /// Whether the controller takes the recent failures for an outage or
+    /// a throttle, and why (R-SG4); `None` when nothing is failing.
+    pub belief: Option<Belief>,
+    /// Outages seen since start.
+    pub outages: u64,
+    /// The long-horizon allowance, if one is set.
+    pub allowance: Option<AllowanceSnapshot>,
+}
+
+/// What an outcome did to the pacer.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Feedback {
+    /// The rate was cut.
+    pub backoff: Option<Backoff>,
+    /// A hold was set or lengthened to this instant.
+    pub hold_until: Option<Instant>,
+    /// The rate grew.
+    pub increased: bool,
+    /// An outage was found (`true`) or ended (`false`) (R-SG4).
+    pub outage: Option<bool>,
+}
+
+impl Feedback {
+    /// Whether waiters must re-check their slot.
+    pub fn changed(&self) -> bool {
+        self.backoff.is_some() || self.hold_until.is_some() || self.increased
+    }
+}
+
+impl PacerCore {
+    /// A cold pacer for these settings (validated by the caller).
+    pub fn new(settings: &ProviderSettings) -> Self {
+        let start = settings.start_rate();
+        let mut aimd = Aimd::new(
+            start,
+            settings.floor_rate(),
+            settings.ceiling_rps,
+            settings.decrease_factor,
+            settings.increase_window,
+        );
+        aimd.set_latency_factor(settings.soft_throttle_factor);
+        PacerCore {
+            gcra: Gcra::new(interval_of(start), settings.burst),
+            aimd,
+            start_rps: start,
+            hold_until: None,
+            holds: 0,
+            waiting: FairQueue::default(),
+            next_ticket: 0,
+            max_queue_len: settings.max_queue_len,
+            max_queue_wait: settings.max_queue_wait,
+            max_hold_wait: settings.max_hold_wait,
+            last_backoff: None,
+            last_seen: None,
+            quota: None,
+            shared_rate: None,
+            shared_count: None,
+            alone: None,
+            window: WindowLearner::default(),
+            costs: settings.costs.clone(),
+            cost_header: settings.cost_header.clone(),
+            allowance: settings.allowance.map(AllowanceState::new),
+        }
+    }
+
+    /// Applies new settings (config reload) and keeps what was learned; the
+    /// rate is clamped to the new ceiling.
+    pub fn update_settings(&mut self, settings: &ProviderSettings) {
+        self.aimd.set_bounds(
+            settings.floor_rate(),
+            settings.ceiling_rps,
+            settings.decrease_factor,
+            settings.increase_window,
+        );
+        self.start_rps = settings.start_rate();
+        self.gcra.set_burst(settings.burst);
+        self.max_queue_len = settings.max_queue_len;
+        self.max_queue_wait = settings.max_queue_wait;
+        self.max_hold_wait = settings.max_hold_wait;
+        self.aimd.set_latency_factor(settings.soft_throttle_factor);
+        self.costs = settings.costs.clone();
+        self.cost_header = settings.cost_header.clone();
+        match (settings.allowance, self.allowance.as_mut()) {
+            (Some(a), Some(state)) => state.set(a),
+            (Some(a), None) => self.allowance = Some(AllowanceState::new(a)),
+            (None, _) => self.allowance = None,
+        }
+        self.sync_interval();
+    }
+
+    /// Units spent in the allowance's current period, for the store.
+    pub fn allowance_use(&self, now: Instant) -> Option<AllowanceUse> {
+        self.allowance.as_ref()?.usage(now)
+    }
+
+    /// Takes up an allowance period restored from the store.
+    pub fn restore_allowance(&mut self, now: Instant, used: AllowanceUse) {
+        if let Some(a) = self.allowance.as_mut() {
+            a.restore(now, used);
+        }
+        self.sync_interval();
+    }
+
+    /// `units` were admitted at `now`: the allowance spends them and its
+    /// rate moves with what is left.
+    fn spend(&mut self, now: Instant, units: u32) {
+        if let Some(a) = self.allowance.as_mut() {
+            a.spend(now, f64::from(units));
+            self.sync_interval();
+        }
+    }
+
+    /// Brings an allowance's pace to `now` as requests arrive and wait:
+    /// unspent time raises it, and a period that ended while everything
+    /// was spent gives way to the next (nothing else would wake a pacer
+    /// whose interval is the spent allowance's).
+    fn refresh_allowance(&mut self, now: Instant) {
+        if let Some(a) = self.allowance.as_mut() {
+            a.refresh(now);
+            self.sync_interval();
+        }
+    }
+
+    /// What a request of `method` to `path` costs, in units (R-FS2).
+    pub fn cost_of(&self, method: &http::Method, path: &str) -> u32 {
+        self.costs.of(method, path)
+    }
+
+    /// The header the provider says what a request cost in, if configured.
+    pub fn cost_header(&self) -> Option<&http::HeaderName> {
+        self.cost_header.as_ref()
+    }
+
+    /// The provider charged a request admitted at `sent_at` `extra` units
+    /// more than its price: the schedule takes them on (the next requests
+    /// wait for them; a lower charge gives nothing back — never shorter).
+    pub fn charge(&mut self, now: Instant, extra: u32) {
+        if extra > 0 {
+            self.gcra.charge(extra);
+            self.aimd.on_admit_units(now, extra);
+            self.spend(now, extra);
+        }
+    }
+
+    /// Restores learned state (R-PS1): rate and limit clamped to the
+    /// ceiling, baseline as saved.
+    pub fn restore(&mut self, rate_rps: f64, limit_rps: Option<f64>, baseline: Option<Duration>) {
+        self.aimd.restore(rate_rps, limit_rps, baseline);
+        self.sync_interval();
+    }
+
+    fn sync_interval(&mut self) {
+        let interval = interval_of(self.pace_rate());
+        if interval != self.gcra.interval() {
+            self.gcra.set_interval(interval);
+        }
+    }
+
+    /// The current rate.
+    pub fn rate(&self) -> f64 {
+        self.pace_rate()
+    }
+
+    /// The rate requests are paced at: AIMD's, and while the provider
+    /// advertises a quota never above its even rate; pacing alone while a
+    /// shared budget is unreachable, this replica's share of it (never
+    /// above the last shared rate: no replica grows it alone).
+    fn pace_rate(&self) -> f64 {
+        let rate = match self.quota.and_then(|q| q.rate) {
+            Some(even) => self.aimd.rate().min(even.max(self.aimd.floor())),
+            None => self.aimd.rate(),
+        };
+        // An allowance is a budget, not a guess: no floor under it.
+        let rate = match &self.allowance {
+            Some(a) => rate.min(a.pace()),
+            None => rate,
+        };
+        match (self.alone, self.shared_rate) {
+            (Some(replicas), Some(shared)) => rate.min(shared) / f64::from(replicas.max(1)),
+            (Some(replicas), None) => rate / f64::from(replicas.max(1)),
+            _ => rate,
+        }
+    }
+
+    /// The learned rate and throttle point, before any quota or share:
+    /// what a shared budget is told.
+    pub fn learned(&self) -> (f64, Option<f64>) {
+        (self.aimd.rate(), self.aimd.limit())
+    }
+
+    /// The increase window (at most one shared raise per window).
+    pub fn increase_window(&self) -> Duration {
+        self.aimd.window()
+    }
+
+    /// Which authority the pace follows: `advertised` while the provider
+    /// advertises a quota, else `learned`.
+    pub fn authority(&self) -> &'static str {
+        if let Some(a) = &self.allowance {
+            let learned = self.aimd.rate();
+            if a.pace() < learned {
+                return "allowance";
+            }
+        }
+        match self.quota {
+            Some(q) if q.synthetic => "learned_window",
+            Some(_) => "advertised",
+            None => "learned",
+        }
+    }
+
+    /// When the pacer last saw a request or an outcome.
+    pub fn last_seen(&self) -> Option<Instant> {
+        self.last_seen
+    }
+
+    /// Whether the rate controller takes the recent failures for an outage
+    /// (R-SG4).
+    pub fn in_outage(&self) -> bool {
+        self.aimd.in_outage()
+    }
+
+    /// The outage watch found the provider down first: see
+    /// [`Aimd::declare_outage`](super::aimd::Aimd::declare_outage).
+    pub fn declare_outage(&mut self, now: Instant) -> bool {
+        self.aimd.declare_outage(now)
+    }
+
+    /// A readout for metrics, the admin API and the store.
+    pub fn snapshot(&self, now: Instant) -> PacerSnapshot {
+        PacerSnapshot {
+            rate_rps: self.pace_rate(),
+            interval: self.gcra.interval(),
+            ceiling_rps: self.aimd.ceiling(),
+            start_rps: self.start_rps,
+            limit_rps: self.aimd.limit(),
+            hold_remaining: self.hold_until.filter(|h| *h > now).map(|h| h - now),
+            queue_len: self.waiting.len(),
+            waiting_by_collector: self
+                .waiting
+                .waiting_by_class()
+                .map(|(name, n)| (name.to_string(), n))
+                .collect(),
+            baseline_ttfb: self.aimd.latency_baseline(),
+            error_baseline: self.aimd.error_baseline(),
+            on_trial: self.aimd.in_trial(),
+            last_backoff: self.last_backoff,
+            quota: self.quota.map(|q| QuotaSnapshot {
+                advertised: q.advertised,
+                reset_in: q.hi.saturating_duration_since(now),
+                rate_rps: q.rate,
+                trusted: q.trusted,
+            }),
+            authority: self.authority(),
+            belief: self.aimd.belief(now),
+            outages: self.aimd.outages(),
+            allowance: self.allowance.as_ref().map(|a| a.snapshot(now)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::quota::QUOTA_GONE;
+    use super::*;
+
+    /// Drives a core with saturating demand for `secs` windows, every
+    /// answer `outcome`; returns the rate reached.
+    fn drive(outcome: Outcome, secs: u32) -> f64 {
+        let settings = ProviderSettings::with_ceiling(1000.0);
+        let mut core = PacerCore::new(&settings);
+        let mut now = Instant::now();
+        let end = now + Duration::from_secs(u64::from(secs));
+        while now < end {
+            if core.try_admit(now) {
+                core.on_outcome(&outcome, now, Some(Duration::from_millis(30)), now);
+            }
+            now += Duration::from_millis(5);
+        }
+        core.rate()
+    }
+
+    /// Issue 8: a provider answering 404 (a collector probing ids) grows
+    /// the rate as one answering 200 does.
+    #[test]
+    fn not_found_grows_the_rate_like_ok() {
+        let ok = drive(Outcome::Success, 10);
+        let not_found = drive(Outcome::ClientError { status: 404 }, 10);
+        assert!(ok > 20.0, "{ok}");
+        assert_eq!(not_found, ok);
+    }
+
+    fn advert(remaining: u64, reset_ms: u64) -> Option<Advertised> {
+        Some(Advertised {
+            limit: Some(600),
+            window: Some(Duration::from_secs(60)),
+            remaining,
+            reset: Duration::from_millis(reset_ms),
+            granularity: Duration::ZERO,
+            family: crate::quota::Family::Ietf,
+        })
+    }
+
+    /// R-SG1: from the first answer that advertises a quota, the pace is
+    /// what remains spread until the reset (within the policy's rate), not
+    /// the cold start; without the headers for a few answers, AIMD paces
+    /// again.
+    #[test]
+    fn an_advertised_quota_sets_the_pace_at_once() {
+        let mut core = PacerCore::new(&ProviderSettings::with_ceiling(50.0));
+        let now = Instant::now();
+        assert_eq!(core.rate(), 5.0, "cold start");
+        assert_eq!(core.authority(), "learned");
+        core.on_quota(advert(300, 60_000), now, now);
+        assert!((core.rate() - 5.0).abs() < 1e-9, "300 over 60 s");
+        core.on_quota(advert(590, 59_000), now, now);
+        assert!((core.rate() - 10.0).abs() < 1e-9, "never above 600/60 s");
+        assert_eq!(core.authority(), "advertised");
+        for _ in 0..QUOTA_GONE {
+            core.on_quota(None, now, now);
+        }
+        assert_eq!(core.authority(), "learned");
+        assert!(
+            (core.rate() - 10.0).abs() < 1e-9,
+            "AIMD goes on from the advertised rate"
+        );
+    }
+
+    /// A per-second window advertised as `X-RateLimit-*` (no window stated,
+    /// the reset a whole Unix second, the windows' phase 0.37 s off the
+    /// second): the window is measured between two resets, and from the
+    /// third window on every window is used whole, never over.
+    #[test]
+    fn an_unstated_per_second_window_is_measured_and_used_whole() {
+        let mut core = PacerCore::new(&ProviderSettings::with_ceiling(50.0));
+        let t0 = Instant::now();
+        let wall = |t: Instant| (t - t0).as_secs_f64() + 0.37;
+        let (mut now, mut window, mut used) = (t0, 0u64, 0u64);
+        let mut per_window = Vec::new();
+        let mut over = 0;
+        while now < t0 + Duration::from_secs(10) {
+            let current = (now - t0).as_secs();
+            if current != window {
+                per_window.push(used);
+                (window, used) = (current, 0);
+            }
+            if core.try_admit(now) {
+                if used < 20 {
+                    used += 1;
+                } else {
+                    over += 1;
+                }
+                let end = wall(t0 + Duration::from_secs(current + 1));
+                let reset = Duration::from_secs_f64(end.ceil() - wall(now));
+                let adv = Advertised {
+                    limit: Some(20),
+                    window: None,
+                    remaining: 20 - used,
+                    reset,
+                    granularity: Duration::from_secs(1),
+                    family: crate::quota::Family::XRateLimit,
+                };
+                core.on_quota(Some(adv), now, now);
+            }
+            now += Duration::from_millis(1);
+        }
+        assert_eq!(over, 0, "never over the quota: {per_window:?}");
+        assert!(per_window[2..].iter().all(|&n| n == 20), "{per_window:?}");
+        let q = core.snapshot(now).quota.unwrap();
+        assert_eq!(q.advertised.window, Some(Duration::from_secs(1)));
+    }
+
+    /// R-FS2: an allowance spent before its period ends (here, as the
+    /// store restores it after a restart) holds requests off; the period's
+    /// end lets them go again, though no answer arrived to move the pace
+    /// (requests arriving bring it up to date), and the new period is paced
+    /// to last, not spent at once.
+    #[test]
+    fn a_spent_allowance_lets_requests_go_when_its_period_ends() {
+        let mut settings = ProviderSettings::with_ceiling(50.0);
+        settings.start_rps = Some(50.0);
+        settings.allowance = Some(crate::pacer::Allowance {
+            units: 20,
+            per: Duration::from_secs(10),
+        });
+        let mut core = PacerCore::new(&settings);
+        let t0 = Instant::now();
+        core.restore_allowance(
+            t0,
+            AllowanceUse {
+                elapsed: Duration::from_secs(1),
+                spent: 20.0,
+            },
+        );
+        let mut now = t0;
+        let mut admitted = Vec::new();
+        while now < t0 + Duration::from_secs(19) {
+            if core.try_admit(now) {
+                admitted.push((now - t0).as_secs_f64());
+            }
+            now += Duration::from_millis(5);
+        }
+        assert!(
+            admitted.first().is_some_and(|&t| (9.0..9.1).contains(&t)),
+            "{admitted:?}"
+        );
+        assert!((19..=20).contains(&admitted.len()), "{admitted:?}");
+        assert!(
+            admitted.windows(2).all(|w| w[1] - w[0] >= 0.3),
+            "spread, never a burst: {admitted:?}"
+        );
+    }
+
+    /// Nothing left: held until the reset, like `Retry-After`.
+    #[test]
+    fn nothing_left_holds_until_the_reset() {
+        let mut core = PacerCore::new(&ProviderSettings::with_ceiling(50.0));
+        let now = Instant::now();
+        let fb = core.on_quota(advert(0, 2_500), now, now);
+        assert_eq!(fb.hold_until, Some(now + Duration::from_millis(2_500)));
+        assert_eq!(core.next_slot(now), now + Duration::from_millis(2_500));
+    }
+
+    /// A provider that throttles below what it advertises is no longer
+    /// taken at its word: AIMD cuts from the advertised rate and its later
+    /// adverts only cap the pace.
+    #[test]
+    fn a_throttle_below_the_advert_hands_the_pace_to_aimd() {
+        let mut core = PacerCore::new(&ProviderSettings::with_ceiling(50.0));
+        let now = Instant::now();
+        core.on_quota(advert(590, 59_000), now, now);
+        assert!((core.rate() - 10.0).abs() < 1e-9);
+        let later = now + Duration::from_millis(200);
+        core.on_outcome(
+            &Outcome::Throttled {
+                status: 429,
+                retry_after: None,
+            },
+            later,
+            None,
+            later,
+        );
+        let cut = core.rate();
+        assert!(cut < 10.0, "cut from the advertised rate: {cut}");
+        core.on_quota(advert(580, 58_000), later, later);
+        assert_eq!(core.rate(), cut, "its word no longer raises the pace");
+    }
+}

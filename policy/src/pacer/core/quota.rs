@@ -1,0 +1,270 @@
+//! Advertised quotas (R-SG1), and fixed windows learned from a
+//! provider's `Retry-After`s where it advertises none.
+
+use super::*;
+
+/// Learns a fixed-window quota from a provider that advertises none: its
+/// 429s carry a `Retry-After` reaching to the window's end, so two of them
+/// a window apart give the window (the distance between the ends) and the
+/// quota (the answers sent in between). Once learned, answers are counted
+/// into windows and the quota is paced like an advertised one.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub(super) struct WindowLearner {
+    /// Where the last throttle said its window ends, and how far off that
+    /// was.
+    pub(super) boundary: Option<Instant>,
+    pub(super) held: Duration,
+    /// Clean answers to requests sent since that boundary.
+    pub(super) since: u64,
+    /// The learned quota: requests per window, the window, the current
+    /// window's start and the answers counted in it.
+    pub(super) learned: Option<(u64, Duration, Instant, u64)>,
+}
+
+/// A provider's advertised quota as the pacer follows it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct Quota {
+    /// The last advertisement.
+    pub(super) advertised: Advertised,
+    /// The latest the window may reset (holds last until then): the
+    /// earliest this window's answers said.
+    pub(super) hi: Instant,
+    /// The earliest it may reset (what remains is spent by then): headers
+    /// carry whole seconds, so up to one before what they say.
+    pub(super) lo: Instant,
+    /// When the last answered request of this window was sent.
+    pub(super) last_sent: Instant,
+    /// How long a window lasts: advertised, or between two resets seen.
+    pub(super) window: Option<Duration>,
+    /// Learned from `Retry-After`s, not advertised.
+    pub(super) synthetic: bool,
+    /// The even rate: what remains, spread until the reset.
+    pub(super) rate: Option<f64>,
+    /// No throttle since the provider began advertising: its word sets the
+    /// rate. After one (it promised more than it allows), the rate is the
+    /// lower of its word and what AIMD learns.
+    pub(super) trusted: bool,
+    /// Answers in a row without the headers; at [`QUOTA_GONE`] the quota
+    /// is forgotten and AIMD alone paces.
+    pub(super) missing: u32,
+}
+
+/// A window length measured between two resets or window ends, to whole seconds
+/// (windows are stated in seconds).
+pub(super) fn round_window(d: Duration) -> Duration {
+    Duration::from_secs(d.as_secs_f64().round() as u64)
+}
+
+/// Answers in a row without quota headers after which the pacer stops
+/// following the last advertisement.
+pub(super) const QUOTA_GONE: u32 = 3;
+
+/// The quota a provider advertises, for the readout.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct QuotaSnapshot {
+    /// The last advertisement.
+    pub advertised: Advertised,
+    /// Until the window resets.
+    pub reset_in: Duration,
+    /// The even rate it is paced at (before the ceiling and AIMD).
+    pub rate_rps: Option<f64>,
+    /// Whether its word sets the rate (no throttle since it began).
+    pub trusted: bool,
+}
+
+impl PacerCore {
+    /// What an answer's quota headers say (R-SG1): `Some` — pace to it
+    /// (spend what remains evenly until the reset; nothing left holds the
+    /// provider until the reset, like `Retry-After`); `None` — the answer
+    /// carried none.
+    pub fn on_quota(
+        &mut self,
+        advertised: Option<Advertised>,
+        sent_at: Instant,
+        now: Instant,
+    ) -> Feedback {
+        let mut fb = Feedback::default();
+        let (advertised, synthetic) = match advertised {
+            Some(a) => (Some(a), false),
+            None => (self.learned_advert(now), true),
+        };
+        let Some(adv) = advertised else {
+            if let Some(q) = self.quota.as_mut() {
+                q.missing += 1;
+                if q.missing >= QUOTA_GONE {
+                    self.quota = None;
+                    self.sync_interval();
+                    fb.increased = true;
+                }
+            }
+            return fb;
+        };
+        // When the window resets, as this answer says: whole seconds may
+        // be rounded up, so the true reset is within a second before it —
+        // and a reset counted from when the provider answered is later
+        // still by the time the answer took to come back (at most since
+        // the send), so the earliest it may be is that much before.
+        let said = now + adv.reset;
+        let rounding = adv.granularity;
+        let earliest = said
+            .checked_sub(rounding + now.saturating_duration_since(sent_at))
+            .unwrap_or(now);
+        let mut q = match self.quota {
+            // The same window: no more remains than before, and the request
+            // was sent before the latest the window may end. (Not judged by
+            // the reset it states: rounded to whole seconds from an answer
+            // that came back late, a reset in the same window can read a
+            // whole second later.)
+            Some(q) if adv.remaining <= q.advertised.remaining && sent_at < q.hi => {
+                let hi = q.hi.min(said);
+                Quota {
+                    hi,
+                    lo: q.lo.max(earliest).min(hi),
+                    ..q
+                }
+            }
+            // A new window began between the last answer's send and this
+            // one's.
+            Some(q) => {
+                // Consecutive windows reset a window apart: to the second
+                // when resets are Unix times, within one when they count
+                // seconds (the old window's earliest reset is within its
+                // rounding). Windows with no answer in them make a multiple:
+                // the shortest seen is the window.
+                let seen = round_window(said.saturating_duration_since(q.hi));
+                let window = adv
+                    .window
+                    .or(match (q.window, seen.is_zero()) {
+                        (Some(w), false) => Some(w.min(seen)),
+                        (w, true) => w,
+                        (None, false) => Some(seen),
+                    })
+                    .filter(|w| !w.is_zero());
+                let mut hi = said;
+                let mut lo = earliest;
+                if let Some(w) = window {
+                    // The window began after the last send of the old one
+                    // and before this answer came back (not before this
+                    // request's send: it may have reached the provider
+                    // late): it ends a window after. The latest end must
+                    // never be early — a hold that ends early is a 429.
+                    hi = hi.min(now + w);
+                    lo = lo.max(q.last_sent + w);
+                    // The next window after the old one: what was known of
+                    // its end carries over, so the bounds narrow with each
+                    // window to the closest sends on either side of a reset.
+                    if said < q.hi + w + rounding / 2 {
+                        hi = hi.min(q.hi + w);
+                        lo = lo.max(q.lo + w);
+                    }
+                    if lo > hi {
+                        // The windows moved: this answer's word alone.
+                        hi = said.min(now + w);
+                        lo = earliest.min(hi);
+                    }
+                }
+                Quota {
+                    hi,
+                    lo,
+                    window,
+                    ..q
+                }
+            }
+            None => Quota {
+                synthetic,
+                advertised: adv,
+                hi: said,
+                lo: earliest,
+                rate: None,
+                trusted: true,
+                missing: 0,
+                last_sent: sent_at,
+                window: adv.window,
+            },
+        };
+        // A window not stated but measured is the quota's window.
+        q.advertised = Advertised {
+            window: adv.window.or(q.window),
+            ..adv
+        };
+        let adv = q.advertised;
+        q.synthetic = synthetic;
+        q.missing = 0;
+        q.last_sent = q.last_sent.max(sent_at);
+        // Spend what remains by the earliest the window may reset — once
+        // that has passed, at the policy's own rate (the reset may come any
+        // moment); hold, when nothing remains, until the latest. While the
+        // window's length is unknown (its first answers, with no policy
+        // stated), the two may be a whole rounding apart: spent by the
+        // earliest, the rest of the time would be a hold; spread to the
+        // latest, only what this window has left is slower — the lesser
+        // loss when the reset is near (a per-second window); when it is
+        // far, the two lose the same and spending by the earliest is
+        // sooner.
+        let unsure = q.hi.saturating_duration_since(q.lo);
+        let left = match adv.window {
+            None if q.hi.saturating_duration_since(now) < unsure * 4 => {
+                q.hi.saturating_duration_since(now)
+            }
+            _ if q.lo > now => q.lo - now,
+            Some(_) => Duration::ZERO,
+            None => q.hi.saturating_duration_since(now),
+        };
+        q.rate = Advertised { reset: left, ..adv }.even_rate();
+        if q.rate.is_none() {
+            fb.hold_until = self.hold(now, q.hi);
+        }
+        let before = self.gcra.interval();
+        let (trusted, rate) = (q.trusted, q.rate);
+        self.quota = Some(q);
+        if trusted {
+            if let Some(r) = rate {
+                self.aimd.follow(now, r);
+            }
+        }
+        self.sync_interval();
+        fb.increased = self.gcra.interval() < before;
+        fb
+    }
+
+    /// A 429 said its window ends at `end`. A window after the last such
+    /// end, the distance between them is the window and the answers sent
+    /// in between the quota; learned, it is paced like an advertised one
+    /// (a fresh trust: a provider whose window changed is learned anew).
+    pub(super) fn learn_window(&mut self, end: Instant, wait: Duration) {
+        let w = &mut self.window;
+        if let Some(prev) = w.boundary {
+            let window = round_window(end.saturating_duration_since(prev));
+            // A fixed window's 429 sends us to its end, a large part of the
+            // window away; a token bucket's short Retry-Afters (a second)
+            // at a steady interval are not a window.
+            let long = |held: Duration| held >= Duration::from_secs(2) && held * 4 >= window;
+            if window >= Duration::from_secs(2) && w.since > 0 && long(w.held) && long(wait) {
+                w.learned = Some((w.since, window, end, 0));
+                if self.quota.is_some_and(|q| q.synthetic) {
+                    self.quota = None;
+                }
+            }
+        }
+        w.boundary = Some(end);
+        w.held = wait;
+        w.since = 0;
+    }
+
+    /// The quota a learned window stands for now, as if advertised.
+    pub(super) fn learned_advert(&self, now: Instant) -> Option<Advertised> {
+        let (limit, window, mut start, mut used) = self.window.learned?;
+        while now >= start + window {
+            start += window;
+            used = 0;
+        }
+        Some(Advertised {
+            limit: Some(limit),
+            window: Some(window),
+            remaining: limit.saturating_sub(used),
+            reset: (start + window).saturating_duration_since(now),
+            granularity: Duration::from_secs(1),
+            family: crate::quota::Family::Learned,
+        })
+    }
+}

@@ -1,0 +1,100 @@
+//! The headers sluice changes on the way (RFC 9110 §7.6): hop-by-hop
+//! headers go, `Via` is added; and the bound on a request head.
+
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Response, StatusCode};
+
+use crate::http::body::ResBody;
+use crate::http::edge::Refusal;
+
+/// `Via` value sluice adds (RFC 9110 §7.6.3).
+const VIA: &str = "1.1 sluice";
+
+/// Headers that belong to one connection, never forwarded (RFC 9110
+/// §7.6.1), besides those named in `Connection`. Names, not strings: a
+/// string is parsed again at every look-up.
+const HOP_BY_HOP: [HeaderName; 9] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+];
+
+/// Removes hop-by-hop headers, including those `Connection` names.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    // One pass over the names decides; a head without any (most answers)
+    // is left as it is.
+    if !headers.keys().any(|k| HOP_BY_HOP.contains(k)) {
+        return;
+    }
+    if headers.contains_key(header::CONNECTION) {
+        // `keep-alive` and `close`, the usual tokens, name nothing more to
+        // remove: only other names are gathered (no copy in the usual case).
+        let named: Vec<HeaderName> = headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .map(str::trim)
+            .filter(|t| !t.eq_ignore_ascii_case("close") && !t.eq_ignore_ascii_case("keep-alive"))
+            .filter_map(|t| HeaderName::from_bytes(t.as_bytes()).ok())
+            .filter(|n| !HOP_BY_HOP.contains(n))
+            .collect();
+        for name in named {
+            headers.remove(name);
+        }
+    }
+    for name in &HOP_BY_HOP {
+        headers.remove(name);
+    }
+}
+
+pub(super) fn add_via(headers: &mut HeaderMap) {
+    headers.append(header::VIA, HeaderValue::from_static(VIA));
+}
+
+/// Refuses a request head larger than `limit` bytes with 431 (R-SF3).
+/// hyper bounds its read buffer, but a head that arrives in one read can
+/// pass that bound; this check is exact.
+pub fn oversize_head(headers: &HeaderMap, limit: usize) -> Option<Response<ResBody>> {
+    let size: usize = headers
+        .iter()
+        .map(|(k, v)| k.as_str().len() + v.len() + 4)
+        .sum();
+    if size > limit {
+        let mut resp = Refusal::new(
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            "http_request_error",
+            "request headers too large",
+        )
+        .into_response();
+        resp.headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        return Some(resp);
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hop_by_hop_and_connection_named_headers_go() {
+        let mut h = HeaderMap::new();
+        h.insert("connection", "close, x-secret-hop".parse().unwrap());
+        h.insert("x-secret-hop", "1".parse().unwrap());
+        h.insert("keep-alive", "timeout=5".parse().unwrap());
+        h.insert("proxy-authorization", "Basic eA==".parse().unwrap());
+        h.insert("transfer-encoding", "chunked".parse().unwrap());
+        h.insert("x-kept", "1".parse().unwrap());
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.len(), 1);
+        assert!(h.contains_key("x-kept"));
+    }
+}

@@ -1,0 +1,179 @@
+//! Where a request goes (R-PX1): its target from an absolute-form URI or
+//! the tunnel it came through, and the URI and `Host` the upstream gets.
+
+use http::header;
+use http::request::Parts;
+use http::uri::{Authority, Scheme};
+use http::{StatusCode, Uri};
+
+use crate::http::edge::Refusal;
+
+/// A port is written but is not 1 to 65535.
+pub(super) fn invalid_port(authority: &Authority) -> bool {
+    let s = authority.as_str();
+    // After an IPv6 literal's closing bracket, if any.
+    let tail = s.rsplit_once(']').map_or(s, |(_, t)| t);
+    match tail.rsplit_once(':') {
+        Some((_, port)) => !matches!(port.parse::<u16>(), Ok(p) if p != 0),
+        None => false,
+    }
+}
+
+/// `authority` without the port when it is `scheme`'s default (`host:443`
+/// for https is `host`).
+fn without_default_port(scheme: &Scheme, authority: &Authority) -> Authority {
+    let default = if *scheme == Scheme::HTTPS { 443 } else { 80 };
+    match authority.port_u16() {
+        Some(p) if p == default => authority
+            .as_str()
+            .rsplit_once(':')
+            .and_then(|(host, _)| host.parse().ok())
+            .unwrap_or_else(|| authority.clone()),
+        _ => authority.clone(),
+    }
+}
+
+/// Where a request goes: from its absolute-form URI, or from the CONNECT
+/// tunnel it arrived through.
+#[derive(Debug, Clone)]
+pub struct Target {
+    /// `http` or `https`.
+    pub scheme: Scheme,
+    /// `host[:port]`, never with userinfo.
+    pub authority: Authority,
+    /// From the request-target itself (absolute-form), so its authority
+    /// replaces any `Host` the client sent (RFC 9112 §3.2.2). Inside a
+    /// tunnel the client's `Host` stands.
+    pub absolute: bool,
+}
+
+impl Target {
+    /// The target of an absolute-form request. Userinfo
+    /// (`http://user:pass@host/`) is dropped: it must never reach a `Host`
+    /// header, a log or the provider.
+    pub fn of(uri: &Uri) -> Option<Target> {
+        let authority = uri.authority()?;
+        let authority = match authority.as_str().rsplit_once('@') {
+            Some((_, bare)) => bare.parse().ok()?,
+            // The usual case: nothing to drop, nothing to parse again.
+            None => authority.clone(),
+        };
+        Some(Target {
+            scheme: uri.scheme().cloned()?,
+            authority,
+            absolute: true,
+        })
+    }
+}
+
+/// Writes the upstream's URI and `Host` into `parts`: the authority
+/// travels in the URI only, without the scheme's default port — hyper-util
+/// writes it as `Host` over HTTP/1.1 and as `:authority` over HTTP/2, where
+/// a `Host` header beside it is a duplicate that servers such as nginx
+/// refuse (RFC 9113 §8.3.1). A target the URI cannot hold is refused.
+pub(super) fn address(parts: &mut Parts, target: &Target) -> Result<(), Refusal> {
+    let authority = without_default_port(&target.scheme, &target.authority);
+    // An absolute-form URI that already says exactly this (no userinfo, no
+    // default port) is kept as it came; otherwise it is built again.
+    let as_is = target.absolute
+        && parts.uri.authority().map(Authority::as_str) == Some(authority.as_str())
+        && parts.uri.path_and_query().is_some();
+    if !as_is {
+        let path = parts
+            .uri
+            .path_and_query()
+            .map_or("/", |p| p.as_str())
+            .to_string();
+        parts.uri = Uri::builder()
+            .scheme(target.scheme.clone())
+            .authority(authority.clone())
+            .path_and_query(path)
+            .build()
+            .map_err(|_| {
+                Refusal::new(
+                    StatusCode::BAD_REQUEST,
+                    "http_request_error",
+                    "invalid request target",
+                )
+            })?;
+    }
+    // An absolute-form target's authority replaces the client's `Host`
+    // (RFC 9112 §3.2.2); inside a tunnel a `Host` naming the target itself
+    // is the same authority, written again by the client. Either way it
+    // goes, and hyper-util writes the URI's. A tunnelled `Host` naming
+    // something else (virtual hosting) stands.
+    let redundant = !target.absolute
+        && parts.headers.get(header::HOST).is_some_and(|h| {
+            h.to_str()
+                .ok()
+                .and_then(|h| h.parse::<Authority>().ok())
+                .is_some_and(|h| {
+                    without_default_port(&target.scheme, &h)
+                        .as_str()
+                        .eq_ignore_ascii_case(authority.as_str())
+                })
+        });
+    if target.absolute || redundant {
+        parts.headers.remove(header::HOST);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn invalid_ports() {
+        let a = |s: &str| s.parse::<Authority>().unwrap();
+        for bad in [
+            "h.test:0",
+            "h.test:65536",
+            "h.test:70000",
+            "[::1]:0",
+            "h.test:",
+        ] {
+            assert!(invalid_port(&a(bad)), "{bad}");
+        }
+        for good in ["h.test", "h.test:1", "h.test:65535", "[::1]", "[::1]:443"] {
+            assert!(!invalid_port(&a(good)), "{good}");
+        }
+    }
+
+    #[test]
+    fn default_ports_are_dropped_from_the_authority() {
+        let a = |s: &str| s.parse::<Authority>().unwrap();
+        assert_eq!(
+            without_default_port(&Scheme::HTTPS, &a("h.test:443")).as_str(),
+            "h.test"
+        );
+        assert_eq!(
+            without_default_port(&Scheme::HTTP, &a("h.test:80")).as_str(),
+            "h.test"
+        );
+        assert_eq!(
+            without_default_port(&Scheme::HTTPS, &a("h.test:8443")).as_str(),
+            "h.test:8443"
+        );
+        assert_eq!(
+            without_default_port(&Scheme::HTTP, &a("h.test:443")).as_str(),
+            "h.test:443"
+        );
+        assert_eq!(
+            without_default_port(&Scheme::HTTPS, &a("[::1]:443")).as_str(),
+            "[::1]"
+        );
+        assert_eq!(
+            without_default_port(&Scheme::HTTPS, &a("h.test")).as_str(),
+            "h.test"
+        );
+    }
+
+    #[test]
+    fn targets_drop_userinfo() {
+        let t = Target::of(&"http://user:secret@api.test:8080/x".parse().unwrap()).unwrap();
+        assert_eq!(t.authority.as_str(), "api.test:8080");
+        assert!(t.absolute);
+        assert!(Target::of(&"/relative".parse().unwrap()).is_none());
+    }
+}
