@@ -1,0 +1,433 @@
+//! The catalogue: every family sluice exports, registered once at start.
+
+use std::collections::HashSet;
+use std::sync::Mutex;
+
+use prometheus::{
+    exponential_buckets, CounterVec, GaugeVec, HistogramOpts, HistogramVec, IntCounter,
+    IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+};
+
+use super::{Metrics, BAD_REQUEST_REASONS};
+
+fn gauge(r: &Registry, name: &str, help: &str, labels: &[&str]) -> GaugeVec {
+    let g = GaugeVec::new(Opts::new(name, help), labels).expect("valid metric");
+    r.register(Box::new(g.clone())).expect("unique metric");
+    g
+}
+
+fn int_gauge(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+    let g = IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric");
+    r.register(Box::new(g.clone())).expect("unique metric");
+    g
+}
+
+fn counter(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    let c = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
+    r.register(Box::new(c.clone())).expect("unique metric");
+    c
+}
+
+fn histogram(r: &Registry, name: &str, help: &str, buckets: Vec<f64>) -> HistogramVec {
+    let h = HistogramVec::new(
+        HistogramOpts::new(name, help).buckets(buckets),
+        &["provider"],
+    )
+    .expect("valid metric");
+    r.register(Box::new(h.clone())).expect("unique metric");
+    h
+}
+
+impl Metrics {
+    /// Registers every metric; at most `max_labels` provider labels.
+    ///
+    /// Long (~380 lines) on purpose: it is the catalogue, one registration
+    /// per family with its name and help text, read top to bottom as
+    /// `/metrics` lists them. Split by concern it would be the same list
+    /// scattered, and a family's name further from its field.
+    pub fn new(max_labels: usize) -> Metrics {
+        let r = Registry::new_custom(Some("sluice".into()), None).expect("registry");
+        let p = &["provider"];
+        let seconds = exponential_buckets(0.001, 2.0, 16).expect("buckets"); // 1 ms … 33 s
+        let plain_counter = |name: &str, help: &str| {
+            let c = IntCounter::new(name, help).expect("valid metric");
+            r.register(Box::new(c.clone())).expect("unique metric");
+            c
+        };
+        let hold_seconds = CounterVec::new(
+            Opts::new(
+                "retry_after_hold_seconds_total",
+                "Seconds of Retry-After holds set",
+            ),
+            p,
+        )
+        .expect("valid metric");
+        r.register(Box::new(hold_seconds.clone()))
+            .expect("unique metric");
+        let tasks_alive = IntGauge::new(
+            "runtime_tasks_alive",
+            "Tasks alive in the async runtime (connections, tunnels, background work)",
+        )
+        .expect("valid metric");
+        r.register(Box::new(tasks_alive.clone()))
+            .expect("unique metric");
+        let providers_tracked =
+            IntGauge::new("providers_tracked", "Providers in the table").expect("valid metric");
+        r.register(Box::new(providers_tracked.clone()))
+            .expect("unique metric");
+        let m = Metrics {
+            rate: gauge(
+                &r,
+                "provider_rate_rps",
+                "Current paced rate, requests per second",
+                p,
+            ),
+            interval: gauge(
+                &r,
+                "provider_interval_seconds",
+                "Current emission interval (1/rate)",
+                p,
+            ),
+            ceiling: gauge(
+                &r,
+                "provider_ceiling_rps",
+                "The owner's ceiling, requests per second",
+                p,
+            ),
+            start: gauge(
+                &r,
+                "provider_start_rps",
+                "The cold-start rate, requests per second",
+                p,
+            ),
+            limit: gauge(
+                &r,
+                "provider_throttle_point_rps",
+                "Rate at which throttling last began (absent until it has)",
+                p,
+            ),
+            error_baseline: gauge(
+                &r,
+                "provider_error_baseline_ratio",
+                "Learned share of answers that are errors whatever the rate (noise; absent until learned)",
+                p,
+            ),
+            latency_baseline: gauge(
+                &r,
+                "provider_latency_baseline_seconds",
+                "Learned time-to-first-byte baseline, lower quartile (absent until learned)",
+                p,
+            ),
+            provider_down: int_gauge(
+                &r,
+                "provider_down",
+                "1 while the provider is taken to be down (every request failing, or its breaker open): its requests are parked and only probes go",
+                p,
+            ),
+            parked: int_gauge(
+                &r,
+                "parked_requests",
+                "Requests parked through the provider's outage, waiting for its return",
+                p,
+            ),
+            on_trial: int_gauge(
+                &r,
+                "provider_cut_on_trial",
+                "1 while a cut made on a bare 503 or a timeout awaits its verdict (noise or throttle)",
+                p,
+            ),
+            queue: int_gauge(
+                &r,
+                "provider_queue_length",
+                "Requests waiting for a pacing slot",
+                p,
+            ),
+            in_flight: int_gauge(&r, "provider_in_flight", "Attempts in flight upstream", p),
+            breaker_state: int_gauge(
+                &r,
+                "provider_breaker_state",
+                "Breaker state: 0 closed, 1 half-open, 2 open",
+                p,
+            ),
+            budget: int_gauge(
+                &r,
+                "provider_retry_budget_available",
+                "Whole retries left in the ratio budget",
+                p,
+            ),
+            hold: gauge(
+                &r,
+                "provider_hold_remaining_seconds",
+                "Time left on a Retry-After hold (0 = none)",
+                p,
+            ),
+            requests: counter(
+                &r,
+                "requests_total",
+                "Client requests by final outcome",
+                &["provider", "outcome"],
+            ),
+            attempts: counter(
+                &r,
+                "upstream_attempts_total",
+                "Attempts sent upstream, by outcome",
+                &["provider", "outcome"],
+            ),
+            retries: counter(
+                &r,
+                "retries_total",
+                "Retries scheduled, by the outcome that caused them",
+                &["provider", "reason"],
+            ),
+            pacing_wait: histogram(
+                &r,
+                "pacing_wait_seconds",
+                "Time a request waited for its pacing slot",
+                seconds.clone(),
+            ),
+            collector_units: counter(
+                &r,
+                "collector_admitted_units_total",
+                "Units admitted to a provider per collector (\"-\": proxy users without one): the fair shares (R-FS1)",
+                &["provider", "collector"],
+            ),
+            collector_wait: {
+                let h = HistogramVec::new(
+                    HistogramOpts::new(
+                        "collector_pacing_wait_seconds",
+                        "Time a collector's requests waited for their pacing slot, any provider",
+                    )
+                    .buckets(seconds.clone()),
+                    &["collector"],
+                )
+                .expect("valid metric");
+                r.register(Box::new(h.clone())).expect("unique metric");
+                h
+            },
+            collector_waiting: int_gauge(
+                &r,
+                "collector_waiting",
+                "Requests waiting for a provider's pacing slot per collector (\"-\": proxy users without one; absent: none)",
+                &["provider", "collector"],
+            ),
+            allowance_units: gauge(
+                &r,
+                "provider_allowance_units",
+                "Units the provider's long-horizon allowance grants per period (absent without one)",
+                p,
+            ),
+            allowance_spent: gauge(
+                &r,
+                "provider_allowance_spent_units",
+                "Units spent in the allowance's current period",
+                p,
+            ),
+            allowance_reset: gauge(
+                &r,
+                "provider_allowance_reset_seconds",
+                "Until the allowance's period ends",
+                p,
+            ),
+            ttfb: histogram(
+                &r,
+                "upstream_ttfb_seconds",
+                "Upstream time to the response head",
+                seconds,
+            ),
+            holds: counter(
+                &r,
+                "retry_after_holds_total",
+                "Retry-After holds set or lengthened",
+                p,
+            ),
+            hold_seconds,
+            backoffs: counter(
+                &r,
+                "backoffs_total",
+                "Rate cuts, by reason",
+                &["provider", "reason"],
+            ),
+            transitions: counter(
+                &r,
+                "breaker_transitions_total",
+                "Breaker transitions",
+                &["provider", "from", "to", "reason"],
+            ),
+            tunnels: counter(
+                &r,
+                "tunnels_total",
+                "CONNECT tunnels by mode (intercepted, raw, plain_http)",
+                &["provider", "mode"],
+            ),
+            upgrades: counter(
+                &r,
+                "upgrades_total",
+                "HTTP/1.1 Upgrades (WebSocket) switched through the provider's stack",
+                p,
+            ),
+            upgraded_open: {
+                let g = IntGauge::new(
+                    "upgraded_connections",
+                    "Upgraded connections (WebSocket) whose bytes sluice is carrying now",
+                )
+                .expect("valid metric");
+                r.register(Box::new(g.clone())).expect("unique metric");
+                g
+            },
+            interception_failures: counter(
+                &r,
+                "interception_failures_total",
+                "Clients that rejected sluice's certificate",
+                p,
+            ),
+            visibility: int_gauge(
+                &r,
+                "provider_request_visibility",
+                "1: sluice sees each request; 0: raw tunnels only (visibility lost)",
+                p,
+            ),
+            quota_limit: gauge(
+                &r,
+                "provider_quota_limit",
+                "Requests per window the provider advertises (absent when it advertises none)",
+                p,
+            ),
+            quota_remaining: gauge(
+                &r,
+                "provider_quota_remaining",
+                "Requests left in the provider's advertised window",
+                p,
+            ),
+            quota_reset: gauge(
+                &r,
+                "provider_quota_reset_seconds",
+                "Seconds until the provider's advertised window resets",
+                p,
+            ),
+            quota_advertised: int_gauge(
+                &r,
+                "provider_pace_advertised",
+                "1 while the pace follows the provider's advertised quota, 0 while it is learned",
+                p,
+            ),
+            shared_state: int_gauge(
+                &r,
+                "shared_budget_state",
+                "1 for the state of a shared provider's budget on this replica: shared (paced by Redis), degraded (Redis unreachable: pacing alone at rate / replicas) or joining",
+                &["provider", "state"],
+            ),
+            shared_rate: gauge(
+                &r,
+                "shared_rate_rps",
+                "The rate all replicas pace a shared provider by, as last seen in Redis",
+                p,
+            ),
+            shared_share: gauge(
+                &r,
+                "shared_admission_share",
+                "This replica's share of a shared provider's admissions lately (0-1)",
+                p,
+            ),
+            condition: int_gauge(
+                &r,
+                "provider_condition",
+                "1 for what the controller takes the provider's recent failures for: outage (every answer fails whatever the rate) or throttle (failures fall with the rate); both 0 when nothing fails",
+                &["provider", "condition"],
+            ),
+            outages: counter(
+                &r,
+                "provider_outages_total",
+                "Outages found: failures in a row that went on at a rate no cut changed (R-SG4)",
+                p,
+            ),
+            quota_malformed: counter(
+                &r,
+                "quota_headers_malformed_total",
+                "Answers whose quota headers could not be read (ignored), by header family",
+                &["provider", "family"],
+            ),
+            providers_tracked,
+            tasks_alive,
+            store_cold_starts: counter(
+                &r,
+                "store_cold_starts_total",
+                "Stores moved aside at start, by reason",
+                &["reason"],
+            ),
+            store_errors: plain_counter("store_errors_total", "Store reads or writes that failed"),
+            accept_errors: counter(
+                &r,
+                "accept_errors_total",
+                "Connections a listener failed to accept (out of file descriptors and the like), by listener",
+                &["listener"],
+            ),
+            bad_requests: counter(
+                &r,
+                "bad_requests_total",
+                "Requests refused as malformed before any provider saw them, by reason",
+                &["reason"],
+            ),
+            state_restored: plain_counter(
+                "state_restored_total",
+                "Providers whose learned state was restored",
+            ),
+            reloads: counter(
+                &r,
+                "config_reloads_total",
+                "Config reloads, by result",
+                &["result"],
+            ),
+            runs: counter(
+                &r,
+                "runs_total",
+                "Runs ended, by collector and stop reason (none: finished without a stop)",
+                &["collector", "stop_reason"],
+            ),
+            runs_active: int_gauge(
+                &r,
+                "runs_active",
+                "The collector's active runs (at most one per mode: steady, catchup)",
+                &["collector"],
+            ),
+            run_attempts: counter(
+                &r,
+                "run_attempts_total",
+                "Attempts of runs that reached the provider, retries included",
+                &["collector"],
+            ),
+            gaps_pending: int_gauge(
+                &r,
+                "gaps_pending",
+                "Pending gap records (deferred work)",
+                &["collector"],
+            ),
+            checkpoint_commits: counter(
+                &r,
+                "checkpoint_commits_total",
+                "Checkpoints committed and flushed",
+                &["collector"],
+            ),
+            labels: Mutex::new(HashSet::new()),
+            max_labels,
+            registry: r,
+        };
+        for result in ["ok", "rejected"] {
+            m.reloads.with_label_values(&[result]);
+        }
+        let build = IntGaugeVec::new(
+            Opts::new("build_info", "sluice's version (always 1)"),
+            &["version"],
+        )
+        .expect("valid metric");
+        build.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
+        m.registry.register(Box::new(build)).expect("unique metric");
+        m.store_cold_starts.with_label_values(&["unreadable"]);
+        for listener in ["proxy", "admin"] {
+            m.accept_errors.with_label_values(&[listener]);
+        }
+        for reason in BAD_REQUEST_REASONS {
+            m.bad_requests.with_label_values(&[reason]);
+        }
+        m
+    }
+}

@@ -1,0 +1,261 @@
+//! Prometheus metrics (R-OP1): what the control loop is doing, per
+//! provider.
+//!
+//! Gauges (rate, interval, ceiling, queue, in flight, breaker state,
+//! budget, hold) are read from each provider's snapshot at scrape time, so
+//! they can never disagree with `/v1/providers`. Counters and histograms
+//! are fed by the policy's events and breaker transitions as they happen.
+//!
+//! Cardinality is bounded: the provider table holds at most
+//! `limits.max_providers` (unknown hosts beyond that share `_overflow`), and
+//! at most `limits.max_metric_providers` distinct provider labels are ever
+//! exported — later ones fold into `provider="_other"`. Labels never carry
+//! a path, a query, a header value or a body (R-SF4).
+
+mod catalogue;
+mod feed;
+mod scrape;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Mutex, OnceLock};
+
+use prometheus::{
+    CounterVec, Encoder, GaugeVec, Histogram, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Registry, TextEncoder,
+};
+
+/// One provider's series that every answered request touches, each
+/// looked up on first use and kept (issue 24: a look-up by label hashes
+/// the values and takes the family's lock; series are never removed, so a
+/// kept handle stays the exported one).
+#[derive(Debug, Default)]
+pub struct Handles {
+    attempt_success: OnceLock<IntCounter>,
+    ttfb: OnceLock<Histogram>,
+    pacing_wait: OnceLock<Histogram>,
+    unclassed_units: OnceLock<IntCounter>,
+    unclassed_wait: OnceLock<Histogram>,
+}
+
+/// A provider's `sluice_requests_total{outcome="success"}`, found once:
+/// every answered request counts there (see [`Handles`]).
+#[derive(Debug, Default)]
+pub struct RequestHandle(OnceLock<IntCounter>);
+
+/// The label every provider beyond the label cap shares.
+pub const OTHER: &str = "_other";
+
+/// All of sluice's metrics.
+pub struct Metrics {
+    registry: Registry,
+    labels: Mutex<HashSet<String>>,
+    max_labels: usize,
+    rate: GaugeVec,
+    interval: GaugeVec,
+    ceiling: GaugeVec,
+    start: GaugeVec,
+    limit: GaugeVec,
+    error_baseline: GaugeVec,
+    latency_baseline: GaugeVec,
+    on_trial: IntGaugeVec,
+    provider_down: IntGaugeVec,
+    parked: IntGaugeVec,
+    condition: IntGaugeVec,
+    outages: IntCounterVec,
+    queue: IntGaugeVec,
+    in_flight: IntGaugeVec,
+    breaker_state: IntGaugeVec,
+    budget: IntGaugeVec,
+    hold: GaugeVec,
+    requests: IntCounterVec,
+    attempts: IntCounterVec,
+    retries: IntCounterVec,
+    pacing_wait: HistogramVec,
+    collector_units: IntCounterVec,
+    collector_wait: HistogramVec,
+    collector_waiting: IntGaugeVec,
+    allowance_units: GaugeVec,
+    allowance_spent: GaugeVec,
+    allowance_reset: GaugeVec,
+    ttfb: HistogramVec,
+    holds: IntCounterVec,
+    hold_seconds: CounterVec,
+    backoffs: IntCounterVec,
+    transitions: IntCounterVec,
+    tunnels: IntCounterVec,
+    upgrades: IntCounterVec,
+    upgraded_open: IntGauge,
+    interception_failures: IntCounterVec,
+    visibility: IntGaugeVec,
+    quota_limit: GaugeVec,
+    quota_remaining: GaugeVec,
+    quota_reset: GaugeVec,
+    quota_advertised: IntGaugeVec,
+    shared_state: IntGaugeVec,
+    shared_rate: GaugeVec,
+    shared_share: GaugeVec,
+    quota_malformed: IntCounterVec,
+    /// Providers in the table.
+    pub providers_tracked: IntGauge,
+    /// Tasks alive in the runtime (connections, tunnels, writers…): flat
+    /// at rest, back to it after load — a stuck waiter shows here.
+    pub tasks_alive: IntGauge,
+    /// Stores that could not be opened and were moved aside, by reason.
+    pub store_cold_starts: IntCounterVec,
+    /// Store reads or writes that failed.
+    pub store_errors: IntCounter,
+    /// Failed accepts, by listener (`proxy`, `admin`): out of file
+    /// descriptors and the like.
+    pub accept_errors: IntCounterVec,
+    /// Requests refused as malformed before reaching any provider, by a
+    /// bounded reason.
+    bad_requests: IntCounterVec,
+    /// Providers whose learned state was restored.
+    pub state_restored: IntCounter,
+    /// Config reloads, by result.
+    pub reloads: IntCounterVec,
+    /// Runs ended, by collector and stop reason (`none`: not stopped).
+    pub runs: IntCounterVec,
+    /// 1 while a collector has an active run.
+    pub runs_active: IntGaugeVec,
+    /// Attempts of runs that reached the provider, by collector.
+    pub run_attempts: IntCounterVec,
+    /// Pending gap records, by collector.
+    pub gaps_pending: IntGaugeVec,
+    /// Checkpoints committed (flushed), by collector.
+    pub checkpoint_commits: IntCounterVec,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+/// One upgraded connection in the open gauge while it lives.
+#[derive(Debug)]
+pub struct UpgradedGuard(IntGauge);
+
+impl Drop for UpgradedGuard {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+/// The reasons `sluice_bad_requests_total` counts.
+pub const BAD_REQUEST_REASONS: [&str; 2] = ["invalid_port", "ambiguous_length"];
+
+impl Metrics {
+    /// Creates a provider's counters at zero, so that `rate()` and
+    /// `increase()` see them from the start rather than from the first
+    /// event (the label combinations are fixed and few).
+    pub fn init_provider(&self, label: &str) {
+        self.outages.with_label_values(&[label]);
+        for reason in sluice_policy::pacer::BackoffReason::ALL {
+            self.backoffs.with_label_values(&[label, reason.label()]);
+        }
+        self.holds.with_label_values(&[label]);
+        self.hold_seconds.with_label_values(&[label]);
+        self.interception_failures.with_label_values(&[label]);
+        self.upgrades.with_label_values(&[label]);
+        for mode in ["intercepted", "raw", "plain_http"] {
+            self.tunnels.with_label_values(&[label, mode]);
+        }
+        for (from, to, reason) in [
+            ("closed", "open", "failure_rate"),
+            ("open", "half_open", "reset_timeout"),
+            ("half_open", "closed", "probes_succeeded"),
+            ("half_open", "open", "probe_failed"),
+            ("closed", "open", "failure_streak"),
+        ] {
+            self.transitions
+                .with_label_values(&[label, from, to, reason]);
+        }
+    }
+
+    /// The label for a provider: its name, or `_other` beyond the cap.
+    pub fn label(&self, provider: &str) -> String {
+        let mut labels = self.labels.lock().unwrap_or_else(|p| p.into_inner());
+        if labels.contains(provider) {
+            return provider.to_string();
+        }
+        if labels.len() < self.max_labels {
+            labels.insert(provider.to_string());
+            return provider.to_string();
+        }
+        OTHER.to_string()
+    }
+
+    /// Counts one client request's final outcome.
+    pub fn request(&self, label: &str, outcome: &str) {
+        self.requests.with_label_values(&[label, outcome]).inc();
+    }
+
+    /// [`Metrics::request`] through a provider's [`RequestHandle`]: a success,
+    /// the usual outcome, finds its series without a look-up.
+    pub fn request_with(&self, label: &str, h: &RequestHandle, outcome: &str) {
+        if outcome == "success" {
+            h.0.get_or_init(|| self.requests.with_label_values(&[label, "success"]))
+                .inc();
+        } else {
+            self.request(label, outcome);
+        }
+    }
+
+    /// Counts an upgrade switched for a provider, and returns a guard that
+    /// keeps it in the open gauge until dropped.
+    pub fn upgraded(&self, label: &str) -> UpgradedGuard {
+        self.upgrades.with_label_values(&[label]).inc();
+        self.upgraded_open.inc();
+        UpgradedGuard(self.upgraded_open.clone())
+    }
+
+    /// Counts a tunnel.
+    pub fn tunnel(&self, label: &str, mode: &str) {
+        self.tunnels.with_label_values(&[label, mode]).inc();
+    }
+
+    /// Counts a request refused as malformed (`reason` is one of
+    /// [`BAD_REQUEST_REASONS`]).
+    pub fn bad_request(&self, reason: &'static str) {
+        self.bad_requests.with_label_values(&[reason]).inc();
+    }
+
+    /// Counts a client rejecting the interception.
+    pub fn interception_failed(&self, label: &str) {
+        self.interception_failures.with_label_values(&[label]).inc();
+    }
+
+    /// Attempts so far per provider label: (sent, refused as throttled),
+    /// for the history (read from the counters, creating no series).
+    pub fn attempt_counts(&self) -> HashMap<String, (u64, u64)> {
+        use prometheus::core::Collector;
+        let mut counts: HashMap<String, (u64, u64)> = HashMap::new();
+        for family in self.attempts.collect() {
+            for m in family.get_metric() {
+                let (mut provider, mut outcome) = ("", "");
+                for l in m.get_label() {
+                    match l.name() {
+                        "provider" => provider = l.value(),
+                        "outcome" => outcome = l.value(),
+                        _ => {}
+                    }
+                }
+                let n = m.get_counter().get_value() as u64;
+                let c = counts.entry(provider.to_string()).or_default();
+                c.0 += n;
+                if outcome == "throttled" {
+                    c.1 += n;
+                }
+            }
+        }
+        counts
+    }
+
+    /// The text exposition.
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
+        String::from_utf8(buf).unwrap_or_default()
+    }
+}
