@@ -21,7 +21,7 @@
 //! errors (which name the key). Add a check to
 //! `ProviderSettings::validated` if some values make no sense, and the key
 //! to `sluice.example.toml` (a test fails until it is there). A type not
-//! yet used by a setting needs a [`FromToml`] impl saying how TOML writes
+//! yet used by a setting needs a `FromToml` impl saying how TOML writes
 //! it.
 
 mod build;

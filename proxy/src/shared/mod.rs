@@ -55,7 +55,7 @@ const SHARE_EVERY: Duration = Duration::from_secs(5);
 /// keeps 14 digits: a rate read back a hair lower than written would look
 /// like a cut to every replica).
 ///
-/// Takes the provider's next slot if it is due. KEYS[1]: the provider's
+/// Takes the provider's next slot if it is due. `KEYS[1]`: the provider's
 /// hash. ARGV: this replica's rate and throttle point (they start a budget
 /// nobody has), the lateness forgiven (ms; at most half an interval), the
 /// key's TTL (ms), the units the request costs (it takes as many slots,

@@ -23,7 +23,7 @@
 //! **Outage or throttle (R-SG4).** A throttle's failures fall when the rate
 //! falls: a token bucket lets the next request through at once, a sliding
 //! window within its length. An outage fails everything at any rate. So a
-//! run of failures with no clean answer between them (a [`Streak`]) may
+//! run of failures with no clean answer between them (a `Streak`, `outage.rs`) may
 //! cut at most [`STREAK_MAX_CUTS`] times; past that the rate is held where
 //! it is, and once every answer has gone on failing for
 //! [`OUTAGE_PERSIST`] at a rate no cut has changed, the controller calls
