@@ -1,149 +1,20 @@
 //! A run's life (R-RN1, R-RN2, R-RN10): opening it under a fenced lease,
 //! heartbeats, finishing, the sweep that ends lapsed leases and passed
-//! deadlines, attaching a collector's requests to its run, and the runs
-//! read back from the store after a restart.
+//! deadlines, attaching a collector's requests to its run (what the store
+//! gives back after a restart is `restore.rs`).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use sluice_policy::error::{Cause, Fault};
-use sluice_policy::run::{Envelope, ProviderWaits, RunHandle, RunState, StopReason};
+use sluice_policy::run::{Envelope, RunHandle, StopReason};
 use tokio::time::Instant;
 
-use super::records::{prefix, seq_key, split_id, Checkpoint, Gap, Mode, Phase, RunRecord};
+use super::records::{prefix, seq_key, split_id, Mode, Phase, RunRecord};
 use super::{ms_from, reserve_key, Active, Answer, Opening, Registry, RunError, RunView, Runs};
 use crate::store::{unix_ms_now, RunTree};
 
 impl Runs {
-    /// Reads back what the store holds for each collector: its fencing
-    /// token, checkpoints, stop gaps, and the run that was active when
-    /// sluice stopped — resumed if its lease has not lapsed, else ended
-    /// with its gap records (R-RN10).
-    pub(super) fn load(&self) {
-        let Some(store) = &self.store else { return };
-        let mut reg = self.lock();
-        let names: Vec<String> = reg.slots.keys().cloned().collect();
-        // Numbers go on from the last handed out (or the highest stored, if
-        // that was lost with a crash).
-        let seq_of = |key: &[u8]| {
-            key.len()
-                .checked_sub(8)
-                .and_then(|at| key[at..].try_into().ok())
-                .map_or(0, u64::from_be_bytes)
-        };
-        let mut last_seq = store
-            .get(RunTree::Meta, super::SEQ_KEY)
-            .and_then(|v| v.try_into().ok())
-            .map_or(0, u64::from_be_bytes);
-        for name in &names {
-            for tree in [RunTree::Runs, RunTree::Gaps] {
-                if let Some((key, _)) = store.scan_newest(tree, &prefix(name)).next() {
-                    last_seq = last_seq.max(seq_of(&key));
-                }
-            }
-        }
-        reg.next_seq = reg.next_seq.max(last_seq);
-        for name in names {
-            let fence = store
-                .get(RunTree::Meta, &fence_key(&name))
-                .and_then(|v| v.try_into().ok())
-                .map_or(0, u64::from_be_bytes);
-            let mut last = None;
-            let mut resumed: BTreeMap<Mode, RunRecord> = BTreeMap::new();
-            let mut seen: Vec<Mode> = Vec::new();
-            let mut interrupted = Vec::new();
-            let now_ms = unix_ms_now();
-            for (key, value) in store.scan_newest(RunTree::Runs, &prefix(&name)) {
-                let Ok(mut record) = serde_json::from_slice::<RunRecord>(&value) else {
-                    continue;
-                };
-                let newest_of_mode = !seen.contains(&record.mode);
-                seen.push(record.mode);
-                if record.phase == Phase::Active {
-                    // Per mode, the newest run goes on if it is active, its
-                    // lease has not lapsed and its token is one handed out
-                    // (R-RN10); any other active run was interrupted.
-                    let alive = record.lease_until_unix_ms.is_some_and(|l| l > now_ms);
-                    if alive && newest_of_mode && record.fencing_token <= fence {
-                        resumed.insert(record.mode, record);
-                        continue;
-                    }
-                    record.phase = Phase::Interrupted;
-                    record.ended_unix_ms = Some(now_ms);
-                    interrupted.push((key, record.clone()));
-                }
-                if last.is_none() {
-                    last = Some(record);
-                }
-            }
-            let mut pending = 0;
-            for (_, value) in store.scan(RunTree::Gaps, &prefix(&name), &[]) {
-                pending += 1;
-                let Ok(gap) = serde_json::from_slice::<Gap>(&value) else {
-                    continue;
-                };
-                if let (true, Some(mode)) = (gap.stop, gap.mode) {
-                    // Scanned oldest first: the newest stays indexed.
-                    let key = (name.clone(), mode, gap.stream.clone(), gap.provider.clone());
-                    reg.stop_gaps.insert(key, gap);
-                }
-            }
-            for (key, value) in store.scan(RunTree::Checkpoints, &prefix(&name), &[]) {
-                let rest = &key[name.len() + 1..];
-                let Some(split) = rest.iter().position(|&b| b == 0) else {
-                    continue;
-                };
-                let mode = std::str::from_utf8(&rest[..split])
-                    .ok()
-                    .and_then(Mode::parse);
-                let stream = String::from_utf8(rest[split + 1..].to_vec()).ok();
-                let checkpoint = serde_json::from_slice::<Checkpoint>(&value).ok();
-                if let (Some(mode), Some(stream), Some(c)) = (mode, stream, checkpoint) {
-                    reg.checkpoints.insert((name.clone(), mode, stream), c);
-                }
-            }
-            let max_waits = reg.max_cooldown_waits;
-            if let Some(slot) = reg.slots.get_mut(&name) {
-                slot.fence = fence;
-                slot.last = last;
-                slot.pending_gaps = pending;
-                for (mode, record) in resumed {
-                    let reserved = store
-                        .get(RunTree::Meta, &reserve_key(&record.id))
-                        .and_then(|v| v.try_into().ok())
-                        .map_or(0, u64::from_be_bytes);
-                    let active = resume(record, reserved, now_ms, max_waits);
-                    tracing::info!(collector = %name, run = %active.record.id, mode = mode.label(), units = active.handle.units(), "run resumed after a restart");
-                    self.reserving(&active.handle, &active.record.id, active.handle.units());
-                    slot.active.insert(mode, active);
-                }
-            }
-            // Runs whose lease lapsed while sluice was down: interrupted,
-            // their remainder recorded as gaps unless a stop already did.
-            for (key, mut record) in interrupted {
-                if record.stop_reason.is_none() && record.lease_until_unix_ms.is_some() {
-                    let mut streams = record.streams.clone();
-                    if streams.is_empty() {
-                        streams.push("*".to_string());
-                    }
-                    for stream in streams {
-                        let gap = self.stop_gap(
-                            &mut reg,
-                            &name,
-                            record.mode,
-                            &stream,
-                            Phase::Interrupted.label(),
-                            None,
-                            &record.id,
-                        );
-                        record.gaps_recorded += u64::from(gap.is_some());
-                    }
-                }
-                self.write(RunTree::Runs, key, &record);
-            }
-        }
-    }
-
     /// Ends runs whose lease lapsed and stops runs whose deadline passed
     /// (writing their gap records). Called before every operation and by
     /// the process's sweep.
@@ -588,66 +459,6 @@ impl Runs {
                 }
             }
         }
-    }
-}
-
-/// An active run read back from the store (R-RN10): its budgets, its
-/// attempts counted from the reservation (never fewer than were made), its
-/// stops, and the rest of its lease.
-pub(super) fn resume(
-    record: RunRecord,
-    reserved: u64,
-    now_ms: u64,
-    max_cooldown_waits: u32,
-) -> Active {
-    let now = Instant::now();
-    let at = |unix_ms: u64| now + Duration::from_millis(unix_ms.saturating_sub(now_ms));
-    let deadline = record
-        .deadline_s
-        .map(|s| at(record.started_unix_ms + (s * 1000.0) as u64));
-    let reason = |label: &str| StopReason::ALL.into_iter().find(|r| r.label() == label);
-    // Charged: the durable reservation (every attempt that left is within
-    // it; at most a block more, R-RN10) — not the counters last written,
-    // which held attempts still waiting for a slot.
-    let units = record.attempts_reserved.max(reserved);
-    let attempts = record.attempts + units.saturating_sub(record.units);
-    let mut state = RunState::new(Envelope {
-        request_cap: record.request_cap,
-        deadline,
-        retry_budget: None,
-        retry_ratio: record.retry_ratio,
-        max_cooldown_waits,
-    });
-    state.attempts = attempts;
-    state.units = units;
-    state.departed = units;
-    state.retries = record.retries;
-    state.waits_total = record.cooldown_waits;
-    state.stopped = record.stop_reason.as_deref().and_then(reason);
-    for (provider, p) in &record.providers {
-        state.providers.insert(
-            provider.clone(),
-            ProviderWaits {
-                attempts: p.attempts,
-                waits: p.waits,
-                stopped: p.stopped.as_deref().and_then(reason),
-                ..ProviderWaits::default()
-            },
-        );
-    }
-    for (provider, r) in &record.provider_stops {
-        state.providers.entry(provider.clone()).or_default().stopped = reason(r);
-    }
-    let lease_ms = record.lease_until_unix_ms.unwrap_or(now_ms);
-    Active {
-        settled: record.stop_reason.is_some(),
-        settled_providers: record.provider_stops.keys().cloned().collect(),
-        streams: record.streams.iter().cloned().collect(),
-        handle: RunHandle::resume(state),
-        lease_until: at(lease_ms),
-        counted: attempts,
-        lease_written_ms: lease_ms,
-        record,
     }
 }
 

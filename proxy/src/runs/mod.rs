@@ -22,6 +22,7 @@ mod checkpoints;
 mod gaps;
 mod lease;
 pub mod records;
+mod restore;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
