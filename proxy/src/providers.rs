@@ -9,6 +9,11 @@
 //! most `max_providers` are tracked: beyond that, unknown hosts share one
 //! `_overflow` provider (linkerd's idle cache, hyper-util's pool keys).
 //! The same kept-state map is filled from the store at start (R-PS1).
+//!
+//! One concern in one file (about 600 lines with its tests): the table —
+//! look-up, building a provider's stack, eviction, the kept state and
+//! reload all take the same two locks in the same order, and reading them
+//! side by side is how that order stays right.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

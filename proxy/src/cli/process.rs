@@ -124,39 +124,12 @@ pub async fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), Sta
     let writer = store
         .clone()
         .map(|s| StoreWriter::spawn(s, metrics.store_errors.clone()));
-    let ca = match CertAuthority::load_or_create(ca_paths(&config), config.tls.leaf_cache) {
-        Ok(ca) => Some(Arc::new(ca)),
-        Err(e) => {
-            tracing::error!(
-                error = %e,
-                "no interception CA: HTTPS providers are tunnelled without per-request visibility"
-            );
-            None
-        }
-    };
-    if let Some(dir) = &config.tls.trust_dir {
-        // Collectors in the pod read these before they start: no CA, no
-        // start (the startup probe keeps them waiting, loudly).
-        let ca = ca.as_ref().ok_or(StartError::NoCa)?;
-        CaEnv::write_to(ca, dir)?;
-        tracing::info!(dir = %dir.display(), "wrote ca.crt and ca-bundle.pem for collectors");
-    }
+    let ca = interception_ca(&config)?;
     let observer = Arc::new(Observe {
         metrics: metrics.clone(),
         writer: writer.clone(),
     });
-    let shared = match &config.shared {
-        Some(shared) => {
-            let store = SharedStore::new(shared, config.extra_ca.as_deref())?;
-            tracing::info!(
-                redis = %redact_url(&shared.redis),
-                replicas = shared.replicas,
-                "shared budgets through Redis"
-            );
-            Some(store)
-        }
-        None => None,
-    };
+    let shared = shared_store(&config)?;
     let providers = Providers::new(&config, upstream, Some(observer)).with_shared(shared);
     if let Some(store) = &store {
         restore(&providers, store, &metrics, config.limits.state_max_age);
@@ -192,6 +165,54 @@ pub async fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), Sta
     // A machine-readable line for supervisors and tests that bind port 0.
     println!("sluice listening proxy={proxy_addr} admin={admin_addr}");
 
+    accept_until_stopped(&app, proxy).await?;
+    drain(&app).await;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// The interception CA, loaded or made; none (with an error logged) if
+/// it cannot be — unless collectors are waiting for it in `trust_dir`.
+fn interception_ca(config: &Config) -> Result<Option<Arc<CertAuthority>>, StartError> {
+    let ca = match CertAuthority::load_or_create(ca_paths(config), config.tls.leaf_cache) {
+        Ok(ca) => Some(Arc::new(ca)),
+        Err(e) => {
+            tracing::error!(
+                error = %e,
+                "no interception CA: HTTPS providers are tunnelled without per-request visibility"
+            );
+            None
+        }
+    };
+    if let Some(dir) = &config.tls.trust_dir {
+        // Collectors in the pod read these before they start: no CA, no
+        // start (the startup probe keeps them waiting, loudly).
+        let ca = ca.as_ref().ok_or(StartError::NoCa)?;
+        CaEnv::write_to(ca, dir)?;
+        tracing::info!(dir = %dir.display(), "wrote ca.crt and ca-bundle.pem for collectors");
+    }
+    Ok(ca)
+}
+
+/// The Redis store for shared budgets, if the config names one.
+fn shared_store(config: &Config) -> Result<Option<Arc<SharedStore>>, StartError> {
+    Ok(match &config.shared {
+        Some(shared) => {
+            let store = SharedStore::new(shared, config.extra_ca.as_deref())?;
+            tracing::info!(
+                redis = %redact_url(&shared.redis),
+                replicas = shared.replicas,
+                "shared budgets through Redis"
+            );
+            Some(store)
+        }
+        None => None,
+    })
+}
+
+/// Accepts connections until SIGTERM or SIGINT; SIGHUP reloads. The
+/// listener closes when this returns: no new connections while draining.
+async fn accept_until_stopped(app: &Arc<App>, proxy: TcpListener) -> Result<(), StartError> {
     let mut term = signal(SignalKind::terminate()).map_err(StartError::Signals)?;
     let mut hup = signal(SignalKind::hangup()).map_err(StartError::Signals)?;
     let mut backoff = AcceptBackoff::new("proxy");
@@ -206,12 +227,17 @@ pub async fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), Sta
                 // report now and then.
                 Err(e) => backoff.back_off(&e, &app.metrics).await,
             },
-            _ = hup.recv() => reload(&app),
+            _ = hup.recv() => reload(app),
             _ = term.recv() => break,
             _ = tokio::signal::ctrl_c() => break,
         }
     }
-    drop(proxy);
+    Ok(())
+}
+
+/// Stops answering readiness, drains within the grace period, suspends
+/// the runs and saves what was learned.
+async fn drain(app: &Arc<App>) {
     app.ready.store(false, Ordering::SeqCst);
     let grace = app.config().limits.shutdown_grace;
     tracing::info!(
@@ -226,9 +252,7 @@ pub async fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), Sta
         tracing::warn!("grace period over; closing what is left");
     }
     app.runs.suspend_all();
-    save(&app).await;
-    tracing::info!("stopped");
-    Ok(())
+    save(app).await;
 }
 
 /// Loads learned state from the store into the table (R-PS1): records

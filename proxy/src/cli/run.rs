@@ -96,7 +96,9 @@ enum Ended {
     LeaseLost(String),
 }
 
-/// Runs the command inside a run; the process's exit status.
+/// Runs the command inside a run; the process's exit status: the run is
+/// opened, the command started with the run in its environment, the lease
+/// kept while it runs, and the run finished with how it ended.
 pub async fn run(cmd: RunCommand, config: &Config) -> ExitCode {
     let token = match std::fs::read_to_string(&cmd.token_file) {
         Ok(t) if !t.trim().is_empty() => t.trim().to_string(),
@@ -106,6 +108,81 @@ pub async fn run(cmd: RunCommand, config: &Config) -> ExitCode {
     let Some((program, args)) = cmd.command.split_first() else {
         return fail("no command given (sluice run [options] -- COMMAND ...)");
     };
+    let opened = match open_run(&cmd, &token).await {
+        Ok(o) => o,
+        Err(code) => return code,
+    };
+    let id = opened.id.clone();
+    eprintln!("sluice run: run {id} opened for {}", cmd.collector);
+    let mut child = command(&cmd, program, args, &token, &opened, config);
+    let handoff = match handoff(&cmd, &id, &opened.run, &token).await {
+        Ok(h) => h,
+        Err(e) => {
+            finish(&cmd, &id, &token, None).await;
+            return fail(&format!("cannot hand the run's state to the command: {e}"));
+        }
+    };
+    child
+        .env("SLUICE_CHECKPOINTS", &handoff.checkpoints)
+        .env("SLUICE_GAPS", &handoff.gaps);
+    let mut child = match child.spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            finish(&cmd, &id, &token, None).await;
+            handoff.remove();
+            return fail(&format!("cannot start {program}: {e}"));
+        }
+    };
+
+    // Keep the lease, and watch for the run's end.
+    let beat = Duration::from_millis((opened.ttl_ms / 3).max(200)).min(BEAT);
+    let (ended_tx, mut ended) = tokio::sync::watch::channel(None);
+    let heartbeat = tokio::spawn(keep_lease(
+        cmd.admin,
+        id.clone(),
+        token.clone(),
+        beat,
+        ended_tx,
+    ));
+    let status = wait_forwarding_signals(&mut child, &mut ended, cmd.grace).await;
+    heartbeat.abort();
+    let ended = ended.borrow().clone();
+    let status = match status {
+        Ok(s) => match (s.code(), std::os::unix::process::ExitStatusExt::signal(&s)) {
+            (Some(code), _) => code.clamp(0, 255) as u8,
+            (None, Some(sig)) => (128 + sig).clamp(0, 255) as u8,
+            (None, None) => 1,
+        },
+        Err(e) => {
+            finish(&cmd, &id, &token, None).await;
+            handoff.remove();
+            return fail(&format!("waiting for the command: {e}"));
+        }
+    };
+    let summary = finish(&cmd, &id, &token, Some(status)).await;
+    handoff.remove();
+    if let Some(Ended::LeaseLost(why)) = &ended {
+        eprintln!("sluice run: the run's lease was lost ({why}); the command was stopped");
+        return ExitCode::from(LEASE_HELD);
+    }
+    exit_status(summary.as_ref(), status, cmd.pass_status)
+}
+
+/// A run the admin API opened.
+struct Opened {
+    /// The run's id.
+    id: String,
+    /// Its fencing token.
+    fence: u64,
+    /// How long its lease lasts, in ms.
+    ttl_ms: u64,
+    /// The API's answer, whole (the hand-off reads it).
+    run: Value,
+}
+
+/// Opens the run; refused, the exit status to end with (`LEASE_HELD`
+/// when another run holds the lease).
+async fn open_run(cmd: &RunCommand, token: &str) -> Result<Opened, ExitCode> {
     let opening = json!({
         "request_cap": cmd.request_cap,
         "deadline_s": cmd.deadline.map(|d| d.as_secs_f64()),
@@ -114,28 +191,42 @@ pub async fn run(cmd: RunCommand, config: &Config) -> ExitCode {
         "wait_s": cmd.wait.map(|d| d.as_secs_f64()),
     });
     let path = format!("/v1/collectors/{}/runs", cmd.collector);
-    let (status, run) = match call(cmd.admin, "POST", &path, Some(&opening), Some(&token)).await {
+    let (status, run) = match call(cmd.admin, "POST", &path, Some(&opening), Some(token)).await {
         Ok(r) => r,
-        Err(e) => return fail(&format!("admin API at {}: {e}", cmd.admin)),
+        Err(e) => return Err(fail(&format!("admin API at {}: {e}", cmd.admin))),
     };
     if status != 201 {
         let why = run["error"].as_str().unwrap_or("refused");
         eprintln!("sluice run: the run was not opened ({status}): {why}");
-        return match run["holder"].as_str() {
+        return Err(match run["holder"].as_str() {
             Some(holder) => {
                 eprintln!("sluice run: run {holder} holds the lease");
                 ExitCode::from(LEASE_HELD)
             }
             None => ExitCode::FAILURE,
-        };
+        });
     }
-    let id = run["id"].as_str().unwrap_or_default().to_string();
-    let fence = run["lease"]["fencing_token"].as_u64().unwrap_or(0);
-    let ttl_ms = run["lease"]["expires_at_unix_ms"]
-        .as_u64()
-        .map_or(60_000, |at| at.saturating_sub(crate::store::unix_ms_now()));
-    eprintln!("sluice run: run {id} opened for {}", cmd.collector);
+    Ok(Opened {
+        id: run["id"].as_str().unwrap_or_default().to_string(),
+        fence: run["lease"]["fencing_token"].as_u64().unwrap_or(0),
+        ttl_ms: run["lease"]["expires_at_unix_ms"]
+            .as_u64()
+            .map_or(60_000, |at| at.saturating_sub(crate::store::unix_ms_now())),
+        run,
+    })
+}
 
+/// The command, its environment set: the proxy with the run's
+/// credentials, the admin API beside it unproxied, sluice's CA for the
+/// common TLS stacks, and the run's id, mode, token and budgets.
+fn command(
+    cmd: &RunCommand,
+    program: &str,
+    args: &[String],
+    token: &str,
+    opened: &Opened,
+    config: &Config,
+) -> tokio::process::Command {
     // The user names the run's mode (`collector-a+catchup`): a steady and
     // a catch-up run of one collector may be active at once, and each
     // command's requests belong to its own run (R-FS1).
@@ -161,9 +252,9 @@ pub async fn run(cmd: RunCommand, config: &Config) -> ExitCode {
         }
     }
     child
-        .env("SLUICE_RUN_ID", &id)
+        .env("SLUICE_RUN_ID", &opened.id)
         .env("SLUICE_MODE", cmd.mode.label())
-        .env("SLUICE_FENCING_TOKEN", fence.to_string())
+        .env("SLUICE_FENCING_TOKEN", opened.fence.to_string())
         .env("SLUICE_ADMIN", &admin_url);
     if let Some(cap) = cmd.request_cap {
         child.env("SLUICE_REQUEST_CAP", cap.to_string());
@@ -171,73 +262,36 @@ pub async fn run(cmd: RunCommand, config: &Config) -> ExitCode {
     if let Some(d) = cmd.deadline {
         child.env("SLUICE_DEADLINE_S", d.as_secs_f64().to_string());
     }
-    let handoff = match handoff(&cmd, &id, &run, &token).await {
-        Ok(h) => h,
-        Err(e) => {
-            finish(&cmd, &id, &token, None).await;
-            return fail(&format!("cannot hand the run's state to the command: {e}"));
-        }
-    };
     child
-        .env("SLUICE_CHECKPOINTS", &handoff.checkpoints)
-        .env("SLUICE_GAPS", &handoff.gaps);
-    let mut child = match child.spawn() {
-        Ok(c) => c,
-        Err(e) => {
-            finish(&cmd, &id, &token, None).await;
-            handoff.remove();
-            return fail(&format!("cannot start {program}: {e}"));
-        }
-    };
+}
 
-    // Keep the lease, and watch for the run's end.
-    let beat = Duration::from_millis((ttl_ms / 3).max(200)).min(BEAT);
-    let (ended_tx, mut ended) = tokio::sync::watch::channel(None);
-    let heartbeat = {
-        let (admin, id, token) = (cmd.admin, id.clone(), token.clone());
-        tokio::spawn(async move {
-            let path = format!("/v1/runs/{id}/heartbeat");
-            loop {
-                tokio::time::sleep(beat).await;
-                match call(admin, "POST", &path, None, Some(&token)).await {
-                    Ok((200, v)) => {
-                        if let Some(reason) = v["stop_reason"].as_str() {
-                            let _ = ended_tx.send(Some(Ended::Stopped(reason.to_string())));
-                            return;
-                        }
-                    }
-                    Ok((status, v)) => {
-                        let why = v["error"].as_str().unwrap_or("refused").to_string();
-                        let _ = ended_tx.send(Some(Ended::LeaseLost(format!("{status}: {why}"))));
-                        return;
-                    }
-                    Err(e) => eprintln!("sluice run: heartbeat failed: {e}"),
+/// Heartbeats every `beat` until the run stops on a budget or its lease is
+/// lost, and says which on `ended`.
+async fn keep_lease(
+    admin: SocketAddr,
+    id: String,
+    token: String,
+    beat: Duration,
+    ended: tokio::sync::watch::Sender<Option<Ended>>,
+) {
+    let path = format!("/v1/runs/{id}/heartbeat");
+    loop {
+        tokio::time::sleep(beat).await;
+        match call(admin, "POST", &path, None, Some(&token)).await {
+            Ok((200, v)) => {
+                if let Some(reason) = v["stop_reason"].as_str() {
+                    let _ = ended.send(Some(Ended::Stopped(reason.to_string())));
+                    return;
                 }
             }
-        })
-    };
-    let status = wait_forwarding_signals(&mut child, &mut ended, cmd.grace).await;
-    heartbeat.abort();
-    let ended = ended.borrow().clone();
-    let status = match status {
-        Ok(s) => match (s.code(), std::os::unix::process::ExitStatusExt::signal(&s)) {
-            (Some(code), _) => code.clamp(0, 255) as u8,
-            (None, Some(sig)) => (128 + sig).clamp(0, 255) as u8,
-            (None, None) => 1,
-        },
-        Err(e) => {
-            finish(&cmd, &id, &token, None).await;
-            handoff.remove();
-            return fail(&format!("waiting for the command: {e}"));
+            Ok((status, v)) => {
+                let why = v["error"].as_str().unwrap_or("refused").to_string();
+                let _ = ended.send(Some(Ended::LeaseLost(format!("{status}: {why}"))));
+                return;
+            }
+            Err(e) => eprintln!("sluice run: heartbeat failed: {e}"),
         }
-    };
-    let summary = finish(&cmd, &id, &token, Some(status)).await;
-    handoff.remove();
-    if let Some(Ended::LeaseLost(why)) = &ended {
-        eprintln!("sluice run: the run's lease was lost ({why}); the command was stopped");
-        return ExitCode::from(LEASE_HELD);
     }
-    exit_status(summary.as_ref(), status, cmd.pass_status)
 }
 
 /// Exit status when a provider's part of the run stopped on source

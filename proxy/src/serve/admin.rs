@@ -89,6 +89,7 @@ fn json_response(status: StatusCode, v: &Value) -> Response<ResBody> {
     text(status, v.to_string(), "application/json")
 }
 
+/// The admin listener's endpoints: all `GET`.
 fn route(app: &App, req: Request<Incoming>) -> Response<ResBody> {
     if req.method() != Method::GET {
         return text(StatusCode::METHOD_NOT_ALLOWED, "GET only\n", "text/plain");
@@ -98,82 +99,99 @@ fn route(app: &App, req: Request<Incoming>) -> Response<ResBody> {
         "/" => page(),
         "/v1/history" => json_response(StatusCode::OK, &history_json(app)),
         "/healthz" => text(StatusCode::OK, "ok\n", "text/plain"),
-        "/readyz" => {
-            let ready = app.ready.load(Ordering::SeqCst);
-            match (ready, app.store.is_some()) {
-                (true, true) => text(StatusCode::OK, "ready\n", "text/plain"),
-                (false, _) => text(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "not ready: listeners\n",
-                    "text/plain",
-                ),
-                (true, false) => text(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "not ready: state store not open\n",
-                    "text/plain",
-                ),
-            }
-        }
-        "/metrics" => {
-            let providers = app.providers.all();
-            let now = Instant::now();
-            let snaps: Vec<_> = providers
-                .iter()
-                .map(|p| {
-                    let budget = p.budget().map(|b| b.readout());
-                    (p.policy.snapshot(now), p.visible(), budget)
-                })
-                .collect();
-            app.metrics
-                .refresh(snaps.iter().map(|(s, v, b)| (s, *v, *b)));
-            app.metrics.tasks_alive.set(
-                tokio::runtime::Handle::current()
-                    .metrics()
-                    .num_alive_tasks() as i64,
-            );
-            app.runs.export();
-            text(
-                StatusCode::OK,
-                app.metrics.render(),
-                "text/plain; version=0.0.4",
-            )
-        }
-        "/v1/providers" => {
-            let counts = app.metrics.attempt_counts();
-            let mut list: Vec<Value> = app
-                .providers
-                .all()
-                .iter()
-                .map(|p| provider_json(app, p, false, &counts))
-                .collect();
-            for name in app.providers.named() {
-                if app.providers.live(&name).is_none() {
-                    list.push(unknown_json(app, &name, false));
-                }
-            }
-            json_response(StatusCode::OK, &json!({ "providers": list }))
-        }
+        "/readyz" => readyz(app),
+        "/metrics" => metrics(app),
+        "/v1/providers" => providers(app),
         _ => match path.strip_prefix("/v1/providers/") {
-            Some(name) if !name.is_empty() => match app.providers.live(name) {
-                Some(p) => json_response(
-                    StatusCode::OK,
-                    &provider_json(app, &p, true, &app.metrics.attempt_counts()),
-                ),
-                None if app.providers.named().iter().any(|n| n == name)
-                    || app
-                        .store
-                        .as_ref()
-                        .is_some_and(|s| !s.evidence(name).is_empty()) =>
-                {
-                    json_response(StatusCode::OK, &unknown_json(app, name, true))
-                }
-                None => json_response(
-                    StatusCode::NOT_FOUND,
-                    &json!({ "error": "no such provider", "name": name }),
-                ),
-            },
+            Some(name) if !name.is_empty() => provider(app, name),
             _ => text(StatusCode::NOT_FOUND, "not found\n", "text/plain"),
         },
+    }
+}
+
+/// `/readyz`: ready once the listeners are up and the store is open.
+fn readyz(app: &App) -> Response<ResBody> {
+    let ready = app.ready.load(Ordering::SeqCst);
+    match (ready, app.store.is_some()) {
+        (true, true) => text(StatusCode::OK, "ready\n", "text/plain"),
+        (false, _) => text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not ready: listeners\n",
+            "text/plain",
+        ),
+        (true, false) => text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not ready: state store not open\n",
+            "text/plain",
+        ),
+    }
+}
+
+/// `/metrics`: the gauges refreshed from each provider's snapshot, then
+/// the text exposition.
+fn metrics(app: &App) -> Response<ResBody> {
+    let providers = app.providers.all();
+    let now = Instant::now();
+    let snaps: Vec<_> = providers
+        .iter()
+        .map(|p| {
+            let budget = p.budget().map(|b| b.readout());
+            (p.policy.snapshot(now), p.visible(), budget)
+        })
+        .collect();
+    app.metrics
+        .refresh(snaps.iter().map(|(s, v, b)| (s, *v, *b)));
+    app.metrics.tasks_alive.set(
+        tokio::runtime::Handle::current()
+            .metrics()
+            .num_alive_tasks() as i64,
+    );
+    app.runs.export();
+    text(
+        StatusCode::OK,
+        app.metrics.render(),
+        "text/plain; version=0.0.4",
+    )
+}
+
+/// `/v1/providers`: every provider in the table, and the named ones not
+/// yet used.
+fn providers(app: &App) -> Response<ResBody> {
+    let counts = app.metrics.attempt_counts();
+    let mut list: Vec<Value> = app
+        .providers
+        .all()
+        .iter()
+        .map(|p| provider_json(app, p, false, &counts))
+        .collect();
+    for name in app.providers.named() {
+        if app.providers.live(&name).is_none() {
+            list.push(unknown_json(app, &name, false));
+        }
+    }
+    json_response(StatusCode::OK, &json!({ "providers": list }))
+}
+
+/// `/v1/providers/{name}`: one provider with its evidence; a named or
+/// remembered provider not in the table answers what is known of it.
+fn provider(app: &App, name: &str) -> Response<ResBody> {
+    match app.providers.live(name) {
+        Some(p) => json_response(
+            StatusCode::OK,
+            &provider_json(app, &p, true, &app.metrics.attempt_counts()),
+        ),
+        None if app.providers.named().iter().any(|n| n == name)
+            || app
+                .store
+                .as_ref()
+                .is_some_and(|s| !s.evidence(name).is_empty()) =>
+        {
+            json_response(StatusCode::OK, &unknown_json(app, name, true))
+        }
+        None => json_response(
+            StatusCode::NOT_FOUND,
+            &json!({ "error": "no such provider", "name": name }),
+        ),
     }
 }
 

@@ -124,20 +124,7 @@ async fn answer(
         (Method::POST, ["v1", "collectors", name, "runs"]) => {
             open(app, name, read_json(req).await).await
         }
-        (Method::GET, ["v1", "collectors", name, "runs"]) => {
-            let limit = match param(&query, "limit").map(|v| v.parse::<usize>()) {
-                None => 20,
-                Some(Ok(n)) if n > 0 => n.min(1000),
-                Some(_) => return Ok(bad(StatusCode::BAD_REQUEST, "limit", "a number from 1")),
-            };
-            match app.runs.history(name, limit).await {
-                Ok(runs) => reply(
-                    StatusCode::OK,
-                    &json!({ "runs": runs.iter().map(record_json).collect::<Vec<_>>() }),
-                ),
-                Err(e) => run_error(e),
-            }
-        }
+        (Method::GET, ["v1", "collectors", name, "runs"]) => history(app, name, &query).await,
         (Method::GET, ["v1", "collectors", name, "checkpoints"]) => {
             match app.runs.checkpoints(name) {
                 Ok(list) => reply(
@@ -148,102 +135,15 @@ async fn answer(
             }
         }
         (Method::DELETE, ["v1", "collectors", name, "checkpoints", stream]) => {
-            let mode = match param(&query, "mode").as_deref().map(Mode::parse) {
-                Some(Some(m)) => m,
-                _ => {
-                    return Ok(bad(
-                        StatusCode::BAD_REQUEST,
-                        "mode",
-                        "mode=steady or mode=catchup",
-                    ))
-                }
-            };
-            let stream = decode(stream);
-            match app.runs.reset_checkpoint(name, &stream, mode).await {
-                Ok(true) => reply(StatusCode::OK, &json!({ "reset": true })),
-                Ok(false) => bad(
-                    StatusCode::NOT_FOUND,
-                    "stream",
-                    "no checkpoint for this stream and mode",
-                ),
-                Err(e) => run_error(e),
-            }
+            reset_checkpoint(app, name, &decode(stream), &query).await
         }
-        (Method::GET, ["v1", "collectors", name, "gaps"]) => {
-            let max_bytes = match param(&query, "max_bytes").map(|v| v.parse::<usize>()) {
-                None => 64 * 1024,
-                Some(Ok(n)) if n > 0 && n <= MAX_GAP_PAGE_BYTES => n,
-                Some(_) => {
-                    return Ok(bad(
-                        StatusCode::BAD_REQUEST,
-                        "max_bytes",
-                        format!("a number from 1 to {MAX_GAP_PAGE_BYTES}"),
-                    ))
-                }
-            };
-            let after = param(&query, "after");
-            if after.as_deref().is_some_and(|a| split_id(a).is_none()) {
-                return Ok(bad(
-                    StatusCode::BAD_REQUEST,
-                    "after",
-                    "not a continuation token",
-                ));
-            }
-            match app.runs.gaps(name, max_bytes, after.as_deref()).await {
-                Ok(page) => reply(
-                    StatusCode::OK,
-                    &json!({
-                        "gaps": page.gaps.iter().map(gap_json).collect::<Vec<_>>(),
-                        "next": page.next,
-                        "drained": page.next.is_none(),
-                    }),
-                ),
-                Err(e) => run_error(e),
-            }
-        }
-        (Method::GET, ["v1", "runs", id]) => {
-            // What ends now is queued first, and every write queued so far
-            // is read back before the record is: an ended run's record on
-            // its way to the store (a lapse, a restart's interrupted runs)
-            // was read as it stood before — still active.
-            app.runs.sweep(tokio::time::Instant::now());
-            app.store_applied().await;
-            match app.runs.get(id) {
-                Ok(view) => {
-                    let mut j = view_json(&view);
-                    j["providers"] = run_providers(app, &view.record);
-                    reply(StatusCode::OK, &j)
-                }
-                Err(e) => run_error(e),
-            }
-        }
+        (Method::GET, ["v1", "collectors", name, "gaps"]) => gaps(app, name, &query).await,
+        (Method::GET, ["v1", "runs", id]) => run_view(app, id).await,
         (Method::POST, ["v1", "runs", id, "heartbeat"]) => match app.runs.heartbeat(id) {
             Ok(view) => reply(StatusCode::OK, &view_json(&view)),
             Err(e) => run_error(e),
         },
-        (Method::POST, ["v1", "runs", id, "finish"]) => {
-            // Optional: `{"exit_status": N}`, how the run's command ended.
-            let exit_status = match read_json(req).await {
-                Ok(map) => match map.get("exit_status") {
-                    None | Some(Value::Null) => None,
-                    Some(v) => match v.as_i64() {
-                        Some(n) => Some(n),
-                        None => {
-                            return Ok(bad(
-                                StatusCode::BAD_REQUEST,
-                                "exit_status",
-                                "an integer: the command's exit status",
-                            ))
-                        }
-                    },
-                },
-                Err(e) => return Ok(refuse(e)),
-            };
-            match app.runs.finish(id, exit_status) {
-                Ok(record) => reply(StatusCode::OK, &record_json(&record)),
-                Err(e) => run_error(e),
-            }
-        }
+        (Method::POST, ["v1", "runs", id, "finish"]) => finish(app, id, req).await,
         (Method::PUT, ["v1", "runs", id, "checkpoints", stream]) => {
             checkpoint(app, id, &decode(stream), read_json(req).await).await
         }
@@ -255,6 +155,118 @@ async fn answer(
         _ => bad(StatusCode::NOT_FOUND, "path", "no such endpoint or method"),
     };
     Ok(resp)
+}
+
+/// `GET /v1/collectors/{name}/runs?limit=N`: the newest runs first.
+async fn history(app: &App, name: &str, query: &str) -> Response<ResBody> {
+    let limit = match param(query, "limit").map(|v| v.parse::<usize>()) {
+        None => 20,
+        Some(Ok(n)) if n > 0 => n.min(1000),
+        Some(_) => return bad(StatusCode::BAD_REQUEST, "limit", "a number from 1"),
+    };
+    match app.runs.history(name, limit).await {
+        Ok(runs) => reply(
+            StatusCode::OK,
+            &json!({ "runs": runs.iter().map(record_json).collect::<Vec<_>>() }),
+        ),
+        Err(e) => run_error(e),
+    }
+}
+
+/// `DELETE /v1/collectors/{name}/checkpoints/{stream}?mode=…`.
+async fn reset_checkpoint(app: &App, name: &str, stream: &str, query: &str) -> Response<ResBody> {
+    let mode = match param(query, "mode").as_deref().map(Mode::parse) {
+        Some(Some(m)) => m,
+        _ => {
+            return bad(
+                StatusCode::BAD_REQUEST,
+                "mode",
+                "mode=steady or mode=catchup",
+            )
+        }
+    };
+    match app.runs.reset_checkpoint(name, stream, mode).await {
+        Ok(true) => reply(StatusCode::OK, &json!({ "reset": true })),
+        Ok(false) => bad(
+            StatusCode::NOT_FOUND,
+            "stream",
+            "no checkpoint for this stream and mode",
+        ),
+        Err(e) => run_error(e),
+    }
+}
+
+/// `GET /v1/collectors/{name}/gaps?max_bytes=N&after=T`: one page.
+async fn gaps(app: &App, name: &str, query: &str) -> Response<ResBody> {
+    let max_bytes = match param(query, "max_bytes").map(|v| v.parse::<usize>()) {
+        None => 64 * 1024,
+        Some(Ok(n)) if n > 0 && n <= MAX_GAP_PAGE_BYTES => n,
+        Some(_) => {
+            return bad(
+                StatusCode::BAD_REQUEST,
+                "max_bytes",
+                format!("a number from 1 to {MAX_GAP_PAGE_BYTES}"),
+            )
+        }
+    };
+    let after = param(query, "after");
+    if after.as_deref().is_some_and(|a| split_id(a).is_none()) {
+        return bad(StatusCode::BAD_REQUEST, "after", "not a continuation token");
+    }
+    match app.runs.gaps(name, max_bytes, after.as_deref()).await {
+        Ok(page) => reply(
+            StatusCode::OK,
+            &json!({
+                "gaps": page.gaps.iter().map(gap_json).collect::<Vec<_>>(),
+                "next": page.next,
+                "drained": page.next.is_none(),
+            }),
+        ),
+        Err(e) => run_error(e),
+    }
+}
+
+/// `GET /v1/runs/{id}`: the run's record with its providers' readout.
+async fn run_view(app: &App, id: &str) -> Response<ResBody> {
+    // What ends now is queued first, and every write queued so far
+    // is read back before the record is: an ended run's record on
+    // its way to the store (a lapse, a restart's interrupted runs)
+    // was read as it stood before — still active.
+    app.runs.sweep(tokio::time::Instant::now());
+    app.store_applied().await;
+    match app.runs.get(id) {
+        Ok(view) => {
+            let mut j = view_json(&view);
+            j["providers"] = run_providers(app, &view.record);
+            reply(StatusCode::OK, &j)
+        }
+        Err(e) => run_error(e),
+    }
+}
+
+/// `POST /v1/runs/{id}/finish`, optionally `{"exit_status": N}`: how the
+/// run's command ended.
+async fn finish(app: &App, id: &str, req: Request<Incoming>) -> Response<ResBody> {
+    let exit_status = match read_json(req).await {
+        Ok(map) => match map.get("exit_status") {
+            None | Some(Value::Null) => None,
+            Some(v) => match v.as_i64() {
+                Some(n) => Some(n),
+                None => {
+                    return bad(
+                        StatusCode::BAD_REQUEST,
+                        "exit_status",
+                        "an integer: the command's exit status",
+                    )
+                }
+            },
+        },
+        Err(e) => return refuse(e),
+    };
+    match app.runs.finish(id, exit_status) {
+        Ok(record) => reply(StatusCode::OK, &record_json(&record)),
+        Err(e) => run_error(e),
+    }
 }
 
 /// Whether a call from `peer` must carry a collector's token: every call
