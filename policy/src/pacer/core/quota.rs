@@ -72,6 +72,118 @@ pub struct QuotaSnapshot {
     pub trusted: bool,
 }
 
+impl Quota {
+    /// The same window again: the bounds on its reset narrow to this
+    /// answer's.
+    fn same_window(self, said: Instant, earliest: Instant) -> Quota {
+        let hi = self.hi.min(said);
+        Quota {
+            hi,
+            lo: self.lo.max(earliest).min(hi),
+            ..self
+        }
+    }
+
+    /// A new window after this one: its length learned from the resets a
+    /// window apart, its reset's bounds carried over from the old one's.
+    fn next_window(
+        self,
+        adv: &Advertised,
+        said: Instant,
+        earliest: Instant,
+        now: Instant,
+    ) -> Quota {
+        // Consecutive windows reset a window apart: to the second
+        // when resets are Unix times, within one when they count
+        // seconds (the old window's earliest reset is within its
+        // rounding). Windows with no answer in them make a multiple:
+        // the shortest seen is the window.
+        let rounding = adv.granularity;
+        let seen = round_window(said.saturating_duration_since(self.hi));
+        let window = adv
+            .window
+            .or(match (self.window, seen.is_zero()) {
+                (Some(w), false) => Some(w.min(seen)),
+                (w, true) => w,
+                (None, false) => Some(seen),
+            })
+            .filter(|w| !w.is_zero());
+        let mut hi = said;
+        let mut lo = earliest;
+        if let Some(w) = window {
+            // The window began after the last send of the old one
+            // and before this answer came back (not before this
+            // request's send: it may have reached the provider
+            // late): it ends a window after. The latest end must
+            // never be early — a hold that ends early is a 429.
+            hi = hi.min(now + w);
+            lo = lo.max(self.last_sent + w);
+            // The next window after the old one: what was known of
+            // its end carries over, so the bounds narrow with each
+            // window to the closest sends on either side of a reset.
+            if said < self.hi + w + rounding / 2 {
+                hi = hi.min(self.hi + w);
+                lo = lo.max(self.lo + w);
+            }
+            if lo > hi {
+                // The windows moved: this answer's word alone.
+                hi = said.min(now + w);
+                lo = earliest.min(hi);
+            }
+        }
+        Quota {
+            hi,
+            lo,
+            window,
+            ..self
+        }
+    }
+
+    /// The first window a provider states.
+    fn first(
+        adv: Advertised,
+        said: Instant,
+        earliest: Instant,
+        sent_at: Instant,
+        synthetic: bool,
+    ) -> Quota {
+        Quota {
+            synthetic,
+            advertised: adv,
+            hi: said,
+            lo: earliest,
+            rate: None,
+            trusted: true,
+            missing: 0,
+            last_sent: sent_at,
+            window: adv.window,
+        }
+    }
+
+    /// The time left to spend what remains over.
+    fn spend_by(&self, now: Instant) -> Duration {
+        // Spend what remains by the earliest the window may reset — once
+        // that has passed, at the policy's own rate (the reset may come any
+        // moment); hold, when nothing remains, until the latest. While the
+        // window's length is unknown (its first answers, with no policy
+        // stated), the two may be a whole rounding apart: spent by the
+        // earliest, the rest of the time would be a hold; spread to the
+        // latest, only what this window has left is slower — the lesser
+        // loss when the reset is near (a per-second window); when it is
+        // far, the two lose the same and spending by the earliest is
+        // sooner.
+        let unsure = self.hi.saturating_duration_since(self.lo);
+        match self.advertised.window {
+            None if self.hi.saturating_duration_since(now) < unsure * 4 => {
+                self.hi.saturating_duration_since(now)
+            }
+            _ if self.lo > now => self.lo - now,
+            Some(_) => Duration::ZERO,
+            None => self.hi.saturating_duration_since(now),
+        }
+    }
+}
+
 impl PacerCore {
     /// What an answer's quota headers say (R-SG1): `Some` — pace to it
     /// (spend what remains evenly until the reset; nothing left holds the
@@ -89,15 +201,7 @@ impl PacerCore {
             None => (self.learned_advert(now), true),
         };
         let Some(adv) = advertised else {
-            if let Some(q) = self.quota.as_mut() {
-                q.missing += 1;
-                if q.missing >= QUOTA_GONE {
-                    self.quota = None;
-                    self.sync_interval();
-                    fb.increased = true;
-                }
-            }
-            return fb;
+            return self.quota_missing();
         };
         // When the window resets, as this answer says: whole seconds may
         // be rounded up, so the true reset is within a second before it —
@@ -105,9 +209,8 @@ impl PacerCore {
         // still by the time the answer took to come back (at most since
         // the send), so the earliest it may be is that much before.
         let said = now + adv.reset;
-        let rounding = adv.granularity;
         let earliest = said
-            .checked_sub(rounding + now.saturating_duration_since(sent_at))
+            .checked_sub(adv.granularity + now.saturating_duration_since(sent_at))
             .unwrap_or(now);
         let mut q = match self.quota {
             // The same window: no more remains than before, and the request
@@ -116,71 +219,12 @@ impl PacerCore {
             // that came back late, a reset in the same window can read a
             // whole second later.)
             Some(q) if adv.remaining <= q.advertised.remaining && sent_at < q.hi => {
-                let hi = q.hi.min(said);
-                Quota {
-                    hi,
-                    lo: q.lo.max(earliest).min(hi),
-                    ..q
-                }
+                q.same_window(said, earliest)
             }
             // A new window began between the last answer's send and this
             // one's.
-            Some(q) => {
-                // Consecutive windows reset a window apart: to the second
-                // when resets are Unix times, within one when they count
-                // seconds (the old window's earliest reset is within its
-                // rounding). Windows with no answer in them make a multiple:
-                // the shortest seen is the window.
-                let seen = round_window(said.saturating_duration_since(q.hi));
-                let window = adv
-                    .window
-                    .or(match (q.window, seen.is_zero()) {
-                        (Some(w), false) => Some(w.min(seen)),
-                        (w, true) => w,
-                        (None, false) => Some(seen),
-                    })
-                    .filter(|w| !w.is_zero());
-                let mut hi = said;
-                let mut lo = earliest;
-                if let Some(w) = window {
-                    // The window began after the last send of the old one
-                    // and before this answer came back (not before this
-                    // request's send: it may have reached the provider
-                    // late): it ends a window after. The latest end must
-                    // never be early — a hold that ends early is a 429.
-                    hi = hi.min(now + w);
-                    lo = lo.max(q.last_sent + w);
-                    // The next window after the old one: what was known of
-                    // its end carries over, so the bounds narrow with each
-                    // window to the closest sends on either side of a reset.
-                    if said < q.hi + w + rounding / 2 {
-                        hi = hi.min(q.hi + w);
-                        lo = lo.max(q.lo + w);
-                    }
-                    if lo > hi {
-                        // The windows moved: this answer's word alone.
-                        hi = said.min(now + w);
-                        lo = earliest.min(hi);
-                    }
-                }
-                Quota {
-                    hi,
-                    lo,
-                    window,
-                    ..q
-                }
-            }
-            None => Quota {
-                synthetic,
-                advertised: adv,
-                hi: said,
-                lo: earliest,
-                rate: None,
-                trusted: true,
-                missing: 0,
-                last_sent: sent_at,
-                window: adv.window,
-            },
+            Some(q) => q.next_window(&adv, said, earliest, now),
+            None => Quota::first(adv, said, earliest, sent_at, synthetic),
         };
         // A window not stated but measured is the quota's window.
         q.advertised = Advertised {
@@ -191,25 +235,7 @@ impl PacerCore {
         q.synthetic = synthetic;
         q.missing = 0;
         q.last_sent = q.last_sent.max(sent_at);
-        // Spend what remains by the earliest the window may reset — once
-        // that has passed, at the policy's own rate (the reset may come any
-        // moment); hold, when nothing remains, until the latest. While the
-        // window's length is unknown (its first answers, with no policy
-        // stated), the two may be a whole rounding apart: spent by the
-        // earliest, the rest of the time would be a hold; spread to the
-        // latest, only what this window has left is slower — the lesser
-        // loss when the reset is near (a per-second window); when it is
-        // far, the two lose the same and spending by the earliest is
-        // sooner.
-        let unsure = q.hi.saturating_duration_since(q.lo);
-        let left = match adv.window {
-            None if q.hi.saturating_duration_since(now) < unsure * 4 => {
-                q.hi.saturating_duration_since(now)
-            }
-            _ if q.lo > now => q.lo - now,
-            Some(_) => Duration::ZERO,
-            None => q.hi.saturating_duration_since(now),
-        };
+        let left = q.spend_by(now);
         q.rate = Advertised { reset: left, ..adv }.even_rate();
         if q.rate.is_none() {
             fb.hold_until = self.hold(now, q.hi);
@@ -224,6 +250,21 @@ impl PacerCore {
         }
         self.sync_interval();
         fb.increased = self.gcra.interval() < before;
+        fb
+    }
+
+    /// An answer with no quota headers: a quota that stops being stated
+    /// is dropped after [`QUOTA_GONE`] such answers.
+    fn quota_missing(&mut self) -> Feedback {
+        let mut fb = Feedback::default();
+        if let Some(q) = self.quota.as_mut() {
+            q.missing += 1;
+            if q.missing >= QUOTA_GONE {
+                self.quota = None;
+                self.sync_interval();
+                fb.increased = true;
+            }
+        }
         fb
     }
 
