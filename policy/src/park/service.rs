@@ -56,17 +56,7 @@ where
                 return inner.oneshot(req).await.map_err(Into::into);
             }
             if run.is_none() && max_wait.is_zero() {
-                // Parking is off for proxy users here: the answers still
-                // tell the watch what the provider is doing.
-                let request = request_id(&req);
-                let sent = Instant::now();
-                let result = inner.oneshot(req).await.map_err(Into::into);
-                if matches!(result, Err(Cause::CircuitOpen(_))) {
-                    shared.breaker_opened(Instant::now());
-                }
-                let outcome = Outcome::of_result(&result, SystemTime::now());
-                shared.answered(request, outcome, sent, false);
-                return result;
+                return unparked(inner, req, &shared).await;
             }
             let request = request_id(&req);
             let mut parking = Parking {
@@ -106,30 +96,17 @@ where
                     attempt.parked_probe = probe;
                     attempt.departure = departure.clone();
                 }
-                let mut downs = departure.as_ref().map(|_| parking.shared.downs());
+                let downs = departure.as_ref().map(|_| parking.shared.downs());
                 let sent = Instant::now();
-                let call = inner.clone().oneshot(req);
-                tokio::pin!(call);
-                let _on_the_way = OnTheWay::new(&parking.shared);
-                let sent_off = loop {
-                    tokio::select! {
-                        r = &mut call => break Ok(r.map_err(Into::into)),
-                        // The provider went down while this request waited
-                        // for its slot: if it has not left, it is parked
-                        // instead of sent (only probes go to a provider
-                        // that is down).
-                        Some(Ok(())) = async { match downs.as_mut() {
-                            Some(d) => Some(d.changed().await),
-                            None => None,
-                        } }, if downs.is_some() && !probe => {
-                            if departure.as_ref().is_some_and(|d| !d.departed()) {
-                                if let Some(c) = copy.take() {
-                                    break Err(c);
-                                }
-                            }
-                        }
-                    }
-                };
+                let sent_off = send_or_call_back(
+                    inner.clone(),
+                    req,
+                    &mut copy,
+                    departure,
+                    downs.filter(|_| !probe),
+                    &parking.shared,
+                )
+                .await;
                 let result = match sent_off {
                     Ok(result) => result,
                     // Called back: `call` is dropped with this turn of the
@@ -141,7 +118,6 @@ where
                     }
                 };
                 let outcome = Outcome::of_result(&result, SystemTime::now());
-                drop(_on_the_way);
                 parking.shared.answered(request, outcome, sent, probe);
                 if let Some(g) = guard.as_mut() {
                     g.armed = false;
@@ -164,6 +140,66 @@ where
                 req = copy;
             }
         })
+    }
+}
+
+/// A request sent where parking is off (proxy users of a provider with
+/// `max_outage_wait = 0`): the answers still tell the watch what the
+/// provider is doing.
+async fn unparked<S, B, R>(
+    inner: S,
+    req: Request<B>,
+    shared: &ParkShared,
+) -> Result<Response<R>, Cause>
+where
+    S: Service<Request<B>, Response = Response<R>>,
+    S::Error: Into<Cause>,
+{
+    let request = request_id(&req);
+    let sent = Instant::now();
+    let result = inner.oneshot(req).await.map_err(Into::into);
+    if matches!(result, Err(Cause::CircuitOpen(_))) {
+        shared.breaker_opened(Instant::now());
+    }
+    let outcome = Outcome::of_result(&result, SystemTime::now());
+    shared.answered(request, outcome, sent, false);
+    result
+}
+
+/// Sends one attempt; `Err` with the copy when it is called back: the
+/// provider went down (`downs` changed) while it waited for its slot and
+/// it has not left, so it is parked instead of sent (only probes, which
+/// watch no `downs`, go to a provider that is down). Dropping the call
+/// gives its reservations (slot, run attempt) back.
+async fn send_or_call_back<S, B, R>(
+    inner: S,
+    req: Request<B>,
+    copy: &mut Option<Request<B>>,
+    departure: Option<Departure>,
+    mut downs: Option<tokio::sync::watch::Receiver<u64>>,
+    shared: &Arc<ParkShared>,
+) -> Result<Result<Response<R>, Cause>, Request<B>>
+where
+    S: Service<Request<B>, Response = Response<R>>,
+    S::Error: Into<Cause>,
+{
+    let call = inner.oneshot(req);
+    tokio::pin!(call);
+    let _on_the_way = OnTheWay::new(shared);
+    loop {
+        tokio::select! {
+            r = &mut call => return Ok(r.map_err(Into::into)),
+            Some(Ok(())) = async { match downs.as_mut() {
+                Some(d) => Some(d.changed().await),
+                None => None,
+            } }, if downs.is_some() => {
+                if departure.as_ref().is_some_and(|d| !d.departed()) {
+                    if let Some(c) = copy.take() {
+                        return Err(c);
+                    }
+                }
+            }
+        }
     }
 }
 
