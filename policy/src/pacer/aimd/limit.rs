@@ -119,102 +119,18 @@ pub(super) fn place(e: &Evidence) -> Placement {
             p.limit = delivered.min(from).max(from * e.decrease);
             p.to = from * e.decrease;
         }
-        // A probe that was throttled before it got clearly past the
-        // limit: the limit held; straight back to the settle point.
         (Some(limit), Some(probe)) if probe.clean(reason) <= limit * PROBE_HELD => {
-            // Met twice near the same rate: no longer a guess. What
-            // the probe proved clean (two windows) is under it.
-            p.confirmed = true;
-            let l = if reason.ambiguous() {
-                limit
-            } else if e.fitted {
-                // The fit said where it is; the probe agrees.
-                p.tight = true;
-                limit
-            } else if e.sharp {
-                // No burst to fool it: the proven rate is clean.
-                p.probe_wait = ProbeWait::Longer;
-                limit.max(probe.clean_rate)
-            } else {
-                limit.max(probe.clean(reason).min(limit * (1.0 + PROBE_STEP)))
-            };
-            p.limit = l;
-            p.to = l * settle;
+            held_probe(e, limit, probe, &mut p);
         }
-        // A probe that went clean well past the limit before it was
-        // throttled: the limit lies past the old one, though no higher
-        // than the last clean rate nor than what the provider delivered
-        // (a burst allowance can make a window look clean).
         (Some(limit), Some(probe)) => {
-            // Without a delivery measure, no further than a held probe.
-            let delivered = e.delivered.unwrap_or(limit * PROBE_HELD);
-            let l = probe.clean(reason).min(delivered).max(limit);
-            p.moved_from = Some(limit);
-            p.probe_wait = ProbeWait::Reset;
-            p.clear_descent = true;
-            p.limit = l;
-            p.to = (l * settle).min(from * PROBE_DECREASE);
+            moved_probe(e, limit, probe, &mut p);
         }
         // Throttled at the settle point: the limit was too high.
-        // A throttle the provider named says throttling began at this
-        // rate; others (latency, bare 503s) say less, and step further.
         (Some(limit), None) if from >= limit * PROBE_DECREASE => {
-            let named = matches!(
-                reason,
-                BackoffReason::Throttled | BackoffReason::UnavailableRetryAfter
-            );
-            let l = match e.moved_from {
-                // Soon after a probe moved the limit: what it found was
-                // a burst allowance's doing. Back to the limit before.
-                Some((before, at))
-                    if e.now.saturating_duration_since(at) < e.window * PROBE_AFTER =>
-                {
-                    before.min(from)
-                }
-                // Named: throttling began at this rate. Unnamed
-                // (latency, bare 503s say less): step further.
-                // Again soon after, with too few answers a window to
-                // measure delivery: the gentle steps are too slow.
-                _ => {
-                    let again = e.delivered.is_none()
-                        && e.too_high_at.is_some_and(|at| {
-                            e.now.saturating_duration_since(at) < e.window * PROBE_AFTER
-                        });
-                    // What was delivered says less where the provider
-                    // holds after each refusal (`Retry-After`): the
-                    // holds, not the limit, thin the windows around
-                    // them (measured in a shared fleet: a limit set
-                    // 4 % under the real one, then no probe for a
-                    // minute of holds).
-                    // A token bucket's refill rate, where the refusals
-                    // after the holds tell it, says more.
-                    let held = named && e.holds;
-                    let (delivered, fit) = if held {
-                        (f64::INFINITY, e.fit)
-                    } else {
-                        (delivered, None)
-                    };
-                    // At most one plain cut's worth below the rate:
-                    // a fit is a measure, and a poor one (a bucket
-                    // whose rate moved among the points) must not
-                    // cost more than a cut.
-                    let fitted = fit.map_or(f64::INFINITY, |(at, _)| at.max(from * PROBE_DECREASE));
-                    let l = (match (named, again) {
-                        (true, false) => from,
-                        (true, true) => from * SETTLE,
-                        (false, _) => from * PROBE_DECREASE,
-                    })
-                    .min(delivered)
-                    .min(fitted)
-                    .max(from * e.decrease);
-                    p.tight = fit.is_some_and(|(at, margin)| l == at && margin <= at * FIT_TIGHT);
-                    l
-                }
-            };
+            (p.limit, p.tight) = too_high(e, limit);
             p.too_high = true;
             p.probe_wait = ProbeWait::Reset;
-            p.limit = l;
-            p.to = l * settle;
+            p.to = p.limit * settle;
         }
         // Far below it: the limit has dropped.
         (Some(_), None) => {
@@ -223,6 +139,102 @@ pub(super) fn place(e: &Evidence) -> Placement {
         }
     }
     p
+}
+
+/// A probe throttled before it got clearly past the limit: the limit held;
+/// straight back to the settle point.
+fn held_probe(e: &Evidence, limit: f64, probe: Probe, p: &mut Placement) {
+    // Met twice near the same rate: no longer a guess. What
+    // the probe proved clean (two windows) is under it.
+    p.confirmed = true;
+    let l = if e.reason.ambiguous() {
+        limit
+    } else if e.fitted {
+        // The fit said where it is; the probe agrees.
+        p.tight = true;
+        limit
+    } else if e.sharp {
+        // No burst to fool it: the proven rate is clean.
+        p.probe_wait = ProbeWait::Longer;
+        limit.max(probe.clean_rate)
+    } else {
+        limit.max(probe.clean(e.reason).min(limit * (1.0 + PROBE_STEP)))
+    };
+    p.limit = l;
+    p.to = l * e.settle;
+}
+
+/// A probe that went clean well past the limit before it was throttled:
+/// the limit lies past the old one, though no higher than the last clean
+/// rate nor than what the provider delivered (a burst allowance can make a
+/// window look clean).
+fn moved_probe(e: &Evidence, limit: f64, probe: Probe, p: &mut Placement) {
+    // Without a delivery measure, no further than a held probe.
+    let delivered = e.delivered.unwrap_or(limit * PROBE_HELD);
+    let l = probe.clean(e.reason).min(delivered).max(limit);
+    p.moved_from = Some(limit);
+    p.probe_wait = ProbeWait::Reset;
+    p.clear_descent = true;
+    p.limit = l;
+    p.to = (l * e.settle).min(e.from * PROBE_DECREASE);
+}
+
+/// Throttled at the settle point: the limit was too high. Where it goes,
+/// and whether it is a tight fit of a token bucket's refill rate.
+fn too_high(e: &Evidence, limit: f64) -> (f64, bool) {
+    let (from, reason, delivered) = (e.from, e.reason, e.delivered.unwrap_or(f64::INFINITY));
+    debug_assert!(from >= limit * PROBE_DECREASE);
+    // A throttle the provider named says throttling began at this rate;
+    // others (latency, bare 503s) say less, and step further.
+    let named = matches!(
+        reason,
+        BackoffReason::Throttled | BackoffReason::UnavailableRetryAfter
+    );
+    match e.moved_from {
+        // Soon after a probe moved the limit: what it found was
+        // a burst allowance's doing. Back to the limit before.
+        Some((before, at)) if e.now.saturating_duration_since(at) < e.window * PROBE_AFTER => {
+            (before.min(from), false)
+        }
+        // Named: throttling began at this rate. Unnamed
+        // (latency, bare 503s say less): step further.
+        // Again soon after, with too few answers a window to
+        // measure delivery: the gentle steps are too slow.
+        _ => {
+            let again = e.delivered.is_none()
+                && e.too_high_at
+                    .is_some_and(|at| e.now.saturating_duration_since(at) < e.window * PROBE_AFTER);
+            // What was delivered says less where the provider
+            // holds after each refusal (`Retry-After`): the
+            // holds, not the limit, thin the windows around
+            // them (measured in a shared fleet: a limit set
+            // 4 % under the real one, then no probe for a
+            // minute of holds).
+            // A token bucket's refill rate, where the refusals
+            // after the holds tell it, says more.
+            let held = named && e.holds;
+            let (delivered, fit) = if held {
+                (f64::INFINITY, e.fit)
+            } else {
+                (delivered, None)
+            };
+            // At most one plain cut's worth below the rate:
+            // a fit is a measure, and a poor one (a bucket
+            // whose rate moved among the points) must not
+            // cost more than a cut.
+            let fitted = fit.map_or(f64::INFINITY, |(at, _)| at.max(from * PROBE_DECREASE));
+            let l = (match (named, again) {
+                (true, false) => from,
+                (true, true) => from * SETTLE,
+                (false, _) => from * PROBE_DECREASE,
+            })
+            .min(delivered)
+            .min(fitted)
+            .max(from * e.decrease);
+            let tight = fit.is_some_and(|(at, margin)| l == at && margin <= at * FIT_TIGHT);
+            (l, tight)
+        }
+    }
 }
 
 impl Aimd {
