@@ -224,42 +224,60 @@ impl Aimd {
             return Some(backoff);
         }
         if self.limit.is_none() && self.trial.is_none() {
-            // Slow start: few answers yet, at rates that change every
-            // window. Only errors that clearly rise with the rate, or are
-            // more than any noise, set a limit; otherwise the first such
-            // error cuts (R-AI1) and growth goes on, and later ones wait
-            // for evidence.
-            let evidence = self.errors.evidence(self.rate);
-            let throttle = evidence.rises == Some(true) || self.errors.beyond_noise();
-            if !throttle {
-                if evidence.noise() {
-                    self.errors
-                        .record(true, Attribution::Noise, self.rate_at(sent_at));
-                    return None;
-                }
-                self.errors
-                    .record(true, Attribution::Unknown, self.rate_at(sent_at));
-                if self.cold_error_cut {
-                    return None;
-                }
-                let backoff = self.cut(now, reason);
-                self.limit = None;
-                self.fitted = false;
-                self.cold_error_cut = true;
-                return Some(backoff);
+            if let Some(decided) = self.slow_start_error(sent_at, now, reason) {
+                return decided;
             }
         }
-        let (pre_share, pre_measured) = match self.trial.as_mut() {
+        let (pre_share, pre_measured) = self.error_share_before(sent_at, now)?;
+        Some(self.cut_on_trial(now, reason, pre_share, pre_measured))
+    }
+
+    /// Slow start: few answers yet, at rates that change every window.
+    /// Only errors that clearly rise with the rate, or are more than any
+    /// noise, set a limit (`None`: go on to the trial); otherwise the first
+    /// such error cuts (R-AI1) and growth goes on, and later ones wait for
+    /// evidence (`Some`: decided here).
+    fn slow_start_error(
+        &mut self,
+        sent_at: Instant,
+        now: Instant,
+        reason: BackoffReason,
+    ) -> Option<Option<Backoff>> {
+        let evidence = self.errors.evidence(self.rate);
+        if evidence.rises == Some(true) || self.errors.beyond_noise() {
+            return None;
+        }
+        if evidence.noise() {
+            self.errors
+                .record(true, Attribution::Noise, self.rate_at(sent_at));
+            return Some(None);
+        }
+        self.errors
+            .record(true, Attribution::Unknown, self.rate_at(sent_at));
+        if self.cold_error_cut {
+            return Some(None);
+        }
+        let backoff = self.cut(now, reason);
+        self.limit = None;
+        self.fitted = false;
+        self.cold_error_cut = true;
+        Some(Some(backoff))
+    }
+
+    /// The error share a cut now is judged against (and whether it was
+    /// measured near this rate), or `None` for no cut: during a trial the
+    /// error is evidence for its verdict, and only "still throttled" cuts
+    /// again; otherwise only an error significantly above what noise
+    /// explains cuts.
+    fn error_share_before(&mut self, sent_at: Instant, now: Instant) -> Option<(f64, bool)> {
+        match self.trial.as_mut() {
             Some(trial) => {
                 trial.answers += 1.0;
                 trial.errors += 1.0;
                 // Held out of the baseline until the verdict.
                 self.errors
                     .record(true, Attribution::Unknown, self.rate_at(sent_at));
-                match self.settle_trial(now, true) {
-                    Some(share) => (share, true),
-                    None => return None,
-                }
+                self.settle_trial(now, true).map(|share| (share, true))
             }
             None => {
                 if !self.errors.significant(self.rate) {
@@ -272,12 +290,23 @@ impl Aimd {
                     .record(true, Attribution::Unknown, self.rate_at(sent_at));
                 let near = self.errors.share_near(self.rate);
                 let base = self.errors.baseline().unwrap_or(0.0);
-                (
+                Some((
                     near.unwrap_or_else(|| self.errors.share_recent()).max(base),
                     near.is_some(),
-                )
+                ))
             }
-        };
+        }
+    }
+
+    /// Cuts on ambiguous evidence and puts the cut on trial: a cut that
+    /// buys no fewer errors at the lower rate is undone.
+    fn cut_on_trial(
+        &mut self,
+        now: Instant,
+        reason: BackoffReason,
+        pre_share: f64,
+        pre_measured: bool,
+    ) -> Backoff {
         let prev_limit = self.limit;
         let prev_weak = self.limit_weak;
         let from = self.rate;
@@ -297,7 +326,7 @@ impl Aimd {
             answers: 0.0,
             errors: 0.0,
         });
-        Some(backoff)
+        backoff
     }
 }
 
