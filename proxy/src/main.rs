@@ -158,29 +158,13 @@ fn main() -> ExitCode {
             }
         };
     }
-    let mut config = match &cli.config {
-        Some(path) => match config::Config::load(path) {
-            Ok(c) => c,
-            Err(e) => {
-                eprintln!("{e}");
-                return ExitCode::from(2);
-            }
-        },
-        None => config::Config::default(),
+    let config = match load_config(&cli) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(2);
+        }
     };
-    if let Some(l) = cli.listen {
-        config.listen = l;
-    }
-    if let Some(a) = cli.admin {
-        config.admin = a;
-    }
-    if let Some(d) = cli.state_dir {
-        config.state_dir = d;
-    }
-    if let Err(e) = config.check() {
-        eprintln!("{e}");
-        return ExitCode::from(2);
-    }
     let (run_args, status_args) = match cli.command {
         Some(Command::Ca) => return process::print_ca(&config),
         Some(Command::Install { dir }) => return process::install(&dir),
@@ -191,17 +175,7 @@ fn main() -> ExitCode {
     process::init_logging(matches!(cli.log_format, LogFormat::Json));
     // rustls: the ring provider, installed explicitly before any TLS use.
     let _ = rustls::crypto::ring::default_provider().install_default();
-    // One worker: tokio's current-thread scheduler (no work-stealing
-    // queues or cross-thread wake-ups to pay for); more: its multi-thread
-    // one.
-    let mut builder = if config.limits.workers == 1 {
-        tokio::runtime::Builder::new_current_thread()
-    } else {
-        let mut b = tokio::runtime::Builder::new_multi_thread();
-        b.worker_threads(config.limits.workers);
-        b
-    };
-    let runtime = match builder.enable_all().build() {
+    let runtime = match runtime(config.limits.workers) {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("cannot start the runtime: {e}");
@@ -224,33 +198,13 @@ fn main() -> ExitCode {
         }));
     }
     if let Some(args) = run_args {
-        let admin = args.admin_url.as_deref().map_or(Ok(config.admin), address);
-        let proxy = args.proxy_url.as_deref().map_or(Ok(config.listen), address);
-        let (admin, proxy) = match (admin, proxy) {
-            (Ok(a), Ok(p)) => (a, p),
-            (Err(e), _) | (_, Err(e)) => {
+        return match run_command(args, &config) {
+            Ok(cmd) => runtime.block_on(run::run(cmd, &config)),
+            Err(e) => {
                 eprintln!("sluice run: {e}");
-                return ExitCode::from(2);
+                ExitCode::from(2)
             }
         };
-        let cmd = run::RunCommand {
-            collector: args.collector,
-            token_file: args.token_file,
-            request_cap: args.request_cap,
-            deadline: args.deadline,
-            retry_ratio: args.retry_ratio,
-            mode: match args.mode {
-                RunMode::Steady => Mode::Steady,
-                RunMode::Catchup => Mode::Catchup,
-            },
-            wait: args.wait,
-            admin,
-            proxy,
-            grace: args.grace,
-            pass_status: args.pass_status,
-            command: args.command,
-        };
-        return runtime.block_on(run::run(cmd, &config));
     }
     match runtime.block_on(process::run(config, cli.config.clone())) {
         Ok(()) => ExitCode::SUCCESS,
@@ -259,4 +213,67 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// The config file (or the defaults) with the command line's overrides,
+/// checked.
+fn load_config(cli: &Cli) -> Result<config::Config, config::ConfigError> {
+    let mut config = match &cli.config {
+        Some(path) => config::Config::load(path)?,
+        None => config::Config::default(),
+    };
+    if let Some(l) = cli.listen {
+        config.listen = l;
+    }
+    if let Some(a) = cli.admin {
+        config.admin = a;
+    }
+    if let Some(d) = &cli.state_dir {
+        config.state_dir = d.clone();
+    }
+    config.check()?;
+    Ok(config)
+}
+
+/// One worker: tokio's current-thread scheduler (no work-stealing queues
+/// or cross-thread wake-ups to pay for); more: its multi-thread one.
+fn runtime(workers: usize) -> std::io::Result<tokio::runtime::Runtime> {
+    let mut builder = if workers == 1 {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        let mut b = tokio::runtime::Builder::new_multi_thread();
+        b.worker_threads(workers);
+        b
+    };
+    builder.enable_all().build()
+}
+
+/// `sluice run`'s arguments as the command it runs: the admin API and the
+/// proxy default to the config's.
+fn run_command(args: RunArgs, config: &config::Config) -> Result<run::RunCommand, String> {
+    let admin = args
+        .admin_url
+        .as_deref()
+        .map_or(Ok(config.admin), address)?;
+    let proxy = args
+        .proxy_url
+        .as_deref()
+        .map_or(Ok(config.listen), address)?;
+    Ok(run::RunCommand {
+        collector: args.collector,
+        token_file: args.token_file,
+        request_cap: args.request_cap,
+        deadline: args.deadline,
+        retry_ratio: args.retry_ratio,
+        mode: match args.mode {
+            RunMode::Steady => Mode::Steady,
+            RunMode::Catchup => Mode::Catchup,
+        },
+        wait: args.wait,
+        admin,
+        proxy,
+        grace: args.grace,
+        pass_status: args.pass_status,
+        command: args.command,
+    })
 }
