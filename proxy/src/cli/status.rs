@@ -185,6 +185,7 @@ fn table(header: &[&str], rows: &[Vec<String>]) -> String {
     out
 }
 
+/// The providers' table: one row each, live or only known.
 fn providers_table(providers: &Value, history: &Value) -> String {
     let list = providers["providers"]
         .as_array()
@@ -193,94 +194,16 @@ fn providers_table(providers: &Value, history: &Value) -> String {
     if list.is_empty() {
         return "providers: none used yet\n".into();
     }
-    let mut rows = Vec::new();
-    for p in &list {
-        let name = p["name"].as_str().unwrap_or("?").to_string();
-        if p["live"] != true {
-            // Learned before (restored from the store): what it starts
-            // from; else nothing known yet.
-            let restored = p["restored"] == true;
-            rows.push(vec![
-                name,
-                if restored {
-                    rate(&p["rate_rps"])
-                } else {
-                    "unknown".into()
-                },
-                rate(&p["ceiling_rps"]),
-                if restored {
-                    rate(&p["throttle_point_rps"])
-                } else {
-                    "unknown".into()
-                },
-                if restored {
-                    "restored, not used yet".into()
-                } else {
-                    "not used yet".into()
-                },
-                String::new(),
-                String::new(),
-                String::new(),
-                String::new(),
-                String::new(),
-            ]);
-            continue;
-        }
-        let h = &history["providers"][&name];
-        let sum = |k: &str| -> u64 {
-            h[k].as_array()
-                .map_or(0, |a| a.iter().filter_map(Value::as_u64).sum())
-        };
-        // Over the history's minutes; before its first sample of them,
-        // over every attempt since start.
-        let (mut sent, mut refused) = (sum("sent"), sum("refused"));
-        if sent == 0 {
-            sent = p["attempts"]["sent"].as_u64().unwrap_or(0);
-            refused = p["attempts"]["throttled"].as_u64().unwrap_or(0);
-        }
-        let refusals = if sent == 0 {
-            "no attempts".to_string()
-        } else {
-            format!("{} %", num(refused as f64 * 100.0 / sent as f64))
-        };
-        let b = &p["breaker"];
-        let breaker = format!(
-            "{} {}",
-            b["state"].as_str().unwrap_or("unknown").replace('_', "-"),
-            ms(&b["in_state_ms"]).map_or_else(String::new, span)
-        );
-        let backoff = match p["last_backoff"].as_object() {
-            Some(bo) => format!(
-                "{} ago: {}, {} -> {}",
-                span(bo.get("ago_ms").and_then(Value::as_f64).unwrap_or(0.0)),
-                bo.get("reason")
-                    .and_then(Value::as_str)
-                    .unwrap_or("?")
-                    .replace('_', " "),
-                bo.get("from_rps")
-                    .and_then(Value::as_f64)
-                    .map_or_else(|| "?".into(), num),
-                rate(bo.get("to_rps").unwrap_or(&Value::Null))
-            ),
-            None => "unknown".into(),
-        };
-        rows.push(vec![
-            name,
-            rate(&p["rate_rps"]),
-            rate(&p["ceiling_rps"]),
-            rate(&p["throttle_point_rps"]),
-            set_by(p),
-            p["queue"]["waiting"]
-                .as_u64()
-                .map_or_else(|| "unknown".into(), |n| n.to_string()),
-            p["queue"]["in_flight"]
-                .as_u64()
-                .map_or_else(|| "unknown".into(), |n| n.to_string()),
-            refusals,
-            breaker,
-            backoff,
-        ]);
-    }
+    let rows: Vec<Vec<String>> = list
+        .iter()
+        .map(|p| {
+            if p["live"] == true {
+                live_row(p, &history["providers"][p["name"].as_str().unwrap_or("?")])
+            } else {
+                known_row(p)
+            }
+        })
+        .collect();
     table(
         &[
             "PROVIDER",
@@ -296,6 +219,89 @@ fn providers_table(providers: &Value, history: &Value) -> String {
         ],
         &rows,
     )
+}
+
+/// A provider not in the table: learned before (restored from the
+/// store), what it starts from; else nothing known yet.
+fn known_row(p: &Value) -> Vec<String> {
+    let name = p["name"].as_str().unwrap_or("?").to_string();
+    let restored = p["restored"] == true;
+    let known = |v: &Value| if restored { rate(v) } else { "unknown".into() };
+    let mut row = vec![
+        name,
+        known(&p["rate_rps"]),
+        rate(&p["ceiling_rps"]),
+        known(&p["throttle_point_rps"]),
+        if restored {
+            "restored, not used yet".into()
+        } else {
+            "not used yet".into()
+        },
+    ];
+    row.resize(10, String::new());
+    row
+}
+
+/// A live provider's row; `h` is its history.
+fn live_row(p: &Value, h: &Value) -> Vec<String> {
+    let name = p["name"].as_str().unwrap_or("?").to_string();
+    let sum = |k: &str| -> u64 {
+        h[k].as_array()
+            .map_or(0, |a| a.iter().filter_map(Value::as_u64).sum())
+    };
+    // Over the history's minutes; before its first sample of them, over
+    // every attempt since start.
+    let (mut sent, mut refused) = (sum("sent"), sum("refused"));
+    if sent == 0 {
+        sent = p["attempts"]["sent"].as_u64().unwrap_or(0);
+        refused = p["attempts"]["throttled"].as_u64().unwrap_or(0);
+    }
+    let refusals = if sent == 0 {
+        "no attempts".to_string()
+    } else {
+        format!("{} %", num(refused as f64 * 100.0 / sent as f64))
+    };
+    let b = &p["breaker"];
+    let breaker = format!(
+        "{} {}",
+        b["state"].as_str().unwrap_or("unknown").replace('_', "-"),
+        ms(&b["in_state_ms"]).map_or_else(String::new, span)
+    );
+    let count = |v: &Value| {
+        v.as_u64()
+            .map_or_else(|| "unknown".into(), |n| n.to_string())
+    };
+    vec![
+        name,
+        rate(&p["rate_rps"]),
+        rate(&p["ceiling_rps"]),
+        rate(&p["throttle_point_rps"]),
+        set_by(p),
+        count(&p["queue"]["waiting"]),
+        count(&p["queue"]["in_flight"]),
+        refusals,
+        breaker,
+        last_backoff(&p["last_backoff"]),
+    ]
+}
+
+/// "12 s ago: throttled, 40 -> 36 req/s", or "unknown".
+fn last_backoff(bo: &Value) -> String {
+    match bo.as_object() {
+        Some(bo) => format!(
+            "{} ago: {}, {} -> {}",
+            span(bo.get("ago_ms").and_then(Value::as_f64).unwrap_or(0.0)),
+            bo.get("reason")
+                .and_then(Value::as_str)
+                .unwrap_or("?")
+                .replace('_', " "),
+            bo.get("from_rps")
+                .and_then(Value::as_f64)
+                .map_or_else(|| "?".into(), num),
+            rate(bo.get("to_rps").unwrap_or(&Value::Null))
+        ),
+        None => "unknown".into(),
+    }
 }
 
 fn collectors_table(collectors: &Value, now: u64) -> String {
