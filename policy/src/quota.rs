@@ -157,32 +157,10 @@ fn ietf(headers: &HeaderMap, now_wall: SystemTime) -> Result<Option<Advertised>,
     }
     let bad = Malformed(Family::Ietf);
     let policy = text(headers, "ratelimit-policy");
-    // The policy: `"name";q=100;w=60` (structured) or `100;w=60` (earlier);
-    // of several, the most restrictive rate.
-    let mut limit = None;
-    let mut window = None;
-    if let Some(p) = policy {
-        let mut best: Option<(u64, Duration)> = None;
-        for item in split_list(p) {
-            let q =
-                param(item, "q").or_else(|| item.split(';').next().filter(|f| count(f).is_some()));
-            let w = param(item, "w");
-            let (Some(q), Some(w)) = (q.and_then(count), w.and_then(seconds)) else {
-                return Err(bad);
-            };
-            if w.is_zero() {
-                return Err(bad);
-            }
-            let rate = q as f64 / w.as_secs_f64();
-            if best.is_none_or(|(bq, bw)| rate < bq as f64 / bw.as_secs_f64()) {
-                best = Some((q, w));
-            }
-        }
-        if let Some((q, w)) = best {
-            limit = Some(q);
-            window = Some(w);
-        }
-    }
+    let (limit, window) = match policy.map(ietf_policy).transpose()?.flatten() {
+        Some((q, w)) => (Some(q), Some(w)),
+        None => (None, None),
+    };
     // Remaining and reset: `RateLimit: "name";r=50;t=30` (structured),
     // `RateLimit: limit=100, remaining=50, reset=30`, or the separate
     // headers.
@@ -225,6 +203,29 @@ fn ietf(headers: &HeaderMap, now_wall: SystemTime) -> Result<Option<Advertised>,
         (None, None) if policy.is_some() => Ok(None),
         _ => Err(bad),
     }
+}
+
+/// An IETF quota policy: `"name";q=100;w=60` (structured) or `100;w=60`
+/// (earlier drafts); of several, the most restrictive rate — its quota and
+/// window.
+fn ietf_policy(p: &str) -> Result<Option<(u64, Duration)>, Malformed> {
+    let bad = Malformed(Family::Ietf);
+    let mut best: Option<(u64, Duration)> = None;
+    for item in split_list(p) {
+        let q = param(item, "q").or_else(|| item.split(';').next().filter(|f| count(f).is_some()));
+        let w = param(item, "w");
+        let (Some(q), Some(w)) = (q.and_then(count), w.and_then(seconds)) else {
+            return Err(bad);
+        };
+        if w.is_zero() {
+            return Err(bad);
+        }
+        let rate = q as f64 / w.as_secs_f64();
+        if best.is_none_or(|(bq, bw)| rate < bq as f64 / bw.as_secs_f64()) {
+            best = Some((q, w));
+        }
+    }
+    Ok(best)
 }
 
 /// Splits a structured-field list on commas outside quotes.

@@ -241,6 +241,8 @@ impl ProviderSettings {
         Ok(ValidSettings(self))
     }
 
+    /// One check per key, in the order of the settings (about 80 lines):
+    /// a list to read down, not logic to follow.
     fn check(&self) -> Result<(), SettingsError> {
         fn bad(key: &'static str, reason: impl Into<String>) -> Result<(), SettingsError> {
             Err(SettingsError {

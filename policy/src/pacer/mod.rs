@@ -373,6 +373,29 @@ impl PacerShared {
         }
     }
 
+    /// A slot now (`None`), or a place in the queue with the patience it
+    /// starts with, or a refusal when the queue will not take it.
+    fn admit_or_enqueue(
+        &self,
+        now: Instant,
+        class: &Class,
+        units: u32,
+    ) -> Result<Option<(Ticket, Duration)>, Cause> {
+        let mut core = self.lock();
+        if core.try_admit_units(now, units) {
+            drop(core);
+            self.admitted(class, units, Duration::ZERO);
+            return Ok(None);
+        }
+        match core.enqueue_as(now, class, f64::from(units.max(1))) {
+            Ok(t) => Ok(Some((t, core.patience(now)))),
+            Err((refusal, wait)) => {
+                emit(&self.events, Event::Shed(refusal));
+                Err(RateLimited::new(refusal, wait).into())
+            }
+        }
+    }
+
     /// Waits for this replica's own pacing slot — not past `stop_at`.
     async fn acquire_here(
         &self,
@@ -385,20 +408,8 @@ impl PacerShared {
         if stop_at.is_some_and(|d| now >= d) {
             return Err(RateLimited::new(Refusal::PastDeadline, Duration::ZERO).into());
         }
-        let (ticket, mut patience) = {
-            let mut core = self.lock();
-            if core.try_admit_units(now, units) {
-                drop(core);
-                self.admitted(class, units, Duration::ZERO);
-                return Ok(now);
-            }
-            match core.enqueue_as(now, class, f64::from(units.max(1))) {
-                Ok(t) => (t, core.patience(now)),
-                Err((refusal, wait)) => {
-                    emit(&self.events, Event::Shed(refusal));
-                    return Err(RateLimited::new(refusal, wait).into());
-                }
-            }
+        let Some((ticket, mut patience)) = self.admit_or_enqueue(now, class, units)? else {
+            return Ok(now);
         };
         let wake = Arc::new(Notify::new());
         self.waiters().insert(ticket, wake.clone());

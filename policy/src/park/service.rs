@@ -40,6 +40,13 @@ where
         Poll::Ready(Ok(()))
     }
 
+    /// About 100 lines: one loop over a parked request's turns — wait for
+    /// a turn while the provider is down, send (or be called back), judge
+    /// the answer, park the copy again or return. The steps are named
+    /// functions (`wait_turn`, `send_or_call_back`, `park_after_failure`);
+    /// what stays is the state carried from turn to turn (the copy, the
+    /// probe guard, the departure mark), which would otherwise be threaded
+    /// through each.
     fn call(&mut self, req: Request<B>) -> Self::Future {
         let inner = self.inner.clone();
         let shared = self.shared.clone();

@@ -132,47 +132,57 @@ where
                 }
                 Attempt::of_mut(&mut req).departure = Some(reserved.departure.clone());
                 let result = inner.clone().oneshot(req).await.map_err(Into::into);
-                // The pacer met the run's deadline before a slot (R-RN2):
-                // the run stops there, planned.
-                let result = match result {
-                    Err(e) if e.is_past_deadline() => {
-                        run.stop(StopReason::Deadline);
-                        Err(RunStopped::run(StopReason::Deadline).into())
-                    }
-                    other => other,
-                };
-                match Outcome::of_result(&result, SystemTime::now()) {
-                    // Only an answer that is not a failure says the
-                    // provider recovered: a probe that fails again does not
-                    // restart the run's count of cycles.
-                    Some(o) => {
-                        reserved.keep();
-                        if let Some(extra) = result
-                            .as_ref()
-                            .ok()
-                            .and_then(|r| Report::of(r))
-                            .map(|r| r.charged)
-                            .filter(|c| *c > 0)
-                        {
-                            run.charge(extra);
-                        }
-                        if !o.is_breaker_failure() {
-                            run.reached(&provider);
-                        }
-                        return result;
-                    }
-                    // sluice refused it (or the client's request could not
-                    // be sent): it never reached the provider, and what it
-                    // met goes back. (An open circuit is the parking
-                    // layer's, outside this one: it parks the request and
-                    // sends it again, R-RN8.)
-                    None => {
-                        reserved.give_back();
-                        return result;
-                    }
-                }
+                return account(&run, &provider, reserved, result);
             }
         })
+    }
+}
+
+/// What an attempt's end means for its run: the pacer meeting the run's
+/// deadline before a slot is the run's planned stop (R-RN2); an attempt
+/// that reached the provider keeps its reservation and is charged what
+/// the provider charged beyond its price; one sluice refused (or that
+/// could not be sent) gives what it met back.
+fn account<R>(
+    run: &RunHandle,
+    provider: &str,
+    reserved: Reserved,
+    result: Result<Response<R>, Cause>,
+) -> Result<Response<R>, Cause> {
+    let result = match result {
+        Err(e) if e.is_past_deadline() => {
+            run.stop(StopReason::Deadline);
+            Err(RunStopped::run(StopReason::Deadline).into())
+        }
+        other => other,
+    };
+    match Outcome::of_result(&result, SystemTime::now()) {
+        // Only an answer that is not a failure says the provider
+        // recovered: a probe that fails again does not restart the run's
+        // count of cycles.
+        Some(o) => {
+            reserved.keep();
+            if let Some(extra) = result
+                .as_ref()
+                .ok()
+                .and_then(|r| Report::of(r))
+                .map(|r| r.charged)
+                .filter(|c| *c > 0)
+            {
+                run.charge(extra);
+            }
+            if !o.is_breaker_failure() {
+                run.reached(provider);
+            }
+            result
+        }
+        // It never reached the provider, and what it met goes back. (An
+        // open circuit is the parking layer's, outside this one: it parks
+        // the request and sends it again, R-RN8.)
+        None => {
+            reserved.give_back();
+            result
+        }
     }
 }
 

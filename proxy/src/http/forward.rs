@@ -102,6 +102,12 @@ pub async fn tunnelled(
 /// Forwards `req` to `target` through the provider's stack and returns
 /// the answer — the provider's, or sluice's own refusal. `config` is the
 /// snapshot the request started with; `identity`, who sent it.
+///
+/// About 90 lines: it is the request's steps in order (refused target,
+/// address, body, the attempt's facts, the stack, the run's record of the
+/// answer), each a named function or a few lines, and each able to end the
+/// request early with its own answer — split further, the early answers
+/// would hide in the callees.
 pub async fn forward(
     app: Arc<App>,
     config: &Config,

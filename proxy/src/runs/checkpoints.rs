@@ -79,22 +79,7 @@ impl Runs {
         };
         if let Err(e) = self.flush().await {
             // Not durable: not committed.
-            let mut reg = self.lock();
-            let index = (name, mode, stream.to_string());
-            if reg.checkpoints.get(&index) == Some(&checkpoint) {
-                match previous {
-                    Some(p) => {
-                        self.write(RunTree::Checkpoints, key, &p);
-                        reg.checkpoints.insert(index, p);
-                    }
-                    None => {
-                        reg.checkpoints.remove(&index);
-                        if let Some(w) = &self.writer {
-                            w.remove(RunTree::Checkpoints, key);
-                        }
-                    }
-                }
-            }
+            self.roll_back(name, mode, stream, key, previous, &checkpoint);
             return Err(e);
         }
         if let Some(m) = &self.metrics {
@@ -102,6 +87,36 @@ impl Runs {
         }
         self.resolve_by_commit(&name, mode, stream, &checkpoint);
         Ok(checkpoint)
+    }
+
+    /// A checkpoint that did not reach the disk is taken back: the one
+    /// before it stands again (unless a later commit replaced it).
+    fn roll_back(
+        &self,
+        name: String,
+        mode: Mode,
+        stream: &str,
+        key: Vec<u8>,
+        previous: Option<Checkpoint>,
+        checkpoint: &Checkpoint,
+    ) {
+        let mut reg = self.lock();
+        let index = (name, mode, stream.to_string());
+        if reg.checkpoints.get(&index) != Some(checkpoint) {
+            return;
+        }
+        match previous {
+            Some(p) => {
+                self.write(RunTree::Checkpoints, key, &p);
+                reg.checkpoints.insert(index, p);
+            }
+            None => {
+                reg.checkpoints.remove(&index);
+                if let Some(w) = &self.writer {
+                    w.remove(RunTree::Checkpoints, key);
+                }
+            }
+        }
     }
 
     /// A later run's commit past a stop's gap resolves it: the work it

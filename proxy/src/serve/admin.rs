@@ -267,6 +267,10 @@ fn ms(d: Duration) -> f64 {
     (d.as_secs_f64() * 1000.0 * 1000.0).round() / 1000.0
 }
 
+/// One provider's readout for `/v1/providers` (the page and `sluice
+/// status` read it). About 110 lines because it is one `json!` literal:
+/// the document's shape as it is served, each field beside its source;
+/// split, the API's contract would be spread over helpers.
 fn provider_json(
     app: &App,
     p: &Provider,

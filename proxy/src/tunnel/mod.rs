@@ -118,37 +118,9 @@ pub async fn connect(
     let upstream = if intercepting {
         None
     } else {
-        // sluice cannot see the requests inside a raw tunnel: for a
-        // collector's run, the CONNECT itself is the attempt.
-        let user = identity.user.as_deref();
-        let run = match user {
-            Some(u) => app.runs.attach(u, identity.mode).await.map(|(run, _)| run),
-            None => None,
-        };
-        if let Some(run) = &run {
-            if let Err(stopped) = run.check_attempt(&provider.name, tokio::time::Instant::now()) {
-                let stopped = Cause::RunStopped(stopped);
-                if let Some(u) = user {
-                    app.runs
-                        .after(u, run, None, crate::runs::Answer::Failed(&stopped));
-                }
-                return edge::refusal(&stopped).into_response();
-            }
-        }
-        match open_raw(&app, &provider, &host, port, config.connect_timeout).await {
-            Ok(stream) => {
-                if let (Some(u), Some(run)) = (user, &run) {
-                    app.runs
-                        .after(u, run, None, crate::runs::Answer::Status(200));
-                }
-                Some(stream)
-            }
-            Err(refusal) => {
-                if let Some(run) = &run {
-                    run.release_attempt(&provider.name);
-                }
-                return refusal;
-            }
+        match raw_attempt(&app, &provider, &host, port, config, &identity).await {
+            Ok(stream) => Some(stream),
+            Err(refused) => return refused,
         }
     };
     drop(provider);
@@ -163,6 +135,50 @@ pub async fn connect(
         }
     });
     Response::new(full(""))
+}
+
+/// A raw tunnel's connection, opened as one attempt: sluice cannot see
+/// the requests inside, so for a collector's run the CONNECT itself is
+/// the attempt — checked against the run, counted when it connects, given
+/// back when it does not.
+async fn raw_attempt(
+    app: &App,
+    provider: &Provider,
+    host: &str,
+    port: u16,
+    config: &Config,
+    identity: &Identity,
+) -> Result<TcpStream, Response<ResBody>> {
+    let user = identity.user.as_deref();
+    let run = match user {
+        Some(u) => app.runs.attach(u, identity.mode).await.map(|(run, _)| run),
+        None => None,
+    };
+    if let Some(run) = &run {
+        if let Err(stopped) = run.check_attempt(&provider.name, tokio::time::Instant::now()) {
+            let stopped = Cause::RunStopped(stopped);
+            if let Some(u) = user {
+                app.runs
+                    .after(u, run, None, crate::runs::Answer::Failed(&stopped));
+            }
+            return Err(edge::refusal(&stopped).into_response());
+        }
+    }
+    match open_raw(app, provider, host, port, config.connect_timeout).await {
+        Ok(stream) => {
+            if let (Some(u), Some(run)) = (user, &run) {
+                app.runs
+                    .after(u, run, None, crate::runs::Answer::Status(200));
+            }
+            Ok(stream)
+        }
+        Err(refusal) => {
+            if let Some(run) = &run {
+                run.release_attempt(&provider.name);
+            }
+            Err(refusal)
+        }
+    }
 }
 
 /// Takes one pacing slot for a raw tunnel and connects to its target.

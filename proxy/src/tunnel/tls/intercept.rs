@@ -67,6 +67,34 @@ fn server_config(resolver: LeafResolver, tickets: bool) -> Option<rustls::Server
     Some(config)
 }
 
+/// The server config for a handshake: with SNI, the one shared by every
+/// tunnel (sessions resume across tunnels); without, one of its own with
+/// the CONNECT host's leaf.
+fn config_for(
+    app: &App,
+    ca: &Arc<CertAuthority>,
+    authority: &Authority,
+    sni: bool,
+) -> Option<Arc<rustls::ServerConfig>> {
+    if sni {
+        return app
+            .intercept_tls
+            .get_or_init(|| {
+                let resolver = LeafResolver {
+                    ca: ca.clone(),
+                    connect_host: None,
+                };
+                server_config(resolver, true).map(Arc::new)
+            })
+            .clone();
+    }
+    let resolver = LeafResolver {
+        ca: ca.clone(),
+        connect_host: Some(authority.host().to_string()),
+    };
+    server_config(resolver, false).map(Arc::new)
+}
+
 /// Terminates TLS on `io` and serves HTTP/1.1 or HTTP/2 (by ALPN) to
 /// `authority`, every request through the provider's stack.
 ///
@@ -88,24 +116,9 @@ pub async fn intercept<T>(
     let handshake = async {
         let start =
             tokio_rustls::LazyConfigAcceptor::new(rustls::server::Acceptor::default(), io).await?;
-        let config = if start.client_hello().server_name().is_some() {
-            app.intercept_tls
-                .get_or_init(|| {
-                    let resolver = LeafResolver {
-                        ca: ca.clone(),
-                        connect_host: None,
-                    };
-                    server_config(resolver, true).map(Arc::new)
-                })
-                .clone()
-        } else {
-            let resolver = LeafResolver {
-                ca: ca.clone(),
-                connect_host: Some(authority.host().to_string()),
-            };
-            server_config(resolver, false).map(Arc::new)
-        };
-        let config = config.ok_or_else(|| std::io::Error::other("no TLS server config"))?;
+        let sni = start.client_hello().server_name().is_some();
+        let config = config_for(&app, &ca, &authority, sni)
+            .ok_or_else(|| std::io::Error::other("no TLS server config"))?;
         start.into_stream(config).await
     };
     let tls = match tokio::time::timeout(app.config().limits.header_read_timeout, handshake).await {
