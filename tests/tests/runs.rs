@@ -833,8 +833,12 @@ async fn sluice_run(sluice: &Sluice, args: &[&str], command: &[&str]) -> std::pr
 async fn a_planned_stop_is_the_schedules_success() {
     let sim = Sim::start("127.0.0.62").await;
     let sluice = start("");
+    // `sluice run` signals the command at its next heartbeat after the
+    // stop, up to a second after the 403; the collector ignores SIGTERM so
+    // that the signal cannot cut it off before it prints the error it met.
     let script = r#"
-import sys, urllib.request
+import signal, sys, urllib.request
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
 if sys.argv[2] == "fail":
     sys.exit(4)
 for i in range(1000):
@@ -898,8 +902,18 @@ async fn sluice_run_hands_the_command_what_it_resumes_from() {
         dir.join("a.token").display()
     );
     let sluice = Sluice::start_in(dir, &config);
+    // The run stops at its cap and `sluice run` then sends the command
+    // SIGTERM (its next heartbeat, up to a second after the refusal): a
+    // run-aware collector takes that as "finish now" — here it stops
+    // fetching and still prints its summary, whichever of the 403 and the
+    // signal comes first.
     let script = r#"
-import json, os, sys, requests
+import json, os, signal, sys, requests
+stopping = False
+def stop(signum, frame):
+    global stopping
+    stopping = True
+signal.signal(signal.SIGTERM, stop)
 base, admin, run = sys.argv[1], os.environ["SLUICE_ADMIN"], os.environ["SLUICE_RUN_ID"]
 fence = int(os.environ["SLUICE_FENCING_TOKEN"])
 cursors = json.load(open(os.environ["SLUICE_CHECKPOINTS"]))
@@ -908,6 +922,8 @@ start = int(cursors["items"]["cursor"]) if "items" in cursors else 0
 s = requests.Session()
 fetched = []
 for i in range(start, 100):
+    if stopping:
+        break
     r = s.get(f"{base}/item/{i}", timeout=20)
     if r.status_code == 403:
         break
