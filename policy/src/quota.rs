@@ -157,10 +157,7 @@ fn ietf(headers: &HeaderMap, now_wall: SystemTime) -> Result<Option<Advertised>,
     }
     let bad = Malformed(Family::Ietf);
     let policy = text(headers, "ratelimit-policy");
-    let (limit, window) = match policy.map(ietf_policy).transpose()?.flatten() {
-        Some((q, w)) => (Some(q), Some(w)),
-        None => (None, None),
-    };
+    let (limit, window) = policy.map(ietf_policy).transpose()?.flatten().unzip();
     // Remaining and reset: `RateLimit: "name";r=50;t=30` (structured),
     // `RateLimit: limit=100, remaining=50, reset=30`, or the separate
     // headers.
