@@ -354,6 +354,7 @@ fn trace(args: &[String]) {
         "503" => Behaviour::Bucket { over: 503 },
         "ra" => Behaviour::Named { secs: 1 },
         "nginx" => Behaviour::LimitReq { burst: 5 },
+        "nginx-delay" => Behaviour::LimitReqDelay { burst: 5 },
         "sliding" => Behaviour::Sliding,
         "queue" => Behaviour::Queue,
         s if s.starts_with("noise") => Behaviour::Noise {

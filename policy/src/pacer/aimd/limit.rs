@@ -7,6 +7,13 @@ use super::*;
 /// Refusals within a cut's echo that make a limit sharp.
 pub(super) const SHARP_ECHO: u32 = 3;
 
+/// A steady limit's bare 503 (or queueing) at the settle point puts the
+/// limit this share under the rate it met: the limit is known to within
+/// the settle point's margin, and a plain unnamed step (×0.9) would cost a
+/// tenth of the budget for a refusal the settle point was a hair too high
+/// for.
+pub(super) const STEADY_STEP: f64 = SETTLE_SHARP;
+
 /// A probe throttled before its last clean rate passed this share of the
 /// limit found the limit where it was.
 pub const PROBE_HELD: f64 = 1.1;
@@ -36,6 +43,10 @@ pub(super) struct Evidence {
     pub(super) fitted: bool,
     /// The limit is sharp (its refusals went on after a cut).
     pub(super) sharp: bool,
+    /// A limit told by bare 503s alone was met twice at the same place.
+    pub(super) steady: bool,
+    /// The lowest settle point a steady limit was throttled at.
+    pub(super) refused_settle: Option<f64>,
     /// The limit before a probe last moved it, and when.
     pub(super) moved_from: Option<(f64, Instant)>,
     /// When the settle point itself was last throttled.
@@ -82,6 +93,8 @@ pub(super) struct Placement {
     pub(super) clear_descent: bool,
     /// The settle point itself was throttled: the limit was too high.
     pub(super) too_high: bool,
+    /// Whether the limit is steady now (see `Aimd::steady`).
+    pub(super) steady: bool,
 }
 
 /// Where a throttle puts the remembered limit and the rate, from the
@@ -95,12 +108,19 @@ pub(super) struct Placement {
 ///   old one, no higher than the last clean rate nor than what was
 ///   delivered.
 /// * Throttled at the settle point: the limit was too high — a throttle
-///   the provider named says throttling began here; others step further;
-///   a token bucket's fitted refill rate, where the holds tell it, says
-///   more.
+///   the provider named says throttling began here; others step further,
+///   unless the limit is steady; a token bucket's fitted refill rate,
+///   where the holds tell it, says more.
 /// * Far below it: the limit has dropped.
+///
+/// Bare 503s say little once, so a limit they tell is judged over several
+/// cuts (R-SG5): a probe above it refused before it got clearly past makes
+/// it steady — met twice at one place. A steady limit is settled under as
+/// closely as a sharp one, nudged up by what its probes proved clean
+/// (never past a settle point refused since), and stepped down by a hair,
+/// not a tenth, when its settle point is refused.
 pub(super) fn place(e: &Evidence) -> Placement {
-    let (from, reason, settle) = (e.from, e.reason, e.settle);
+    let (from, settle) = (e.from, e.settle);
     let delivered = e.delivered.unwrap_or(f64::INFINITY);
     let mut p = Placement {
         limit: from,
@@ -111,6 +131,7 @@ pub(super) fn place(e: &Evidence) -> Placement {
         moved_from: None,
         clear_descent: false,
         too_high: false,
+        steady: false,
     };
     match (e.limit, e.probe) {
         // Slow start: throttling began at this rate, or at what the
@@ -119,7 +140,7 @@ pub(super) fn place(e: &Evidence) -> Placement {
             p.limit = delivered.min(from).max(from * e.decrease);
             p.to = from * e.decrease;
         }
-        (Some(limit), Some(probe)) if probe.clean(reason) <= limit * PROBE_HELD => {
+        (Some(limit), Some(probe)) if probe_clean(e, probe) <= limit * PROBE_HELD => {
             held_probe(e, limit, probe, &mut p);
         }
         (Some(limit), Some(probe)) => {
@@ -127,10 +148,10 @@ pub(super) fn place(e: &Evidence) -> Placement {
         }
         // Throttled at the settle point: the limit was too high.
         (Some(limit), None) if from >= limit * PROBE_DECREASE => {
-            (p.limit, p.tight) = too_high(e, limit);
+            (p.limit, p.tight, p.steady) = too_high(e, limit);
             p.too_high = true;
             p.probe_wait = ProbeWait::Reset;
-            p.to = p.limit * settle;
+            p.to = p.limit * if p.steady { SETTLE_SHARP } else { settle };
         }
         // Far below it: the limit has dropped.
         (Some(_), None) => {
@@ -141,13 +162,36 @@ pub(super) fn place(e: &Evidence) -> Placement {
     p
 }
 
+/// What a probe found clean, judged by the throttle that ended it: a
+/// steady limit's bare 503 is judged as a named throttle is.
+fn probe_clean(e: &Evidence, probe: Probe) -> f64 {
+    if e.steady && e.reason == BackoffReason::Unavailable {
+        probe.proven
+    } else {
+        probe.clean(e.reason)
+    }
+}
+
 /// A probe throttled before it got clearly past the limit: the limit held;
 /// straight back to the settle point.
 fn held_probe(e: &Evidence, limit: f64, probe: Probe, p: &mut Placement) {
     // Met twice near the same rate: no longer a guess. What
     // the probe proved clean (two windows) is under it.
     p.confirmed = true;
-    let l = if e.reason.ambiguous() {
+    let l = if e.reason == BackoffReason::Unavailable {
+        // Bare 503s met twice near one place: the limit is steady, and
+        // what the probe proved clean over two windows is under it (or
+        // a burst's doing: a step at most).
+        p.steady = true;
+        p.probe_wait = ProbeWait::Longer;
+        // No higher than a settle point refused since (one under the limit
+        // is another limit's: the limit has moved past it).
+        let refused = e
+            .refused_settle
+            .filter(|r| *r > limit)
+            .unwrap_or(f64::INFINITY);
+        limit.max(probe.proven.min(limit * (1.0 + PROBE_STEP)).min(refused))
+    } else if e.reason.ambiguous() {
         limit
     } else if e.fitted {
         // The fit said where it is; the probe agrees.
@@ -161,7 +205,7 @@ fn held_probe(e: &Evidence, limit: f64, probe: Probe, p: &mut Placement) {
         limit.max(probe.clean(e.reason).min(limit * (1.0 + PROBE_STEP)))
     };
     p.limit = l;
-    p.to = l * e.settle;
+    p.to = l * if p.steady { SETTLE_SHARP } else { e.settle };
 }
 
 /// A probe that went clean well past the limit before it was throttled:
@@ -180,8 +224,9 @@ fn moved_probe(e: &Evidence, limit: f64, probe: Probe, p: &mut Placement) {
 }
 
 /// Throttled at the settle point: the limit was too high. Where it goes,
-/// and whether it is a tight fit of a token bucket's refill rate.
-fn too_high(e: &Evidence, limit: f64) -> (f64, bool) {
+/// whether it is a tight fit of a token bucket's refill rate, and whether
+/// it is steady.
+fn too_high(e: &Evidence, limit: f64) -> (f64, bool, bool) {
     let (from, reason, delivered) = (e.from, e.reason, e.delivered.unwrap_or(f64::INFINITY));
     debug_assert!(from >= limit * PROBE_DECREASE);
     // A throttle the provider named says throttling began at this rate;
@@ -190,12 +235,18 @@ fn too_high(e: &Evidence, limit: f64) -> (f64, bool) {
         reason,
         BackoffReason::Throttled | BackoffReason::UnavailableRetryAfter
     );
+    // A steady limit's bare 503 or queueing at the settle point: the
+    // limit is known to within a small step.
+    let steady = e.steady && matches!(reason, BackoffReason::Unavailable | BackoffReason::Latency);
     match e.moved_from {
         // Soon after a probe moved the limit: what it found was
         // a burst allowance's doing. Back to the limit before.
-        Some((before, at)) if e.now.saturating_duration_since(at) < e.window * PROBE_AFTER => {
-            (before.min(from), false)
-        }
+        // Bare 503s: the limit before held twice, steady.
+        Some((before, at)) if e.now.saturating_duration_since(at) < e.window * PROBE_AFTER => (
+            before.min(from),
+            false,
+            e.steady || reason == BackoffReason::Unavailable,
+        ),
         // Named: throttling began at this rate. Unnamed
         // (latency, bare 503s say less): step further.
         // Again soon after, with too few answers a window to
@@ -226,13 +277,14 @@ fn too_high(e: &Evidence, limit: f64) -> (f64, bool) {
             let l = (match (named, again) {
                 (true, false) => from,
                 (true, true) => from * SETTLE,
+                (false, _) if steady => from * STEADY_STEP,
                 (false, _) => from * PROBE_DECREASE,
             })
             .min(delivered)
             .min(fitted)
             .max(from * e.decrease);
             let tight = fit.is_some_and(|(at, margin)| l == at && margin <= at * FIT_TIGHT);
-            (l, tight)
+            (l, tight, steady)
         }
     }
 }
@@ -256,6 +308,8 @@ impl Aimd {
             settle: self.settle_share(),
             fitted: self.fitted,
             sharp: self.sharp,
+            steady: self.steady,
+            refused_settle: self.refused_settle,
             moved_from: self.moved_from,
             too_high_at: self.too_high_at,
             holds: !self.hold_cost.is_zero(),
@@ -265,6 +319,14 @@ impl Aimd {
         });
         if p.confirmed {
             self.limit_weak = false;
+        }
+        self.steady = p.steady;
+        if p.too_high && p.steady {
+            // The lowest since the limit last moved past one.
+            self.refused_settle = Some(match self.refused_settle {
+                Some(r) if r > p.limit => r.min(from),
+                _ => from,
+            });
         }
         match p.probe_wait {
             ProbeWait::Keep => {}
@@ -323,6 +385,8 @@ mod tests {
             settle: SETTLE,
             fitted: false,
             sharp: false,
+            steady: false,
+            refused_settle: None,
             moved_from: None,
             too_high_at: None,
             holds: false,
@@ -372,6 +436,102 @@ mod tests {
         // Far below it: the limit dropped.
         let p = place(&evidence(BackoffReason::Throttled, 5.0, Some(10.0)));
         assert_eq!((p.limit, p.to), (5.0, 3.5));
+    }
+
+    /// Bare 503s met twice at one place (a probe refused before it got
+    /// clearly past): the limit is steady, nudged up to what the probe
+    /// proved clean (a step at most, never past a settle point refused
+    /// since) and settled under as closely as a sharp one; its settle
+    /// point refused, it steps down by a hair.
+    #[test]
+    fn a_bare_503_limit_met_twice_is_steady() {
+        let probe = Probe {
+            windows: 3,
+            clean_rate: 21.6,
+            proven: 20.0,
+        };
+        let held = Evidence {
+            probe: Some(probe),
+            ..evidence(BackoffReason::Unavailable, 24.8, Some(19.8))
+        };
+        let p = place(&held);
+        assert!(p.confirmed && p.steady);
+        assert_eq!(p.probe_wait, ProbeWait::Longer);
+        assert_eq!(p.limit, 20.0);
+        assert!((p.to - 20.0 * SETTLE_SHARP).abs() < 1e-12);
+        // A step at most past the limit it had.
+        let far = Evidence {
+            probe: Some(Probe {
+                proven: 21.0,
+                ..probe
+            }),
+            ..held
+        };
+        assert!((place(&far).limit - 19.8 * (1.0 + PROBE_STEP)).abs() < 1e-12);
+        // Never past a settle point refused since.
+        let capped = Evidence {
+            refused_settle: Some(19.9),
+            ..far
+        };
+        assert_eq!(place(&capped).limit, 19.9);
+        // Not steady yet: the same probe leaves the limit where it was.
+        let timeout = Evidence {
+            reason: BackoffReason::Timeout,
+            ..held
+        };
+        let p = place(&timeout);
+        assert!(!p.steady && p.limit == 19.8);
+        // The settle point of a steady limit refused: a hair under it.
+        let at_settle = Evidence {
+            steady: true,
+            ..evidence(BackoffReason::Unavailable, 20.3, Some(20.7))
+        };
+        let p = place(&at_settle);
+        assert!(p.too_high && p.steady);
+        assert!((p.limit - 20.3 * STEADY_STEP).abs() < 1e-12);
+        assert!((p.to - p.limit * SETTLE_SHARP).abs() < 1e-12);
+        // Not steady: a tenth under, and settled with the plain margin.
+        let p = place(&Evidence {
+            steady: false,
+            ..at_settle
+        });
+        assert!(!p.steady && (p.limit - 20.3 * PROBE_DECREASE).abs() < 1e-12);
+        // A named throttle is judged as before, and ends the steadiness.
+        let p = place(&Evidence {
+            reason: BackoffReason::Throttled,
+            ..at_settle
+        });
+        assert!(!p.steady && p.limit == 20.3, "{p:?}");
+    }
+
+    /// The settle point judged on something steady (issue 33): nginx's
+    /// `limit_req` at 20 r/s with `burst=5 nodelay` answers a bare 503,
+    /// and its burst lets one window's delivery read anywhere from 19.8 to
+    /// 21 r/s. Once a probe has met the limit twice, the second half of a
+    /// minute and a half is at least 97 % of the limit with under 1 %
+    /// refused, whatever the first reading was.
+    #[test]
+    fn nginx_nodelay_is_settled_under_closely_once_met_twice() {
+        for first in [19.8, 20.2, 20.9] {
+            let mut a = Aimd::new(5.0, 0.1, 80.0, 0.7, W);
+            // Where the first too-high cut's one-window reading put it.
+            a.restore(first * SETTLE, Some(first), None);
+            let (accepted, refused) = limit_req(&mut a, 90);
+            let ok = accepted.iter().filter(|t| **t >= 45.0).count() as f64;
+            let no = refused.iter().filter(|t| **t >= 45.0).count() as f64;
+            let goodput = ok / (45.0 * 20.0);
+            assert!(a.steady, "from {first}: a probe met the limit twice");
+            assert!(
+                goodput >= 0.97,
+                "from {first}: goodput {:.1} %",
+                goodput * 100.0
+            );
+            assert!(
+                no / (ok + no) < 0.01,
+                "from {first}: {no} refused of {}",
+                ok + no
+            );
+        }
     }
 
     /// R-SG5: a limiter that counts over a window (a sliding window that

@@ -284,6 +284,14 @@ pub struct Aimd {
     /// stopping with the rate, as a token bucket's do. A probe's proven
     /// rate is then the limit's lower bound, with no burst to fool it.
     sharp: bool,
+    /// A limit told by bare 503s alone was met twice at the same place: a
+    /// probe above it was refused before it got clearly past (see
+    /// `limit::held_probe`). Settled under as closely as a sharp one, and
+    /// a refusal at the settle point moves it as a named one would.
+    steady: bool,
+    /// The lowest settle point a steady limit was throttled at: a held
+    /// probe moves the limit no higher (see `limit::held_probe`).
+    refused_settle: Option<f64>,
     /// Probes of a sharp limit held at the same place, in a row (the wait
     /// before the next doubles with each, up to 4×): each costs a window's
     /// refusals.
@@ -344,6 +352,8 @@ impl Aimd {
             too_high_at: None,
             echo: 0,
             sharp: false,
+            steady: false,
+            refused_settle: None,
             probe_backoff: 0,
         }
     }

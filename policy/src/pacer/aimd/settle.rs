@@ -7,7 +7,8 @@ use super::*;
 /// Settle point as a share of the rate at which throttling began.
 pub const SETTLE: f64 = 0.95;
 
-/// Settle point under a sharp limit (see `Aimd::sharp`).
+/// Settle point under a sharp, fitted or steady limit (see `Aimd::sharp`,
+/// `Aimd::fitted`, `Aimd::steady`).
 pub const SETTLE_SHARP: f64 = 0.98;
 
 /// Clean, saturated windows at the settle point before probing upward.
@@ -94,6 +95,7 @@ impl Aimd {
                     // moved. Find the new one as from a cold start.
                     self.limit = None;
                     self.fitted = false;
+                    self.steady = false;
                     self.descent.clear();
                     self.reset_plateau();
                     self.rate * (1.0 + SLOW_START_GROWTH)
@@ -133,7 +135,7 @@ impl Aimd {
     /// The settle point's share of the limit: closer under a sharp limit,
     /// whose probe proved the rate clean.
     pub(super) fn settle_share(&self) -> f64 {
-        if self.sharp || self.fitted {
+        if self.sharp || self.fitted || self.steady {
             SETTLE_SHARP
         } else {
             SETTLE

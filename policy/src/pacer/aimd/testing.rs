@@ -80,3 +80,32 @@ pub(super) fn bucket_refusals(a: &mut Aimd, secs: u64) -> Vec<f64> {
     }
     refusals
 }
+
+/// nginx's `limit_req` (20 r/s, `burst=5 nodelay`) answering a bare 503
+/// over its limit to saturated demand from `a`, for `secs` with 40 ms
+/// answers: the times it accepted and refused, in seconds from the start.
+pub(super) fn limit_req(a: &mut Aimd, secs: u64) -> (Vec<f64>, Vec<f64>) {
+    let (limit, burst) = (20.0, 5.0);
+    let start = Instant::now();
+    let rtt = Duration::from_millis(40);
+    let (mut t, mut excess, mut last) = (start, 0.0f64, start);
+    let (mut accepted, mut refused) = (Vec::new(), Vec::new());
+    while t < start + Duration::from_secs(secs) {
+        t += Duration::from_secs_f64(1.0 / a.rate());
+        a.on_admit(t);
+        let drained = (excess - (t - last).as_secs_f64() * limit).max(0.0);
+        let at = (t - start).as_secs_f64();
+        if drained + 1.0 > burst + 1.0 {
+            excess = drained;
+            last = t;
+            a.on_ambiguous(t, t + rtt, BackoffReason::Unavailable);
+            refused.push(at);
+        } else {
+            excess = drained + 1.0;
+            last = t;
+            a.on_clean(t, t + rtt, Some(rtt));
+            accepted.push(at);
+        }
+    }
+    (accepted, refused)
+}

@@ -155,6 +155,12 @@ impl Aimd {
                 self.trial = None;
                 Some(share)
             }
+            // Errors going on under a steady limit, at a rate it met twice:
+            // the settle point is over it, not noise.
+            Verdict::Noise if self.steady => {
+                self.trial = None;
+                Some(trial.errors / trial.answers.max(1.0))
+            }
             Verdict::Noise => {
                 // The cut bought nothing: put the limit back and return to
                 // the old rate at the next clean window (never on this
@@ -165,6 +171,7 @@ impl Aimd {
                 // they now look like this noise.
                 self.limit = trial.prev_limit.filter(|_| !trial.prev_weak);
                 self.limit_weak = false;
+                self.steady = false;
                 self.recover_to = Some(self.recover_to.unwrap_or(0.0).max(trial.from));
                 self.reset_plateau();
                 // The trigger and the errors held out were noise after all.
@@ -260,6 +267,7 @@ impl Aimd {
         let backoff = self.cut(now, reason);
         self.limit = None;
         self.fitted = false;
+        self.steady = false;
         self.cold_error_cut = true;
         Some(Some(backoff))
     }
