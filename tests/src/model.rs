@@ -87,6 +87,9 @@ pub enum Behaviour {
     Named {
         /// The `Retry-After` it sends, whole seconds.
         secs: u64,
+        /// Its burst, if not half a second of the limit (the commonest
+        /// API limiter has a small one: 2, 5 or 10).
+        burst: Option<u32>,
     },
     /// HAProxy's stick table with `http_req_rate(1s)`: every request,
     /// refused ones too, is counted in a sliding one-second window (the
@@ -220,6 +223,9 @@ fn burst_of(limit: f64) -> f64 {
 fn burst_for(behaviour: Behaviour, limit: f64) -> f64 {
     match behaviour {
         Behaviour::LimitReq { burst } => f64::from(burst) + 1.0,
+        Behaviour::Named {
+            burst: Some(burst), ..
+        } => f64::from(burst),
         _ => burst_of(limit),
     }
 }
@@ -351,7 +357,7 @@ impl Provider {
         let (status, latency) = match self.behaviour {
             Behaviour::Bucket { over } => (if took { 200 } else { over }, base),
             Behaviour::LimitReq { .. } => (if took { 200 } else { 503 }, base),
-            Behaviour::Named { secs } => {
+            Behaviour::Named { secs, .. } => {
                 if !took {
                     retry_after = Some(secs);
                 }

@@ -234,7 +234,10 @@ fn a_slow_provider_finds_a_doubled_limit_within_a_minute() {
 #[test]
 fn a_retry_after_bucket_is_read_from_its_holds() {
     let s = Scenario {
-        behaviour: Behaviour::Named { secs: 1 },
+        behaviour: Behaviour::Named {
+            secs: 1,
+            burst: None,
+        },
         phases: vec![20.0],
         phase: PHASE,
         clients: 8,
@@ -259,7 +262,10 @@ fn a_fleet_sharing_a_budget_paces_like_one() {
     use sluice_tests::model::{run_fleet, SharedMemory};
     for clients in [8, 16] {
         let s = Scenario {
-            behaviour: Behaviour::Named { secs: 1 },
+            behaviour: Behaviour::Named {
+                secs: 1,
+                burst: None,
+            },
             phases: vec![20.0],
             phase: Duration::from_secs(60),
             clients,

@@ -352,7 +352,15 @@ fn trace(args: &[String]) {
     let behaviour = match args[0].as_str() {
         "429" => Behaviour::Bucket { over: 429 },
         "503" => Behaviour::Bucket { over: 503 },
-        "ra" => Behaviour::Named { secs: 1 },
+        "ra" => Behaviour::Named {
+            secs: 1,
+            burst: None,
+        },
+        // A `Retry-After: 1` bucket of this burst: `ra-b5`.
+        s if s.starts_with("ra-b") => Behaviour::Named {
+            secs: 1,
+            burst: Some(s[4..].parse().expect("ra-bN: a burst")),
+        },
         "nginx" => Behaviour::LimitReq { burst: 5 },
         "nginx-delay" => Behaviour::LimitReqDelay { burst: 5 },
         "sliding" => Behaviour::Sliding,
@@ -592,7 +600,14 @@ fn converge() {
             Behaviour::LimitReqDelay { burst: 5 },
             20.0,
         ),
-        ("bucket 20, 429 + RA 1", Behaviour::Named { secs: 1 }, 20.0),
+        (
+            "bucket 20, 429 + RA 1",
+            Behaviour::Named {
+                secs: 1,
+                burst: None,
+            },
+            20.0,
+        ),
         ("sliding 1 s 20, 429", Behaviour::Sliding, 20.0),
         ("bucket 5, 429", Behaviour::Bucket { over: 429 }, 5.0),
         ("bucket 100, 429", Behaviour::Bucket { over: 429 }, 100.0),
@@ -600,7 +615,8 @@ fn converge() {
     ];
     println!(
         "time to converge: 8 naive clients from a cold start, {SEEDS} seeds; \
-         goodput 0–60 s (median, worst) | goodput 30–60 s (median, worst) | refused 30–60 s (median, worst)"
+         goodput 0–60 s (median, worst) | goodput 30–60 s (median, worst) | refused 30–60 s (median, worst)\n\
+         (\"16 cl\": 16 clients; \"×8\": 8 replicas sharing one budget)"
     );
     // (name, behaviour, limit, clients, replicas sharing a budget)
     let mut rows: Vec<(String, Behaviour, f64, usize, u32)> = cases
@@ -610,11 +626,30 @@ fn converge() {
     for clients in [8, 16] {
         rows.push((
             format!("8 replicas ×{}, RA 20", clients / 8),
-            Behaviour::Named { secs: 1 },
+            Behaviour::Named {
+                secs: 1,
+                burst: None,
+            },
             20.0,
             clients,
             8,
         ));
+    }
+    // The commonest API limiter (issue 34): a small burst, `Retry-After:
+    // 1`, 16 clients; one sluice beside a fleet of 8 sharing a budget.
+    for burst in [2, 5, 10] {
+        for replicas in [1, 8] {
+            rows.push((
+                format!("RA 1 b={burst} 16 cl ×{replicas}"),
+                Behaviour::Named {
+                    secs: 1,
+                    burst: Some(burst),
+                },
+                20.0,
+                16,
+                replicas,
+            ));
+        }
     }
     for (name, behaviour, limit, clients, replicas) in rows {
         for (who, contender) in NAMES.iter().enumerate() {
