@@ -151,13 +151,17 @@ pub(super) fn place(e: &Evidence) -> Placement {
             (p.limit, p.tight, p.steady) = too_high(e, limit);
             p.too_high = true;
             p.probe_wait = ProbeWait::Reset;
-            p.to = p.limit * if p.steady { SETTLE_SHARP } else { settle };
+            p.to = p.limit * settle;
         }
         // Far below it: the limit has dropped.
         (Some(_), None) => {
             p.limit = from;
             p.to = from * e.decrease;
         }
+    }
+    if p.steady {
+        // Known to within a step: settled under as closely as a sharp one.
+        p.to = p.limit * SETTLE_SHARP;
     }
     p
 }
@@ -205,7 +209,7 @@ fn held_probe(e: &Evidence, limit: f64, probe: Probe, p: &mut Placement) {
         limit.max(probe.clean(e.reason).min(limit * (1.0 + PROBE_STEP)))
     };
     p.limit = l;
-    p.to = l * if p.steady { SETTLE_SHARP } else { e.settle };
+    p.to = l * e.settle;
 }
 
 /// A probe that went clean well past the limit before it was throttled:

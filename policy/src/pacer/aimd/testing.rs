@@ -95,14 +95,13 @@ pub(super) fn limit_req(a: &mut Aimd, secs: u64) -> (Vec<f64>, Vec<f64>) {
         a.on_admit(t);
         let drained = (excess - (t - last).as_secs_f64() * limit).max(0.0);
         let at = (t - start).as_secs_f64();
-        if drained + 1.0 > burst + 1.0 {
+        last = t;
+        if drained > burst {
             excess = drained;
-            last = t;
             a.on_ambiguous(t, t + rtt, BackoffReason::Unavailable);
             refused.push(at);
         } else {
             excess = drained + 1.0;
-            last = t;
             a.on_clean(t, t + rtt, Some(rtt));
             accepted.push(at);
         }
