@@ -428,6 +428,25 @@ impl Provider {
             median_latency: lat.get(lat.len() / 2).copied().unwrap_or_default(),
         }
     }
+
+    /// Overshoots over `[from, to)`: runs of refused answers, a run ending
+    /// once `gap` passes without one (a failed probe's refusals and the
+    /// hold they bring are one overshoot).
+    pub fn overshoots(&self, from: Instant, to: Instant, gap: Duration) -> usize {
+        let mut last: Option<Instant> = None;
+        let mut runs = 0;
+        for a in self
+            .log
+            .iter()
+            .filter(|a| a.at >= from && a.at < to && a.status != 200)
+        {
+            if last.is_none_or(|l| a.at.saturating_duration_since(l) >= gap) {
+                runs += 1;
+            }
+            last = Some(a.at);
+        }
+        runs
+    }
 }
 
 /// What the provider saw over a span.

@@ -28,7 +28,10 @@
 //! over 30–60 s from a cold start against every limiter shape (token
 //! bucket with 429, bare 503 or `Retry-After`, nginx `limit_req` with and
 //! without `nodelay`, HAProxy's sliding window), a shared fleet of 8
-//! replicas, and costly requests at ceilings of 100, 200 and 500 req/s.
+//! replicas, and costly requests at ceilings of 100, 200 and 500 req/s;
+//! then (issue 34) a `Retry-After` bucket raised from 20 to 22 req/s at
+//! 30 s, and one that does not move, counted in overshoots per 30 s.
+//! `ONLY=<text>` runs only the converge rows whose name holds it.
 //! `bench_pacers trace`, `sweep` and `quota` are described at each.
 
 use std::sync::Arc;
@@ -361,6 +364,12 @@ fn trace(args: &[String]) {
             secs: 1,
             burst: Some(s[4..].parse().expect("ra-bN: a burst")),
         },
+        // A 1 s quota that advertises twice what it allows.
+        "quota-lie" => Behaviour::Window {
+            window: Duration::from_secs(1),
+            advertise: true,
+            lie: 2,
+        },
         "nginx" => Behaviour::LimitReq { burst: 5 },
         "nginx-delay" => Behaviour::LimitReqDelay { burst: 5 },
         "sliding" => Behaviour::Sliding,
@@ -652,6 +661,9 @@ fn converge() {
         }
     }
     for (name, behaviour, limit, clients, replicas) in rows {
+        if std::env::var("ONLY").is_ok_and(|o| !name.contains(&o)) {
+            continue;
+        }
         for (who, contender) in NAMES.iter().enumerate() {
             let mut first = Vec::new();
             let mut second = Vec::new();
@@ -694,7 +706,66 @@ fn converge() {
         }
     }
 
+    raised();
     costly();
+}
+
+/// Issue 34: the Retry-After bucket of the converge table (20 req/s,
+/// `Retry-After: 1`, 16 clients) for one sluice and for 8 replicas: a
+/// limit raised to 22 at 30 s is found by 60 s (goodput 50–60 s against
+/// 22), and a limit that does not move costs at most one overshoot (a run
+/// of refusals) per 30 s once learned (30–90 s).
+fn raised() {
+    const SEEDS: u64 = 10;
+    println!(
+        "\nraised and unmoved: RA 1 bucket, 16 clients, {SEEDS} seeds, sluice; \
+         20 → 22 at 30 s: goodput 50–60 s / 22 (median, worst) | \
+         20 unmoved: overshoots per 30 s over 30–90 s (median, worst)"
+    );
+    for burst in [2, 5, 10] {
+        for replicas in [1, 8] {
+            let behaviour = Behaviour::Named {
+                secs: 1,
+                burst: Some(burst),
+            };
+            let mut found = Vec::new();
+            let mut overshoots = Vec::new();
+            for seed in 1..=SEEDS {
+                let scenario = |phases: Vec<f64>, secs: u64| Scenario {
+                    behaviour,
+                    phases,
+                    phase: Duration::from_secs(secs),
+                    clients: 16,
+                    seed,
+                    jitter: true,
+                };
+                let go = |s: &Scenario| {
+                    if replicas > 1 {
+                        play_fleet(0, s, 80.0, replicas)
+                    } else {
+                        play(0, s, 80.0)
+                    }
+                };
+                let (p, start) = go(&scenario(vec![20.0, 22.0], 30));
+                let at = |secs: u64| start + Duration::from_secs(secs);
+                found.push(p.figures(at(50), at(60), 22.0).goodput);
+                let (p, start) = go(&scenario(vec![20.0], 90));
+                let at = |secs: u64| start + Duration::from_secs(secs);
+                let runs = p.overshoots(at(30), at(90), Duration::from_secs(2));
+                overshoots.push(runs as f64 / 2.0);
+            }
+            found.sort_by(f64::total_cmp);
+            overshoots.sort_by(f64::total_cmp);
+            let mid = (SEEDS / 2) as usize;
+            println!(
+                "RA 1 b={burst:<2} 16 cl ×{replicas}    | {:>5.1} % {:>5.1} % | {:>4.1} {:>4.1}",
+                found[mid] * 100.0,
+                found[0] * 100.0,
+                overshoots[mid],
+                overshoots[overshoots.len() - 1],
+            );
+        }
+    }
 }
 
 /// Costly requests (issue 21, R-SG3): a provider that takes 1,000 req/s,
