@@ -53,6 +53,8 @@ pub(super) struct Evidence {
     pub(super) too_high_at: Option<Instant>,
     /// The provider holds after its refusals (`Retry-After`).
     pub(super) holds: bool,
+    /// The rate is a fleet's, shared through a budget.
+    pub(super) shared: bool,
     /// The token-bucket fit of the refusals after holds, if it tells one
     /// (the bound, and its margin).
     pub(super) fit: Option<(f64, f64)>,
@@ -101,7 +103,8 @@ pub(super) struct Placement {
 /// evidence (a pure function: the controller applies what it returns).
 ///
 /// * Slow start: throttling began at this rate, or at what the provider
-///   delivered if that was less.
+///   delivered if that was less (a fleet held by the provider: at this
+///   rate).
 /// * A probe throttled before it got clearly past the limit: the limit
 ///   held; straight back to the settle point.
 /// * A probe that went clean well past the limit: the limit lies past the
@@ -135,8 +138,12 @@ pub(super) fn place(e: &Evidence) -> Placement {
     };
     match (e.limit, e.probe) {
         // Slow start: throttling began at this rate, or at what the
-        // provider delivered if that was less.
+        // provider delivered if that was less. A fleet's delivery, summed
+        // over replicas that each took the shared rate up at their own
+        // time, mixes the rates before it: where the provider holds, the
+        // fleet's first refusal says throttling began at the rate it met.
         (None, _) => {
+            let delivered = if e.shared && e.holds { from } else { delivered };
             p.limit = delivered.min(from).max(from * e.decrease);
             p.to = from * e.decrease;
         }
@@ -317,6 +324,7 @@ impl Aimd {
             moved_from: self.moved_from,
             too_high_at: self.too_high_at,
             holds: !self.hold_cost.is_zero(),
+            shared: self.shared,
             fit: self.descent.limit(),
             window: self.window,
             now,
@@ -394,6 +402,7 @@ mod tests {
             moved_from: None,
             too_high_at: None,
             holds: false,
+            shared: false,
             fit: None,
             window: Duration::from_secs(1),
             now: Instant::now(),
@@ -413,6 +422,16 @@ mod tests {
             ..evidence(BackoffReason::Throttled, 20.0, None)
         });
         assert_eq!(p.limit, 16.0);
+        // A fleet held by the provider (issue 34): its delivery mixes the
+        // rates each replica took up at its own time; throttling began at
+        // the rate met.
+        let p = place(&Evidence {
+            delivered: Some(16.0),
+            shared: true,
+            holds: true,
+            ..evidence(BackoffReason::Throttled, 20.0, None)
+        });
+        assert_eq!((p.limit, p.to), (20.0, 14.0));
         // At the settle point, named: throttling began here.
         let p = place(&evidence(BackoffReason::Throttled, 9.5, Some(10.0)));
         assert_eq!((p.limit, p.to, p.too_high), (9.5, 9.5 * SETTLE, true));
