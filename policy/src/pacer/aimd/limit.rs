@@ -53,6 +53,9 @@ pub(super) struct Evidence {
     pub(super) too_high_at: Option<Instant>,
     /// The provider holds after its refusals (`Retry-After`).
     pub(super) holds: bool,
+    /// The limit was placed by slow start and not met since (see
+    /// `Aimd::unconfirmed`).
+    pub(super) unconfirmed: bool,
     /// The rate is a fleet's, shared through a budget.
     pub(super) shared: bool,
     /// The token-bucket fit of the refusals after holds, if it tells one
@@ -176,7 +179,11 @@ pub(super) fn place(e: &Evidence) -> Placement {
 /// What a probe found clean, judged by the throttle that ended it: a
 /// steady limit's bare 503 is judged as a named throttle is.
 fn probe_clean(e: &Evidence, probe: Probe) -> f64 {
-    if e.steady && e.reason == BackoffReason::Unavailable {
+    if e.unconfirmed {
+        // Slow start's limit, placed under the rate met: the probe went
+        // clean at this rate.
+        probe.clean_rate
+    } else if e.steady && e.reason == BackoffReason::Unavailable {
         probe.proven
     } else {
         probe.clean(e.reason)
@@ -226,8 +233,19 @@ fn held_probe(e: &Evidence, limit: f64, probe: Probe, p: &mut Placement) {
 fn moved_probe(e: &Evidence, limit: f64, probe: Probe, p: &mut Placement) {
     // Without a delivery measure, no further than a held probe.
     let delivered = e.delivered.unwrap_or(limit * PROBE_HELD);
-    let l = probe.clean(e.reason).min(delivered).max(limit);
-    p.moved_from = Some(limit);
+    let clean = if e.unconfirmed {
+        probe.clean_rate
+    } else {
+        probe.clean(e.reason)
+    };
+    let l = clean.min(delivered).max(limit);
+    // Slow start's limit was a guess under the rate met: should the move
+    // prove a burst's doing, what the probe proved clean stands.
+    p.moved_from = Some(if e.unconfirmed {
+        probe.proven.max(limit)
+    } else {
+        limit
+    });
     p.probe_wait = ProbeWait::Reset;
     p.clear_descent = true;
     p.limit = l;
@@ -324,6 +342,7 @@ impl Aimd {
             moved_from: self.moved_from,
             too_high_at: self.too_high_at,
             holds: !self.hold_cost.is_zero(),
+            unconfirmed: self.unconfirmed,
             shared: self.shared,
             fit: self.descent.limit(),
             window: self.window,
@@ -332,6 +351,8 @@ impl Aimd {
         if p.confirmed {
             self.limit_weak = false;
         }
+        self.met = Some(from);
+        self.unconfirmed = self.limit.is_none() && !self.hold_cost.is_zero() && p.limit < from;
         self.steady = p.steady;
         if p.too_high && p.steady {
             // The lowest since the limit last moved past one.
@@ -402,6 +423,7 @@ mod tests {
             moved_from: None,
             too_high_at: None,
             holds: false,
+            unconfirmed: false,
             shared: false,
             fit: None,
             window: Duration::from_secs(1),

@@ -65,8 +65,13 @@
 //! rate nearer the limit lasts longer before its refusal; the time each
 //! rate lasted after a hold tells a token bucket's refill rate instead
 //! (`Descent`), and a tight fit is settled under as closely as a sharp
-//! limit. Only one
-//! cut is made per congestion epoch: answers to requests sent before the
+//! limit. A failed probe there costs a hold, so probes wait
+//! [`PROBE_HOLD_RATIO`] holds — except after slow start's one refusal on
+//! a small burst, whose limit is placed from a window sent at a lower rate
+//! and may lie well under the rate met: that probe comes as soon as the
+//! gap makes it pay ([`PROBE_GAP_COST`]) and is judged by the rate it went
+//! clean at. A fleet's first refusal places its limit at the rate met.
+//! Only one cut is made per congestion epoch: answers to requests sent before the
 //! last cut say nothing new (as TCP's fast recovery ignores losses from the
 //! old window).
 //!
@@ -100,8 +105,8 @@ pub use self::outage::{OUTAGE_MIN_FAILURES, OUTAGE_PERSIST, RELAPSE, STREAK_MAX_
 pub use self::readout::{Belief, Condition};
 use self::settle::Probe;
 pub use self::settle::{
-    PROBE_AFTER, PROBE_AFTER_ADMITTED, PROBE_FOUND, PROBE_HOLD_RATIO, PROBE_STEP, RECOVER_MIN_STEP,
-    RECOVER_SHARE, SETTLE, SETTLE_SHARP, SLOW_START_GROWTH,
+    PROBE_AFTER, PROBE_AFTER_ADMITTED, PROBE_FOUND, PROBE_GAP_COST, PROBE_HOLD_RATIO, PROBE_STEP,
+    RECOVER_MIN_STEP, RECOVER_SHARE, SETTLE, SETTLE_SHARP, SLOW_START_GROWTH,
 };
 use self::trial::Trial;
 pub use self::trial::{
@@ -261,6 +266,15 @@ pub struct Aimd {
     /// How long the provider held every request off after its last
     /// throttle (`Retry-After`): what a failed probe costs.
     hold_cost: Duration,
+    /// The rate the last throttle met: as far as the evidence goes, the
+    /// limit lies under it.
+    met: Option<f64>,
+    /// The limit was placed by slow start's one refusal, from what a window
+    /// sent at a lower rate delivered, and has not been met since: it may
+    /// lie anywhere up to the rate met (`met`). Its first probe comes as
+    /// soon as that gap makes it pay, and is judged by the rate it went
+    /// clean at.
+    unconfirmed: bool,
     /// When the provider's last hold (`Retry-After`) ends.
     hold_end: Option<Instant>,
     /// Refusals at the settle point after a hold: how long each rate lasted
@@ -345,6 +359,8 @@ impl Aimd {
             named_throttle: None,
             hold_cost: Duration::ZERO,
             hold_end: None,
+            met: None,
+            unconfirmed: false,
             descent: Descent::default(),
             fitted: false,
             shared: false,

@@ -28,6 +28,13 @@ pub const PROBE_STEP: f64 = 0.02;
 /// probing costs under 2 % of the time.
 pub const PROBE_HOLD_RATIO: f64 = 60.0;
 
+/// …unless slow start's limit may lie well under the rate its refusal met
+/// (`Aimd::unconfirmed`): then the wait, in holds, is this over the gap
+/// between the two (a probe's hold costs a hold; staying a gap under the
+/// limit costs the gap all along). A limit a tenth under waits 30 holds,
+/// one 40 % under 7.
+pub const PROBE_GAP_COST: f64 = 3.0;
+
 /// A whole clean window at this multiple of the limit proves it moved:
 /// the controller forgets it and grows as from a cold start. (A token
 /// bucket whose burst is half a second of traffic cannot hide that much.)
@@ -117,8 +124,9 @@ impl Aimd {
                     if self.trial.is_some()
                         || self.plateau < PROBE_AFTER * k
                         || (!self.limit_weak
+                            && !self.unconfirmed
                             && self.plateau_admitted < PROBE_AFTER_ADMITTED * u64::from(k))
-                        || held_for < self.hold_cost.mul_f64(PROBE_HOLD_RATIO)
+                        || held_for < self.hold_cost.mul_f64(self.holds_before_probe(limit))
                     {
                         self.rate
                     } else {
@@ -130,6 +138,17 @@ impl Aimd {
         };
         self.set_rate(now, next.min(self.ceiling).max(self.rate));
         self.rate > before
+    }
+
+    /// How many holds (`Retry-After`) the rate waits at the settle point
+    /// before probing above `limit` (see [`PROBE_GAP_COST`]).
+    fn holds_before_probe(&self, limit: f64) -> f64 {
+        match self.met {
+            Some(met) if self.unconfirmed && met > limit => {
+                (PROBE_GAP_COST / (met / limit - 1.0)).min(PROBE_HOLD_RATIO)
+            }
+            _ => PROBE_HOLD_RATIO,
+        }
     }
 
     /// The settle point's share of the limit: closer under a sharp limit,
@@ -266,6 +285,30 @@ mod tests {
             f64::from(held) >= PROBE_HOLD_RATIO,
             "probed after {held} windows with a 1 s hold"
         );
+    }
+
+    /// Issue 34 (R-AI1, R-SG2): a token bucket with a small burst answering
+    /// `429` with `Retry-After: 1` refuses slow start's overshoot once, and
+    /// the limit placed from the last window (sent at a lower rate) lands
+    /// well under the rate met. The first probe then comes as soon as that
+    /// gap makes it pay (not 60 holds later) and is judged by the rate it
+    /// went clean at: over 30–60 s from a cold start, ≥ 95 % of the limit
+    /// with at most one refusal, on bursts of 2, 5 and 10.
+    #[test]
+    fn one_refusal_after_slow_start_is_probed_soon() {
+        for burst in [2.0, 5.0, 10.0] {
+            // From sluice's default start: 5 → 7.5 → 11.3 → 16.9 → 25.3.
+            let mut a = Aimd::new(5.0, 0.1, 80.0, 0.7, W);
+            let (accepted, refused) = bucket(&mut a, 60, burst);
+            let ok = accepted.iter().filter(|t| **t >= 30.0).count() as f64;
+            let no = refused.iter().filter(|t| **t >= 30.0).count();
+            assert!(
+                ok >= 0.95 * 20.0 * 30.0,
+                "burst {burst}: {:.1} % of the limit, refused at {refused:?}",
+                ok / 6.0
+            );
+            assert!(no <= 1, "burst {burst}: refused at {refused:?}");
+        }
     }
 
     /// A probe carried one window past the limit by the provider's burst

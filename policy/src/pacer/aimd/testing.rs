@@ -56,13 +56,20 @@ pub(super) fn bare_503(a: &mut Aimd, at: Instant) {
 
 /// A token bucket (20/s, burst 10) answering `429` with
 /// `Retry-After: 1` to saturated demand from `a`, for `secs`: when it
-/// refused.
+/// refused, in seconds from the start.
 pub(super) fn bucket_refusals(a: &mut Aimd, secs: u64) -> Vec<f64> {
-    let (limit, burst) = (20.0, 10.0);
+    bucket(a, secs, 10.0).1
+}
+
+/// A token bucket (20/s, `burst`) answering `429` with `Retry-After: 1`
+/// to saturated demand from `a`, for `secs`: when it accepted and when it
+/// refused, in seconds from the start.
+pub(super) fn bucket(a: &mut Aimd, secs: u64, burst: f64) -> (Vec<f64>, Vec<f64>) {
+    let limit = 20.0;
     let start = Instant::now();
     let (mut t, mut filled, mut held_until) = (start, start, start);
     let mut tokens: f64 = burst;
-    let mut refusals = Vec::new();
+    let (mut accepted, mut refusals) = (Vec::new(), Vec::new());
     while t < start + Duration::from_secs(secs) {
         t = (t + Duration::from_secs_f64(1.0 / a.rate())).max(held_until);
         tokens = (tokens + (t - filled).as_secs_f64() * limit).min(burst);
@@ -71,6 +78,7 @@ pub(super) fn bucket_refusals(a: &mut Aimd, secs: u64) -> Vec<f64> {
         if tokens >= 1.0 {
             tokens -= 1.0;
             a.on_clean(t, t, Some(Duration::from_millis(20)));
+            accepted.push((t - start).as_secs_f64());
         } else {
             a.on_hold(Duration::from_secs(1));
             a.on_throttle(t, t, BackoffReason::Throttled);
@@ -78,7 +86,7 @@ pub(super) fn bucket_refusals(a: &mut Aimd, secs: u64) -> Vec<f64> {
             refusals.push((t - start).as_secs_f64());
         }
     }
-    refusals
+    (accepted, refusals)
 }
 
 /// nginx's `limit_req` (20 r/s, `burst=5 nodelay`) answering a bare 503
