@@ -249,6 +249,9 @@ fn moved_probe(e: &Evidence, limit: f64, probe: Probe, p: &mut Placement) {
     p.probe_wait = ProbeWait::Reset;
     p.clear_descent = true;
     p.limit = l;
+    // Slow start's limit bracketed between a whole clean window and the
+    // refusal one step above it: settled under as closely as a fit.
+    p.tight = e.unconfirmed;
     p.to = (l * e.settle).min(e.from * PROBE_DECREASE);
 }
 

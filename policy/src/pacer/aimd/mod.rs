@@ -70,7 +70,8 @@
 //! a small burst, whose limit is placed from a window sent at a lower rate
 //! and may lie well under the rate met: that probe comes as soon as the
 //! gap makes it pay ([`PROBE_GAP_COST`]) and is judged by the rate it went
-//! clean at. A fleet's first refusal places its limit at the rate met.
+//! clean at, the limit it finds settled under as closely as a fit's. A
+//! fleet's first refusal places its limit at the rate met.
 //! Only one cut is made per congestion epoch: answers to requests sent before the
 //! last cut say nothing new (as TCP's fast recovery ignores losses from the
 //! old window).
@@ -273,7 +274,8 @@ pub struct Aimd {
     /// sent at a lower rate delivered, and has not been met since: it may
     /// lie anywhere up to the rate met (`met`). Its first probe comes as
     /// soon as that gap makes it pay, and is judged by the rate it went
-    /// clean at.
+    /// clean at; the limit it moves to is settled under as closely as a
+    /// fit's.
     unconfirmed: bool,
     /// When the provider's last hold (`Retry-After`) ends.
     hold_end: Option<Instant>,

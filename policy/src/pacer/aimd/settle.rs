@@ -292,8 +292,9 @@ mod tests {
     /// the limit placed from the last window (sent at a lower rate) lands
     /// well under the rate met. The first probe then comes as soon as that
     /// gap makes it pay (not 60 holds later) and is judged by the rate it
-    /// went clean at: over 30–60 s from a cold start, ≥ 95 % of the limit
-    /// with at most one refusal, on bursts of 2, 5 and 10.
+    /// went clean at, which then holds the limit as closely as a fit: over
+    /// 30–60 s from a cold start, ≥ 97 % of the limit with at most one
+    /// refusal, on bursts of 2, 5 and 10.
     #[test]
     fn one_refusal_after_slow_start_is_probed_soon() {
         for burst in [2.0, 5.0, 10.0] {
@@ -303,7 +304,7 @@ mod tests {
             let ok = accepted.iter().filter(|t| **t >= 30.0).count() as f64;
             let no = refused.iter().filter(|t| **t >= 30.0).count();
             assert!(
-                ok >= 0.95 * 20.0 * 30.0,
+                ok >= 0.97 * 20.0 * 30.0,
                 "burst {burst}: {:.1} % of the limit, refused at {refused:?}",
                 ok / 6.0
             );
