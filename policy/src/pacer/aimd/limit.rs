@@ -179,12 +179,18 @@ pub(super) fn place(e: &Evidence) -> Placement {
 /// What a probe found clean, judged by the throttle that ended it: a
 /// steady limit's bare 503 is judged as a named throttle is.
 fn probe_clean(e: &Evidence, probe: Probe) -> f64 {
-    if e.unconfirmed {
-        // Slow start's limit, placed under the rate met: the probe went
-        // clean at this rate.
-        probe.clean_rate
-    } else if e.steady && e.reason == BackoffReason::Unavailable {
+    if e.steady && e.reason == BackoffReason::Unavailable {
         probe.proven
+    } else {
+        went_clean(e, probe)
+    }
+}
+
+/// What a probe went clean at, by the throttle that ended it; above slow
+/// start's limit, placed under the rate met, the rate it went clean at.
+fn went_clean(e: &Evidence, probe: Probe) -> f64 {
+    if e.unconfirmed {
+        probe.clean_rate
     } else {
         probe.clean(e.reason)
     }
@@ -233,12 +239,7 @@ fn held_probe(e: &Evidence, limit: f64, probe: Probe, p: &mut Placement) {
 fn moved_probe(e: &Evidence, limit: f64, probe: Probe, p: &mut Placement) {
     // Without a delivery measure, no further than a held probe.
     let delivered = e.delivered.unwrap_or(limit * PROBE_HELD);
-    let clean = if e.unconfirmed {
-        probe.clean_rate
-    } else {
-        probe.clean(e.reason)
-    };
-    let l = clean.min(delivered).max(limit);
+    let l = went_clean(e, probe).min(delivered).max(limit);
     // Slow start's limit was a guess under the rate met: should the move
     // prove a burst's doing, what the probe proved clean stands.
     p.moved_from = Some(if e.unconfirmed {
