@@ -346,7 +346,7 @@ impl Aimd {
             moved_from: self.moved_from,
             too_high_at: self.too_high_at,
             holds: !self.hold_cost.is_zero(),
-            unconfirmed: self.unconfirmed,
+            unconfirmed: self.unconfirmed.is_some(),
             shared: self.shared,
             fit: self.descent.limit(),
             window: self.window,
@@ -355,8 +355,8 @@ impl Aimd {
         if p.confirmed {
             self.limit_weak = false;
         }
-        self.met = Some(from);
-        self.unconfirmed = self.limit.is_none() && !self.hold_cost.is_zero() && p.limit < from;
+        self.unconfirmed =
+            (self.limit.is_none() && !self.hold_cost.is_zero() && p.limit < from).then_some(from);
         self.steady = p.steady;
         if p.too_high && p.steady {
             // The lowest since the limit last moved past one.

@@ -71,8 +71,8 @@
 //! and may lie well under the rate met: that probe comes as soon as the
 //! gap makes it pay ([`PROBE_GAP_COST`]) and is judged by the rate it went
 //! clean at, the limit it finds settled under as closely as a fit's. A
-//! fleet's first refusal places its limit at the rate met.
-//! Only one cut is made per congestion epoch: answers to requests sent before the
+//! fleet's first refusal places its limit at the rate met. Only one cut
+//! is made per congestion epoch: answers to requests sent before the
 //! last cut say nothing new (as TCP's fast recovery ignores losses from the
 //! old window).
 //!
@@ -267,16 +267,13 @@ pub struct Aimd {
     /// How long the provider held every request off after its last
     /// throttle (`Retry-After`): what a failed probe costs.
     hold_cost: Duration,
-    /// The rate the last throttle met: as far as the evidence goes, the
-    /// limit lies under it.
-    met: Option<f64>,
-    /// The limit was placed by slow start's one refusal, from what a window
-    /// sent at a lower rate delivered, and has not been met since: it may
-    /// lie anywhere up to the rate met (`met`). Its first probe comes as
-    /// soon as that gap makes it pay, and is judged by the rate it went
-    /// clean at; the limit it moves to is settled under as closely as a
-    /// fit's.
-    unconfirmed: bool,
+    /// Slow start's one refusal placed the limit under the rate it met
+    /// (this rate), from what a window sent at a lower rate delivered, and
+    /// the limit has not been met since: it may lie anywhere up to that
+    /// rate. Its first probe comes as soon as the gap makes it pay, and is
+    /// judged by the rate it went clean at; the limit it moves to is
+    /// settled under as closely as a fit's.
+    unconfirmed: Option<f64>,
     /// When the provider's last hold (`Retry-After`) ends.
     hold_end: Option<Instant>,
     /// Refusals at the settle point after a hold: how long each rate lasted
@@ -361,8 +358,7 @@ impl Aimd {
             named_throttle: None,
             hold_cost: Duration::ZERO,
             hold_end: None,
-            met: None,
-            unconfirmed: false,
+            unconfirmed: None,
             descent: Descent::default(),
             fitted: false,
             shared: false,

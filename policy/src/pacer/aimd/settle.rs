@@ -124,7 +124,7 @@ impl Aimd {
                     if self.trial.is_some()
                         || self.plateau < PROBE_AFTER * k
                         || (!self.limit_weak
-                            && !self.unconfirmed
+                            && self.unconfirmed.is_none()
                             && self.plateau_admitted < PROBE_AFTER_ADMITTED * u64::from(k))
                         || held_for < self.hold_cost.mul_f64(self.holds_before_probe(limit))
                     {
@@ -143,8 +143,8 @@ impl Aimd {
     /// How many holds (`Retry-After`) the rate waits at the settle point
     /// before probing above `limit` (see [`PROBE_GAP_COST`]).
     fn holds_before_probe(&self, limit: f64) -> f64 {
-        match self.met {
-            Some(met) if self.unconfirmed && met > limit => {
+        match self.unconfirmed {
+            Some(met) if met > limit => {
                 (PROBE_GAP_COST / (met / limit - 1.0)).min(PROBE_HOLD_RATIO)
             }
             _ => PROBE_HOLD_RATIO,
