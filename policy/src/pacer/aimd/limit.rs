@@ -355,8 +355,12 @@ impl Aimd {
         if p.confirmed {
             self.limit_weak = false;
         }
+        // Slow start's one refusal is a guess at the limit where it landed
+        // under the rate met, or came before any window was measured (a
+        // cold start's first requests at once).
+        let guess = p.limit < from || self.delivered.is_none();
         self.unconfirmed =
-            (self.limit.is_none() && !self.hold_cost.is_zero() && p.limit < from).then_some(from);
+            (self.limit.is_none() && !self.hold_cost.is_zero() && guess).then_some(from);
         self.steady = p.steady;
         if p.too_high && p.steady {
             // The lowest since the limit last moved past one.

@@ -147,7 +147,11 @@ impl Aimd {
             Some(met) if met > limit => {
                 (PROBE_GAP_COST / (met / limit - 1.0)).min(PROBE_HOLD_RATIO)
             }
-            _ => PROBE_HOLD_RATIO,
+            // Refused before a window was measured: how far off the limit
+            // is, nothing tells; the probe (or a clean window far past it)
+            // does.
+            Some(_) => 0.0,
+            None => PROBE_HOLD_RATIO,
         }
     }
 
