@@ -268,9 +268,11 @@ pub struct Aimd {
     /// throttle (`Retry-After`): what a failed probe costs.
     hold_cost: Duration,
     /// Slow start's one refusal placed the limit under the rate it met
-    /// (this rate), from what a window sent at a lower rate delivered, and
-    /// the limit has not been met since: it may lie anywhere up to that
-    /// rate. Its first probe comes as soon as the gap makes it pay, and is
+    /// (this rate), from what a window sent at a lower rate delivered — or
+    /// came before any window was measured — and the limit has not been
+    /// met since: it may lie anywhere up to that rate, or beyond. Its first
+    /// probe comes as soon as the gap makes it pay (at once where no gap is
+    /// known), and is
     /// judged by the rate it went clean at; the limit it moves to is
     /// settled under as closely as a fit's.
     unconfirmed: Option<f64>,
