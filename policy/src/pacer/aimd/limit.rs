@@ -150,7 +150,9 @@ pub(super) fn place(e: &Evidence) -> Placement {
             p.limit = delivered.min(from).max(from * e.decrease);
             p.to = from * e.decrease;
         }
-        (Some(limit), Some(probe)) if probe_clean(e, probe) <= limit * PROBE_HELD => {
+        (Some(limit), Some(probe))
+            if probe.dwell.is_some() || probe_clean(e, probe) <= limit * PROBE_HELD =>
+        {
             held_probe(e, limit, probe, &mut p);
         }
         (Some(limit), Some(probe)) => {
@@ -228,6 +230,16 @@ fn held_probe(e: &Evidence, limit: f64, probe: Probe, p: &mut Placement) {
     } else {
         limit.max(probe.clean(e.reason).min(limit * (1.0 + PROBE_STEP)))
     };
+    if probe.dwell.is_some() {
+        // Refused within its dwell: the limit has not moved past the last
+        // dwell passed, if any (the limit already moved there). A dwell
+        // that found nothing costs a hold, so the next waits longer.
+        p.probe_wait = if probe.dwelt.is_some() {
+            ProbeWait::Reset
+        } else {
+            ProbeWait::Longer
+        };
+    }
     p.limit = l;
     p.to = l * e.settle;
 }
@@ -330,6 +342,7 @@ impl Aimd {
             self.sharp = self.echo >= SHARP_ECHO;
         }
         self.echo = 0;
+        self.dwell_refused(now);
         let from = self.rate;
         let p = place(&Evidence {
             reason,
@@ -381,6 +394,11 @@ impl Aimd {
             self.descent.clear();
         }
         if p.too_high {
+            if self.moved_from.is_some_and(|(_, at)| {
+                now.saturating_duration_since(at) < self.window * PROBE_AFTER
+            }) {
+                self.dwell_fooled();
+            }
             self.too_high_at = Some(now);
         }
         let (limit, tight) = (p.limit, p.tight);
@@ -502,6 +520,7 @@ mod tests {
             windows: 3,
             clean_rate: 21.6,
             proven: 20.0,
+            ..Probe::new(20.0)
         };
         let held = Evidence {
             probe: Some(probe),

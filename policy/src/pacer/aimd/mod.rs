@@ -106,8 +106,9 @@ pub use self::outage::{OUTAGE_MIN_FAILURES, OUTAGE_PERSIST, RELAPSE, STREAK_MAX_
 pub use self::readout::{Belief, Condition};
 use self::settle::Probe;
 pub use self::settle::{
-    PROBE_AFTER, PROBE_AFTER_ADMITTED, PROBE_FOUND, PROBE_GAP_COST, PROBE_HOLD_RATIO, PROBE_STEP,
-    RECOVER_MIN_STEP, RECOVER_SHARE, SETTLE, SETTLE_SHARP, SLOW_START_GROWTH,
+    PROBE_AFTER, PROBE_AFTER_ADMITTED, PROBE_DWELL, PROBE_DWELL_FIRST, PROBE_DWELL_MAX,
+    PROBE_FOUND, PROBE_GAP_COST, PROBE_HOLD_RATIO, PROBE_STEP, RECOVER_MIN_STEP, RECOVER_SHARE,
+    SETTLE, SETTLE_SHARP, SLOW_START_GROWTH,
 };
 use self::trial::Trial;
 pub use self::trial::{
@@ -307,6 +308,8 @@ pub struct Aimd {
     /// The lowest settle point a steady limit was throttled at: a held
     /// probe moves the limit no higher (see `limit::held_probe`).
     refused_settle: Option<f64>,
+    /// Windows the next probe's dwell lasts (see [`Dwell`](settle::Dwell)).
+    dwell_windows: u32,
     /// Probes of a sharp limit held at the same place, in a row (the wait
     /// before the next doubles with each, up to 4×): each costs a window's
     /// refusals.
@@ -371,6 +374,7 @@ impl Aimd {
             steady: false,
             refused_settle: None,
             probe_backoff: 0,
+            dwell_windows: PROBE_DWELL_FIRST,
         }
     }
 

@@ -25,8 +25,22 @@ pub const PROBE_STEP: f64 = 0.02;
 /// A provider that holds every request off for a while after a throttle
 /// (`Retry-After`) makes each failed probe cost that whole while: the wait
 /// at the settle point is at least this many times the last hold, so that
-/// probing costs under 2 % of the time.
-pub const PROBE_HOLD_RATIO: f64 = 60.0;
+/// a failed probe's hold costs at most 5 % of the time. (A hold of a
+/// second brings the probe every 20 s or so: one brief overshoot per
+/// ~30 s, as R-SG2 allows, and a limit raised a tenth found within 30 s.)
+pub const PROBE_HOLD_RATIO: f64 = 25.0;
+
+/// Where a provider holds after its refusals, a probe steps at once to
+/// this multiple of the limit and dwells there (see [`Dwell`]).
+pub const PROBE_DWELL: f64 = 1.1;
+
+/// Windows the first dwell lasts; later ones last twice as long as the
+/// longest one took to be refused, and twice as long again after a dwell
+/// that passed proved a burst's doing, up to [`PROBE_DWELL_MAX`].
+pub const PROBE_DWELL_FIRST: u32 = 6;
+
+/// The longest dwell, in windows.
+pub const PROBE_DWELL_MAX: u32 = 16;
 
 /// …unless slow start's limit may lie well under the rate its refusal met
 /// (`Aimd::unconfirmed`): then the wait, in holds, is this over the gap
@@ -63,6 +77,31 @@ pub(super) struct Probe {
     /// against; a bare 503 says less, and is judged as before against
     /// `clean_rate`.
     pub(super) proven: f64,
+    /// The dwell under way, if the probe dwells.
+    pub(super) dwell: Option<Dwell>,
+    /// The rate a whole dwell went clean at: the limit has moved at least
+    /// that far.
+    pub(super) dwelt: Option<f64>,
+}
+
+/// A probe of a limit the provider holds after (`Retry-After`): a step
+/// of [`PROBE_DWELL`] over the limit, held until the provider's burst
+/// allowance would have drained had the limit not moved.
+///
+/// A token bucket's burst carries a probe window or two past its refill
+/// rate, so a probe that doubles its step each window cannot tell a limit
+/// raised by a tenth from a burst (it is refused a few steps further out,
+/// with only the burst proven). Held a tenth over the limit, a bucket
+/// that has not moved refuses once its burst is spent, `B / (0.1·L)` in:
+/// one overshoot, one hold. A dwell that outlasts that is clean because
+/// the limit moved: the limit is at least the dwell's rate. How long the
+/// burst lasted is learned from each refused dwell.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Dwell {
+    /// Clean windows still to pass.
+    pub(super) left: u32,
+    /// When the dwell began.
+    pub(super) since: Instant,
 }
 
 impl Probe {
@@ -71,6 +110,8 @@ impl Probe {
             windows: 1,
             clean_rate: rate,
             proven: rate,
+            dwell: None,
+            dwelt: None,
         }
     }
 
@@ -87,6 +128,7 @@ impl Probe {
 impl Aimd {
     pub(super) fn increase(&mut self, admitted: u32, now: Instant) -> bool {
         let before = self.rate;
+        let dwell_windows = self.dwell_windows;
         if let Some(to) = self.recover_to.take() {
             if to > self.rate {
                 self.set_rate(now, to.min(self.ceiling));
@@ -107,6 +149,27 @@ impl Aimd {
                     self.reset_plateau();
                     self.rate * (1.0 + SLOW_START_GROWTH)
                 } else if let Some(probe) = self.probe.as_mut() {
+                    if let Some(dwell) = probe.dwell.as_mut() {
+                        if dwell.left > 1 {
+                            dwell.left -= 1;
+                            return false;
+                        }
+                        // The burst would be spent by now: the limit moved
+                        // at least this far. Dwell again a step further,
+                        // the step doubling with each dwell passed.
+                        probe.dwelt = Some(self.rate);
+                        let k = probe.windows.min(16);
+                        probe.windows += 1;
+                        *dwell = Dwell {
+                            left: dwell_windows,
+                            since: now,
+                        };
+                        self.dwell_passed(limit, now);
+                        let step = (PROBE_DWELL - 1.0) * f64::from(1u32 << k);
+                        let next = self.rate * (1.0 + step);
+                        self.set_rate(now, next.min(self.ceiling).max(self.rate));
+                        return self.rate > before;
+                    }
                     probe.proven = probe.proven.max(probe.clean_rate);
                     probe.clean_rate = probe.clean_rate.max(self.rate);
                     let k = probe.windows.min(16);
@@ -126,9 +189,22 @@ impl Aimd {
                         || (!self.limit_weak
                             && self.unconfirmed.is_none()
                             && self.plateau_admitted < PROBE_AFTER_ADMITTED * u64::from(k))
-                        || held_for < self.hold_cost.mul_f64(self.holds_before_probe(limit))
+                        || held_for
+                            < self
+                                .hold_cost
+                                .mul_f64(self.holds_before_probe(limit) * f64::from(k))
                     {
                         self.rate
+                    } else if self.dwells() {
+                        let rate = self.rate * PROBE_DWELL;
+                        self.probe = Some(Probe {
+                            dwell: Some(Dwell {
+                                left: dwell_windows,
+                                since: now,
+                            }),
+                            ..Probe::new(self.rate)
+                        });
+                        rate
                     } else {
                         self.probe = Some(Probe::new(self.rate));
                         self.rate + limit * PROBE_STEP
@@ -138,6 +214,41 @@ impl Aimd {
         };
         self.set_rate(now, next.min(self.ceiling).max(self.rate));
         self.rate > before
+    }
+
+    /// Whether a probe dwells (see [`Dwell`]): the provider holds after its
+    /// refusals, and the limit is not slow start's guess (whose probe is
+    /// judged by the rate it went clean at).
+    fn dwells(&self) -> bool {
+        !self.hold_cost.is_zero() && self.unconfirmed.is_none()
+    }
+
+    /// A dwell refused at `now`: the burst lasted that long, and the next
+    /// dwell lasts at least twice as long. (Never shorter than the last: a
+    /// bucket the dwell found part-spent ran out sooner than its burst.)
+    pub(super) fn dwell_refused(&mut self, now: Instant) {
+        if let Some(dwell) = self.probe.and_then(|p| p.dwell) {
+            let lasted = now.saturating_duration_since(dwell.since).as_secs_f64();
+            let windows = (2.0 * lasted / self.window.as_secs_f64()).ceil() as u32;
+            self.dwell_windows = self.dwell_windows.max(windows).min(PROBE_DWELL_MAX);
+        }
+    }
+
+    /// A whole dwell went clean at the rate: the limit moved from `limit`
+    /// to it, known as closely as a fit (a refusal at the next dwell
+    /// settles under it; one at the settle point soon after undoes it).
+    fn dwell_passed(&mut self, limit: f64, now: Instant) {
+        self.moved_from = Some((limit, now));
+        self.limit = Some(self.rate);
+        self.fitted = true;
+        self.steady = false;
+        self.descent.clear();
+    }
+
+    /// The settle point refused soon after a probe moved the limit: the
+    /// move was a burst's doing, and a dwell that passed was too short.
+    pub(super) fn dwell_fooled(&mut self) {
+        self.dwell_windows = (self.dwell_windows * 2).min(PROBE_DWELL_MAX);
     }
 
     /// How many holds (`Retry-After`) the rate waits at the settle point
@@ -295,10 +406,12 @@ mod tests {
     /// `429` with `Retry-After: 1` refuses slow start's overshoot once, and
     /// the limit placed from the last window (sent at a lower rate) lands
     /// well under the rate met. The first probe then comes as soon as that
-    /// gap makes it pay (not 60 holds later) and is judged by the rate it
-    /// went clean at, which then holds the limit as closely as a fit: over
-    /// 30–60 s from a cold start, ≥ 97 % of the limit with at most one
-    /// refusal, on bursts of 2, 5 and 10.
+    /// gap makes it pay and is judged by the rate it went clean at, which
+    /// then holds the limit as closely as a fit: over 30–60 s from a cold
+    /// start, ≥ 95 % of the limit with at most one refusal (the dwell R-SG2
+    /// asks for, which costs a hold: about the limit less the burst in
+    /// requests, 3 % of the half minute on a burst of 2), on bursts of 2,
+    /// 5 and 10.
     #[test]
     fn one_refusal_after_slow_start_is_probed_soon() {
         for burst in [2.0, 5.0, 10.0] {
@@ -308,7 +421,7 @@ mod tests {
             let ok = accepted.iter().filter(|t| **t >= 30.0).count() as f64;
             let no = refused.iter().filter(|t| **t >= 30.0).count();
             assert!(
-                ok >= 0.97 * 20.0 * 30.0,
+                ok >= 0.95 * 20.0 * 30.0,
                 "burst {burst}: {:.1} % of the limit, refused at {refused:?}",
                 ok / 6.0
             );
@@ -381,5 +494,30 @@ mod tests {
             "{}",
             a.rate()
         );
+    }
+
+    /// Issue 34 (R-SG2): the same bucket (`Retry-After: 1`) raised from 20
+    /// to 22 req/s at 30 s is found by a dwell a tenth over the settle
+    /// point: by 60 s the limit is settled under at 95 % of 22 or more, on
+    /// bursts of 2, 5 and 10 — where a probe that doubles its step each
+    /// window was refused past the raised limit with only the burst proven
+    /// and left the limit where it was. Unmoved, the limit costs at most
+    /// one refusal per 30 s over 30–150 s.
+    #[test]
+    fn a_dwell_finds_a_limit_raised_a_tenth() {
+        for burst in [2.0, 5.0, 10.0] {
+            let mut a = Aimd::new(5.0, 0.1, 80.0, 0.7, W);
+            let raised = |t: f64| if t < 30.0 { 20.0 } else { 22.0 };
+            let (_, refused) = bucket_moving(&mut a, 60, burst, raised);
+            let settle = a.limit().map_or(0.0, |l| l * a.settle_share());
+            assert!(
+                (0.95 * 22.0..=22.0).contains(&settle),
+                "burst {burst}: settles at {settle:.2} by 60 s, refused at {refused:?}"
+            );
+            let mut a = Aimd::new(5.0, 0.1, 80.0, 0.7, W);
+            let (_, refused) = bucket(&mut a, 150, burst);
+            let later = refused.iter().filter(|t| **t >= 30.0).count();
+            assert!(later <= 4, "burst {burst}: refused at {refused:?}");
+        }
     }
 }

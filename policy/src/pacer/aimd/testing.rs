@@ -65,14 +65,25 @@ pub(super) fn bucket_refusals(a: &mut Aimd, secs: u64) -> Vec<f64> {
 /// to saturated demand from `a`, for `secs`: when it accepted and when it
 /// refused, in seconds from the start.
 pub(super) fn bucket(a: &mut Aimd, secs: u64, burst: f64) -> (Vec<f64>, Vec<f64>) {
-    let limit = 20.0;
+    bucket_moving(a, secs, burst, |_| 20.0)
+}
+
+/// [`bucket`] whose refill rate at `t` seconds from the start is
+/// `limit(t)`.
+pub(super) fn bucket_moving(
+    a: &mut Aimd,
+    secs: u64,
+    burst: f64,
+    limit: impl Fn(f64) -> f64,
+) -> (Vec<f64>, Vec<f64>) {
     let start = Instant::now();
     let (mut t, mut filled, mut held_until) = (start, start, start);
     let mut tokens: f64 = burst;
     let (mut accepted, mut refusals) = (Vec::new(), Vec::new());
     while t < start + Duration::from_secs(secs) {
         t = (t + Duration::from_secs_f64(1.0 / a.rate())).max(held_until);
-        tokens = (tokens + (t - filled).as_secs_f64() * limit).min(burst);
+        let refill = limit((t - start).as_secs_f64());
+        tokens = (tokens + (t - filled).as_secs_f64() * refill).min(burst);
         filled = t;
         a.on_admit(t);
         if tokens >= 1.0 {
