@@ -141,6 +141,6 @@ mod tests {
         let refusals = bucket_refusals(&mut cold, 120);
         assert!(refusals.len() <= 4, "cold {refusals:?}");
         let settle = cold.limit().map_or(0.0, |l| l * SETTLE_SHARP);
-        assert!(settle >= 0.93 * 20.0 && settle <= 20.0, "{settle}");
+        assert!((0.93 * 20.0..=20.0).contains(&settle), "{settle}");
     }
 }
