@@ -66,7 +66,13 @@
 //! rate lasted after a hold tells a token bucket's refill rate instead
 //! (`Descent`), and a tight fit is settled under as closely as a sharp
 //! limit. A failed probe there costs a hold, so probes wait
-//! [`PROBE_HOLD_RATIO`] holds — except after slow start's one refusal on
+//! [`PROBE_HOLD_RATIO`] holds, twice and four times that after probes
+//! that found nothing, and dwell: one step a tenth over the settle point
+//! ([`PROBE_DWELL`]), held until a bucket that had not moved would have
+//! spent its burst — a burst carries a doubling probe's windows past the
+//! limit, so only a dwell tells a limit raised a tenth from one. A dwell
+//! that passes moves the limit there and the next goes a doubling step
+//! further — except after slow start's one refusal on
 //! a small burst, whose limit is placed from a window sent at a lower rate
 //! and may lie well under the rate met: that probe comes as soon as the
 //! gap makes it pay ([`PROBE_GAP_COST`]) and is judged by the rate it went
@@ -510,7 +516,7 @@ impl Aimd {
 
     /// The provider's last throttle held every request off for `hold`
     /// (its `Retry-After`): the next probe waits [`PROBE_HOLD_RATIO`] times
-    /// that. A throttle without a hold sets it back to nothing.
+    /// that, and dwells. A throttle without a hold sets it back to nothing.
     pub fn on_hold(&mut self, hold: Duration) {
         self.hold_cost = hold;
     }

@@ -25,13 +25,16 @@ pub const PROBE_STEP: f64 = 0.02;
 /// A provider that holds every request off for a while after a throttle
 /// (`Retry-After`) makes each failed probe cost that whole while: the wait
 /// at the settle point is at least this many times the last hold, so that
-/// a failed probe's hold costs at most 5 % of the time. (A hold of a
-/// second brings the probe every 20 s or so: one brief overshoot per
-/// ~30 s, as R-SG2 allows, and a limit raised a tenth found within 30 s.)
+/// a failed probe's hold costs at most 4 % of the time, and twice and four
+/// times that after probes that found nothing. (A hold of a second brings
+/// the first probe about 25 s after the limit was met: at most one brief
+/// overshoot per ~30 s, as R-SG2 allows, and a limit raised a tenth found
+/// within 30 s; a minute and a half later, one in 100 s.)
 pub const PROBE_HOLD_RATIO: f64 = 25.0;
 
 /// Where a provider holds after its refusals, a probe steps at once to
-/// this multiple of the limit and dwells there (see [`Dwell`]).
+/// this multiple of the settle point and dwells there until a bucket that
+/// had not moved would have spent its burst.
 pub const PROBE_DWELL: f64 = 1.1;
 
 /// Windows the first dwell lasts; later ones last twice as long as the
