@@ -87,8 +87,8 @@ pub(super) struct Probe {
     pub(super) dwelt: Option<f64>,
 }
 
-/// A probe of a limit the provider holds after (`Retry-After`): a step
-/// of [`PROBE_DWELL`] over the limit, held until the provider's burst
+/// A probe of a limit the provider holds after (`Retry-After`): one step
+/// to [`PROBE_DWELL`] × the settle point, held until the provider's burst
 /// allowance would have drained had the limit not moved.
 ///
 /// A token bucket's burst carries a probe window or two past its refill
@@ -97,8 +97,9 @@ pub(super) struct Probe {
 /// with only the burst proven). Held a tenth over the limit, a bucket
 /// that has not moved refuses once its burst is spent, `B / (0.1·L)` in:
 /// one overshoot, one hold. A dwell that outlasts that is clean because
-/// the limit moved: the limit is at least the dwell's rate. How long the
-/// burst lasted is learned from each refused dwell.
+/// the limit moved: the limit is at least the dwell's rate, and the next
+/// dwell goes a doubling step further. How long the burst lasted is
+/// learned from each refused dwell.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Dwell {
     /// Clean windows still to pass.
