@@ -499,19 +499,38 @@ impl Aimd {
         // The same rate, as it came back through the store: nothing new.
         if (rate - self.rate).abs() > self.rate * 1e-9 {
             if rate < self.rate {
-                self.probe = None;
+                // Another replica's cut: the wait at the settle point
+                // starts over here too (a replica that had waited its
+                // share would probe again at the next window: measured,
+                // the fleet refused every 3 s from its second minute).
+                self.reset_plateau();
                 self.recover_to = None;
             } else if self.probe.is_none() && self.limit.is_some_and(|l| rate > l * SETTLE * 1.001)
             {
                 // Raised past the settle point: another replica is probing,
-                // and a throttle now is that probe's — judged as one.
-                self.probe = Some(Probe::new(self.rate));
+                // and a throttle now is that probe's — judged as one. Where
+                // the provider holds, it is that replica's dwell, which
+                // this one follows (the replica that began it ends it).
+                self.probe = Some(if self.dwells() {
+                    Probe::following(self.rate, now)
+                } else {
+                    Probe::new(self.rate)
+                });
             }
             self.set_rate(now, rate);
         }
         if let Some(l) = limit.filter(|l| l.is_finite() && *l > 0.0) {
             self.limit = Some(l);
         }
+    }
+
+    /// A shared budget holds every replica off for `hold` more: another
+    /// replica's refusal held the provider, and a failed probe costs this
+    /// replica that hold too (see [`Aimd::on_hold`]). What is left of a
+    /// hold is at most its length, so the longer of the two is kept until
+    /// this replica's own refusal says the length.
+    pub fn on_shared_hold(&mut self, hold: Duration) {
+        self.hold_cost = self.hold_cost.max(hold);
     }
 
     /// The provider's last throttle held every request off for `hold`

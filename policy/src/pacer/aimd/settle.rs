@@ -119,6 +119,19 @@ impl Probe {
         }
     }
 
+    /// Another replica's dwell from `rate`, followed: its windows never
+    /// run out here (the replica that began it passes it and raises the
+    /// shared rate), and a refusal is judged as the dwell's.
+    pub(super) fn following(rate: f64, now: Instant) -> Self {
+        Probe {
+            dwell: Some(Dwell {
+                left: u32::MAX,
+                since: now,
+            }),
+            ..Probe::new(rate)
+        }
+    }
+
     /// What the probe found clean, judged by a throttle for `reason`.
     pub(super) fn clean(&self, reason: BackoffReason) -> f64 {
         if reason.ambiguous() {
@@ -223,7 +236,7 @@ impl Aimd {
     /// Whether a probe dwells (see [`Dwell`]): the provider holds after its
     /// refusals, and the limit is not slow start's guess (whose probe is
     /// judged by the rate it went clean at).
-    fn dwells(&self) -> bool {
+    pub(super) fn dwells(&self) -> bool {
         !self.hold_cost.is_zero() && self.unconfirmed.is_none()
     }
 
@@ -523,5 +536,44 @@ mod tests {
             let later = refused.iter().filter(|t| **t >= 30.0).count();
             assert!(later <= 4, "burst {burst}: refused at {refused:?}");
         }
+    }
+
+    /// R-DS1, R-SG2: replicas share one rate. A shared hold is what a
+    /// failed probe costs a replica that was not refused itself: it waits
+    /// [`PROBE_HOLD_RATIO`] holds and dwells. Another replica's cut starts
+    /// its wait at the settle point over — where a replica that had waited
+    /// its share probed again at its next window (measured: the fleet
+    /// refused every 3 s from its second minute).
+    #[test]
+    fn a_replica_waits_out_the_fleets_holds_and_cuts() {
+        let windows_to_probe = |a: &mut Aimd, t: &mut Instant| {
+            let settle = a.rate();
+            let mut windows = 0;
+            while a.rate() <= settle + 1e-9 && windows < 1000 {
+                saturate(a, t, 1);
+                windows += 1;
+            }
+            windows
+        };
+        let mut t = Instant::now();
+        let mut a = Aimd::new(5.0, 0.1, 1000.0, 0.7, W);
+        a.restore(19.0, Some(20.0), None);
+        a.adopt(t, 19.0, Some(20.0));
+        a.on_shared_hold(Duration::from_secs(1));
+        let first = windows_to_probe(&mut a, &mut t);
+        assert!(f64::from(first) >= PROBE_HOLD_RATIO, "probed after {first}");
+        assert!(
+            (a.rate() - 19.0 * PROBE_DWELL).abs() < 1e-9,
+            "dwells: {}",
+            a.rate()
+        );
+        // Another replica's refusal: the shared rate back to the settle
+        // point, and the wait starts over.
+        a.adopt(t, 19.0, Some(20.0));
+        let second = windows_to_probe(&mut a, &mut t);
+        assert!(
+            f64::from(second) >= PROBE_HOLD_RATIO,
+            "probed again after {second}"
+        );
     }
 }

@@ -36,6 +36,7 @@ impl PacerCore {
         }
         if let Some(hold) = view.hold.filter(|h| !h.is_zero()) {
             fb.hold_until = self.hold(now, now + hold);
+            self.aimd.on_shared_hold(hold);
         }
         // The allowance as every replica spent it (the readout, the store,
         // and this replica's pace should the store stop answering).
