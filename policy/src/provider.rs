@@ -78,6 +78,8 @@ pub struct LearnedState {
     pub open_remaining: Option<Duration>,
     /// How far the allowance's period has got, if one is set and begun.
     pub allowance: Option<crate::pacer::AllowanceUse>,
+    /// How the limit is known beyond its number.
+    pub known: crate::pacer::LimitKnown,
 }
 
 /// Everything observable about a provider, read at one instant.
@@ -172,6 +174,7 @@ impl ProviderPolicy {
             breaker: breaker.state,
             open_remaining: breaker.open_remaining,
             allowance: self.pacer.lock().allowance_use(now),
+            known: pacer.known,
         }
     }
 
@@ -181,6 +184,7 @@ impl ProviderPolicy {
         {
             let mut pacer = self.pacer.lock();
             pacer.restore(learned.rate_rps, learned.limit_rps, learned.baseline);
+            pacer.restore_known(learned.known);
             if let Some(used) = learned.allowance {
                 pacer.restore_allowance(Instant::now(), used);
             }

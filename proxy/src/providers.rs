@@ -44,6 +44,8 @@ fn fingerprint(state: &LearnedState, used: Duration, now: Instant, epoch: Instan
     state.baseline.hash(&mut h);
     state.breaker.hash(&mut h);
     state.open_remaining.hash(&mut h);
+    let known = state.known;
+    (known.hold, known.fitted, known.sharp, known.steady).hash(&mut h);
     if let Some(a) = state.allowance {
         let began = now.checked_sub(a.elapsed).unwrap_or(now);
         (began.saturating_duration_since(epoch).as_millis() / 100).hash(&mut h);

@@ -130,6 +130,42 @@ print(" ".join(map(str, sorted(out))))
     assert!(s.log().contains("older than state_max_age"));
 }
 
+/// R-PS1 (issue 34): how the throttle point is known lasts through a
+/// `kill -9` with the rate and the point — the provider's hold after a
+/// refusal (`Retry-After: 1` here), which makes the next probe wait 25
+/// holds and dwell, and whether the point is known closely enough to
+/// settle at 98 % of it. Before, a restarted sluice forgot both: it
+/// settled with the plain margin and probed as if the provider did not
+/// hold (0.94 of the limit after a `kill -9` against 0.99 before it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn how_the_throttle_point_is_known_survives_kill_9() {
+    let sim = Sim::start("127.0.0.42").await;
+    sim.set_limit(20.0, 2.0);
+    let cfg = config(&sim, "");
+    let s = Sluice::start(&cfg);
+    naive_clients(
+        &s.proxy_url(),
+        &sim.url("http", "/limited-ra/1"),
+        8,
+        10,
+        &[],
+    )
+    .await;
+    let before = provider(&s, "learn").await;
+    let evidence = before["throttle_point_evidence"].clone();
+    assert_eq!(evidence["hold_ms"], 1000, "{before}");
+    assert!(before["throttle_point_rps"].is_number(), "{before}");
+    // Past a save interval (500 ms), then kill -9.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let dir = s.kill9();
+    let s = Sluice::start_in(dir, &cfg);
+    let (_, restored) = first_rate_after_restart(&s, &sim).await;
+    assert!(restored);
+    let after = provider(&s, "learn").await;
+    assert_eq!(after["throttle_point_evidence"], evidence, "{after}");
+    assert_eq!(after["throttle_point_rps"], before["throttle_point_rps"]);
+}
+
 /// R-PS2, R-CB2: breaker evidence from before a `kill -9` is returned by
 /// the admin API after the restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -36,7 +36,7 @@ use rand::RngExt;
 use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
 
-pub use self::aimd::{Backoff, BackoffReason, Belief, Condition};
+pub use self::aimd::{Backoff, BackoffReason, Belief, Condition, LimitKnown};
 pub use self::allowance::{Allowance, AllowanceSnapshot, AllowanceUse};
 pub use self::core::{Admission, Feedback, PacerCore, PacerSnapshot, QuotaSnapshot, Refusal};
 pub use self::error::RateLimited;

@@ -302,6 +302,14 @@ fn provider_json(
         "ceiling_rps": s.pacer.ceiling_rps,
         "start_rps": s.pacer.start_rps,
         "throttle_point_rps": s.pacer.limit_rps.map_or_else(unknown, |l| json!(l)),
+        // How it is known (kept across restarts): the provider's hold
+        // after a refusal, and whether the settle point sits close under it.
+        "throttle_point_evidence": json!({
+            "hold_ms": s.pacer.known.hold.map(|h| h.as_millis() as u64),
+            "fitted": s.pacer.known.fitted,
+            "sharp": s.pacer.known.sharp,
+            "steady": s.pacer.known.steady,
+        }),
         "baseline_ttfb_ms": s.pacer.baseline_ttfb.map_or_else(unknown, |b| json!(ms(b))),
         "error_baseline": s.pacer.error_baseline.map_or_else(unknown, |e| json!(e)),
         "cut_on_trial": s.pacer.on_trial,

@@ -20,6 +20,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 use sluice_policy::breaker::{State, Transition};
+use sluice_policy::pacer::LimitKnown;
 use sluice_policy::provider::LearnedState;
 
 use prometheus::{IntCounter, IntCounterVec};
@@ -380,6 +381,12 @@ mod tests {
                 breaker: State::Closed,
                 open_remaining: None,
                 allowance: None,
+                known: LimitKnown {
+                    hold: Some(Duration::from_secs(1)),
+                    fitted: true,
+                    sharp: false,
+                    steady: true,
+                },
             };
             s.save_learned("api.test", &LearnedRecord::of(&state, Duration::ZERO))
                 .unwrap();
@@ -411,6 +418,9 @@ mod tests {
         assert_eq!(s.prune_learned(Duration::ZERO).unwrap(), 1);
         assert!(s.load_learned().is_empty());
         assert_eq!(learned[0].1.state().rate_rps, 12.5);
+        let known = learned[0].1.state().known;
+        assert_eq!(known.hold, Some(Duration::from_secs(1)));
+        assert!(known.fitted && !known.sharp && known.steady, "{known:?}");
         let ev = s.evidence("api.test");
         assert_eq!(ev.len(), EVIDENCE_PER_PROVIDER);
         assert_eq!(ev[0].at_unix_ms, 5, "oldest dropped, order kept");
@@ -529,5 +539,17 @@ mod tests {
             assert_eq!(store.scan(RunTree::Gaps, b"c\0", &[]).count(), 2_000);
         });
         assert_eq!(m.1.get(), 0, "no store errors");
+    }
+
+    /// A record written before how the limit is known was kept reads as
+    /// knowing nothing of it (R-PS1: an upgrade loses no learned rate).
+    #[test]
+    fn a_record_without_how_the_limit_is_known_reads() {
+        let json = r#"{"v":1,"saved_at_unix_ms":1,"rate_rps":9.5,"limit_rps":10.0,
+            "baseline_ms":null,"breaker":"closed","open_remaining_ms":null}"#;
+        let r: LearnedRecord = serde_json::from_str(json).unwrap();
+        let state = r.state();
+        assert_eq!((state.rate_rps, state.limit_rps), (9.5, Some(10.0)));
+        assert_eq!(state.known, LimitKnown::default());
     }
 }

@@ -66,6 +66,20 @@ pub struct LearnedRecord {
     /// Units spent in that period.
     #[serde(default)]
     pub allowance_spent: Option<f64>,
+    /// The provider's hold after its last refusal (`Retry-After`), ms, if
+    /// it holds.
+    #[serde(default)]
+    pub hold_ms: Option<u64>,
+    /// The limit is a token bucket's refill rate, fitted or found by a
+    /// dwell.
+    #[serde(default)]
+    pub limit_fitted: bool,
+    /// The limit's refusals went on through a cut's echo.
+    #[serde(default)]
+    pub limit_sharp: bool,
+    /// The limit was told by bare 503s and met twice at one place.
+    #[serde(default)]
+    pub limit_steady: bool,
 }
 
 impl LearnedRecord {
@@ -84,6 +98,10 @@ impl LearnedRecord {
                 .allowance
                 .map(|a| unix_ms_now().saturating_sub(a.elapsed.as_millis() as u64)),
             allowance_spent: state.allowance.map(|a| a.spent),
+            hold_ms: state.known.hold.map(|h| h.as_millis() as u64),
+            limit_fitted: state.known.fitted,
+            limit_sharp: state.known.sharp,
+            limit_steady: state.known.steady,
         }
     }
 
@@ -120,6 +138,12 @@ impl LearnedRecord {
                     spent,
                 }),
                 _ => None,
+            },
+            known: LimitKnown {
+                hold: self.hold_ms.map(Duration::from_millis),
+                fitted: self.limit_fitted,
+                sharp: self.limit_sharp,
+                steady: self.limit_steady,
             },
         }
     }

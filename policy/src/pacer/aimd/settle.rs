@@ -576,4 +576,38 @@ mod tests {
             "probed again after {second}"
         );
     }
+
+    /// R-PS1: how a limit is known, restored with it, settles and probes
+    /// as before the restart: close under a fitted limit, and with the
+    /// provider's hold, [`PROBE_HOLD_RATIO`] holds before a dwell. Without
+    /// a limit nothing of it is restored.
+    #[test]
+    fn a_restored_limit_is_known_as_before() {
+        let known = LimitKnown {
+            hold: Some(Duration::from_secs(1)),
+            fitted: true,
+            sharp: false,
+            steady: false,
+        };
+        let mut t = Instant::now();
+        let mut a = Aimd::new(5.0, 0.1, 1000.0, 0.7, W);
+        a.restore(19.6, Some(20.0), None);
+        a.restore_known(known);
+        assert_eq!(a.known(), known);
+        assert_eq!(a.settle_share(), SETTLE_SHARP);
+        let mut windows = 0;
+        while a.rate() <= 19.6 + 1e-9 && windows < 1000 {
+            saturate(&mut a, &mut t, 1);
+            windows += 1;
+        }
+        assert!(
+            f64::from(windows) >= PROBE_HOLD_RATIO,
+            "probed after {windows}"
+        );
+        assert!((a.rate() - 19.6 * PROBE_DWELL).abs() < 1e-9, "{}", a.rate());
+        let mut cold = Aimd::new(5.0, 0.1, 1000.0, 0.7, W);
+        cold.restore(5.0, None, None);
+        cold.restore_known(known);
+        assert_eq!(cold.known(), LimitKnown::default());
+    }
 }

@@ -7,7 +7,7 @@ mod fleet;
 mod queue;
 mod quota;
 
-use super::aimd::{Aimd, Backoff, BackoffReason, Belief};
+use super::aimd::{Aimd, Backoff, BackoffReason, Belief, LimitKnown};
 use super::allowance::{AllowanceSnapshot, AllowanceState, AllowanceUse};
 use super::fair::{Class, FairQueue, Ticket};
 use super::gcra::{interval_of, Gcra};
@@ -116,6 +116,8 @@ pub struct PacerSnapshot {
     /// Whether the controller takes the recent failures for an outage or
     /// a throttle, and why (R-SG4); `None` when nothing is failing.
     pub belief: Option<Belief>,
+    /// How the throttle point is known beyond its number.
+    pub known: LimitKnown,
     /// Outages seen since start.
     pub outages: u64,
     /// The long-horizon allowance, if one is set.
@@ -264,6 +266,11 @@ impl PacerCore {
         self.sync_interval();
     }
 
+    /// Restores how the learned limit is known, after [`PacerCore::restore`].
+    pub fn restore_known(&mut self, known: LimitKnown) {
+        self.aimd.restore_known(known);
+    }
+
     fn sync_interval(&mut self) {
         let interval = interval_of(self.pace_rate());
         if interval != self.gcra.interval() {
@@ -368,6 +375,7 @@ impl PacerCore {
             }),
             authority: self.authority(),
             belief: self.aimd.belief(now),
+            known: self.aimd.known(),
             outages: self.aimd.outages(),
             allowance: self.allowance.as_ref().map(|a| a.snapshot(now)),
         }
