@@ -242,6 +242,12 @@ fn held_probe(e: &Evidence, limit: f64, probe: Probe, p: &mut Placement) {
     }
     p.limit = l;
     p.to = l * e.settle;
+    if probe.dwell.is_some() && !e.reason.ambiguous() {
+        // Refused a tenth over the settle point, once a burst was spent:
+        // the settle point it started from was under the limit. Back to
+        // it (never past a sharp margin), not lower.
+        p.to = p.to.max(probe.proven.min(l * SETTLE_SHARP));
+    }
 }
 
 /// A probe that went clean well past the limit before it was throttled:
