@@ -554,7 +554,7 @@ impl Aimd {
                 // the provider holds, it is that replica's dwell, which
                 // this one follows (the replica that began it ends it).
                 self.probe = Some(if self.dwells() {
-                    Probe::following(self.rate, now)
+                    Probe::following(self.rate, now, self.dwell_windows)
                 } else {
                     Probe::new(self.rate)
                 });
