@@ -100,6 +100,8 @@ pub(super) struct Placement {
     pub(super) too_high: bool,
     /// Whether the limit is steady now (see `Aimd::steady`).
     pub(super) steady: bool,
+    /// A probe's move was undone: what it found was a burst's doing.
+    pub(super) undid_move: bool,
 }
 
 /// Where a throttle puts the remembered limit and the rate, from the
@@ -138,6 +140,7 @@ pub(super) fn place(e: &Evidence) -> Placement {
         clear_descent: false,
         too_high: false,
         steady: false,
+        undid_move: false,
     };
     match (e.limit, e.probe) {
         // Slow start: throttling began at this rate, or at what the
@@ -162,6 +165,7 @@ pub(super) fn place(e: &Evidence) -> Placement {
         (Some(limit), None) if from >= limit * PROBE_DECREASE => {
             (p.limit, p.tight, p.steady) = too_high(e, limit);
             p.too_high = true;
+            p.undid_move = moved_soon_before(e).is_some();
             p.probe_wait = ProbeWait::Reset;
             p.to = p.limit * settle;
         }
@@ -230,6 +234,8 @@ fn held_probe(e: &Evidence, limit: f64, probe: Probe, p: &mut Placement) {
     } else {
         limit.max(probe.clean(e.reason).min(limit * (1.0 + PROBE_STEP)))
     };
+    p.limit = l;
+    p.to = l * e.settle;
     if probe.dwell.is_some() {
         // Refused within its dwell: the limit has not moved past the last
         // dwell passed, if any (the limit already moved there). A dwell
@@ -239,14 +245,12 @@ fn held_probe(e: &Evidence, limit: f64, probe: Probe, p: &mut Placement) {
         } else {
             ProbeWait::Longer
         };
-    }
-    p.limit = l;
-    p.to = l * e.settle;
-    if probe.dwell.is_some() && !e.reason.ambiguous() {
-        // Refused a tenth over the settle point, once a burst was spent:
-        // the settle point it started from was under the limit. Back to
-        // it (never past a sharp margin), not lower.
-        p.to = p.to.max(probe.proven.min(l * SETTLE_SHARP));
+        if !e.reason.ambiguous() {
+            // Refused a tenth over the settle point, once a burst was
+            // spent: the settle point it started from was under the limit.
+            // Back to it (never past a sharp margin), not lower.
+            p.to = p.to.max(probe.proven.min(l * SETTLE_SHARP));
+        }
     }
 }
 
@@ -274,6 +278,14 @@ fn moved_probe(e: &Evidence, limit: f64, probe: Probe, p: &mut Placement) {
     p.to = (l * e.settle).min(e.from * PROBE_DECREASE);
 }
 
+/// The limit before a probe moved it, if that was within the last
+/// [`PROBE_AFTER`] windows.
+fn moved_soon_before(e: &Evidence) -> Option<f64> {
+    e.moved_from
+        .filter(|(_, at)| e.now.saturating_duration_since(*at) < e.window * PROBE_AFTER)
+        .map(|(before, _)| before)
+}
+
 /// Throttled at the settle point: the limit was too high. Where it goes,
 /// whether it is a tight fit of a token bucket's refill rate, and whether
 /// it is steady.
@@ -289,11 +301,11 @@ fn too_high(e: &Evidence, limit: f64) -> (f64, bool, bool) {
     // A steady limit's bare 503 or queueing at the settle point: the
     // limit is known to within a small step.
     let steady = e.steady && matches!(reason, BackoffReason::Unavailable | BackoffReason::Latency);
-    match e.moved_from {
+    match moved_soon_before(e) {
         // Soon after a probe moved the limit: what it found was
         // a burst allowance's doing. Back to the limit before.
         // Bare 503s: the limit before held twice, steady.
-        Some((before, at)) if e.now.saturating_duration_since(at) < e.window * PROBE_AFTER => (
+        Some(before) => (
             before.min(from),
             false,
             e.steady || reason == BackoffReason::Unavailable,
@@ -399,12 +411,10 @@ impl Aimd {
         if p.clear_descent {
             self.descent.clear();
         }
+        if p.undid_move {
+            self.dwell_fooled();
+        }
         if p.too_high {
-            if self.moved_from.is_some_and(|(_, at)| {
-                now.saturating_duration_since(at) < self.window * PROBE_AFTER
-            }) {
-                self.dwell_fooled();
-            }
             self.too_high_at = Some(now);
         }
         let (limit, tight) = (p.limit, p.tight);
