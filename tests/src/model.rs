@@ -30,7 +30,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use sluice_policy::pacer::shared::AdmitFuture;
+use sluice_policy::pacer::shared::{AdmitFuture, FleetRefusal};
 use sluice_policy::pacer::{
     PacerShared, Proposal, SharedAdmit, SharedBudget, SharedChange, SharedView, SHARED_SLACK,
 };
@@ -526,6 +526,11 @@ struct SharedState {
     cut: Option<Instant>,
     raised: Option<Instant>,
     admitted: u64,
+    /// Admissions when the last hold began.
+    held: Option<u64>,
+    /// The last refusal after a hold: when, after the hold before it,
+    /// admissions between; and its number.
+    refusal: Option<(Instant, Duration, u64, u64)>,
 }
 
 /// A shared store's round trip.
@@ -578,6 +583,12 @@ impl SharedMemory {
                 hold: s.hold.map(|h| h.saturating_duration_since(now)),
                 admitted: s.admitted,
                 allowance: None,
+                refusal: s.refusal.map(|(at, after, sent, id)| FleetRefusal {
+                    id,
+                    ago: now.saturating_duration_since(at),
+                    after,
+                    sent,
+                }),
             },
         }
     }
@@ -613,6 +624,14 @@ impl SharedMemory {
                 s.limit = limit;
             }
             SharedChange::Hold { until } => {
+                // A new hold, the last one over: a refusal after it.
+                if s.hold.is_none_or(|h| now >= h) {
+                    if let (Some(h), Some(held)) = (s.hold, s.held) {
+                        let id = s.refusal.map_or(1, |r| r.3 + 1);
+                        s.refusal = Some((now, now - h, s.admitted - held, id));
+                    }
+                    s.held = Some(s.admitted);
+                }
                 if s.hold.is_none_or(|h| until > h) {
                     s.hold = Some(until);
                 }

@@ -53,6 +53,11 @@ async fn drive(replicas: &[Sluice], url: &str, clients: u32, secs: u32) -> Vec<S
 /// The `Retry-After` hold a replica wrote to Redis (ms since the epoch),
 /// if any.
 async fn shared_hold(redis: &Redis) -> Option<u64> {
+    shared_field(redis, "hold").await.map(|h| h as u64)
+}
+
+/// A positive number a replica wrote to a shared budget's key in Redis.
+async fn shared_field(redis: &Redis, field: &str) -> Option<f64> {
     let port = redis.port.to_string();
     let cli = |args: Vec<String>| {
         tokio::process::Command::new("redis-cli")
@@ -63,12 +68,12 @@ async fn shared_hold(redis: &Redis) -> Option<u64> {
     };
     let keys = cli(vec!["--scan".into()]).await.ok()?;
     for key in String::from_utf8_lossy(&keys.stdout).lines() {
-        let out = cli(vec!["HGET".into(), key.into(), "hold".into()])
+        let out = cli(vec!["HGET".into(), key.into(), field.into()])
             .await
             .ok()?;
-        let hold = String::from_utf8_lossy(&out.stdout).trim().parse::<f64>();
-        if let Some(h) = hold.ok().filter(|h| *h > 0.0) {
-            return Some(h as u64);
+        let value = String::from_utf8_lossy(&out.stdout).trim().parse::<f64>();
+        if let Some(v) = value.ok().filter(|v| *v > 0.0) {
+            return Some(v);
         }
     }
     None
@@ -603,9 +608,9 @@ async fn replicas_share_one_allowance() {
 /// beside it, through 8 replicas sharing a budget in Redis, on bursts of
 /// 2, 5 and 10 at once (each pair on its own provider and Redis). Slow
 /// start's overshoot is refused once on a small burst; the one sluice
-/// probes soon after, the fleet places its limit at the rate met: over
-/// 30–60 s both get ≥ 95 % of the limit with ≤ 0.5 % 429s. Printed side
-/// by side.
+/// probes soon after, the fleet places its limit at the rate met and fits
+/// the bucket from its refusals as Redis counted them: over 30–60 s both
+/// get ≥ 95 % of the limit with ≤ 0.5 % 429s. Printed side by side.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn small_bursts_through_one_sluice_and_a_fleet() {
     const BURSTS: [u32; 3] = [2, 5, 10];
@@ -632,12 +637,31 @@ async fn small_bursts_through_one_sluice_and_a_fleet() {
     let (b2, b5, b10) = tokio::join!(side_by_side(0), side_by_side(1), side_by_side(2));
     let seen = [b2, b5, b10];
     let mut failures = Vec::new();
-    for ((burst, one_sim, fleet_sim, _, one, fleet), (seen_one, seen_fleet)) in
+    for ((burst, one_sim, fleet_sim, redis, one, fleet), (seen_one, seen_fleet)) in
         runs.iter().zip(seen)
     {
+        // The fleet's last refusal after a hold, as Redis counted it (what
+        // every replica's token-bucket fit reads): the fleet's sends from
+        // the hold's end to the refusal, at about the bucket's rate.
+        let (after, sent) = (
+            shared_field(redis, "rafter").await,
+            shared_field(redis, "rsent").await,
+        );
+        match after.zip(sent) {
+            Some((ms, n)) if (15.0..=40.0).contains(&(n / (ms / 1000.0))) => {}
+            other => failures.push(format!(
+                "burst {burst}: the fleet's refusal in Redis (ms after the hold, sent): {other:?}"
+            )),
+        }
         for (who, s) in [("one sluice", &one[0]), ("replica 0", &fleet[0])] {
             let (_, v) = s.api("GET", "/v1/providers/p", None).await;
             println!("burst {burst}, {who}: {v}");
+            let (_, h) = s.api("GET", "/v1/history", None).await;
+            let h = &h["providers"]["p"];
+            println!(
+                "  every 5 s: rate {}\n  throttle point {}\n  refused {}",
+                h["rate_rps"], h["throttle_point_rps"], h["refused"]
+            );
         }
         let (one, fleet) = (
             one_sim.figures(path, 30, 60, 20.0),

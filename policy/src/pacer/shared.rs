@@ -52,6 +52,25 @@ pub struct SharedView {
     pub admitted: u64,
     /// How far the shared allowance's period has got, if one is kept.
     pub allowance: Option<crate::pacer::AllowanceUse>,
+    /// The fleet's last refusal after a hold, if the store keeps it.
+    pub refusal: Option<FleetRefusal>,
+}
+
+/// A refusal that held every replica, as the shared store counted it (the
+/// time is its own, and the admissions every replica's): how long after
+/// the previous hold's end it came, and what the fleet sent in between —
+/// what one sluice's token-bucket fit reads from its own sends (R-SG5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FleetRefusal {
+    /// Which refusal (the store's time of it, in its own clock): a replica
+    /// reads each once.
+    pub id: u64,
+    /// How long ago it came.
+    pub ago: Duration,
+    /// From the previous hold's end to it.
+    pub after: Duration,
+    /// Units every replica admitted in that time.
+    pub sent: u64,
 }
 
 /// The answer to one shared admission.
@@ -159,6 +178,7 @@ mod tests {
                         hold: s.hold.map(|h| h.saturating_duration_since(now)),
                         admitted: 0,
                         allowance: None,
+                        refusal: None,
                     },
                 }
             });

@@ -35,7 +35,7 @@ use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::Script;
-use sluice_policy::pacer::shared::AdmitFuture;
+use sluice_policy::pacer::shared::{AdmitFuture, FleetRefusal};
 use sluice_policy::pacer::{Proposal, SharedAdmit, SharedBudget, SharedChange, SharedView};
 use tokio::time::Instant;
 
@@ -64,11 +64,12 @@ const SHARE_EVERY: Duration = Duration::from_secs(5);
 /// than what is left over what remains of the period, and not at all once
 /// it is spent (R-FS2). Returns admitted (0/1), the wait (ms), the shared
 /// rate, throttle point (or ""), the hold left (ms), the units admitted so
-/// far, and the allowance's period so far (ms, or "") and units spent.
+/// far, the allowance's period so far (ms, or "") and units spent, and the
+/// fleet's last refusal after a hold (see [`HOLD`]; "" if none).
 pub const ADMIT: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
-local f = redis.call('HMGET', KEYS[1], 'tat', 'rate', 'hold', 'limit', 'admitted')
+local f = redis.call('HMGET', KEYS[1], 'tat', 'rate', 'hold', 'limit', 'admitted', 'rat', 'rafter', 'rsent')
 local rate = tonumber(f[2])
 local rate_text = f[2]
 local limit = f[4] or ''
@@ -125,7 +126,11 @@ end
 local aelapsed = ''
 if ab then aelapsed = tostring(now - ab) end
 redis.call('PEXPIRE', KEYS[1], ARGV[4])
-return {admitted, tostring(at - now), rate_text, limit, tostring(math.max(hold - now, 0)), count, aelapsed, tostring(aspent)}
+local refusal = ''
+if f[6] and f[7] and f[8] then
+  refusal = f[6] .. ' ' .. tostring(now - tonumber(f[6])) .. ' ' .. f[7] .. ' ' .. f[8]
+end
+return {admitted, tostring(at - now), rate_text, limit, tostring(math.max(hold - now, 0)), count, aelapsed, tostring(aspent), refusal}
 ";
 
 /// Cuts the shared rate, once per congestion epoch. ARGV: how long ago
@@ -174,11 +179,27 @@ return 1
 ";
 
 /// Holds every replica. ARGV: the hold from now (ms), the TTL (ms).
+///
+/// A hold that begins once the last one is over is a new refusal: how long
+/// after the last hold's end it came, and how many units every replica was
+/// admitted in between, are kept for the token-bucket fit (R-SG5) as
+/// `rat` (its time), `rafter` (ms) and `rsent`; `held` is the count
+/// when a hold began (nothing is admitted during one).
 pub const HOLD: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
+local f = redis.call('HMGET', KEYS[1], 'hold', 'admitted', 'held')
+local last = tonumber(f[1]) or 0
+local count = tonumber(f[2]) or 0
+if now >= last then
+  local held = tonumber(f[3])
+  if last > 0 and held then
+    redis.call('HSET', KEYS[1], 'rat', tostring(math.floor(now)), 'rafter', tostring(now - last), 'rsent', tostring(count - held))
+  end
+  redis.call('HSET', KEYS[1], 'held', tostring(count))
+end
 local hold = now + tonumber(ARGV[1])
-if hold > (tonumber(redis.call('HGET', KEYS[1], 'hold')) or 0) then
+if hold > last then
   redis.call('HSET', KEYS[1], 'hold', tostring(hold))
 end
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
@@ -383,6 +404,27 @@ impl std::fmt::Debug for ProviderBudget {
     }
 }
 
+/// The fleet's last refusal as [`ADMIT`] returns it: its time (the key's
+/// clock, ms), how long ago, how long after the hold before it (ms), and
+/// the units admitted in between — or "" when none is kept.
+fn fleet_refusal(text: &str) -> Option<FleetRefusal> {
+    let mut fields = text.split(' ').map(|f| f.parse::<f64>().ok());
+    let mut next = || {
+        fields
+            .next()
+            .flatten()
+            .filter(|v| v.is_finite() && *v >= 0.0)
+    };
+    let (id, ago, after, sent) = (next()?, next()?, next()?, next()?);
+    let ms = |v: f64| Duration::from_secs_f64(v / 1000.0);
+    Some(FleetRefusal {
+        id: id as u64,
+        ago: ms(ago),
+        after: ms(after),
+        sent: sent as u64,
+    })
+}
+
 fn opt(v: Option<f64>) -> String {
     v.map_or_else(String::new, |v| v.to_string())
 }
@@ -441,9 +483,20 @@ impl ProviderBudget {
             Some(a) => invocation.arg(a.units).arg(millis(a.per)),
             None => invocation.arg("").arg(""),
         };
-        type Reply = (i64, String, String, String, String, u64, String, String);
+        type Reply = (
+            i64,
+            String,
+            String,
+            String,
+            String,
+            u64,
+            String,
+            String,
+            String,
+        );
         let reply: Option<Reply> = self.store.run(invocation, &self.provider).await;
-        let Some((admitted, wait, rate, limit, hold, count, aelapsed, aspent)) = reply else {
+        let Some((admitted, wait, rate, limit, hold, count, aelapsed, aspent, refusal)) = reply
+        else {
             self.set_mode(BudgetMode::Degraded);
             return None;
         };
@@ -468,6 +521,7 @@ impl ProviderBudget {
                 }
                 _ => None,
             },
+            refusal: fleet_refusal(&refusal),
         };
         self.set_mode(BudgetMode::Shared);
         let mut s = self.state();
@@ -546,5 +600,26 @@ impl SharedBudget for ProviderBudget {
 
     fn replicas(&self) -> u32 {
         self.store.replicas
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_fleets_refusal_is_read_as_admit_returns_it() {
+        assert_eq!(
+            fleet_refusal("1764331200123 250.5 4250.25 91"),
+            Some(FleetRefusal {
+                id: 1_764_331_200_123,
+                ago: Duration::from_secs_f64(0.2505),
+                after: Duration::from_secs_f64(4.25025),
+                sent: 91,
+            })
+        );
+        for bad in ["", "1 2 3", "1 2 x 4", "1 -2 3 4", "1 NaN 3 4"] {
+            assert_eq!(fleet_refusal(bad), None, "{bad:?}");
+        }
     }
 }

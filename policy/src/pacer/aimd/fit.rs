@@ -2,6 +2,7 @@
 //! before it was refused tells a bucket's refill rate.
 
 use super::*;
+use crate::pacer::shared::FleetRefusal;
 
 /// Refusals a [`Descent`] fits, the most recent.
 pub(super) const DESCENT_POINTS: usize = 4;
@@ -12,6 +13,10 @@ pub(super) const DESCENT_MAX_AGE: Duration = Duration::from_secs(120);
 /// The fitted points must lie this far apart in time, as a share of the
 /// shortest, to tell a slope from noise.
 pub(super) const DESCENT_SPREAD: f64 = 0.25;
+
+/// A fleet's refusal read from the shared store within this of one this
+/// replica was answered itself is that one, better counted: it replaces it.
+pub(super) const SAME_REFUSAL: Duration = Duration::from_millis(250);
 
 /// A fit whose bound lies within this share of its rate sets the limit
 /// as closely as a sharp limit's: settled at [`SETTLE_SHARP`] of the bound,
@@ -41,8 +46,11 @@ pub(super) struct Descent {
 
 impl Descent {
     pub(super) fn push(&mut self, at: Instant, secs: f64, sent: f64) {
-        self.points
-            .retain(|(t, _, _)| at.saturating_duration_since(*t) < DESCENT_MAX_AGE);
+        self.points.retain(|(t, _, _)| {
+            at.saturating_duration_since(*t) < DESCENT_MAX_AGE
+                // The same refusal, as the fleet's store counted it.
+                && at.max(*t) - at.min(*t) > SAME_REFUSAL
+        });
         if self.points.len() == DESCENT_POINTS {
             self.points.pop_front();
         }
@@ -93,11 +101,44 @@ impl Aimd {
         if reason.ambiguous() || self.hold_cost.is_zero() || sent_at <= end || !steady {
             return;
         }
-        if self.limit.is_none() || self.probe.is_some() || self.shared {
+        if self.limit.is_none() || self.probe.is_some() {
             return;
         }
+        // Shared, the hold's end is the fleet's and the rate too: the
+        // fleet's sends are counted as one sluice's until the store's
+        // count of them comes (see `Aimd::on_fleet_refusal`).
         let secs = (sent_at - end).as_secs_f64();
         self.descent.push(now, secs, self.rate * secs);
+    }
+
+    /// The fleet's last refusal after a hold, as the shared store counted
+    /// it (R-DS1, R-SG5): a point of the [`Descent`], on the same terms as
+    /// one sluice's — a limit known, and the rate steady since the hold's
+    /// end. Every replica reads the same points, so every replica's fit
+    /// says what the refused replica's did.
+    pub fn on_fleet_refusal(&mut self, now: Instant, refusal: FleetRefusal) {
+        if self.fleet_refusal == Some(refusal.id) {
+            return;
+        }
+        self.fleet_refusal = Some(refusal.id);
+        let (Some(at), true) = (
+            now.checked_sub(refusal.ago),
+            refusal.after < DESCENT_MAX_AGE,
+        ) else {
+            return;
+        };
+        let Some(start) = at.checked_sub(refusal.after) else {
+            return;
+        };
+        // Changes remembered back to the hold's end, and none since.
+        let known = self.changes.len() < CHANGES_KEPT
+            || self.changes.front().is_some_and(|(t, _)| *t <= start);
+        let steady = !self.changes.iter().any(|(t, _)| *t > start && *t < at);
+        if self.hold_cost.is_zero() || self.limit.is_none() || !known || !steady {
+            return;
+        }
+        self.descent
+            .push(at, refusal.after.as_secs_f64(), refusal.sent as f64);
     }
 
     /// The provider holds every request off until `now` + its `Retry-After`.
@@ -142,5 +183,64 @@ mod tests {
         assert!(refusals.len() <= 4, "cold {refusals:?}");
         let settle = cold.limit().map_or(0.0, |l| l * SETTLE_SHARP);
         assert!((0.93 * 20.0..=20.0).contains(&settle), "{settle}");
+    }
+
+    /// R-DS1, R-SG5: a replica the provider never refused fits the bucket
+    /// from the fleet's refusals as the shared store counted them (a
+    /// 20/s bucket of burst 10: 24/s lasted 2.5 s after a hold, 21/s ten),
+    /// each read once, and only where the rate held steady since the
+    /// hold's end; the limit another replica placed at the fit is known
+    /// as a fit here too (settled under as closely).
+    #[test]
+    fn a_replica_fits_the_fleets_refusals() {
+        let second = Duration::from_secs(1);
+        let mut t = Instant::now();
+        let mut a = Aimd::new(5.0, 0.1, 1000.0, 0.7, W);
+        a.restore(24.0, Some(25.0), None);
+        a.adopt(t, 24.0, Some(25.0));
+        a.on_shared_hold(t, second);
+        t += second + Duration::from_millis(2500);
+        let first = FleetRefusal {
+            id: 1,
+            ago: Duration::ZERO,
+            after: Duration::from_millis(2500),
+            sent: 60,
+        };
+        a.on_fleet_refusal(t, first);
+        a.on_fleet_refusal(t, first);
+        assert_eq!(a.descent.points.len(), 1, "read once");
+        a.adopt(t, 21.0, Some(21.5));
+        a.on_shared_hold(t, second);
+        t += second * 11;
+        a.on_fleet_refusal(
+            t,
+            FleetRefusal {
+                id: 2,
+                ago: Duration::ZERO,
+                after: second * 10,
+                sent: 210,
+            },
+        );
+        let (fit, margin) = a.descent.limit().expect("two points fit");
+        assert!((20.0..=20.0 * (1.0 + FIT_TIGHT)).contains(&fit), "{fit}");
+        assert!(margin <= fit * FIT_TIGHT, "{margin}");
+        a.adopt(t, fit * SETTLE_SHARP, Some(fit));
+        assert!(a.known().fitted);
+        assert_eq!(a.settle_share(), SETTLE_SHARP);
+        // A span the rate changed in says nothing of the bucket.
+        a.on_shared_hold(t, second);
+        t += second * 2;
+        a.adopt(t, fit * SETTLE_SHARP * 1.01, Some(fit));
+        t += second * 3;
+        a.on_fleet_refusal(
+            t,
+            FleetRefusal {
+                id: 3,
+                ago: Duration::ZERO,
+                after: second * 4,
+                sent: 80,
+            },
+        );
+        assert_eq!(a.descent.points.len(), 2, "{:?}", a.descent.points);
     }
 }

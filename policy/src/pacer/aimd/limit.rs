@@ -29,6 +29,10 @@ pub(super) struct Evidence {
     pub(super) reason: BackoffReason,
     /// The rate the throttle met.
     pub(super) from: f64,
+    /// The rate the refused request was sent at, where a throttle told it
+    /// (the rate may have changed since: a fleet's slow start raises it a
+    /// window before the refusal comes back).
+    pub(super) sent: f64,
     /// The multiplicative decrease.
     pub(super) decrease: f64,
     /// The remembered limit, if any.
@@ -148,8 +152,11 @@ pub(super) fn place(e: &Evidence) -> Placement {
         // over replicas that each took the shared rate up at their own
         // time, mixes the rates before it: where the provider holds, the
         // fleet's first refusal says throttling began at the rate it met.
+        (None, _) if e.shared && e.holds => {
+            p.limit = e.sent.min(from);
+            p.to = p.limit * e.decrease;
+        }
         (None, _) => {
-            let delivered = if e.shared && e.holds { from } else { delivered };
             p.limit = delivered.min(from).max(from * e.decrease);
             p.to = from * e.decrease;
         }
@@ -354,7 +361,12 @@ fn too_high(e: &Evidence, limit: f64) -> (f64, bool, bool) {
 
 impl Aimd {
     /// Cuts the rate now and moves the remembered limit (see [`place`]).
-    pub(super) fn cut(&mut self, now: Instant, reason: BackoffReason) -> Backoff {
+    pub(super) fn cut(
+        &mut self,
+        now: Instant,
+        reason: BackoffReason,
+        sent_at: Option<Instant>,
+    ) -> Backoff {
         if self.last_decrease.is_some() && !reason.ambiguous() {
             // The last cut's echo is over: was its limit sharp?
             self.sharp = self.echo >= SHARP_ECHO;
@@ -365,6 +377,7 @@ impl Aimd {
         let p = place(&Evidence {
             reason,
             from,
+            sent: sent_at.map_or(from, |at| self.rate_at(at)),
             decrease: self.decrease,
             limit: self.limit,
             probe: self.probe,
@@ -453,6 +466,7 @@ mod tests {
         Evidence {
             reason,
             from,
+            sent: from,
             decrease: 0.7,
             limit,
             probe: None,

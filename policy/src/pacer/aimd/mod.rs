@@ -306,8 +306,11 @@ pub struct Aimd {
     /// When the provider's last hold (`Retry-After`) ends.
     hold_end: Option<Instant>,
     /// Refusals at the settle point after a hold: how long each rate lasted
-    /// from the hold's end to its refusal (see [`Descent`]).
+    /// from the hold's end to its refusal (see [`Descent`]); shared, the
+    /// fleet's, as the store counted them.
     descent: Descent,
+    /// The fleet's last refusal read (see [`Aimd::on_fleet_refusal`]).
+    fleet_refusal: Option<u64>,
     /// The limit is a token bucket's refill rate fitted to within
     /// [`FIT_TIGHT`] of itself: known as closely as a sharp one's.
     fitted: bool,
@@ -391,6 +394,7 @@ impl Aimd {
             hold_end: None,
             unconfirmed: None,
             descent: Descent::default(),
+            fleet_refusal: None,
             fitted: false,
             shared: false,
             moved_from: None,
@@ -407,7 +411,7 @@ impl Aimd {
     /// The rate that was in force at `sent_at`.
     /// (Scanned from the newest change: almost every answer is to a
     /// request sent after the last one, and stops at the first look.)
-    fn rate_at(&self, sent_at: Instant) -> f64 {
+    pub(super) fn rate_at(&self, sent_at: Instant) -> f64 {
         self.changes
             .iter()
             .rev()
@@ -533,20 +537,22 @@ impl Aimd {
             return;
         }
         let rate = rate.clamp(self.floor, self.ceiling);
-        // One replica's view of the fleet's refusals fits no bucket: the
-        // shared hold's end and the fleet's rate are not its own.
         self.shared = true;
-        self.fitted = false;
-        self.descent.clear();
         // The same rate, as it came back through the store: nothing new.
         if (rate - self.rate).abs() > self.rate * 1e-9 {
             if rate < self.rate {
                 // Another replica's cut: the wait at the settle point
                 // starts over here too (a replica that had waited its
                 // share would probe again at the next window: measured,
-                // the fleet refused every 3 s from its second minute).
+                // the fleet refused every 3 s from its second minute),
+                // as long as it would have had this replica been refused.
+                self.fleet_refused(now);
                 self.reset_plateau();
                 self.recover_to = None;
+            } else if self.probe.is_some_and(|p| p.dwell.is_some()) {
+                // Another replica passed the dwell this one follows (or
+                // leads): passed here too, and the next one followed.
+                self.fleet_dwell_passed(now);
             } else if self.probe.is_none() && self.limit.is_some_and(|l| rate > l * SETTLE * 1.001)
             {
                 // Raised past the settle point: another replica is probing,
@@ -562,6 +568,14 @@ impl Aimd {
             self.set_rate(now, rate);
         }
         if let Some(l) = limit.filter(|l| l.is_finite() && *l > 0.0) {
+            if self.limit.is_none_or(|old| (old - l).abs() > l * 1e-9) {
+                // Another replica placed it: known as closely as a fit
+                // where this replica's fit of the fleet's refusals (the
+                // same points) says as much.
+                self.fitted = self.descent.limit().is_some_and(|(at, margin)| {
+                    margin <= at * FIT_TIGHT && (l - at).abs() <= at * FIT_TIGHT
+                });
+            }
             self.limit = Some(l);
         }
     }
@@ -571,8 +585,10 @@ impl Aimd {
     /// replica that hold too (see [`Aimd::on_hold`]). What is left of a
     /// hold is at most its length, so the longer of the two is kept until
     /// this replica's own refusal says the length.
-    pub fn on_shared_hold(&mut self, hold: Duration) {
+    pub fn on_shared_hold(&mut self, now: Instant, hold: Duration) {
         self.hold_cost = self.hold_cost.max(hold);
+        let end = now + hold;
+        self.hold_end = Some(self.hold_end.map_or(end, |e| e.max(end)));
     }
 
     /// The provider's last throttle held every request off for `hold`
@@ -669,7 +685,7 @@ impl Aimd {
         // Whatever a trial was weighing, this is pressure.
         self.trial = None;
         self.time_to_refusal(sent_at, now, reason);
-        let backoff = self.cut(now, reason);
+        let backoff = self.cut(now, reason, Some(sent_at));
         self.limit_weak = false;
         self.extend_hold(now);
         Some(backoff)

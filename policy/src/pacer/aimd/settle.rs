@@ -254,6 +254,53 @@ impl Aimd {
         }
     }
 
+    /// Another replica's cut reached this one (see [`Aimd::adopt`]): the
+    /// fleet's dwell, if this replica was in one, was refused, and its
+    /// next waits as long as the refused replica's; a settle point refused
+    /// soon after a dwell moved the limit proved the dwell too short.
+    /// Whichever replica the provider refused, every replica learns alike,
+    /// or the next probe would come at the least patient one's time.
+    pub(super) fn fleet_refused(&mut self, now: Instant) {
+        match self.probe {
+            Some(probe) if probe.dwell.is_some() => {
+                self.dwell_refused(now);
+                self.probe_backoff = if probe.dwelt.is_some() {
+                    0
+                } else {
+                    (self.probe_backoff + 1).min(2)
+                };
+            }
+            Some(_) => {}
+            None => {
+                if self.moved_from.is_some_and(|(_, at)| {
+                    now.saturating_duration_since(at) < self.window * PROBE_AFTER
+                }) {
+                    self.moved_from = None;
+                    self.dwell_fooled();
+                }
+            }
+        }
+    }
+
+    /// Another replica passed the dwell this one is in, and raised the
+    /// shared rate past it: the limit moved to the dwell's rate (the
+    /// current one), and the next dwell — the raise — is followed.
+    pub(super) fn fleet_dwell_passed(&mut self, now: Instant) {
+        let Some(limit) = self.limit else {
+            return;
+        };
+        let dwell_windows = self.dwell_windows;
+        if let Some(probe) = self.probe.as_mut() {
+            probe.dwelt = Some(self.rate);
+            probe.windows += 1;
+            probe.dwell = Some(Dwell {
+                left: dwell_windows + 1,
+                since: now,
+            });
+        }
+        self.dwell_passed(limit, now);
+    }
+
     /// A whole dwell went clean at the rate: the limit moved from `limit`
     /// to it, known as closely as a fit (a refusal at the next dwell
     /// settles under it; one at the settle point soon after undoes it).
@@ -562,7 +609,7 @@ mod tests {
         let mut a = Aimd::new(5.0, 0.1, 1000.0, 0.7, W);
         a.restore(19.0, Some(20.0), None);
         a.adopt(t, 19.0, Some(20.0));
-        a.on_shared_hold(Duration::from_secs(1));
+        a.on_shared_hold(t, Duration::from_secs(1));
         let first = windows_to_probe(&mut a, &mut t);
         assert!(f64::from(first) >= PROBE_HOLD_RATIO, "probed after {first}");
         assert!(
@@ -577,6 +624,93 @@ mod tests {
         assert!(
             f64::from(second) >= PROBE_HOLD_RATIO,
             "probed again after {second}"
+        );
+    }
+
+    /// R-DS1, R-SG2: the wait before a fleet's probe counts the fleet's
+    /// admissions, as one sluice counts its own: a replica taking an
+    /// eighth of a slow provider's slots probes when one sluice would, not
+    /// after eight times [`PROBE_AFTER_ADMITTED`] of its own (measured: a
+    /// limit raised a tenth went unfound for a minute).
+    #[test]
+    fn a_fleets_probe_waits_for_the_fleets_admissions() {
+        let mut t = Instant::now();
+        let mut a = Aimd::new(5.0, 0.1, 1000.0, 0.7, W);
+        a.restore(9.5, Some(10.0), None);
+        a.adopt(t, 9.5, Some(10.0));
+        let mut windows = 0u64;
+        while a.rate() <= 9.5 + 1e-9 && windows < 1000 {
+            // Ten slots a second, every replica's; one in eight is here.
+            for j in 0..10u32 {
+                let at = t + W * j / 10;
+                a.on_shared_admitted(at, 1, Some(W / 10));
+                if j % 8 == 0 {
+                    a.on_admitted_here();
+                    a.on_clean(at, at, Some(Duration::from_millis(40)));
+                }
+            }
+            t += W;
+            a.on_clean(t, t, Some(Duration::from_millis(40)));
+            windows += 1;
+        }
+        let one_sluice = PROBE_AFTER_ADMITTED / 10 + 1;
+        assert!(
+            windows <= one_sluice + 1,
+            "probed after {windows} windows (one sluice: {one_sluice})"
+        );
+        assert!(windows >= one_sluice - 1, "{windows}");
+    }
+
+    /// R-DS1, R-SG2: a replica learns the fleet's dwell as the replica the
+    /// provider answered did. Another replica's raise past the dwell it
+    /// follows passes it here too (the limit moves to the dwell's rate, the
+    /// raise is the next dwell, followed); another's cut during a dwell
+    /// makes the next wait twice as long here too — or the fleet's next
+    /// probe would come at the least patient replica's time.
+    #[test]
+    fn a_replica_learns_the_fleets_dwells() {
+        let windows_to_probe = |a: &mut Aimd, t: &mut Instant| {
+            let settle = a.rate();
+            let mut windows = 0;
+            while a.rate() <= settle + 1e-9 && windows < 1000 {
+                saturate(a, t, 1);
+                windows += 1;
+            }
+            windows
+        };
+        let mut t = Instant::now();
+        let mut a = Aimd::new(5.0, 0.1, 1000.0, 0.7, W);
+        a.restore(19.0, Some(20.0), None);
+        a.adopt(t, 19.0, Some(20.0));
+        a.on_shared_hold(t, Duration::from_secs(1));
+        // Another replica's dwell, followed; then its raise past it.
+        let dwell = 19.0 * PROBE_DWELL;
+        a.adopt(t, dwell, Some(20.0));
+        saturate(&mut a, &mut t, 2);
+        let next = dwell * (1.0 + (PROBE_DWELL - 1.0) * 2.0);
+        a.adopt(t, next, Some(dwell));
+        assert_eq!(a.limit(), Some(dwell));
+        assert!(a.known().fitted, "passed: known as a fit");
+        // That dwell refused at another replica: the settle point under
+        // the dwell that passed, and the probe's wait starts over as it
+        // would have where the refusal came.
+        a.adopt(t, dwell * SETTLE_SHARP, Some(dwell));
+        let after_passed = windows_to_probe(&mut a, &mut t);
+        assert!(
+            f64::from(after_passed) >= PROBE_HOLD_RATIO,
+            "probed after {after_passed}"
+        );
+        // A dwell that finds nothing, refused at another replica: the next
+        // waits twice as long.
+        let settle = a.rate();
+        a.adopt(t, settle * 0.98, Some(a.limit().unwrap()));
+        let unrefused = windows_to_probe(&mut a, &mut t);
+        let settle = a.rate() / PROBE_DWELL;
+        a.adopt(t, settle, a.limit());
+        let refused = windows_to_probe(&mut a, &mut t);
+        assert!(
+            f64::from(refused) >= 2.0 * PROBE_HOLD_RATIO,
+            "after the fleet's refused dwell, probed after {refused} (before: {unrefused})"
         );
     }
 

@@ -226,7 +226,7 @@ impl Aimd {
             self.unavailable_throttles -= 1;
             self.errors
                 .record(true, Attribution::Throttle, self.rate_at(sent_at));
-            let backoff = self.cut(now, reason);
+            let backoff = self.cut(now, reason, None);
             self.limit_weak = false;
             return Some(backoff);
         }
@@ -264,7 +264,7 @@ impl Aimd {
         if self.cold_error_cut {
             return Some(None);
         }
-        let backoff = self.cut(now, reason);
+        let backoff = self.cut(now, reason, None);
         self.limit = None;
         self.fitted = false;
         self.steady = false;
@@ -318,7 +318,7 @@ impl Aimd {
         let prev_limit = self.limit;
         let prev_weak = self.limit_weak;
         let from = self.rate;
-        let backoff = self.cut(now, reason);
+        let backoff = self.cut(now, reason, None);
         if self.limit != prev_limit {
             // A limit moved on ambiguous evidence alone.
             self.limit_weak = true;

@@ -66,11 +66,10 @@ impl Aimd {
         let saturated =
             self.window_pressed || f64::from(self.window_admitted) >= SATURATION * self.rate * secs;
         let clean = !self.window_cut && !self.errors.window_spoiled();
-        // The wait before a probe counts this replica's own admissions.
-        // Shared, a failed probe holds every replica (the hold is shared)
-        // and costs the whole fleet a `Retry-After`: the replicas probe
-        // together as rarely as each would alone.
-        let admitted = self.window_here;
+        // The wait before a probe counts the provider's admissions: every
+        // replica's, when the budget is shared (a failed probe costs the
+        // whole fleet one `Retry-After`, as it costs one sluice).
+        let admitted = self.window_admitted;
         // A window of a few answers is too coarse a measure of delivery.
         self.delivered = if self.window_answers > 0 && !self.window_span.is_zero() {
             // Shared: every replica's admissions over the time they were
@@ -95,7 +94,7 @@ impl Aimd {
         self.window_cut = false;
         let draining = match self.latency.judge(self.latency_factor) {
             LatencyVerdict::Shift(_) => {
-                let backoff = self.cut(now, BackoffReason::Latency);
+                let backoff = self.cut(now, BackoffReason::Latency, None);
                 self.trial = None;
                 self.limit_weak = false;
                 return Change {

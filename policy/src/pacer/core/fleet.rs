@@ -21,6 +21,11 @@ impl PacerCore {
         let before = self.gcra.interval();
         self.alone = None;
         self.shared_rate = Some(view.rate);
+        // The fleet's refusal before the cut it brought: its limit is
+        // judged with the point in the fit.
+        if let Some(refusal) = view.refusal {
+            self.aimd.on_fleet_refusal(now, refusal);
+        }
         self.aimd.adopt(now, view.rate, view.limit);
         // Every replica's admissions since this replica last asked: the
         // window's demand and delivery are the provider's, not this
@@ -36,7 +41,7 @@ impl PacerCore {
         }
         if let Some(hold) = view.hold.filter(|h| !h.is_zero()) {
             fb.hold_until = self.hold(now, now + hold);
-            self.aimd.on_shared_hold(hold);
+            self.aimd.on_shared_hold(now, hold);
         }
         // The allowance as every replica spent it (the readout, the store,
         // and this replica's pace should the store stop answering).
