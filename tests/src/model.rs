@@ -528,6 +528,8 @@ struct SharedState {
     admitted: u64,
     /// Admissions when the last hold began.
     held: Option<u64>,
+    /// The last hold's length.
+    hold_len: Option<Duration>,
     /// The last refusal after a hold: when, after the hold before it,
     /// admissions between; and its number.
     refusal: Option<(Instant, Duration, u64, u64)>,
@@ -589,6 +591,7 @@ impl SharedMemory {
                     after,
                     sent,
                 }),
+                held: s.hold_len,
             },
         }
     }
@@ -634,6 +637,7 @@ impl SharedMemory {
                 }
                 if s.hold.is_none_or(|h| until > h) {
                     s.hold = Some(until);
+                    s.hold_len = Some(until.saturating_duration_since(now));
                 }
             }
         }

@@ -54,6 +54,9 @@ pub struct SharedView {
     pub allowance: Option<crate::pacer::AllowanceUse>,
     /// The fleet's last refusal after a hold, if the store keeps it.
     pub refusal: Option<FleetRefusal>,
+    /// How long the provider's last hold was (its `Retry-After`), as any
+    /// replica was told.
+    pub held: Option<Duration>,
 }
 
 /// A refusal that held every replica, as the shared store counted it (the
@@ -179,6 +182,7 @@ mod tests {
                         admitted: 0,
                         allowance: None,
                         refusal: None,
+                        held: None,
                     },
                 }
             });

@@ -64,12 +64,13 @@ const SHARE_EVERY: Duration = Duration::from_secs(5);
 /// than what is left over what remains of the period, and not at all once
 /// it is spent (R-FS2). Returns admitted (0/1), the wait (ms), the shared
 /// rate, throttle point (or ""), the hold left (ms), the units admitted so
-/// far, the allowance's period so far (ms, or "") and units spent, and the
-/// fleet's last refusal after a hold (see [`HOLD`]; "" if none).
+/// far, the allowance's period so far (ms, or "") and units spent, the
+/// fleet's last refusal after a hold (see [`HOLD`]; "" if none), and the
+/// last hold's length (ms, or "").
 pub const ADMIT: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
-local f = redis.call('HMGET', KEYS[1], 'tat', 'rate', 'hold', 'limit', 'admitted', 'rat', 'rafter', 'rsent')
+local f = redis.call('HMGET', KEYS[1], 'tat', 'rate', 'hold', 'limit', 'admitted', 'rat', 'rafter', 'rsent', 'hlen')
 local rate = tonumber(f[2])
 local rate_text = f[2]
 local limit = f[4] or ''
@@ -130,7 +131,7 @@ local refusal = ''
 if f[6] and f[7] and f[8] then
   refusal = f[6] .. ' ' .. tostring(now - tonumber(f[6])) .. ' ' .. f[7] .. ' ' .. f[8]
 end
-return {admitted, tostring(at - now), rate_text, limit, tostring(math.max(hold - now, 0)), count, aelapsed, tostring(aspent), refusal}
+return {admitted, tostring(at - now), rate_text, limit, tostring(math.max(hold - now, 0)), count, aelapsed, tostring(aspent), refusal, f[9] or ''}
 ";
 
 /// Cuts the shared rate, once per congestion epoch. ARGV: how long ago
@@ -184,7 +185,9 @@ return 1
 /// after the last hold's end it came, and how many units every replica was
 /// admitted in between, are kept for the token-bucket fit (R-SG5) as
 /// `rat` (its time), `rafter` (ms) and `rsent`; `held` is the count
-/// when a hold began (nothing is admitted during one).
+/// when a hold began (nothing is admitted during one), and `hlen` the
+/// last hold's length (ms): every replica knows the provider holds, and
+/// what a failed probe costs, whether or not it asked during a hold.
 pub const HOLD: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
@@ -200,7 +203,7 @@ if now >= last then
 end
 local hold = now + tonumber(ARGV[1])
 if hold > last then
-  redis.call('HSET', KEYS[1], 'hold', tostring(hold))
+  redis.call('HSET', KEYS[1], 'hold', tostring(hold), 'hlen', ARGV[1])
 end
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return 1
@@ -493,9 +496,11 @@ impl ProviderBudget {
             String,
             String,
             String,
+            String,
         );
         let reply: Option<Reply> = self.store.run(invocation, &self.provider).await;
-        let Some((admitted, wait, rate, limit, hold, count, aelapsed, aspent, refusal)) = reply
+        let Some((admitted, wait, rate, limit, hold, count, aelapsed, aspent, refusal, held)) =
+            reply
         else {
             self.set_mode(BudgetMode::Degraded);
             return None;
@@ -522,6 +527,7 @@ impl ProviderBudget {
                 _ => None,
             },
             refusal: fleet_refusal(&refusal),
+            held: Some(ms(&held)).filter(|h| !h.is_zero()),
         };
         self.set_mode(BudgetMode::Shared);
         let mut s = self.state();

@@ -29,6 +29,8 @@ pub(super) struct Evidence {
     pub(super) reason: BackoffReason,
     /// The rate the throttle met.
     pub(super) from: f64,
+    /// How long the rate had been in force.
+    pub(super) held_for: Duration,
     /// The rate the refused request was sent at, where a throttle told it
     /// (the rate may have changed since: a fleet's slow start raises it a
     /// window before the refusal comes back).
@@ -353,7 +355,14 @@ fn too_high(e: &Evidence, limit: f64) -> (f64, bool, bool) {
             .min(delivered)
             .min(fitted)
             .max(from * e.decrease);
-            let tight = fit.is_some_and(|(at, margin)| l == at && margin <= at * FIT_TIGHT);
+            // A fleet's rate refused once it had held a while: the
+            // bucket's burst spent over that long, throttling began
+            // within a hair of it (a fleet's windows are too coarse to
+            // tell more: settled under as one sluice's fit would be,
+            // not a twentieth under, where a rate a few hundredths over
+            // a small burst's refill is refused again and again).
+            let long = e.shared && held && l == from && e.held_for >= e.window * PROBE_AFTER;
+            let tight = long || fit.is_some_and(|(at, margin)| l == at && margin <= at * FIT_TIGHT);
             (l, tight, steady)
         }
     }
@@ -378,6 +387,10 @@ impl Aimd {
             reason,
             from,
             sent: sent_at.map_or(from, |at| self.rate_at(at)),
+            held_for: self
+                .changes
+                .back()
+                .map_or(Duration::MAX, |(at, _)| now.saturating_duration_since(*at)),
             decrease: self.decrease,
             limit: self.limit,
             probe: self.probe,
@@ -401,8 +414,12 @@ impl Aimd {
         }
         // Slow start's one refusal is a guess at the limit where it landed
         // under the rate met, or came before any window was measured (a
-        // cold start's first requests at once).
-        let guess = p.limit < from || self.delivered.is_none();
+        // cold start's first requests at once). A fleet's is placed at the
+        // rate met (see `place`): a guess only where no window was
+        // measured (its replicas' first requests at once; measured, a
+        // fleet held 5 req/s on a 20 req/s bucket for a minute). Another
+        // replica's cut confirms it (see `Aimd::fleet_refused`).
+        let guess = (p.limit < from && !self.shared) || self.delivered.is_none();
         self.unconfirmed =
             (self.limit.is_none() && !self.hold_cost.is_zero() && guess).then_some(from);
         self.steady = p.steady;
@@ -467,6 +484,7 @@ mod tests {
             reason,
             from,
             sent: from,
+            held_for: Duration::MAX,
             decrease: 0.7,
             limit,
             probe: None,
@@ -660,5 +678,47 @@ mod tests {
         assert!(a
             .on_throttle(later, later, BackoffReason::Throttled)
             .is_some());
+    }
+
+    /// R-DS1, R-SG5: a fleet's evidence. Slow start's refusal places the
+    /// limit at the rate the refused request was sent at, not at a raise
+    /// another replica made before the refusal came back. A refusal of
+    /// a rate the fleet held a while (the burst spent over that long) says
+    /// throttling began within a hair of it: settled under as closely as
+    /// one sluice's fit (measured: a fleet at 0.95 of a rate refused after
+    /// a recovery step sat a few hundredths over a burst-2 bucket's refill
+    /// and was refused again and again); refused soon after a step, as
+    /// before.
+    #[test]
+    fn a_fleets_refusals_are_placed_from_the_fleets_evidence() {
+        let fleet = |from: f64, limit: Option<f64>| Evidence {
+            shared: true,
+            holds: true,
+            ..evidence(BackoffReason::Throttled, from, limit)
+        };
+        let p = place(&Evidence {
+            sent: 25.0,
+            ..fleet(37.5, None)
+        });
+        assert_eq!((p.limit, p.to), (25.0, 25.0 * 0.7));
+        let long = place(&Evidence {
+            held_for: Duration::from_secs(30),
+            ..fleet(20.0, Some(21.0))
+        });
+        assert!(long.too_high && long.tight, "{long:?}");
+        assert_eq!(long.limit, 20.0);
+        let brief = place(&Evidence {
+            held_for: Duration::from_secs(2),
+            ..fleet(20.0, Some(21.0))
+        });
+        assert!(brief.too_high && !brief.tight, "{brief:?}");
+        // One sluice's long-held rate refused: as before (its own fit, not
+        // the fleet's coarse windows, says how close).
+        let one = place(&Evidence {
+            held_for: Duration::from_secs(30),
+            shared: false,
+            ..fleet(20.0, Some(21.0))
+        });
+        assert!(!one.tight, "{one:?}");
     }
 }

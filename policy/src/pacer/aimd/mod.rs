@@ -311,6 +311,10 @@ pub struct Aimd {
     descent: Descent,
     /// The fleet's last refusal read (see [`Aimd::on_fleet_refusal`]).
     fleet_refusal: Option<u64>,
+    /// Shared: this replica's last raise (from, to), until the store's
+    /// rate shows whether it was taken — a raise the store did not take
+    /// (another replica raised within the window) is no cut.
+    own_raise: Option<(f64, f64)>,
     /// The limit is a token bucket's refill rate fitted to within
     /// [`FIT_TIGHT`] of itself: known as closely as a sharp one's.
     fitted: bool,
@@ -395,6 +399,7 @@ impl Aimd {
             unconfirmed: None,
             descent: Descent::default(),
             fleet_refusal: None,
+            own_raise: None,
             fitted: false,
             shared: false,
             moved_from: None,
@@ -538,9 +543,40 @@ impl Aimd {
         }
         let rate = rate.clamp(self.floor, self.ceiling);
         self.shared = true;
+        // This replica's own raise, as the store took it or not.
+        if let Some((from, to)) = self.own_raise {
+            let same = |a: f64, b: f64| (a - b).abs() <= b * 1e-9;
+            if same(rate, to) || (rate >= from && rate < to) {
+                if !same(rate, to) {
+                    // Not taken (another replica raised within the window):
+                    // the fleet's rate stands, and a probe the raise began
+                    // did not begin.
+                    if self.probe.is_some_and(|p| p.windows <= 1) {
+                        self.probe = None;
+                    }
+                } else {
+                    self.own_raise = None;
+                }
+                self.set_rate(now, rate);
+                self.adopt_limit(limit);
+                return;
+            }
+            self.own_raise = None;
+        }
         // The same rate, as it came back through the store: nothing new.
         if (rate - self.rate).abs() > self.rate * 1e-9 {
-            if rate < self.rate {
+            if rate < self.rate && self.limit.is_none() && limit.is_some() {
+                // The fleet's slow start refused before a window was
+                // measured (its replicas' first requests at once): the
+                // limit is a guess, here as at the refused replica, and
+                // probed soon (measured: a fleet held 5 req/s on a 20 req/s
+                // bucket for half a minute).
+                if self.delivered.is_none() && !self.hold_cost.is_zero() {
+                    self.unconfirmed = Some(self.rate);
+                }
+                self.reset_plateau();
+                self.recover_to = None;
+            } else if rate < self.rate {
                 // Another replica's cut: the wait at the settle point
                 // starts over here too (a replica that had waited its
                 // share would probe again at the next window: measured,
@@ -553,6 +589,11 @@ impl Aimd {
                 // Another replica passed the dwell this one follows (or
                 // leads): passed here too, and the next one followed.
                 self.fleet_dwell_passed(now);
+            } else if let Some(probe) = self.probe.as_mut() {
+                // Another replica's step of the probe: it found a whole
+                // window clean at the rate before it, as this one would.
+                probe.proven = probe.proven.max(probe.clean_rate);
+                probe.clean_rate = probe.clean_rate.max(self.rate);
             } else if self.probe.is_none() && self.limit.is_some_and(|l| rate > l * SETTLE * 1.001)
             {
                 // Raised past the settle point: another replica is probing,
@@ -567,7 +608,20 @@ impl Aimd {
             }
             self.set_rate(now, rate);
         }
+        self.adopt_limit(limit);
+    }
+
+    /// The throttle point the shared budget holds, if any.
+    fn adopt_limit(&mut self, limit: Option<f64>) {
         if let Some(l) = limit.filter(|l| l.is_finite() && *l > 0.0) {
+            if self.limit.is_some_and(|old| (old - l).abs() > l * 1e-9) {
+                // Placed anew by another replica: slow start's guess is
+                // met, by the fleet — no replica judges the fleet's probes
+                // by a guess only it made (measured: the replica refused
+                // first judged a dwell it followed as its own clean
+                // windows, and moved the limit past the bucket's).
+                self.unconfirmed = None;
+            }
             if self.limit.is_none_or(|old| (old - l).abs() > l * 1e-9) {
                 // Another replica placed it: known as closely as a fit
                 // where this replica's fit of the fleet's refusals (the

@@ -603,6 +603,8 @@ mod tests {
                 saturate(a, t, 1);
                 windows += 1;
             }
+            // The store took the raise.
+            a.adopt(*t, a.rate(), a.limit());
             windows
         };
         let mut t = Instant::now();
@@ -661,6 +663,73 @@ mod tests {
         assert!(windows >= one_sluice - 1, "{windows}");
     }
 
+    /// R-DS1, R-AI1: a fleet's replicas' first requests at once, refused
+    /// before a window was measured: the limit the fleet's slow start
+    /// placed is a guess at every replica, as at the refused one, and is
+    /// probed soon — not after the wait at a known limit (measured: a fleet
+    /// held 5 req/s on a 20 req/s bucket for half a minute). Once another
+    /// replica places the limit anew, it is no guess.
+    #[test]
+    fn a_fleets_guess_at_a_cold_start_is_probed_soon() {
+        let mut t = Instant::now();
+        let mut a = Aimd::new(5.0, 0.1, 1000.0, 0.7, W);
+        a.adopt(t, 5.0, None);
+        a.on_hold(Duration::from_secs(1));
+        a.adopt(t, 3.5, Some(5.0));
+        let mut windows = 0;
+        while a.rate() <= 5.0 && windows < 100 {
+            saturate(&mut a, &mut t, 1);
+            a.adopt(t, a.rate(), a.limit());
+            windows += 1;
+        }
+        assert!(
+            f64::from(windows) < PROBE_HOLD_RATIO,
+            "probed after {windows} windows"
+        );
+        assert!(a.unconfirmed.is_some());
+        a.adopt(t, a.rate() * 0.9, Some(6.0));
+        assert!(a.unconfirmed.is_none(), "placed anew: no guess");
+    }
+
+    /// R-DS1: a replica's raise the store did not take (another replica
+    /// raised within the window) is no cut: the fleet's rate stands and
+    /// nothing is learned from it. Once the store showed the raise taken,
+    /// the same lower rate is another replica's cut (measured: a replica
+    /// read its own untaken recovery step as the fleet's refusal and
+    /// started its wait over, and the fleet's probes came late).
+    #[test]
+    fn a_raise_the_store_did_not_take_is_no_cut() {
+        let windows_to_probe = |a: &mut Aimd, t: &mut Instant| {
+            let mut windows = 0;
+            while a.rate() <= 19.0 + 1e-9 && windows < 1000 {
+                saturate(a, t, 1);
+                windows += 1;
+            }
+            windows
+        };
+        let mut t = Instant::now();
+        let mut a = Aimd::new(5.0, 0.1, 1000.0, 0.7, W);
+        a.restore(19.0, Some(20.0), None);
+        a.adopt(t, 19.0, Some(20.0));
+        a.on_shared_hold(t, Duration::from_secs(1));
+        let first = windows_to_probe(&mut a, &mut t);
+        assert!(f64::from(first) >= PROBE_HOLD_RATIO, "probed after {first}");
+        // Not taken: the fleet's rate stands, and the wait is not over
+        // again — the next window probes.
+        a.adopt(t, 19.0, Some(20.0));
+        assert_eq!(a.rate(), 19.0, "the fleet's rate stands");
+        let again = windows_to_probe(&mut a, &mut t);
+        assert_eq!(again, 1, "probed again after {again}");
+        // Taken, then another replica's cut: the wait starts over.
+        a.adopt(t, a.rate(), Some(20.0));
+        a.adopt(t, 19.0, Some(20.0));
+        let after_cut = windows_to_probe(&mut a, &mut t);
+        assert!(
+            f64::from(after_cut) >= PROBE_HOLD_RATIO,
+            "probed after {after_cut}"
+        );
+    }
+
     /// R-DS1, R-SG2: a replica learns the fleet's dwell as the replica the
     /// provider answered did. Another replica's raise past the dwell it
     /// follows passes it here too (the limit moves to the dwell's rate, the
@@ -676,6 +745,8 @@ mod tests {
                 saturate(a, t, 1);
                 windows += 1;
             }
+            // The store took the raise.
+            a.adopt(*t, a.rate(), a.limit());
             windows
         };
         let mut t = Instant::now();

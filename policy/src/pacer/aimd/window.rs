@@ -105,8 +105,13 @@ impl Aimd {
             LatencyVerdict::Draining => true,
             LatencyVerdict::Normal | LatencyVerdict::Unjudged => false,
         };
+        let before = self.rate;
+        let increased = clean && saturated && !draining && self.increase(admitted, now);
+        if increased && self.shared {
+            self.own_raise = Some((before, self.rate));
+        }
         Change {
-            increased: clean && saturated && !draining && self.increase(admitted, now),
+            increased,
             backoff: None,
         }
     }

@@ -26,6 +26,15 @@ impl PacerCore {
         if let Some(refusal) = view.refusal {
             self.aimd.on_fleet_refusal(now, refusal);
         }
+        // The hold first: a cut it came with is judged knowing the
+        // provider holds.
+        let hold = view.hold.filter(|h| !h.is_zero());
+        if let Some(hold) = hold {
+            self.aimd.on_shared_hold(now, hold);
+        }
+        if let Some(held) = view.held {
+            self.aimd.on_hold(held);
+        }
         self.aimd.adopt(now, view.rate, view.limit);
         // Every replica's admissions since this replica last asked: the
         // window's demand and delivery are the provider's, not this
@@ -39,9 +48,8 @@ impl PacerCore {
         if self.shared_count.is_none_or(|(p, _)| view.admitted != p) {
             self.shared_count = Some((view.admitted, now));
         }
-        if let Some(hold) = view.hold.filter(|h| !h.is_zero()) {
+        if let Some(hold) = hold {
             fb.hold_until = self.hold(now, now + hold);
-            self.aimd.on_shared_hold(now, hold);
         }
         // The allowance as every replica spent it (the readout, the store,
         // and this replica's pace should the store stop answering).
