@@ -6,22 +6,26 @@
 //! `{prefix}:{provider}` — the braces make the provider the key's hash
 //! tag, so a Redis Cluster keeps it in one slot — holding the GCRA
 //! theoretical arrival time, the shared rate, the throttle point, the
-//! `Retry-After` hold, the time of the last cut and of the last raise, and
-//! a count of admissions.
+//! `Retry-After` hold and its length, the time of the last cut and of the
+//! last raise, a count of admissions, and the fleet's last refusal after
+//! a hold (for the token-bucket fit, R-SG5).
 //!
 //! Four Lua scripts, loaded once and run by SHA (`EVALSHA`, reloaded by the
 //! client on `NOSCRIPT`), change it atomically, on the Redis server's clock
 //! (`TIME`), so replica clocks do not matter:
 //! - [`ADMIT`]: the next slot is taken if it is due (a hold counts as not
 //!   due), else its distance is returned and the replica sleeps and asks
-//!   again. Every answer carries the shared rate, throttle point and hold.
+//!   again. Every answer carries the shared rate, throttle point, hold,
+//!   the hold's length and the fleet's last refusal.
 //! - [`CUT`]: a throttle cuts the shared rate once per congestion epoch: a
 //!   request sent before the last shared cut cuts nothing, so eight
 //!   replicas meeting one overshoot cut once.
 //! - [`RAISE`]: a replica whose demand saturated the shared pace proposes
 //!   the rate it grew to; at most one raise per increase window (and none
 //!   within a window of a cut) is applied.
-//! - [`HOLD`]: one replica's `Retry-After` holds every replica.
+//! - [`HOLD`]: one replica's `Retry-After` holds every replica; a hold
+//!   that begins once the last is over records the refusal that brought
+//!   it (how long after the last hold's end, and the admissions between).
 //!
 //! Every call is bounded by `call_timeout`. A call that fails or times out
 //! puts the replica on its own — it paces at `rate / replicas` from the
