@@ -596,23 +596,12 @@ mod tests {
     /// refused every 3 s from its second minute).
     #[test]
     fn a_replica_waits_out_the_fleets_holds_and_cuts() {
-        let windows_to_probe = |a: &mut Aimd, t: &mut Instant| {
-            let settle = a.rate();
-            let mut windows = 0;
-            while a.rate() <= settle + 1e-9 && windows < 1000 {
-                saturate(a, t, 1);
-                windows += 1;
-            }
-            // The store took the raise.
-            a.adopt(*t, a.rate(), a.limit());
-            windows
-        };
         let mut t = Instant::now();
         let mut a = Aimd::new(5.0, 0.1, 1000.0, 0.7, W);
         a.restore(19.0, Some(20.0), None);
         a.adopt(t, 19.0, Some(20.0));
         a.on_shared_hold(t, Duration::from_secs(1));
-        let first = windows_to_probe(&mut a, &mut t);
+        let first = replica_windows_to_probe(&mut a, &mut t, true);
         assert!(f64::from(first) >= PROBE_HOLD_RATIO, "probed after {first}");
         assert!(
             (a.rate() - 19.0 * PROBE_DWELL).abs() < 1e-9,
@@ -622,7 +611,7 @@ mod tests {
         // Another replica's refusal: the shared rate back to the settle
         // point, and the wait starts over.
         a.adopt(t, 19.0, Some(20.0));
-        let second = windows_to_probe(&mut a, &mut t);
+        let second = replica_windows_to_probe(&mut a, &mut t, true);
         assert!(
             f64::from(second) >= PROBE_HOLD_RATIO,
             "probed again after {second}"
@@ -699,31 +688,23 @@ mod tests {
     /// started its wait over, and the fleet's probes came late).
     #[test]
     fn a_raise_the_store_did_not_take_is_no_cut() {
-        let windows_to_probe = |a: &mut Aimd, t: &mut Instant| {
-            let mut windows = 0;
-            while a.rate() <= 19.0 + 1e-9 && windows < 1000 {
-                saturate(a, t, 1);
-                windows += 1;
-            }
-            windows
-        };
         let mut t = Instant::now();
         let mut a = Aimd::new(5.0, 0.1, 1000.0, 0.7, W);
         a.restore(19.0, Some(20.0), None);
         a.adopt(t, 19.0, Some(20.0));
         a.on_shared_hold(t, Duration::from_secs(1));
-        let first = windows_to_probe(&mut a, &mut t);
+        let first = replica_windows_to_probe(&mut a, &mut t, false);
         assert!(f64::from(first) >= PROBE_HOLD_RATIO, "probed after {first}");
         // Not taken: the fleet's rate stands, and the wait is not over
         // again — the next window probes.
         a.adopt(t, 19.0, Some(20.0));
         assert_eq!(a.rate(), 19.0, "the fleet's rate stands");
-        let again = windows_to_probe(&mut a, &mut t);
+        let again = replica_windows_to_probe(&mut a, &mut t, false);
         assert_eq!(again, 1, "probed again after {again}");
         // Taken, then another replica's cut: the wait starts over.
         a.adopt(t, a.rate(), Some(20.0));
         a.adopt(t, 19.0, Some(20.0));
-        let after_cut = windows_to_probe(&mut a, &mut t);
+        let after_cut = replica_windows_to_probe(&mut a, &mut t, false);
         assert!(
             f64::from(after_cut) >= PROBE_HOLD_RATIO,
             "probed after {after_cut}"
@@ -738,17 +719,6 @@ mod tests {
     /// probe would come at the least patient replica's time.
     #[test]
     fn a_replica_learns_the_fleets_dwells() {
-        let windows_to_probe = |a: &mut Aimd, t: &mut Instant| {
-            let settle = a.rate();
-            let mut windows = 0;
-            while a.rate() <= settle + 1e-9 && windows < 1000 {
-                saturate(a, t, 1);
-                windows += 1;
-            }
-            // The store took the raise.
-            a.adopt(*t, a.rate(), a.limit());
-            windows
-        };
         let mut t = Instant::now();
         let mut a = Aimd::new(5.0, 0.1, 1000.0, 0.7, W);
         a.restore(19.0, Some(20.0), None);
@@ -766,7 +736,7 @@ mod tests {
         // the dwell that passed, and the probe's wait starts over as it
         // would have where the refusal came.
         a.adopt(t, dwell * SETTLE_SHARP, Some(dwell));
-        let after_passed = windows_to_probe(&mut a, &mut t);
+        let after_passed = replica_windows_to_probe(&mut a, &mut t, true);
         assert!(
             f64::from(after_passed) >= PROBE_HOLD_RATIO,
             "probed after {after_passed}"
@@ -775,10 +745,10 @@ mod tests {
         // waits twice as long.
         let settle = a.rate();
         a.adopt(t, settle * 0.98, Some(a.limit().unwrap()));
-        let unrefused = windows_to_probe(&mut a, &mut t);
+        let unrefused = replica_windows_to_probe(&mut a, &mut t, true);
         let settle = a.rate() / PROBE_DWELL;
         a.adopt(t, settle, a.limit());
-        let refused = windows_to_probe(&mut a, &mut t);
+        let refused = replica_windows_to_probe(&mut a, &mut t, true);
         assert!(
             f64::from(refused) >= 2.0 * PROBE_HOLD_RATIO,
             "after the fleet's refused dwell, probed after {refused} (before: {unrefused})"

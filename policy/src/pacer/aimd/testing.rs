@@ -33,6 +33,22 @@ pub(super) fn saturate(a: &mut Aimd, t: &mut Instant, secs: u32) {
     run(a, t, secs, 0);
 }
 
+/// A replica sharing a budget: saturated windows until it raises its rate
+/// past where it stands (at most 1,000), and how many it took; with
+/// `taken`, the store then shows the raise taken, as it would.
+pub(super) fn replica_windows_to_probe(a: &mut Aimd, t: &mut Instant, taken: bool) -> u32 {
+    let settle = a.rate();
+    let mut windows = 0;
+    while a.rate() <= settle + 1e-9 && windows < 1000 {
+        saturate(a, t, 1);
+        windows += 1;
+    }
+    if taken {
+        a.adopt(*t, a.rate(), a.limit());
+    }
+    windows
+}
+
 /// Sends at the rate for `ms` milliseconds, each answer given by
 /// `answer`.
 pub(super) fn fail_for(
