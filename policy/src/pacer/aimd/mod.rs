@@ -259,6 +259,8 @@ pub struct Aimd {
     plateau: u32,
     /// Requests admitted during those windows.
     plateau_admitted: u64,
+    /// When the first of those windows began.
+    plateau_since: Option<Instant>,
     /// A probe in progress.
     probe: Option<Probe>,
     /// A rate to return to at the next clean window (a cut undone).
@@ -382,6 +384,7 @@ impl Aimd {
             delivered: None,
             plateau: 0,
             plateau_admitted: 0,
+            plateau_since: None,
             probe: None,
             recover_to: None,
             last_decrease: None,
