@@ -77,7 +77,11 @@
 //! and may lie well under the rate met: that probe comes as soon as the
 //! gap makes it pay ([`PROBE_GAP_COST`]) and is judged by the rate it went
 //! clean at, the limit it finds settled under as closely as a fit's. A
-//! fleet's first refusal places its limit at the rate met. Only one cut
+//! fleet's first refusal places its limit at the rate its refused request
+//! was sent at; every replica learns what the fleet's refusals and dwells
+//! found as the replica the provider answered did (see [`Aimd::adopt`]),
+//! and fits the bucket from the fleet's refusals as the shared store
+//! counted them ([`Aimd::on_fleet_refusal`]). Only one cut
 //! is made per congestion epoch: answers to requests sent before the
 //! last cut say nothing new (as TCP's fast recovery ignores losses from the
 //! old window).
