@@ -112,7 +112,7 @@ impl Aimd {
     }
 
     /// The fleet's last refusal after a hold, as the shared store counted
-    /// it (R-DS1, R-SG5): a point of the [`Descent`], on the same terms as
+    /// it (R-DS1, R-SG5): a point of the token-bucket fit, on the same terms as
     /// one sluice's — a limit known, and the rate steady since the hold's
     /// end. Every replica reads the same points, so every replica's fit
     /// says what the refused replica's did.
