@@ -121,10 +121,7 @@ impl Aimd {
             return;
         }
         self.fleet_refusal = Some(refusal.id);
-        let (Some(at), true) = (
-            now.checked_sub(refusal.ago),
-            refusal.after < DESCENT_MAX_AGE,
-        ) else {
+        let Some(at) = now.checked_sub(refusal.ago) else {
             return;
         };
         let Some(start) = at.checked_sub(refusal.after) else {
@@ -134,7 +131,8 @@ impl Aimd {
         let known = self.changes.len() < CHANGES_KEPT
             || self.changes.front().is_some_and(|(t, _)| *t <= start);
         let steady = !self.changes.iter().any(|(t, _)| *t > start && *t < at);
-        if self.hold_cost.is_zero() || self.limit.is_none() || !known || !steady {
+        let old = refusal.after >= DESCENT_MAX_AGE;
+        if self.hold_cost.is_zero() || self.limit.is_none() || !known || !steady || old {
             return;
         }
         self.descent

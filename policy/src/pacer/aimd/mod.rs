@@ -355,6 +355,11 @@ pub struct Aimd {
     probe_backoff: u32,
 }
 
+/// Two rates the same but for rounding (one come back through the store).
+fn same_rate(a: f64, b: f64) -> bool {
+    (a - b).abs() <= b * 1e-9
+}
+
 /// The longest a cut's echo is waited out (see `Aimd::fresh_pushback`).
 const ECHO_MAX: Duration = Duration::from_secs(2);
 
@@ -552,9 +557,8 @@ impl Aimd {
         self.shared = true;
         // This replica's own raise, as the store took it or not.
         if let Some((from, to)) = self.own_raise {
-            let same = |a: f64, b: f64| (a - b).abs() <= b * 1e-9;
-            if same(rate, to) || (rate >= from && rate < to) {
-                if !same(rate, to) {
+            if same_rate(rate, to) || (rate >= from && rate < to) {
+                if !same_rate(rate, to) {
                     // Not taken (another replica raised within the window):
                     // the fleet's rate stands, and a probe the raise began
                     // did not begin.
@@ -571,7 +575,7 @@ impl Aimd {
             self.own_raise = None;
         }
         // The same rate, as it came back through the store: nothing new.
-        if (rate - self.rate).abs() > self.rate * 1e-9 {
+        if !same_rate(rate, self.rate) {
             if rate < self.rate && self.limit.is_none() && limit.is_some() {
                 // The fleet's slow start refused before a window was
                 // measured (its replicas' first requests at once): the
@@ -599,8 +603,7 @@ impl Aimd {
             } else if let Some(probe) = self.probe.as_mut() {
                 // Another replica's step of the probe: it found a whole
                 // window clean at the rate before it, as this one would.
-                probe.proven = probe.proven.max(probe.clean_rate);
-                probe.clean_rate = probe.clean_rate.max(self.rate);
+                probe.window_clean(self.rate);
             } else if self.probe.is_none() && self.limit.is_some_and(|l| rate > l * SETTLE * 1.001)
             {
                 // Raised past the settle point: another replica is probing,
@@ -621,15 +624,15 @@ impl Aimd {
     /// The throttle point the shared budget holds, if any.
     fn adopt_limit(&mut self, limit: Option<f64>) {
         if let Some(l) = limit.filter(|l| l.is_finite() && *l > 0.0) {
-            if self.limit.is_some_and(|old| (old - l).abs() > l * 1e-9) {
-                // Placed anew by another replica: slow start's guess is
-                // met, by the fleet — no replica judges the fleet's probes
-                // by a guess only it made (measured: the replica refused
-                // first judged a dwell it followed as its own clean
-                // windows, and moved the limit past the bucket's).
-                self.unconfirmed = None;
-            }
-            if self.limit.is_none_or(|old| (old - l).abs() > l * 1e-9) {
+            if self.limit.is_none_or(|old| !same_rate(old, l)) {
+                if self.limit.is_some() {
+                    // Placed anew by another replica: slow start's guess is
+                    // met, by the fleet — no replica judges the fleet's
+                    // probes by a guess only it made (measured: the replica
+                    // refused first judged a dwell it followed as its own
+                    // clean windows, and moved the limit past the bucket's).
+                    self.unconfirmed = None;
+                }
                 // Another replica placed it: known as closely as a fit
                 // where this replica's fit of the fleet's refusals (the
                 // same points) says as much.

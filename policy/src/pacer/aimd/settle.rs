@@ -135,6 +135,23 @@ impl Probe {
         }
     }
 
+    /// A whole window went clean at `rate`: the rate before it is proven.
+    pub(super) fn window_clean(&mut self, rate: f64) {
+        self.proven = self.proven.max(self.clean_rate);
+        self.clean_rate = self.clean_rate.max(rate);
+    }
+
+    /// The dwell at `rate` passed: the next dwell begins at `now` and
+    /// lasts `left` windows. Returns how many dwells passed before this
+    /// one (the next step doubles with each, up to 2^16).
+    pub(super) fn pass_dwell(&mut self, rate: f64, now: Instant, left: u32) -> u32 {
+        self.dwelt = Some(rate);
+        let k = self.windows.min(16);
+        self.windows += 1;
+        self.dwell = Some(Dwell { left, since: now });
+        k
+    }
+
     /// What the probe found clean, judged by a throttle for `reason`.
     pub(super) fn clean(&self, reason: BackoffReason) -> f64 {
         if reason.ambiguous() {
@@ -177,21 +194,14 @@ impl Aimd {
                         // The burst would be spent by now: the limit moved
                         // at least this far. Dwell again a step further,
                         // the step doubling with each dwell passed.
-                        probe.dwelt = Some(self.rate);
-                        let k = probe.windows.min(16);
-                        probe.windows += 1;
-                        *dwell = Dwell {
-                            left: dwell_windows,
-                            since: now,
-                        };
+                        let k = probe.pass_dwell(self.rate, now, dwell_windows);
                         self.dwell_passed(limit, now);
                         let step = (PROBE_DWELL - 1.0) * f64::from(1u32 << k);
                         let next = self.rate * (1.0 + step);
                         self.set_rate(now, next.min(self.ceiling).max(self.rate));
                         return self.rate > before;
                     }
-                    probe.proven = probe.proven.max(probe.clean_rate);
-                    probe.clean_rate = probe.clean_rate.max(self.rate);
+                    probe.window_clean(self.rate);
                     let k = probe.windows.min(16);
                     probe.windows += 1;
                     self.rate + limit * PROBE_STEP * f64::from(1u32 << k)
@@ -294,12 +304,7 @@ impl Aimd {
         };
         let dwell_windows = self.dwell_windows;
         if let Some(probe) = self.probe.as_mut() {
-            probe.dwelt = Some(self.rate);
-            probe.windows += 1;
-            probe.dwell = Some(Dwell {
-                left: dwell_windows + 1,
-                since: now,
-            });
+            probe.pass_dwell(self.rate, now, dwell_windows + 1);
         }
         self.dwell_passed(limit, now);
     }
