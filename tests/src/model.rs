@@ -547,13 +547,16 @@ impl SharedMemory {
         })
     }
 
-    /// `replicas` sluice pacers sharing one budget.
-    pub fn fleet(replicas: u32, settings: &ProviderSettings) -> Vec<Arc<Sluice>> {
+    /// `replicas` sluice pacers sharing one budget, their wake-ups for a
+    /// shared slot spread by a generator seeded from `seed`.
+    pub fn fleet(replicas: u32, settings: &ProviderSettings, seed: u64) -> Vec<Arc<Sluice>> {
         let budget = SharedMemory::new(replicas);
         (0..replicas)
-            .map(|_| {
+            .map(|i| {
                 let s = Sluice::new(settings);
                 s.0.set_budget(Some(budget.clone() as Arc<dyn SharedBudget>));
+                // Seeded: the fleet's wake-ups spread the same on every run.
+                s.0.seed_spread(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ u64::from(i) << 40);
                 s
             })
             .collect()

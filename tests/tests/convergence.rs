@@ -260,31 +260,36 @@ fn a_retry_after_bucket_is_read_from_its_holds() {
 #[test]
 fn a_fleet_sharing_a_budget_paces_like_one() {
     use sluice_tests::model::{run_fleet, SharedMemory};
+    // Several seeds: a fleet's figures hang on which replica's wake-up
+    // takes a slot (seeded, see `SharedMemory::fleet`), and one seed
+    // proved little — unseeded, one run in 12 fell to 94 %.
     for clients in [8, 16] {
-        let s = Scenario {
-            behaviour: Behaviour::Named {
-                secs: 1,
-                burst: None,
-            },
-            phases: vec![20.0],
-            phase: Duration::from_secs(60),
-            clients,
-            seed: 1,
-            jitter: true,
-        };
-        let (p, start) = paused_runtime().block_on(async {
-            run_fleet(
-                &SharedMemory::fleet(8, &ProviderSettings::with_ceiling(80.0)),
-                &s,
-            )
-            .await
-        });
-        let at = |secs: u64| start + Duration::from_secs(secs);
-        check(
-            &format!("8 replicas, {clients} clients"),
-            &p.figures(at(30), at(60), 20.0),
-            0.95,
-            0.005,
-        );
+        for seed in 1..=4 {
+            let s = Scenario {
+                behaviour: Behaviour::Named {
+                    secs: 1,
+                    burst: None,
+                },
+                phases: vec![20.0],
+                phase: Duration::from_secs(60),
+                clients,
+                seed,
+                jitter: true,
+            };
+            let (p, start) = paused_runtime().block_on(async {
+                run_fleet(
+                    &SharedMemory::fleet(8, &ProviderSettings::with_ceiling(80.0), s.seed),
+                    &s,
+                )
+                .await
+            });
+            let at = |secs: u64| start + Duration::from_secs(secs);
+            check(
+                &format!("8 replicas, {clients} clients, seed {seed}"),
+                &p.figures(at(30), at(60), 20.0),
+                0.95,
+                0.005,
+            );
+        }
     }
 }

@@ -27,12 +27,13 @@ pub mod shared;
 pub mod signals;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use std::time::Duration;
 
-use rand::RngExt;
+use rand::rngs::SmallRng;
+use rand::{RngExt, SeedableRng};
 use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
 
@@ -83,6 +84,10 @@ pub struct PacerShared {
     /// The budget shared with other replicas, when the provider's is
     /// (R-DS1).
     budget: Mutex<Option<Arc<dyn SharedBudget>>>,
+    /// Where the spread of shared wake-ups comes from: the operating
+    /// system's generator (0), or a counter each draw seeds from, for a
+    /// repeatable run ([`PacerShared::seed_spread`]).
+    spread_seed: AtomicU64,
 }
 
 impl PacerShared {
@@ -101,7 +106,24 @@ impl PacerShared {
             turn: tokio::sync::Mutex::new(()),
             turn_waiting: AtomicUsize::new(0),
             budget: Mutex::new(None),
+            spread_seed: AtomicU64::new(0),
         })
+    }
+
+    /// Draws the spread of this replica's shared wake-ups from `seed` on,
+    /// not from the operating system: a simulated fleet then gives the
+    /// same figures on every run.
+    pub fn seed_spread(&self, seed: u64) {
+        self.spread_seed.store(seed.max(1), Ordering::Relaxed);
+    }
+
+    /// A share in `[0, 1)` of [`SHARED_SPREAD`].
+    fn spread_share(&self) -> f64 {
+        if self.spread_seed.load(Ordering::Relaxed) == 0 {
+            return rand::rng().random_range(0.0..1.0);
+        }
+        let seed = self.spread_seed.fetch_add(1, Ordering::Relaxed);
+        SmallRng::seed_from_u64(seed).random_range(0.0..1.0)
     }
 
     /// Feeds back an attempt's outcome (see [`PacerCore::on_outcome`]),
@@ -368,7 +390,7 @@ impl PacerShared {
             // Replicas told of the same slot wake a little apart, so the
             // slot goes to a random one of them, not always the same (the
             // store forgives a late sender `SHARED_SLACK`).
-            let spread = SHARED_SPREAD.mul_f64(rand::rng().random_range(0.0..1.0));
+            let spread = SHARED_SPREAD.mul_f64(self.spread_share());
             tokio::time::sleep(answer.wait + spread).await;
         }
     }

@@ -87,7 +87,7 @@ fn play_fleet(who: usize, s: &Scenario, ceiling: f64, replicas: u32) -> (Provide
     }
     match who {
         0 => go(
-            || SharedMemory::fleet(replicas, &ProviderSettings::with_ceiling(ceiling)),
+            || SharedMemory::fleet(replicas, &ProviderSettings::with_ceiling(ceiling), s.seed),
             s,
         ),
         1 => go(|| (0..replicas).map(|_| Aws::new()).collect(), s),
@@ -410,7 +410,7 @@ fn trace(args: &[String]) {
         .unwrap_or(1);
     paused_runtime().block_on(async {
         let gates = if replicas > 1 {
-            SharedMemory::fleet(replicas, &ProviderSettings::with_ceiling(ceiling))
+            SharedMemory::fleet(replicas, &ProviderSettings::with_ceiling(ceiling), s.seed)
         } else {
             vec![Sluice::new(&ProviderSettings::with_ceiling(ceiling))]
         };

@@ -361,7 +361,12 @@ fn too_high(e: &Evidence, limit: f64) -> (f64, bool, bool) {
             // tell more: settled under as one sluice's fit would be,
             // not a twentieth under, where a rate a few hundredths over
             // a small burst's refill is refused again and again).
-            let long = e.shared && held && l == from && e.held_for >= e.window * PROBE_AFTER;
+            // Where the fit put it under that rate, the fit is the
+            // closer of the two, and as tight.
+            let long = e.shared
+                && held
+                && (l == from || fit.is_some_and(|(at, _)| l == at))
+                && e.held_for >= e.window * PROBE_AFTER;
             let tight = long || fit.is_some_and(|(at, margin)| l == at && margin <= at * FIT_TIGHT);
             (l, tight, steady)
         }
@@ -687,8 +692,8 @@ mod tests {
     /// throttling began within a hair of it: settled under as closely as
     /// one sluice's fit (measured: a fleet at 0.95 of a rate refused after
     /// a recovery step sat a few hundredths over a burst-2 bucket's refill
-    /// and was refused again and again); refused soon after a step, as
-    /// before.
+    /// and was refused again and again), or as closely under the fleet's
+    /// fit where that is lower; refused soon after a step, as before.
     #[test]
     fn a_fleets_refusals_are_placed_from_the_fleets_evidence() {
         let fleet = |from: f64, limit: Option<f64>| Evidence {
@@ -707,6 +712,22 @@ mod tests {
         });
         assert!(long.too_high && long.tight, "{long:?}");
         assert_eq!(long.limit, 20.0);
+        // The fleet's refusals fitted under that rate, loosely: the limit
+        // goes to the fit, as tight (settled at 0.95 of a fit 1.3 % over
+        // a 20 req/s bucket, a fleet fell to 0.94 of it over 30–60 s).
+        let fitted = place(&Evidence {
+            held_for: Duration::from_secs(30),
+            fit: Some((19.5, 0.5)),
+            ..fleet(20.0, Some(21.0))
+        });
+        assert!(fitted.too_high && fitted.tight, "{fitted:?}");
+        assert_eq!(fitted.limit, 19.5);
+        let fitted_brief = place(&Evidence {
+            held_for: Duration::from_secs(2),
+            fit: Some((19.5, 0.5)),
+            ..fleet(20.0, Some(21.0))
+        });
+        assert!(!fitted_brief.tight, "{fitted_brief:?}");
         let brief = place(&Evidence {
             held_for: Duration::from_secs(2),
             ..fleet(20.0, Some(21.0))
