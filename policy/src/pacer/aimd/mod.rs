@@ -81,7 +81,9 @@
 //! was sent at; every replica learns what the fleet's refusals and dwells
 //! found as the replica the provider answered did (see [`Aimd::adopt`]),
 //! and fits the bucket from the fleet's refusals as the shared store
-//! counted them ([`Aimd::on_fleet_refusal`]). Only one cut
+//! counted them ([`Aimd::on_fleet_refusal`]); a rate the fleet held a
+//! while, then had refused, is known as closely as a fit, and the wait
+//! before a probe counts the fleet's admissions. Only one cut
 //! is made per congestion epoch: answers to requests sent before the
 //! last cut say nothing new (as TCP's fast recovery ignores losses from the
 //! old window).

@@ -627,6 +627,68 @@ mod tests {
         );
     }
 
+    /// R-DS1, R-SG2: the wait before a fleet's probe counts the fleet's
+    /// admissions, as one sluice counts its own: a replica taking an
+    /// eighth of a slow provider's slots probes when one sluice would, not
+    /// after eight times [`PROBE_AFTER_ADMITTED`] of its own (measured: a
+    /// limit raised a tenth went unfound for a minute).
+    #[test]
+    fn a_fleets_probe_waits_for_the_fleets_admissions() {
+        let mut t = Instant::now();
+        let mut a = Aimd::new(5.0, 0.1, 1000.0, 0.7, W);
+        a.restore(9.5, Some(10.0), None);
+        a.adopt(t, 9.5, Some(10.0));
+        let mut windows = 0u64;
+        while a.rate() <= 9.5 + 1e-9 && windows < 1000 {
+            // Ten slots a second, every replica's; one in eight is here.
+            for j in 0..10u32 {
+                let at = t + W * j / 10;
+                a.on_shared_admitted(at, 1, Some(W / 10));
+                if j % 8 == 0 {
+                    a.on_admitted_here();
+                    a.on_clean(at, at, Some(Duration::from_millis(40)));
+                }
+            }
+            t += W;
+            a.on_clean(t, t, Some(Duration::from_millis(40)));
+            windows += 1;
+        }
+        let one_sluice = PROBE_AFTER_ADMITTED / 10 + 1;
+        assert!(
+            windows <= one_sluice + 1,
+            "probed after {windows} windows (one sluice: {one_sluice})"
+        );
+        assert!(windows >= one_sluice - 1, "{windows}");
+    }
+
+    /// R-DS1, R-AI1: a fleet's replicas' first requests at once, refused
+    /// before a window was measured: the limit the fleet's slow start
+    /// placed is a guess at every replica, as at the refused one, and is
+    /// probed soon — not after the wait at a known limit (measured: a fleet
+    /// held 5 req/s on a 20 req/s bucket for half a minute). Once another
+    /// replica places the limit anew, it is no guess.
+    #[test]
+    fn a_fleets_guess_at_a_cold_start_is_probed_soon() {
+        let mut t = Instant::now();
+        let mut a = Aimd::new(5.0, 0.1, 1000.0, 0.7, W);
+        a.adopt(t, 5.0, None);
+        a.on_hold(Duration::from_secs(1));
+        a.adopt(t, 3.5, Some(5.0));
+        let mut windows = 0;
+        while a.rate() <= 5.0 && windows < 100 {
+            saturate(&mut a, &mut t, 1);
+            a.adopt(t, a.rate(), a.limit());
+            windows += 1;
+        }
+        assert!(
+            f64::from(windows) < PROBE_HOLD_RATIO,
+            "probed after {windows} windows"
+        );
+        assert!(a.unconfirmed.is_some());
+        a.adopt(t, a.rate() * 0.9, Some(6.0));
+        assert!(a.unconfirmed.is_none(), "placed anew: no guess");
+    }
+
     /// R-DS1, R-SG2: the wait at the settle point is measured in time: a
     /// replica of a fleet whose windows close on its own few answers (here
     /// every 2 s) probes [`PROBE_HOLD_RATIO`] holds after the fleet's last

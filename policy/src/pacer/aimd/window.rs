@@ -66,14 +66,13 @@ impl Aimd {
         let saturated =
             self.window_pressed || f64::from(self.window_admitted) >= SATURATION * self.rate * secs;
         let clean = !self.window_cut && !self.errors.window_spoiled();
-        // The wait before a probe counts this replica's own admissions.
-        // Shared, a failed probe holds every replica (the hold is shared)
-        // and costs the whole fleet a `Retry-After`: the replicas probe
-        // together as rarely as each would alone. (Counting the fleet's
-        // admissions found a limit raised a tenth within 30 s, but put the
-        // probe's hold inside every half minute: a fleet settled 0.95 under
-        // a limit it cannot fit fell to 0.94 of it.)
-        let admitted = self.window_here;
+        // The wait before a probe counts the provider's admissions: every
+        // replica's, when the budget is shared (a failed probe costs the
+        // whole fleet one `Retry-After`, as it costs one sluice). Counting
+        // each replica's own, a fleet of 8 found a limit raised a tenth
+        // not in a minute; the fleet's, in 10–28 s, now that a fleet
+        // refused after a long hold settles as closely as one sluice.
+        let admitted = self.window_admitted;
         // A window of a few answers is too coarse a measure of delivery.
         self.delivered = if self.window_answers > 0 && !self.window_span.is_zero() {
             // Shared: every replica's admissions over the time they were
