@@ -19,9 +19,11 @@
 //! only within the owner's ceiling, and keeps learning from what the
 //! provider does (a provider may advertise more than it allows).
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use http::HeaderMap;
+
+use crate::classify::formats;
 
 /// The longest window or reset believed (a day, like `Retry-After`).
 pub const MAX_BELIEVED: Duration = crate::classify::retry_after::MAX_BELIEVED;
@@ -126,13 +128,13 @@ fn present(headers: &HeaderMap, names: &[&str]) -> bool {
     names.iter().any(|n| headers.contains_key(*n))
 }
 
+/// A count: whole, or a float (`996.0`, Reddit) rounded down (R-PD4).
 fn count(v: &str) -> Option<u64> {
-    let v = v.trim();
-    (!v.is_empty() && v.bytes().all(|b| b.is_ascii_digit())).then(|| v.parse().ok())?
+    formats::count(v)
 }
 
 fn seconds(v: &str) -> Option<Duration> {
-    count(v).map(|s| Duration::from_secs(s).min(MAX_BELIEVED))
+    formats::delta_seconds(v)
 }
 
 /// One parameter (`q=100`) of a structured-field item or a `k=v` list.
@@ -293,41 +295,16 @@ fn x_ratelimit(headers: &HeaderMap, now_wall: SystemTime) -> Result<Option<Adver
     }
 }
 
-/// `X-RateLimit-Reset`: delta seconds, or a Unix time (seconds, possibly
-/// with a fraction). Values above 10⁹ are Unix times (2001 on): no window
-/// is 30 years long.
+/// `X-RateLimit-Reset`: delta seconds or a Unix time (seconds, possibly
+/// with a fraction; values above 10⁹ are Unix times, 2001 on: no window is
+/// 30 years long), a Go duration, an RFC 3339 or ISO 8601 time (Jira) or
+/// an HTTP date (R-PD4).
 fn reset_value(v: &str, now_wall: SystemTime) -> Option<Duration> {
-    let secs: f64 = v
-        .trim()
-        .parse()
-        .ok()
-        .filter(|s: &f64| s.is_finite() && *s >= 0.0)?;
-    if secs >= 1e9 {
-        let at = Duration::try_from_secs_f64(secs)
-            .ok()
-            .and_then(|d| UNIX_EPOCH.checked_add(d));
-        return Some(match at {
-            Some(at) => at
-                .duration_since(now_wall)
-                .unwrap_or(Duration::ZERO)
-                .min(MAX_BELIEVED),
-            // Beyond what a clock can hold (it used to panic: found by
-            // fuzzing): as far off as anything is believed.
-            None => MAX_BELIEVED,
-        });
-    }
-    Some(Duration::from_secs_f64(secs).min(MAX_BELIEVED))
+    formats::reset(v, now_wall)
 }
 
 fn fractional_seconds(v: &str) -> Option<Duration> {
-    let secs: f64 = v
-        .trim()
-        .parse()
-        .ok()
-        .filter(|s: &f64| s.is_finite() && *s >= 0.0)?;
-    Some(Duration::from_secs_f64(
-        secs.min(MAX_BELIEVED.as_secs_f64()),
-    ))
+    formats::delta_seconds(v)
 }
 
 #[cfg(test)]
@@ -346,7 +323,7 @@ mod tests {
     }
 
     fn now() -> SystemTime {
-        UNIX_EPOCH + Duration::from_secs(1_800_000_000)
+        std::time::UNIX_EPOCH + Duration::from_secs(1_800_000_000)
     }
 
     fn parse(pairs: &[(&str, &str)]) -> Result<Option<Advertised>, Malformed> {
@@ -452,6 +429,40 @@ mod tests {
         .unwrap()
         .unwrap();
         assert_eq!(a.reset, Duration::ZERO);
+    }
+
+    /// R-PD4: Reddit's float remaining (`996.0`, reset in seconds), Jira's
+    /// ISO 8601 reset time and a Go-duration reset are read, not refused
+    /// as malformed.
+    #[test]
+    fn floats_and_every_reset_format_are_read() {
+        let reddit = parse(&[
+            ("x-ratelimit-used", "4"),
+            ("x-ratelimit-remaining", "996.0"),
+            ("x-ratelimit-reset", "432"),
+        ])
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            (reddit.remaining, reddit.reset),
+            (996, Duration::from_secs(432))
+        );
+        // 1_800_000_000 is 2027-01-15T08:00:00Z.
+        let jira = parse(&[
+            ("X-RateLimit-Limit", "100"),
+            ("X-RateLimit-Remaining", "0"),
+            ("X-RateLimit-Reset", "2027-01-15T08:01Z"),
+        ])
+        .unwrap()
+        .unwrap();
+        assert_eq!(jira.reset, Duration::from_secs(60));
+        let go = parse(&[
+            ("X-RateLimit-Remaining", "3"),
+            ("X-RateLimit-Reset", "1m30s"),
+        ])
+        .unwrap()
+        .unwrap();
+        assert_eq!(go.reset, Duration::from_secs(90));
     }
 
     #[test]

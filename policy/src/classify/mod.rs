@@ -21,6 +21,7 @@
 //! here as tables that map a response to an outcome, not as a change to
 //! every layer.
 
+pub mod formats;
 pub mod outcome;
 pub mod retry_after;
 mod signal;

@@ -1,49 +1,44 @@
-//! Parsing `Retry-After` (RFC 9110 §10.2.3).
+//! Parsing `Retry-After` (RFC 9110 §10.2.3) and `retry-after-ms`.
 //!
 //! A provider that says when to come back has told us the one number no
 //! controller can learn as well, so sluice honours it exactly. The header is
-//! either delta-seconds or an HTTP-date. RFC 9110 §5.6.7 requires recipients
-//! to accept the IMF-fixdate format and the two obsolete ones (RFC 850 and
-//! asctime); `httpdate` parses all three. Anything else is ignored — a
-//! malformed header never panics and never becomes a wait of its own.
+//! delta-seconds or an HTTP-date. RFC 9110 §5.6.7 requires recipients to
+//! accept the IMF-fixdate format and the two obsolete ones (RFC 850 and
+//! asctime); `httpdate` parses all three. Providers also write decimal
+//! seconds (Shopify's `Retry-After: 2.0`), and OpenAI, Anthropic and Azure
+//! send `retry-after-ms` beside it, the finer of the two (R-PD4). Anything
+//! else is ignored — a malformed header never panics and never becomes a
+//! wait of its own.
 
 use std::time::{Duration, SystemTime};
+
+use super::formats;
 
 /// The longest wait sluice will believe (one day). A provider asking for
 /// more is treated as asking for a day: the hold still protects it, and the
 /// request is handed back to the client long before that matters.
-pub const MAX_BELIEVED: Duration = Duration::from_secs(24 * 60 * 60);
+pub const MAX_BELIEVED: Duration = formats::MAX_BELIEVED;
 
 /// Parses a `Retry-After` value into a wait from `now_wall`.
 ///
-/// * `"120"` → 120 s; leading/trailing whitespace is tolerated.
+/// * `"120"` → 120 s, `"2.0"` → 2 s, `"0.5"` → 500 ms; leading/trailing
+///   whitespace is tolerated.
 /// * An HTTP-date in any of the three RFC 9110 formats → the time until that
 ///   date; a date in the past → zero.
-/// * Anything else (negative numbers, fractions, garbage, empty) → `None`.
+/// * Anything else (negative numbers, garbage, empty) → `None`.
 ///
 /// `now_wall` is injected so that HTTP-dates can be tested without a clock.
 pub fn parse(value: &str, now_wall: SystemTime) -> Option<Duration> {
-    let value = value.trim();
-    if value.is_empty() {
-        return None;
-    }
-    if value.bytes().all(|b| b.is_ascii_digit()) {
-        // delta-seconds = 1*DIGIT; an overlong number saturates.
-        let secs = value.parse::<u64>().unwrap_or(u64::MAX);
-        return Some(Duration::from_secs(secs).min(MAX_BELIEVED));
-    }
-    let date = httpdate::parse_http_date(value).ok()?;
-    Some(
-        date.duration_since(now_wall)
-            .unwrap_or(Duration::ZERO)
-            .min(MAX_BELIEVED),
-    )
+    formats::delta_seconds(value).or_else(|| formats::http_date(value, now_wall))
 }
 
-/// Reads and parses the `Retry-After` header of a response, if any.
+/// Reads the wait a response asks for: `retry-after-ms` where it is sent
+/// and readable (the finer), else `Retry-After`.
 pub fn from_headers(headers: &http::HeaderMap, now_wall: SystemTime) -> Option<Duration> {
-    let value = headers.get(http::header::RETRY_AFTER)?.to_str().ok()?;
-    parse(value, now_wall)
+    let text = |name| headers.get(name).and_then(|v| v.to_str().ok());
+    text("retry-after-ms")
+        .and_then(formats::milliseconds)
+        .or_else(|| parse(text(http::header::RETRY_AFTER.as_str())?, now_wall))
 }
 
 /// Formats a wait as delta-seconds for a `Retry-After` header sluice writes,
@@ -101,7 +96,6 @@ mod tests {
             "",
             " ",
             "-5",
-            "1.5",
             "soon",
             "5s",
             "Sun, 99 Nov 1994 08:49:37 GMT",
@@ -109,6 +103,25 @@ mod tests {
         ] {
             assert_eq!(parse(bad, now), None, "{bad:?}");
         }
+    }
+
+    /// R-PD4: decimal seconds (Shopify) and `retry-after-ms` (OpenAI,
+    /// Anthropic, Azure), the finer read first.
+    #[test]
+    fn decimals_and_milliseconds() {
+        let now = at(EXAMPLE);
+        assert_eq!(parse("2.0", now), Some(Duration::from_secs(2)));
+        assert_eq!(parse("1.5", now), Some(Duration::from_millis(1500)));
+        let mut h = http::HeaderMap::new();
+        h.insert(http::header::RETRY_AFTER, "2".parse().unwrap());
+        assert_eq!(from_headers(&h, now), Some(Duration::from_secs(2)));
+        h.insert("retry-after-ms", "1250".parse().unwrap());
+        assert_eq!(from_headers(&h, now), Some(Duration::from_millis(1250)));
+        h.insert("retry-after-ms", "soon".parse().unwrap());
+        assert_eq!(from_headers(&h, now), Some(Duration::from_secs(2)));
+        h.remove(http::header::RETRY_AFTER);
+        h.insert("retry-after-ms", "800".parse().unwrap());
+        assert_eq!(from_headers(&h, now), Some(Duration::from_millis(800)));
     }
 
     #[test]
