@@ -30,7 +30,7 @@ use http::{Method, Request};
 
 use tokio::time::Instant;
 
-use crate::classify::Outcome;
+use crate::classify::{Dialect, ErrorBody, Outcome};
 use crate::run::RunHandle;
 
 /// A request's run, as the layers see it ([`Attempt::run`]).
@@ -93,10 +93,18 @@ impl Report {
         resp.extensions().get::<Report>()
     }
 
-    /// Stamps `resp` with its report: `ttfb`, and the outcome classified at
-    /// `now_wall` (a `Retry-After` date needs it).
-    pub fn stamp<R>(resp: &mut http::Response<R>, ttfb: Duration, now_wall: SystemTime) -> Outcome {
-        let outcome = Outcome::of(resp.status(), resp.headers(), now_wall);
+    /// Stamps `resp` with its report: `ttfb`, and the outcome classified by
+    /// the provider's `dialect` at `now_wall` (a `Retry-After` date needs
+    /// it), from its head and the first bytes of its body where the dialect
+    /// reads them ([`ErrorBody`], put there by whoever read them).
+    pub fn stamp<R>(
+        resp: &mut http::Response<R>,
+        ttfb: Duration,
+        now_wall: SystemTime,
+        dialect: Dialect,
+    ) -> Outcome {
+        let body = resp.extensions().get::<ErrorBody>().map(|b| &b.0[..]);
+        let outcome = dialect.classify(resp.status(), resp.headers(), body, now_wall);
         resp.extensions_mut().insert(Report {
             ttfb,
             outcome,

@@ -12,13 +12,14 @@ use tokio::time::Instant;
 
 use crate::breaker::{BreakerShared, BreakerSnapshot, CallPermit, State, TransitionSink};
 use crate::bulkhead::BulkheadShared;
+use crate::classify::Dialect;
 use crate::error::Cause;
 use crate::events::EventSink;
 use crate::pacer::{PacerShared, PacerSnapshot};
 use crate::park::{Neighbours, ParkShared, ParkSnapshot};
 use crate::retry::{Jitter, RetryShared};
 use crate::run::{Cooldown, Cycle, Pressure, StopReason};
-use crate::settings::ValidSettings;
+use crate::settings::{ProviderSettings, ValidSettings};
 use crate::timeout::SharedDuration;
 
 /// What a provider's policy is built with besides its settings.
@@ -123,7 +124,7 @@ impl ProviderPolicy {
             Arc::new(move |at| budget.budget_left(at)),
             options.sink,
         );
-        Arc::new(ProviderPolicy {
+        let policy = Arc::new(ProviderPolicy {
             name: name.into(),
             attempt_timeout: Arc::new(SharedDuration::new(settings.attempt_timeout)),
             request_timeout: Arc::new(SharedDuration::new(settings.request_timeout)),
@@ -133,7 +134,19 @@ impl ProviderPolicy {
             retry,
             bulkhead: BulkheadShared::new(&settings),
             settings: Mutex::new(settings),
-        })
+        });
+        policy
+            .bulkhead
+            .set_dialect(policy.dialect_of(&policy.settings()));
+        policy
+    }
+
+    /// The dialect `settings` name, else the one the provider's name (its
+    /// host, for a provider not configured) speaks (R-PD2).
+    fn dialect_of(&self, settings: &ProviderSettings) -> Dialect {
+        settings
+            .dialect
+            .unwrap_or_else(|| Dialect::for_host(&self.name))
     }
 
     /// The provider's name.
@@ -157,6 +170,7 @@ impl ProviderPolicy {
         self.breaker.update_settings(&settings);
         self.retry.update_settings(&settings);
         self.bulkhead.update_settings(&settings);
+        self.bulkhead.set_dialect(self.dialect_of(&settings));
         self.park.update_settings(&settings);
         self.attempt_timeout.set(settings.attempt_timeout);
         self.request_timeout.set(settings.request_timeout);

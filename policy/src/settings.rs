@@ -166,6 +166,13 @@ macro_rules! provider_settings {
             /// the learned rate and the ceiling still on top (R-FS2). Unset:
             /// none.
             allowance: ::std::option::Option<$crate::pacer::Allowance> = None,
+            /// How the provider says "slow down" and "never": `"openai"`
+            /// (and compatibles), `"anthropic"`, `"github"`, `"google"`,
+            /// `"shopify"`, `"discord"`, `"reddit"`, `"salesforce"` or
+            /// `"generic"` (R-PD2). Unset: chosen by the provider's host
+            /// (`api.github.com` speaks GitHub's), generic for a host not
+            /// known.
+            dialect: ::std::option::Option<$crate::classify::Dialect> = None,
         }
     };
 }

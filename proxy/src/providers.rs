@@ -20,7 +20,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
-use hyper::body::Incoming;
 use sluice_policy::breaker::TransitionSink;
 use sluice_policy::events::EventSink;
 use sluice_policy::provider::{LearnedState, PolicyOptions};
@@ -29,7 +28,7 @@ use sluice_policy::{ProviderPolicy, ValidSettings};
 use tokio::time::Instant;
 
 use crate::config::{normalise_host, Config, Limits, NamedProvider};
-use crate::http::body::ProxyBody;
+use crate::http::body::{ProxyBody, UpstreamBody};
 use crate::shared::{ProviderBudget, SharedStore};
 use crate::upstream::Upstream;
 
@@ -76,7 +75,7 @@ pub struct Provider {
     /// Its shared policy state.
     pub policy: Arc<ProviderPolicy>,
     /// Its stack, cheap to clone per request.
-    pub service: ProviderService<ProxyBody, Incoming>,
+    pub service: ProviderService<ProxyBody, UpstreamBody>,
     /// Its count of successful requests, found once.
     pub requests: crate::observe::metrics::RequestHandle,
     /// Whether its CONNECT tunnels are intercepted.

@@ -37,6 +37,14 @@
 //!   IETF `RateLimit` headers, the cost in `x-cost`; over it, 429 with
 //!   `Retry-After` to the window's end. Hits are recorded with their
 //!   method as the path's suffix (`/graphql#POST`).
+//! * `/dialect/{kind}/{key}` — a provider's dialect, as its documentation
+//!   describes it: `github-primary` (the first request 403 with
+//!   `x-ratelimit-remaining: 0` and a Unix-time reset a second on),
+//!   `github-secondary` (the first 403 with `retry-after: 1` and the
+//!   secondary-limit message), `github-forbidden` (always 403 with budget
+//!   left, a permission message and a 40 KiB body), `openai-quota`
+//!   (always 429 `insufficient_quota`), `anthropic-overloaded` (the first
+//!   two 529 `overloaded_error`); otherwise 200.
 //! * `/slow/{ms}` — 200 after a delay.
 //! * `/hang` — never answers.
 //! * `/reset` — closes the connection without an answer.
@@ -559,6 +567,61 @@ async fn answer(
                 } else {
                     retry_after = Some(reset.to_string());
                     429
+                }
+            }
+            // Provider dialects, as their documentation describes them.
+            ["dialect", kind, ..] => {
+                let unix_in = |secs: u64| {
+                    (SystemTime::now() + Duration::from_secs(secs))
+                        .duration_since(SystemTime::UNIX_EPOCH)
+                        .map_or(0, |d| d.as_secs() + 1)
+                };
+                let json = |text: String| Bytes::from(text);
+                match *kind {
+                    // GitHub's primary limit: 403, nothing remaining, the
+                    // reset a Unix time (docs: "Rate limits for the REST
+                    // API").
+                    "github-primary" if n == 1 => {
+                        extra_headers.push(("x-ratelimit-limit", "60".into()));
+                        extra_headers.push(("x-ratelimit-remaining", "0".into()));
+                        extra_headers.push(("x-ratelimit-reset", unix_in(1).to_string()));
+                        extra_headers.push(("x-ratelimit-resource", "core".into()));
+                        body = json(r#"{"message":"API rate limit exceeded for 127.0.0.1. (But here's the good news: Authenticated requests get a higher rate limit.)","documentation_url":"https://docs.github.com/rest/overview/resources-in-the-rest-api#rate-limiting"}"#.into());
+                        403
+                    }
+                    // The secondary limit: 403 with `retry-after`.
+                    "github-secondary" if n == 1 => {
+                        extra_headers.push(("x-ratelimit-remaining", "4000".into()));
+                        retry_after = Some("1".into());
+                        body = json(r#"{"message":"You have exceeded a secondary rate limit. Please wait a few minutes before you try again.","documentation_url":"https://docs.github.com/rest/overview/rate-limits-for-the-rest-api#about-secondary-rate-limits"}"#.into());
+                        403
+                    }
+                    "github-primary" | "github-secondary" => {
+                        extra_headers.push(("x-ratelimit-remaining", "59".into()));
+                        200
+                    }
+                    // A real permission error: budget left, another
+                    // message — with a body past what is read ahead.
+                    "github-forbidden" => {
+                        extra_headers.push(("x-ratelimit-remaining", "4999".into()));
+                        let pad = "x".repeat(40 * 1024);
+                        body = json(format!(
+                            r#"{{"message":"Resource not accessible by integration","pad":"{pad}","end":true}}"#
+                        ));
+                        403
+                    }
+                    // OpenAI's billing quota: 429, never fixed by waiting
+                    // (docs: "Error codes").
+                    "openai-quota" => {
+                        body = json(r#"{"error":{"message":"You exceeded your current quota, please check your plan and billing details.","type":"insufficient_quota","param":null,"code":"insufficient_quota"}}"#.into());
+                        429
+                    }
+                    // Anthropic's capacity: 529 (docs: "Errors"), twice.
+                    "anthropic-overloaded" if n <= 2 => {
+                        body = json(r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#.into());
+                        529
+                    }
+                    _ => 200,
                 }
             }
             ["slow", ms] => {

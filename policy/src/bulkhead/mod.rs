@@ -24,7 +24,7 @@ mod error;
 mod layer;
 mod service;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -33,6 +33,7 @@ use tokio::sync::Semaphore;
 pub use self::error::BulkheadFull;
 pub use self::layer::BulkheadLayer;
 pub use self::service::{Bulkhead, InFlight};
+use crate::classify::Dialect;
 use crate::settings::ProviderSettings;
 
 /// One provider's permits, shared by all its services.
@@ -43,6 +44,9 @@ pub struct BulkheadShared {
     size: Mutex<usize>,
     pub(crate) waiting: AtomicUsize,
     pub(crate) limits: Mutex<(usize, Duration)>,
+    /// The provider's dialect, as an index of [`Dialect::ALL`]: the
+    /// bulkhead classifies each answer by it when it stamps the report.
+    dialect: AtomicU8,
 }
 
 impl BulkheadShared {
@@ -53,7 +57,24 @@ impl BulkheadShared {
             size: Mutex::new(settings.max_in_flight),
             waiting: AtomicUsize::new(0),
             limits: Mutex::new((settings.max_queue_len, settings.max_queue_wait)),
+            dialect: AtomicU8::new(0),
         })
+    }
+
+    /// The dialect answers are classified by.
+    pub fn dialect(&self) -> Dialect {
+        Dialect::ALL
+            .get(usize::from(self.dialect.load(Ordering::Relaxed)))
+            .map_or(Dialect::Generic, |(_, d)| *d)
+    }
+
+    /// Classifies answers by `dialect` from now on.
+    pub fn set_dialect(&self, dialect: Dialect) {
+        let i = Dialect::ALL
+            .iter()
+            .position(|(_, d)| *d == dialect)
+            .unwrap_or(0);
+        self.dialect.store(i as u8, Ordering::Relaxed);
     }
 
     /// Applies new settings: permits are added or forgotten to match.

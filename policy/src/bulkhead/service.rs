@@ -58,7 +58,7 @@ where
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, req: Request<B>) -> Self::Future {
+    fn call(&mut self, mut req: Request<B>) -> Self::Future {
         let inner = self.inner.clone();
         let shared = self.shared.clone();
         Box::pin(async move {
@@ -96,9 +96,18 @@ where
                     clock.attempt();
                 }
             }
+            // The upstream reads the first bytes of the answers the
+            // dialect classifies by their body.
+            let dialect = shared.dialect();
+            req.extensions_mut().insert(dialect);
             let start = Instant::now();
             let mut resp = inner.oneshot(req).await.map_err(Into::into)?;
-            Report::stamp(&mut resp, start.elapsed(), std::time::SystemTime::now());
+            Report::stamp(
+                &mut resp,
+                start.elapsed(),
+                std::time::SystemTime::now(),
+                dialect,
+            );
             resp.extensions_mut().insert(InFlight {
                 _permit: Arc::new(permit),
             });

@@ -17,10 +17,13 @@
 //!   it; the outage watch reads clean and named throttles as a live
 //!   provider, the rest as failing (`crate::park::watch`).
 //!
-//! Provider dialects (a throttle answered `403` or `200`) will plug in
-//! here as tables that map a response to an outcome, not as a change to
-//! every layer.
+//! * [`Dialect`] (`dialect.rs`) — how a provider says it (R-PD2, R-PD3): a
+//!   GitHub throttle answered `403`, an OpenAI `429` no wait will fix, an
+//!   Anthropic `529` that is capacity, a Google delay in the body — a
+//!   table that maps a response to an outcome, not a change to every
+//!   layer.
 
+pub mod dialect;
 pub mod formats;
 pub mod outcome;
 pub mod retry_after;
@@ -28,6 +31,7 @@ mod signal;
 
 use std::time::SystemTime;
 
+pub use self::dialect::{Dialect, ErrorBody};
 pub use self::outcome::Outcome;
 pub use self::signal::Signal;
 use crate::attempt::Report;

@@ -19,6 +19,13 @@ pub enum Outcome {
         /// The parsed `Retry-After`, if the provider sent one.
         retry_after: Option<Duration>,
     },
+    /// The provider's capacity ran short, not the client's budget
+    /// (Anthropic's `529 overloaded_error`, by its dialect): weighed as a
+    /// bare `503` is, never held.
+    Overloaded {
+        /// The status.
+        status: u16,
+    },
     /// Any other 5xx.
     ServerError {
         /// The status.
@@ -67,7 +74,10 @@ impl Outcome {
         match self {
             Outcome::Success | Outcome::ClientError { .. } => false,
             Outcome::ConnectError { retryable } => *retryable,
-            Outcome::Throttled { .. } | Outcome::ServerError { .. } | Outcome::Timeout => true,
+            Outcome::Throttled { .. }
+            | Outcome::Overloaded { .. }
+            | Outcome::ServerError { .. }
+            | Outcome::Timeout => true,
         }
     }
 
@@ -85,6 +95,7 @@ impl Outcome {
         match self {
             Outcome::Success => "success",
             Outcome::Throttled { .. } => "throttled",
+            Outcome::Overloaded { .. } => "overloaded",
             Outcome::ServerError { .. } => "server_error",
             Outcome::ClientError { .. } => "client_error",
             Outcome::Timeout => "timeout",

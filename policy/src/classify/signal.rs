@@ -54,6 +54,7 @@ impl Outcome {
                 status,
                 retry_after,
             },
+            Outcome::Overloaded { .. } => Signal::Ambiguous { timeout: false },
             Outcome::Timeout => Signal::Ambiguous { timeout: true },
             Outcome::ServerError { .. } | Outcome::ConnectError { .. } => Signal::Failure,
         }

@@ -228,6 +228,21 @@ impl FromToml for Option<http::HeaderName> {
     }
 }
 
+impl FromToml for Option<sluice_policy::classify::Dialect> {
+    type Raw = String;
+    fn from_toml(raw: &String) -> Result<Self, String> {
+        sluice_policy::classify::Dialect::named(raw)
+            .map(Some)
+            .ok_or_else(|| {
+                let known: Vec<_> = sluice_policy::classify::Dialect::ALL
+                    .iter()
+                    .map(|(n, _)| *n)
+                    .collect();
+                format!("{raw:?} is not a dialect (one of {})", known.join(", "))
+            })
+    }
+}
+
 /// How TOML writes an allowance: `{ units = 100000, per = "24h" }`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -175,6 +175,113 @@ where
     }
 }
 
+/// A response body from upstream: streamed as it comes, or — for an answer
+/// whose dialect reads its body ([`Dialect::reads_body`]) — its first bytes
+/// read ahead (at most [`ERROR_BODY_MAX`]) and sent first, then the rest
+/// as it comes (R-PD3).
+///
+/// [`Dialect::reads_body`]: sluice_policy::classify::Dialect::reads_body
+/// [`ERROR_BODY_MAX`]: sluice_policy::classify::dialect::ERROR_BODY_MAX
+#[derive(Debug)]
+pub struct UpstreamBody {
+    /// What was read ahead, not yet sent on.
+    head: Option<Bytes>,
+    /// A trailers frame met while reading ahead, sent after the head.
+    trailers: Option<http::HeaderMap>,
+    /// The rest; `None` once it ended while reading ahead.
+    rest: Option<Incoming>,
+}
+
+impl UpstreamBody {
+    /// A body streamed as it comes.
+    pub fn stream(body: Incoming) -> Self {
+        UpstreamBody {
+            head: None,
+            trailers: None,
+            rest: Some(body),
+        }
+    }
+
+    /// Reads up to `max` bytes of `body` ahead: the bytes read, and the
+    /// body that still sends them all. A body that fails while read ahead
+    /// fails where it would have.
+    pub async fn read_ahead(mut body: Incoming, max: usize) -> (Bytes, Self) {
+        let mut head = bytes::BytesMut::new();
+        let mut trailers = None;
+        let mut rest = Some(());
+        while head.len() < max {
+            match body.frame().await {
+                Some(Ok(frame)) => match frame.into_data() {
+                    Ok(data) => head.extend_from_slice(&data),
+                    Err(frame) => {
+                        trailers = frame.into_trailers().ok();
+                        rest = None;
+                        break;
+                    }
+                },
+                // A failure is the rest's to report, where it came.
+                Some(Err(_)) => break,
+                None => {
+                    rest = None;
+                    break;
+                }
+            }
+        }
+        let head = head.freeze();
+        let read = head.clone();
+        (
+            read,
+            UpstreamBody {
+                head: (!head.is_empty()).then_some(head),
+                trailers,
+                rest: rest.map(|()| body),
+            },
+        )
+    }
+}
+
+impl Body for UpstreamBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let this = self.get_mut();
+        if let Some(head) = this.head.take() {
+            return Poll::Ready(Some(Ok(Frame::data(head))));
+        }
+        if let Some(trailers) = this.trailers.take() {
+            return Poll::Ready(Some(Ok(Frame::trailers(trailers))));
+        }
+        match &mut this.rest {
+            Some(rest) => Pin::new(rest).poll_frame(cx),
+            None => Poll::Ready(None),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.head.is_none()
+            && self.trailers.is_none()
+            && self.rest.as_ref().is_none_or(|r| r.is_end_stream())
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        let head = self.head.as_ref().map_or(0, |h| h.len() as u64);
+        let rest = self
+            .rest
+            .as_ref()
+            .map_or(SizeHint::with_exact(0), |r| r.size_hint());
+        let mut hint = SizeHint::new();
+        hint.set_lower(rest.lower() + head);
+        if let Some(upper) = rest.upper() {
+            hint.set_upper(upper + head);
+        }
+        hint
+    }
+}
+
 /// Reads a request body whole, if it is no larger than `limit`.
 pub async fn collect_limited(body: Incoming, limit: usize) -> Result<Bytes, BoxError> {
     let limited = http_body_util::Limited::new(body, limit);

@@ -5,12 +5,11 @@
 use http::header::{self, HeaderValue};
 use http::{Request, Response};
 use http_body_util::BodyExt;
-use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use sluice_policy::bulkhead::InFlight;
 
 use crate::app::App;
-use crate::http::body::ResBody;
+use crate::http::body::{ResBody, UpstreamBody};
 use crate::http::headers::{add_via, strip_hop_by_hop};
 
 /// The protocol an HTTP/1.1 request asks to upgrade to (`Upgrade`, with
@@ -37,7 +36,7 @@ pub(super) fn upgrade_protocol<B>(req: &Request<B>) -> Option<HeaderValue> {
 pub(super) fn switch(
     app: &App,
     label: &str,
-    mut upstream: Response<Incoming>,
+    mut upstream: Response<UpstreamBody>,
     client: hyper::upgrade::OnUpgrade,
 ) -> Response<ResBody> {
     let on_upstream = hyper::upgrade::on(&mut upstream);

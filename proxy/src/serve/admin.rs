@@ -333,6 +333,8 @@ fn provider_json(
             "gave_up": s.park.gave_up,
         }),
         "pace_authority": s.pacer.authority,
+        // How its answers are read (R-PD2): by its host or its config.
+        "dialect": p.policy.bulkhead.dialect().name(),
         "quota": s.pacer.quota.map_or_else(unknown, |q| json!({
             "family": q.advertised.family.label(),
             "limit": q.advertised.limit.map_or_else(unknown, |l| json!(l)),
@@ -415,6 +417,7 @@ fn unknown_json(app: &App, name: &str, with_evidence: bool) -> Value {
         "outages": "unknown",
         "outage": "unknown",
         "pace_authority": "unknown",
+        "dialect": "unknown",
         "quota": "unknown",
         "shared": "unknown",
         "last_backoff": "unknown",

@@ -18,16 +18,17 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use http::{Request, Response};
-use hyper::body::Incoming;
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use sluice_policy::classify::dialect::ERROR_BODY_MAX;
+use sluice_policy::classify::{Dialect, ErrorBody};
 use sluice_policy::error::{Cause, Upstream as UpstreamError, UpstreamKind};
 use sluice_policy::BoxError;
 use tower::Service;
 
 use crate::config::ConfigError;
-use crate::http::body::{ClientBodyError, ProxyBody};
+use crate::http::body::{ClientBodyError, ProxyBody, UpstreamBody};
 use crate::upstream::guard::{Guard, GuardError, GuardedConnector};
 
 /// A TLS config for upstream connections: web roots + the extra CA. An
@@ -106,21 +107,36 @@ impl Upstream {
 }
 
 impl Service<Request<ProxyBody>> for Upstream {
-    type Response = Response<Incoming>;
+    type Response = Response<UpstreamBody>;
     type Error = Cause;
-    type Future = Pin<Box<dyn Future<Output = Result<Response<Incoming>, Cause>> + Send>>;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<UpstreamBody>, Cause>> + Send>>;
 
     fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Cause>> {
         Poll::Ready(Ok(()))
     }
 
     fn call(&mut self, req: Request<ProxyBody>) -> Self::Future {
+        // The provider's dialect (the bulkhead names it) may classify
+        // this answer by its body: its first bytes are read ahead, within
+        // the attempt's timeout, and sent on first (R-PD3).
+        let dialect = req.extensions().get::<Dialect>().copied();
         let fut = if req.headers().contains_key(http::header::UPGRADE) {
             self.0.http1.request(req)
         } else {
             self.0.client.request(req)
         };
-        Box::pin(async move { fut.await.map_err(|e| Cause::Upstream(classify(e.into()))) })
+        Box::pin(async move {
+            let resp = fut.await.map_err(|e| Cause::Upstream(classify(e.into())))?;
+            let (mut parts, body) = resp.into_parts();
+            let body = if dialect.is_some_and(|d| d.reads_body(parts.status)) {
+                let (read, body) = UpstreamBody::read_ahead(body, ERROR_BODY_MAX).await;
+                parts.extensions.insert(ErrorBody(read));
+                body
+            } else {
+                UpstreamBody::stream(body)
+            };
+            Ok(Response::from_parts(parts, body))
+        })
     }
 }
 
