@@ -232,7 +232,21 @@ impl ProviderPolicy {
     /// open among its signs — is waited out parked, [`crate::park`].)
     pub fn pressure(&self) -> Pressure {
         let (pacer, retry) = (self.pacer.clone(), self.retry.clone());
+        let breaker = self.breaker.clone();
         Arc::new(move |now| {
+            // A breaker the provider's throttles opened is a hold of its
+            // own: a run's request waits it out rather than be answered
+            // `429` (R-RN8, R-PD3).
+            if breaker.opened_for_throttles() {
+                let snap = breaker.snapshot(now);
+                if let Some(left) = snap.open_remaining.filter(|l| !l.is_zero()) {
+                    return Some(Cooldown {
+                        wait: left,
+                        reason: StopReason::CircuitOpen,
+                        cycle: Cycle::Breaker(breaker.cycle()),
+                    });
+                }
+            }
             let (hold, cycle) = pacer.lock().hold_left(now)?;
             (hold > retry.settings().max_retry_after_wait).then_some(Cooldown {
                 wait: hold,
@@ -268,7 +282,7 @@ impl ProviderPolicy {
 fn neighbours(breaker: &Arc<BreakerShared>, pacer: &Arc<PacerShared>) -> Neighbours {
     let (b, p, q) = (breaker.clone(), pacer.clone(), pacer.clone());
     Neighbours {
-        breaker_closed: Arc::new(move || b.state() == State::Closed),
+        breaker_closed: Arc::new(move || b.state() == State::Closed || b.opened_for_throttles()),
         controller_outage: Arc::new(move || p.lock().in_outage()),
         outage_found: Arc::new(move |now| q.outage_found(now)),
     }

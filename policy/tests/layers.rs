@@ -376,6 +376,26 @@ async fn breaker_cycle_with_evidence() {
     assert_eq!(policy.breaker.recent().len(), 6);
 }
 
+/// R-CB1, R-PD3 (issue 35): a breaker opened by the provider's throttles
+/// says so — its refusals carry `throttled`, answered as a throttle at the
+/// edge — and one opened by failures does not.
+#[tokio::test(start_paused = true)]
+async fn a_breaker_opened_by_throttles_says_so() {
+    for (code, throttled) in [(429, true), (500, false)] {
+        let (policy, _evidence) = policy(breaker_settings());
+        let provider = Provider::new(move |_| status(code));
+        let mut svc = BreakerLayer::new(policy.breaker.clone()).layer(provider.clone());
+        for _ in 0..4 {
+            svc.ready().await.unwrap().call(get("x")).await.unwrap();
+            sleep(Duration::from_millis(500)).await;
+        }
+        match svc.ready().await.unwrap().call(get("x")).await.unwrap_err() {
+            Cause::CircuitOpen(open) => assert_eq!(open.throttled, throttled, "{code}"),
+            other => panic!("CircuitOpen: {other}"),
+        }
+    }
+}
+
 /// R-CB1: no verdict below the minimum number of calls, so a cold start
 /// with a few failures does not open the breaker.
 #[tokio::test(start_paused = true)]

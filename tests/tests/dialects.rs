@@ -114,3 +114,51 @@ async fn llm_429s_that_no_wait_fixes_and_overload() {
     assert_eq!(p["hold"], "none", "no hold: {p}");
     assert_eq!(p["dialect"], "anthropic");
 }
+
+/// R-CB1, R-PD3 (issue 35): a provider answering nothing but throttles
+/// opens the breaker — and sluice's own answers while it is open are a
+/// throttle (`429`, `Retry-After`, `Proxy-Status` naming the pressure),
+/// never `503 destination_unavailable`, which clients take for an outage.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_circuit_opened_by_throttles_answers_as_a_throttle() {
+    let ip = "127.0.6.9";
+    let sim = Sim::start(ip).await;
+    let s = Sluice::start(&format!(
+        "[destinations]\nallow = [\"127.0.0.0/8\"]\n\
+         [providers.p]\nhosts = [\"{ip}\"]\nbreaker_min_calls = 5\nretry_max_attempts = 1\n"
+    ));
+    let url = sim.url("http", "/status/429");
+    let mut own = Vec::new();
+    // Bounded: 40 requests at most, each within MAX.
+    for _ in 0..40 {
+        let r = curl(&s.proxy_url(), &[], &url, MAX).await;
+        assert_ne!(
+            r.status, 503,
+            "a throttled provider answered as down: {r:?}"
+        );
+        if r.headers
+            .to_ascii_lowercase()
+            .contains("proxy-status: sluice")
+        {
+            own.push(r);
+            if own.len() == 3 {
+                break;
+            }
+        }
+    }
+    let p = readout(&s, "p").await;
+    assert_eq!(p["breaker"]["state"], "open", "{p}");
+    assert!(
+        !own.is_empty(),
+        "sluice never answered for the open breaker"
+    );
+    for r in &own {
+        let h = r.headers.to_ascii_lowercase();
+        assert_eq!(r.status, 429, "{r:?}");
+        assert!(h.contains("retry-after:"), "{h}");
+        assert!(
+            h.contains("error=http_request_denied") && h.contains("throttling"),
+            "{h}"
+        );
+    }
+}

@@ -10,4 +10,8 @@ pub struct CircuitOpen {
     /// The open period it belongs to ([`super::Breaker::cycle`]): a run's
     /// requests waiting out the same one count as one wait (R-RN8).
     pub cycle: u64,
+    /// It opened for throttles — the provider asking to slow down, not
+    /// failing: answered as a throttle (`429`), not as an unavailable
+    /// provider (R-PD3).
+    pub throttled: bool,
 }

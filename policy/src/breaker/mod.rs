@@ -32,6 +32,7 @@ pub use self::error::CircuitOpen;
 pub use self::layer::BreakerLayer;
 pub use self::service::Breaker as BreakerService;
 pub use self::state::{Breaker, BreakerSnapshot, Permit, Reason, State, Transition};
+use crate::classify::{Outcome, Signal};
 use crate::settings::ProviderSettings;
 
 /// The retry budget left at an instant, for the evidence (R-CB2).
@@ -136,10 +137,10 @@ impl BreakerShared {
     /// the reset timeout has passed. `Err` says how long until a probe may
     /// go, and which open period this is.
     pub fn acquire(self: &Arc<Self>) -> Result<CallPermit, CircuitOpen> {
-        let (permit, transition, cycle) = {
+        let (permit, transition, cycle, throttled) = {
             let mut b = self.lock();
             let (permit, transition) = b.try_acquire(Instant::now());
-            (permit, transition, b.cycle())
+            (permit, transition, b.cycle(), b.opened_for_throttles())
         };
         if let Some(t) = transition {
             self.publish(t);
@@ -149,7 +150,11 @@ impl BreakerShared {
                 shared: self.clone(),
                 permit: Some(permit),
             }),
-            Err(retry_after) => Err(CircuitOpen { retry_after, cycle }),
+            Err(retry_after) => Err(CircuitOpen {
+                retry_after,
+                cycle,
+                throttled,
+            }),
         }
     }
 
@@ -177,6 +182,12 @@ impl BreakerShared {
             self.publish(t);
         }
         state
+    }
+
+    /// Whether it last opened for the provider's throttles, not its
+    /// failures (see [`Breaker::opened_for_throttles`]).
+    pub fn opened_for_throttles(&self) -> bool {
+        self.lock().opened_for_throttles()
     }
 
     /// The open period the breaker is in or last was in (see
@@ -213,17 +224,28 @@ impl CallPermit {
     /// Records the call: `Some(true)` a failure or throttle, `Some(false)`
     /// a success, `None` nothing (it never reached the provider).
     pub fn finish(mut self, failure: Option<bool>) {
-        self.complete(failure);
+        self.complete(failure.map(|f| (f, false)));
     }
 
-    fn complete(&mut self, failure: Option<bool>) {
+    /// Records the call by its outcome (`None`: it never reached the
+    /// provider): a failure, and whether it was a throttle.
+    pub fn finish_outcome(mut self, outcome: Option<Outcome>) {
+        self.complete(outcome.map(|o| {
+            (
+                o.is_breaker_failure(),
+                matches!(o.signal(), Signal::Throttle { .. }),
+            )
+        }));
+    }
+
+    fn complete(&mut self, failure: Option<(bool, bool)>) {
         let Some(permit) = self.permit.take() else {
             return;
         };
         let transition = {
             let mut b = self.shared.lock();
             match failure {
-                Some(f) => b.record(permit, f, Instant::now()),
+                Some((f, throttle)) => b.record_as(permit, f, throttle, Instant::now()),
                 None => {
                     b.release(permit);
                     None

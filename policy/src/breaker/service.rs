@@ -57,7 +57,7 @@ where
             };
             let result = inner.oneshot(req).await.map_err(Into::into);
             let outcome = Outcome::of_result(&result, SystemTime::now());
-            permit.finish(outcome.map(|o| o.is_breaker_failure()));
+            permit.finish_outcome(outcome);
             result
         })
     }

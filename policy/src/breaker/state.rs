@@ -118,6 +118,8 @@ struct Bucket {
     slot: u64,
     calls: u32,
     failures: u32,
+    /// Throttles among the failures.
+    throttles: u32,
 }
 
 /// A readout for metrics, the admin API and the store.
@@ -153,8 +155,15 @@ pub struct Breaker {
     probes_in_flight: u32,
     /// Probes answered with success in this half-open spell.
     probe_successes: u32,
-    /// Failures in a row while closed: when the first came, how many.
-    streak: Option<(Instant, u32)>,
+    /// Failures in a row while closed: when the first came, how many, and
+    /// how many of them were throttles.
+    streak: Option<(Instant, u32, u32)>,
+    /// The last open was for throttles — most of the failures that opened
+    /// it were the provider asking to slow down, not failing: its refusals
+    /// answer as a throttle, not as an unavailable provider (R-PD3).
+    for_throttles: bool,
+    /// What `for_throttles` becomes if the call being recorded opens it.
+    pending_for_throttles: bool,
     /// Times the breaker has opened: names an open period (with the
     /// half-open spell after it), so that many requests waiting out one
     /// period count as one wait (R-RN8).
@@ -177,8 +186,16 @@ impl Breaker {
             probes_in_flight: 0,
             probe_successes: 0,
             streak: None,
+            for_throttles: false,
+            pending_for_throttles: false,
             opens: 0,
         }
+    }
+
+    /// Whether the breaker last opened for throttles (see
+    /// [`Breaker::record_as`]).
+    pub fn opened_for_throttles(&self) -> bool {
+        self.for_throttles
     }
 
     /// The open period the breaker is in or last was in: a number that
@@ -229,14 +246,21 @@ impl Breaker {
     }
 
     fn totals(&self, now: Instant) -> (u32, u32) {
+        let (calls, failures, _) = self.totals_with_throttles(now);
+        (calls, failures)
+    }
+
+    fn totals_with_throttles(&self, now: Instant) -> (u32, u32, u32) {
         let slot = self.slot(now);
         self.buckets
             .iter()
             .filter(|b| b.slot + (BUCKETS as u64) > slot && b.slot <= slot)
-            .fold((0, 0), |(c, f), b| (c + b.calls, f + b.failures))
+            .fold((0, 0, 0), |(c, f, t), b| {
+                (c + b.calls, f + b.failures, t + b.throttles)
+            })
     }
 
-    fn count(&mut self, failure: bool, now: Instant) {
+    fn count(&mut self, failure: bool, throttle: bool, now: Instant) {
         let slot = self.slot(now);
         let b = &mut self.buckets[(slot % BUCKETS as u64) as usize];
         if b.slot != slot {
@@ -247,6 +271,7 @@ impl Breaker {
         }
         b.calls += 1;
         b.failures += u32::from(failure);
+        b.throttles += u32::from(failure && throttle);
     }
 
     fn go(
@@ -322,6 +347,34 @@ impl Breaker {
     /// Records a call's outcome: `failure` is a failure or throttle
     /// (R-CB1). Returns the transition it caused, if any.
     pub fn record(&mut self, permit: Permit, failure: bool, now: Instant) -> Option<Transition> {
+        self.record_as(permit, failure, false, now)
+    }
+
+    /// [`Breaker::record`], saying whether a failure was a throttle (the
+    /// provider asking to slow down): a breaker opened mostly by throttles
+    /// says so ([`Breaker::opened_for_throttles`]).
+    pub fn record_as(
+        &mut self,
+        permit: Permit,
+        failure: bool,
+        throttle: bool,
+        now: Instant,
+    ) -> Option<Transition> {
+        let t = self.record_inner(permit, failure, throttle, now);
+        if t.as_ref().is_some_and(|t| t.to == State::Open) {
+            self.for_throttles = self.pending_for_throttles;
+        }
+        t
+    }
+
+    fn record_inner(
+        &mut self,
+        permit: Permit,
+        failure: bool,
+        throttle: bool,
+        now: Instant,
+    ) -> Option<Transition> {
+        self.pending_for_throttles = failure && throttle;
         match (permit, self.state) {
             (Permit::Parked, State::Open | State::HalfOpen) => match (failure, self.state) {
                 (false, _) => Some(self.go(State::Closed, Reason::ProbesSucceeded, now, 1, 0)),
@@ -331,21 +384,24 @@ impl Breaker {
                 (true, _) => None,
             },
             (Permit::Normal | Permit::Parked, State::Closed) => {
-                self.count(failure, now);
-                let (calls, failures) = self.totals(now);
+                self.count(failure, throttle, now);
+                let (calls, failures, throttles) = self.totals_with_throttles(now);
                 if calls >= self.min_calls
                     && f64::from(failures) >= self.failure_ratio * f64::from(calls)
                 {
+                    self.pending_for_throttles = 2 * throttles >= failures;
                     return Some(self.go(State::Open, Reason::FailureRate, now, calls, failures));
                 }
                 if !failure {
                     self.streak = None;
                     return None;
                 }
-                let (first, n) = self.streak.get_or_insert((now, 0));
+                let (first, n, th) = self.streak.get_or_insert((now, 0, 0));
                 *n += 1;
-                let (first, n) = (*first, *n);
+                *th += u32::from(throttle);
+                let (first, n, th) = (*first, *n, *th);
                 let span = self.bucket_len * BUCKETS as u32 / 2;
+                self.pending_for_throttles = 2 * th >= n;
                 (n >= STREAK_MIN_FAILURES && now.saturating_duration_since(first) >= span)
                     .then(|| self.go(State::Open, Reason::FailureStreak, now, n, n))
             }

@@ -114,6 +114,7 @@ mod tests {
         let open: Result<http::Response<()>, Cause> = Err(CircuitOpen {
             retry_after: Duration::from_secs(1),
             cycle: 1,
+            throttled: false,
         }
         .into());
         assert_eq!(Outcome::of_result(&open, now), None);

@@ -68,7 +68,9 @@ use crate::settings::ProviderSettings;
 /// the pacer.
 #[derive(Clone)]
 pub struct Neighbours {
-    /// Whether the breaker is closed now (its open state is an outage's).
+    /// Whether the breaker is closed now, as an outage goes: open, it is an
+    /// outage's — unless the provider's throttles opened it (a provider
+    /// asking to slow down is alive, R-PD3).
     pub breaker_closed: Arc<dyn Fn() -> bool + Send + Sync>,
     /// Whether the rate controller takes the recent failures for an
     /// outage (R-SG4).

@@ -129,7 +129,7 @@ where
                 if let Some(g) = guard.as_mut() {
                     g.armed = false;
                 }
-                let refused_open = matches!(result, Err(Cause::CircuitOpen(_)));
+                let refused_open = open_for_failures(&result);
                 if refused_open {
                     parking.shared.breaker_opened(Instant::now());
                 }
@@ -165,7 +165,7 @@ where
     let request = request_id(&req);
     let sent = Instant::now();
     let result = inner.oneshot(req).await.map_err(Into::into);
-    if matches!(result, Err(Cause::CircuitOpen(_))) {
+    if open_for_failures(&result) {
         shared.breaker_opened(Instant::now());
     }
     let outcome = Outcome::of_result(&result, SystemTime::now());
@@ -208,6 +208,13 @@ where
             }
         }
     }
+}
+
+/// Refused by a breaker the provider's failures opened: a sign it is down.
+/// One its throttles opened is a provider asking to slow down — alive, and
+/// answered as a throttle, not parked as an outage (R-PD3).
+fn open_for_failures<R>(result: &Result<Response<R>, Cause>) -> bool {
+    matches!(result, Err(Cause::CircuitOpen(open)) if !open.throttled)
 }
 
 /// Whether a failed attempt proves the provider did not act on the

@@ -23,6 +23,9 @@ pub enum Cycle {
     },
     /// The pacer's hold of this number.
     Hold(u64),
+    /// The breaker's open period of this number, opened by the provider's
+    /// throttles ([`crate::breaker::Breaker::opened_for_throttles`]).
+    Breaker(u64),
 }
 
 /// What a run's request would meet at a provider: source pressure worth

@@ -76,6 +76,14 @@ pub fn refusal(cause: &Cause) -> Refusal {
             "http_request_denied",
             "provider rate limit: no pacing slot within the queue wait".to_string(),
         ),
+        // Opened by the provider's throttles: it is asking to slow down,
+        // not failing, and a client told `503` takes it for an outage
+        // (issue 35: the openai SDK's `APIStatusError`s) — a `429`.
+        Cause::CircuitOpen(e) if e.throttled => (
+            StatusCode::TOO_MANY_REQUESTS,
+            "http_request_denied",
+            "circuit open: provider throttling (most recent answers were throttles)".to_string(),
+        ),
         Cause::CircuitOpen(_) => (
             StatusCode::SERVICE_UNAVAILABLE,
             "destination_unavailable",
@@ -193,12 +201,33 @@ mod tests {
         let err = Cause::CircuitOpen(CircuitOpen {
             retry_after: Duration::from_millis(2500),
             cycle: 1,
+            throttled: false,
         });
         let resp = refusal(&err).into_response();
         assert_eq!(resp.status(), 503);
         assert_eq!(
             resp.headers()[PROXY_STATUS],
             "sluice; error=destination_unavailable; details=\"circuit open: provider failing\""
+        );
+        assert_eq!(resp.headers()[http::header::RETRY_AFTER], "3");
+    }
+
+    /// R-PD3 (issue 35): a circuit opened by the provider's throttles
+    /// answers as a throttle — `429`, `Retry-After`, a `Proxy-Status`
+    /// naming the pressure — never as an unavailable provider.
+    #[test]
+    fn a_circuit_opened_by_throttles_answers_as_a_throttle() {
+        let err = Cause::CircuitOpen(CircuitOpen {
+            retry_after: Duration::from_millis(2500),
+            cycle: 1,
+            throttled: true,
+        });
+        let resp = refusal(&err).into_response();
+        assert_eq!(resp.status(), 429);
+        let status = resp.headers()[PROXY_STATUS].to_str().unwrap();
+        assert!(
+            status.contains("error=http_request_denied") && status.contains("throttling"),
+            "{status}"
         );
         assert_eq!(resp.headers()[http::header::RETRY_AFTER], "3");
     }
