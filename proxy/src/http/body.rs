@@ -188,6 +188,9 @@ pub struct UpstreamBody {
     head: Option<Bytes>,
     /// A trailers frame met while reading ahead, sent after the head.
     trailers: Option<http::HeaderMap>,
+    /// A failure met while reading ahead, reported after the head, where
+    /// it came.
+    error: Option<hyper::Error>,
     /// The rest; `None` once it ended while reading ahead.
     rest: Option<Incoming>,
 }
@@ -198,6 +201,7 @@ impl UpstreamBody {
         UpstreamBody {
             head: None,
             trailers: None,
+            error: None,
             rest: Some(body),
         }
     }
@@ -207,7 +211,7 @@ impl UpstreamBody {
     /// fails where it would have.
     pub async fn read_ahead(mut body: Incoming, max: usize) -> (Bytes, Self) {
         let mut head = bytes::BytesMut::new();
-        let mut trailers = None;
+        let (mut trailers, mut error) = (None, None);
         let mut rest = Some(());
         while head.len() < max {
             match body.frame().await {
@@ -219,8 +223,12 @@ impl UpstreamBody {
                         break;
                     }
                 },
-                // A failure is the rest's to report, where it came.
-                Some(Err(_)) => break,
+                // Reported where it came: after what was read.
+                Some(Err(e)) => {
+                    error = Some(e);
+                    rest = None;
+                    break;
+                }
                 None => {
                     rest = None;
                     break;
@@ -234,6 +242,7 @@ impl UpstreamBody {
             UpstreamBody {
                 head: (!head.is_empty()).then_some(head),
                 trailers,
+                error,
                 rest: rest.map(|()| body),
             },
         )
@@ -255,6 +264,9 @@ impl Body for UpstreamBody {
         if let Some(trailers) = this.trailers.take() {
             return Poll::Ready(Some(Ok(Frame::trailers(trailers))));
         }
+        if let Some(e) = this.error.take() {
+            return Poll::Ready(Some(Err(e)));
+        }
         match &mut this.rest {
             Some(rest) => Pin::new(rest).poll_frame(cx),
             None => Poll::Ready(None),
@@ -264,6 +276,7 @@ impl Body for UpstreamBody {
     fn is_end_stream(&self) -> bool {
         self.head.is_none()
             && self.trailers.is_none()
+            && self.error.is_none()
             && self.rest.as_ref().is_none_or(|r| r.is_end_stream())
     }
 
