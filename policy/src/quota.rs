@@ -11,7 +11,8 @@
 //! * the widespread `X-RateLimit-Limit`, `-Remaining`, `-Reset` (GitHub and
 //!   many SaaS APIs), whose reset is delta seconds or a Unix time — told
 //!   apart by size: no window lasts 30 years, no Unix time now is that
-//!   small — and `X-RateLimit-Reset-After` (delta seconds).
+//!   small — or any other form providers write a reset in
+//!   ([`formats::reset`]), and `X-RateLimit-Reset-After` (delta seconds).
 //!
 //! A header that is present but unreadable is reported as malformed and
 //! trusted for nothing; a response without either family advertises
@@ -128,15 +129,6 @@ fn present(headers: &HeaderMap, names: &[&str]) -> bool {
     names.iter().any(|n| headers.contains_key(*n))
 }
 
-/// A count: whole, or a float (`996.0`, Reddit) rounded down (R-PD4).
-fn count(v: &str) -> Option<u64> {
-    formats::count(v)
-}
-
-fn seconds(v: &str) -> Option<Duration> {
-    formats::delta_seconds(v)
-}
-
 /// One parameter (`q=100`) of a structured-field item or a `k=v` list.
 fn param<'a>(item: &'a str, key: &str) -> Option<&'a str> {
     item.split([';', ','])
@@ -167,22 +159,25 @@ fn ietf(headers: &HeaderMap, now_wall: SystemTime) -> Result<Option<Advertised>,
         Some(v) => {
             let r = param(v, "r").or_else(|| param(v, "remaining"));
             let t = param(v, "t").or_else(|| param(v, "reset"));
-            let l = param(v, "limit").map(|l| count(l).ok_or(bad)).transpose()?;
+            let l = param(v, "limit")
+                .map(|l| formats::count(l).ok_or(bad))
+                .transpose()?;
             (
-                r.map(|r| count(r).ok_or(bad)).transpose()?,
-                t.map(|t| seconds(t).ok_or(bad)).transpose()?,
+                r.map(|r| formats::count(r).ok_or(bad)).transpose()?,
+                t.map(|t| formats::delta_seconds(t).ok_or(bad))
+                    .transpose()?,
                 l,
             )
         }
         None => (
             text(headers, "ratelimit-remaining")
-                .map(|r| count(r).ok_or(bad))
+                .map(|r| formats::count(r).ok_or(bad))
                 .transpose()?,
             text(headers, "ratelimit-reset")
-                .map(|t| seconds(t).ok_or(bad))
+                .map(|t| formats::delta_seconds(t).ok_or(bad))
                 .transpose()?,
             text(headers, "ratelimit-limit")
-                .map(|l| count(l.split([',', ';']).next().unwrap_or("")).ok_or(bad))
+                .map(|l| formats::count(l.split([',', ';']).next().unwrap_or("")).ok_or(bad))
                 .transpose()?,
         ),
     };
@@ -211,9 +206,16 @@ fn ietf_policy(p: &str) -> Result<Option<(u64, Duration)>, Malformed> {
     let bad = Malformed(Family::Ietf);
     let mut best: Option<(u64, Duration)> = None;
     for item in split_list(p) {
-        let q = param(item, "q").or_else(|| item.split(';').next().filter(|f| count(f).is_some()));
+        let q = param(item, "q").or_else(|| {
+            item.split(';')
+                .next()
+                .filter(|f| formats::count(f).is_some())
+        });
         let w = param(item, "w");
-        let (Some(q), Some(w)) = (q.and_then(count), w.and_then(seconds)) else {
+        let (Some(q), Some(w)) = (
+            q.and_then(formats::count),
+            w.and_then(formats::delta_seconds),
+        ) else {
             return Err(bad);
         };
         if w.is_zero() {
@@ -259,21 +261,21 @@ fn x_ratelimit(headers: &HeaderMap, now_wall: SystemTime) -> Result<Option<Adver
     }
     let bad = Malformed(Family::XRateLimit);
     let limit = text(headers, "x-ratelimit-limit")
-        .map(|l| count(l).ok_or(bad))
+        .map(|l| formats::count(l).ok_or(bad))
         .transpose()?;
     let remaining = text(headers, "x-ratelimit-remaining")
-        .map(|r| count(r).ok_or(bad))
+        .map(|r| formats::count(r).ok_or(bad))
         .transpose()?;
     let (reset, whole) = match (
         text(headers, "x-ratelimit-reset-after"),
         text(headers, "x-ratelimit-reset"),
     ) {
         (Some(after), _) => (
-            Some(fractional_seconds(after).ok_or(bad)?),
+            Some(formats::delta_seconds(after).ok_or(bad)?),
             !after.contains('.'),
         ),
         (None, Some(at)) => (
-            Some(reset_value(at, now_wall).ok_or(bad)?),
+            Some(formats::reset(at, now_wall).ok_or(bad)?),
             !at.contains('.'),
         ),
         (None, None) => (None, false),
@@ -293,18 +295,6 @@ fn x_ratelimit(headers: &HeaderMap, now_wall: SystemTime) -> Result<Option<Adver
         })),
         _ => Err(bad),
     }
-}
-
-/// `X-RateLimit-Reset`: delta seconds or a Unix time (seconds, possibly
-/// with a fraction; values above 10⁹ are Unix times, 2001 on: no window is
-/// 30 years long), a Go duration, an RFC 3339 or ISO 8601 time (Jira) or
-/// an HTTP date (R-PD4).
-fn reset_value(v: &str, now_wall: SystemTime) -> Option<Duration> {
-    formats::reset(v, now_wall)
-}
-
-fn fractional_seconds(v: &str) -> Option<Duration> {
-    formats::delta_seconds(v)
 }
 
 #[cfg(test)]

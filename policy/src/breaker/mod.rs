@@ -245,7 +245,7 @@ impl CallPermit {
         let transition = {
             let mut b = self.shared.lock();
             match failure {
-                Some((f, throttle)) => b.record_as(permit, f, throttle, Instant::now()),
+                Some((f, throttle)) => b.record(permit, f, throttle, Instant::now()),
                 None => {
                     b.release(permit);
                     None

@@ -162,8 +162,6 @@ pub struct Breaker {
     /// it were the provider asking to slow down, not failing: its refusals
     /// answer as a throttle, not as an unavailable provider (R-PD3).
     for_throttles: bool,
-    /// What `for_throttles` becomes if the call being recorded opens it.
-    pending_for_throttles: bool,
     /// Times the breaker has opened: names an open period (with the
     /// half-open spell after it), so that many requests waiting out one
     /// period count as one wait (R-RN8).
@@ -187,13 +185,12 @@ impl Breaker {
             probe_successes: 0,
             streak: None,
             for_throttles: false,
-            pending_for_throttles: false,
             opens: 0,
         }
     }
 
     /// Whether the breaker last opened for throttles (see
-    /// [`Breaker::record_as`]).
+    /// [`Breaker::record`]).
     pub fn opened_for_throttles(&self) -> bool {
         self.for_throttles
     }
@@ -345,40 +342,22 @@ impl Breaker {
     }
 
     /// Records a call's outcome: `failure` is a failure or throttle
-    /// (R-CB1). Returns the transition it caused, if any.
-    pub fn record(&mut self, permit: Permit, failure: bool, now: Instant) -> Option<Transition> {
-        self.record_as(permit, failure, false, now)
-    }
-
-    /// [`Breaker::record`], saying whether a failure was a throttle (the
-    /// provider asking to slow down): a breaker opened mostly by throttles
-    /// says so ([`Breaker::opened_for_throttles`]).
-    pub fn record_as(
+    /// (R-CB1), `throttle` whether it was a throttle (the provider asking
+    /// to slow down: a breaker opened mostly by throttles says so,
+    /// [`Breaker::opened_for_throttles`]). Returns the transition it
+    /// caused, if any.
+    pub fn record(
         &mut self,
         permit: Permit,
         failure: bool,
         throttle: bool,
         now: Instant,
     ) -> Option<Transition> {
-        let t = self.record_inner(permit, failure, throttle, now);
-        if t.as_ref().is_some_and(|t| t.to == State::Open) {
-            self.for_throttles = self.pending_for_throttles;
-        }
-        t
-    }
-
-    fn record_inner(
-        &mut self,
-        permit: Permit,
-        failure: bool,
-        throttle: bool,
-        now: Instant,
-    ) -> Option<Transition> {
-        self.pending_for_throttles = failure && throttle;
         match (permit, self.state) {
             (Permit::Parked, State::Open | State::HalfOpen) => match (failure, self.state) {
                 (false, _) => Some(self.go(State::Closed, Reason::ProbesSucceeded, now, 1, 0)),
                 (true, State::HalfOpen) => {
+                    self.for_throttles = throttle;
                     Some(self.go(State::Open, Reason::ProbeFailed, now, 1, 1))
                 }
                 (true, _) => None,
@@ -389,7 +368,7 @@ impl Breaker {
                 if calls >= self.min_calls
                     && f64::from(failures) >= self.failure_ratio * f64::from(calls)
                 {
-                    self.pending_for_throttles = 2 * throttles >= failures;
+                    self.for_throttles = 2 * throttles >= failures;
                     return Some(self.go(State::Open, Reason::FailureRate, now, calls, failures));
                 }
                 if !failure {
@@ -401,14 +380,18 @@ impl Breaker {
                 *th += u32::from(throttle);
                 let (first, n, th) = (*first, *n, *th);
                 let span = self.bucket_len * BUCKETS as u32 / 2;
-                self.pending_for_throttles = 2 * th >= n;
-                (n >= STREAK_MIN_FAILURES && now.saturating_duration_since(first) >= span)
-                    .then(|| self.go(State::Open, Reason::FailureStreak, now, n, n))
+                (n >= STREAK_MIN_FAILURES && now.saturating_duration_since(first) >= span).then(
+                    || {
+                        self.for_throttles = 2 * th >= n;
+                        self.go(State::Open, Reason::FailureStreak, now, n, n)
+                    },
+                )
             }
             (Permit::Probe, State::HalfOpen) => {
                 self.probes_in_flight = self.probes_in_flight.saturating_sub(1);
                 let answered = self.probe_successes + 1;
                 if failure {
+                    self.for_throttles = throttle;
                     Some(self.go(State::Open, Reason::ProbeFailed, now, answered, 1))
                 } else {
                     self.probe_successes += 1;

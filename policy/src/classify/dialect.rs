@@ -195,10 +195,12 @@ impl Dialect {
                     generic
                 }
             }
-            (Dialect::Google, 403) if says("rateLimitExceeded") || says("RATE_LIMIT_EXCEEDED") => {
-                throttled(google_retry_delay(text.as_deref()))
-            }
-            (Dialect::Google, 403) if says("userRateLimitExceeded") || says("quotaExceeded") => {
+            (Dialect::Google, 403)
+                if says("rateLimitExceeded")
+                    || says("userRateLimitExceeded")
+                    || says("RATE_LIMIT_EXCEEDED")
+                    || says("quotaExceeded") =>
+            {
                 throttled(google_retry_delay(text.as_deref()))
             }
             (Dialect::Google, 429) => {
