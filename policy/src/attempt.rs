@@ -30,7 +30,7 @@ use http::{Method, Request};
 
 use tokio::time::Instant;
 
-use crate::classify::{Dialect, ErrorBody, Outcome};
+use crate::classify::{Dialect, ErrorBody, Outcome, Resource};
 use crate::run::RunHandle;
 
 /// A request's run, as the layers see it ([`Attempt::run`]).
@@ -85,6 +85,10 @@ pub struct Report {
     /// Units the provider said it charged beyond the request's price (its
     /// cost header), for the run's count (R-FS2); 0 if none.
     pub charged: u32,
+    /// Its quota headers speak for another of the provider's budgets than
+    /// the one its request drew on (R-PD1, [`Dialect::speaks_for_another`]):
+    /// not its lane's to pace by.
+    pub other_budget: bool,
 }
 
 impl Report {
@@ -96,19 +100,23 @@ impl Report {
     /// Stamps `resp` with its report: `ttfb`, and the outcome classified by
     /// the provider's `dialect` at `now_wall` (a `Retry-After` date needs
     /// it), from its head and the first bytes of its body where the dialect
-    /// reads them ([`ErrorBody`], put there by whoever read them).
+    /// reads them ([`ErrorBody`], put there by whoever read them); `lane`
+    /// is the budget its request drew on, when not the provider's main one.
     pub fn stamp<R>(
         resp: &mut http::Response<R>,
         ttfb: Duration,
         now_wall: SystemTime,
         dialect: Dialect,
+        lane: Option<&Resource>,
     ) -> Outcome {
         let body = resp.extensions().get::<ErrorBody>().map(|b| &b.0[..]);
         let outcome = dialect.classify(resp.status(), resp.headers(), body, now_wall);
+        let other_budget = dialect.speaks_for_another(resp.headers(), lane);
         resp.extensions_mut().insert(Report {
             ttfb,
             outcome,
             charged: 0,
+            other_budget,
         });
         outcome
     }

@@ -217,6 +217,16 @@ impl ValidSettings {
     pub fn into_inner(self) -> ProviderSettings {
         self.0
     }
+
+    /// The same settings, classifying answers by `dialect` where they name
+    /// none (the dialect the provider's hosts speak, R-PD2). Still valid:
+    /// any dialect is.
+    pub fn or_dialect(&self, dialect: crate::classify::Dialect) -> ValidSettings {
+        ValidSettings(ProviderSettings {
+            dialect: self.dialect.or(Some(dialect)),
+            ..self.0.clone()
+        })
+    }
 }
 
 impl ProviderSettings {

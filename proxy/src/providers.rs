@@ -20,7 +20,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
+use http::Method;
 use sluice_policy::breaker::TransitionSink;
+use sluice_policy::classify::{Dialect, Resource};
 use sluice_policy::events::EventSink;
 use sluice_policy::provider::{LearnedState, PolicyOptions};
 use sluice_policy::stack::{provider_stack, ProviderService};
@@ -57,6 +59,11 @@ fn fingerprint(state: &LearnedState, used: Duration, now: Instant, epoch: Instan
 /// The provider every unknown host shares once the table is full.
 pub const OVERFLOW: &str = "_overflow";
 
+/// The most lanes (budgets of their own, R-PD1) one provider may have:
+/// GitHub has a handful; Discord's routes per channel could be thousands,
+/// and beyond this many share the provider's main lane.
+pub const MAX_LANES: usize = 32;
+
 /// Makes the event and transition sinks of a new provider (metrics, logs,
 /// the store).
 pub trait Observer: Send + Sync {
@@ -92,6 +99,11 @@ pub struct Provider {
     saved: AtomicU64,
     /// Its budget in Redis, while shared (R-DS1).
     budget: Mutex<Option<Arc<ProviderBudget>>>,
+    /// The provider this is a lane of (`{resource}@{provider}`, R-PD1): a
+    /// budget of its own on the same hosts, with the same settings.
+    pub lane_of: Option<String>,
+    /// The dialect its hosts speak (R-PD2), for settings that name none.
+    spoken: Dialect,
 }
 
 impl std::fmt::Debug for Provider {
@@ -199,7 +211,13 @@ impl Providers {
         let host = normalise_host(host);
         let rules = self.rules();
         match rules.named_for(&host) {
-            Some(p) => (p.name.clone(), Arc::new(p.settings.clone()), p.intercept),
+            // A named provider speaks its hosts' dialect unless it names
+            // one (R-PD2).
+            Some(p) => (
+                p.name.clone(),
+                Arc::new(p.settings.or_dialect(Dialect::for_host(&host))),
+                p.intercept,
+            ),
             None => (
                 host.into_owned(),
                 rules.defaults.clone(),
@@ -234,9 +252,60 @@ impl Providers {
         } else {
             name
         };
-        let provider = Arc::new(self.build(&name, settings, intercept, now));
+        let spoken = match name.as_str() {
+            OVERFLOW => Dialect::Generic,
+            _ => Dialect::for_host(&normalise_host(host)),
+        };
+        let provider = Arc::new(self.build(&name, settings, intercept, now, None, spoken));
         entries.insert(name, provider.clone());
         provider
+    }
+
+    /// The lane of `base` a request of `method` to `path` is paced in, and
+    /// the budget it draws on: `base` itself, or — where `base`'s dialect
+    /// keeps a budget of its own for such requests on the same hosts
+    /// (GitHub's `search`, a Discord route: R-PD1) — `{resource}@{base}`,
+    /// made on first use with `base`'s settings. At most [`MAX_LANES`] per
+    /// provider, and none once the table is full: then `base` itself.
+    pub fn lane(
+        &self,
+        base: &Arc<Provider>,
+        method: &Method,
+        path: &str,
+    ) -> (Arc<Provider>, Option<Resource>) {
+        let dialect = base.policy.bulkhead.dialect();
+        let Some(resource) = dialect.resource(method, path) else {
+            return (base.clone(), None);
+        };
+        let name = format!("{}@{}", resource.name(), base.name);
+        let now = Instant::now();
+        let mut entries = self.entries();
+        if let Some(p) = entries.get(&name) {
+            p.touch(self.epoch, now);
+            return (p.clone(), Some(resource));
+        }
+        let max = self.rules().limits.max_providers;
+        if entries.len() >= max {
+            self.evict_idle(&mut entries, now);
+        }
+        let lanes = entries
+            .values()
+            .filter(|p| p.lane_of.as_deref() == Some(&base.name))
+            .count();
+        if entries.len() >= max || lanes >= MAX_LANES {
+            return (base.clone(), None);
+        }
+        let settings = Arc::new(base.policy.settings().or_dialect(dialect));
+        let lane = Arc::new(self.build(
+            &name,
+            settings,
+            base.intercept(),
+            now,
+            Some(base.name.clone()),
+            base.spoken,
+        ));
+        entries.insert(name, lane.clone());
+        (lane, Some(resource))
     }
 
     /// The live provider with this name, if any.
@@ -259,6 +328,8 @@ impl Providers {
         settings: Arc<ValidSettings>,
         intercept: bool,
         now: Instant,
+        lane_of: Option<String>,
+        spoken: Dialect,
     ) -> Provider {
         let (events, sink) = match &self.observer {
             Some(o) => {
@@ -303,6 +374,8 @@ impl Providers {
             last_used: AtomicU64::new(0),
             saved: AtomicU64::new(0),
             budget: Mutex::new(None),
+            lane_of,
+            spoken,
         };
         p.share(self.shared.as_ref(), p.policy.settings().shared);
         p.touch(self.epoch, now);
@@ -450,10 +523,15 @@ impl Providers {
         }
         let defaults = self.rules().defaults.clone();
         for p in self.all() {
-            let (settings, intercept) = match config.providers.iter().find(|n| n.name == p.name) {
+            // A lane takes its provider's settings.
+            let name = p.lane_of.as_deref().unwrap_or(&p.name);
+            let (mut settings, intercept) = match config.providers.iter().find(|n| n.name == name) {
                 Some(n) => (Arc::new(n.settings.clone()), n.intercept),
                 None => (defaults.clone(), config.defaults_intercept),
             };
+            if settings.dialect.is_none() && p.spoken != Dialect::Generic {
+                settings = Arc::new(settings.or_dialect(p.spoken));
+            }
             p.share(self.shared.as_ref(), settings.shared);
             p.policy.update_settings(settings);
             p.intercept.store(intercept, Ordering::Relaxed);
@@ -542,6 +620,58 @@ mod tests {
         assert_eq!(t.get("c.test").name, OVERFLOW);
         // Named providers are never folded.
         assert_eq!(t.get("x.named.test").name, "named");
+    }
+
+    /// R-PD1, R-PD2: a named provider speaks its hosts' dialect (and
+    /// keeps it over a reload); a budget of its own on the same hosts is a
+    /// lane `{resource}@{provider}` with the provider's settings; lanes
+    /// are bounded per provider.
+    #[tokio::test(start_paused = true)]
+    async fn lanes_for_budgets_of_their_own() {
+        let config = "[providers.gh]\nhosts = [\"api.github.com\"]\nceiling_rps = 7.0\n\
+                      [providers.dc]\nhosts = [\"discord.com\"]\n";
+        let t = table(config);
+        let gh = t.get("api.github.com");
+        assert_eq!(gh.policy.bulkhead.dialect(), Dialect::GitHub);
+        let (core, r) = t.lane(&gh, &Method::GET, "/repos/o/r/issues");
+        assert!(Arc::ptr_eq(&core, &gh) && r.is_none());
+        let (search, r) = t.lane(&gh, &Method::GET, "/search/issues?q=x");
+        assert_eq!(search.name, "search@gh");
+        assert_eq!(r.unwrap().name(), "search");
+        assert_eq!(search.lane_of.as_deref(), Some("gh"));
+        assert_eq!(search.policy.bulkhead.dialect(), Dialect::GitHub);
+        assert_eq!(search.policy.settings().ceiling_rps, 7.0);
+        let (again, _) = t.lane(&gh, &Method::GET, "/search/code");
+        assert_eq!(again.name, "code_search@gh");
+        assert!(Arc::ptr_eq(
+            &t.lane(&gh, &Method::GET, "/search/users").0,
+            &search
+        ));
+
+        t.reload(&Config::from_toml(&config.replace("7.0", "9.0")).unwrap());
+        assert_eq!(search.policy.settings().ceiling_rps, 9.0, "a lane follows");
+        assert_eq!(gh.policy.bulkhead.dialect(), Dialect::GitHub, "kept");
+        assert_eq!(search.policy.bulkhead.dialect(), Dialect::GitHub);
+
+        let dc = t.get("discord.com");
+        for channel in 0..MAX_LANES + 5 {
+            t.lane(
+                &dc,
+                &Method::GET,
+                &format!("/api/v10/channels/{}/messages", 100_000 + channel),
+            );
+        }
+        let lanes = t
+            .all()
+            .iter()
+            .filter(|p| p.lane_of.as_deref() == Some("dc"))
+            .count();
+        assert_eq!(lanes, MAX_LANES);
+        let (beyond, r) = t.lane(&dc, &Method::GET, "/api/v10/channels/999999/messages");
+        assert!(
+            Arc::ptr_eq(&beyond, &dc) && r.is_none(),
+            "beyond: the main lane"
+        );
     }
 
     /// Issue 24: the periodic save hands the store only what changed —

@@ -57,6 +57,9 @@
 //! * `/stall` — 200 whose body sends one chunk (`partial`) and then
 //!   nothing, forever.
 //!
+//! Started with [`Sim::start_github`], it answers every path as GitHub's
+//! API does instead ([`crate::github`]).
+//!
 //! Outages, whatever the path: [`Sim::set_outage`] answers every request
 //! with a bare status (a deploy's `503`s) or resets every connection
 //! before an answer; [`Sim::stop`] closes the listener and every open
@@ -78,6 +81,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpListener;
 use tokio::time::Instant;
 
+use crate::github::{GitHub, Limits};
 use crate::model::{Rng, TokenBucket};
 
 /// One request the provider saw.
@@ -148,6 +152,10 @@ struct State {
     quotas: HashMap<String, (Instant, u64, u64)>,
     /// `/graphql`'s points quota: points per window.
     units: Option<(u64, Duration)>,
+    /// Answering as GitHub does, every path ([`Sim::start_github`]).
+    github: Option<GitHub>,
+    /// Requests being answered at once (GitHub's secondary limit).
+    in_flight: usize,
 }
 
 impl State {
@@ -194,6 +202,27 @@ impl Sim {
     /// the tests run).
     pub async fn start_on(ip: &str, port: u16) -> Sim {
         Sim::start_inner(ip, port, None).await
+    }
+
+    /// Starts a plain-HTTP simulator on `ip` that answers every path as
+    /// GitHub's API does ([`crate::github`]), with these limits.
+    pub async fn start_github(ip: &str, limits: Limits) -> Sim {
+        let sim = Sim::start_inner(ip, 0, None).await;
+        sim.state.lock().unwrap().github = Some(GitHub::new(limits));
+        sim
+    }
+
+    /// Reads the GitHub model's record (a simulator started with
+    /// [`Sim::start_github`]).
+    pub fn github<T>(&self, read: impl FnOnce(&GitHub) -> T) -> T {
+        read(
+            self.state
+                .lock()
+                .unwrap()
+                .github
+                .as_ref()
+                .expect("a GitHub simulator"),
+        )
     }
 
     /// Starts an HTTPS simulator with this server config.
@@ -292,6 +321,57 @@ impl Sim {
     pub fn url(&self, scheme: &str, path: &str) -> String {
         format!("{scheme}://{}{path}", self.addr)
     }
+}
+
+/// One request answered by the GitHub model: judged at once, answered
+/// after its service time, counted in flight meanwhile.
+async fn github(
+    state: Arc<Mutex<State>>,
+    req: &Request<Incoming>,
+    version: http::Version,
+    now: Instant,
+) -> Response<Body> {
+    struct InFlight(Arc<Mutex<State>>);
+    impl Drop for InFlight {
+        fn drop(&mut self) {
+            self.0.lock().unwrap().in_flight -= 1;
+        }
+    }
+    let path = req
+        .uri()
+        .path_and_query()
+        .map_or("/", |p| p.as_str())
+        .to_string();
+    let ((status, headers, body), service) = {
+        let mut st = state.lock().unwrap();
+        st.in_flight += 1;
+        let in_flight = st.in_flight;
+        let gh = st.github.as_mut().expect("a GitHub simulator");
+        let answer = gh.answer(&path, in_flight, now);
+        let service = gh.service();
+        st.hits.push(Hit {
+            at: now,
+            path: req.uri().path().to_string(),
+            status: answer.0,
+            version,
+            delay: service,
+        });
+        (answer, service)
+    };
+    let _in_flight = InFlight(state);
+    tokio::time::sleep(service).await;
+    let mut resp = Response::new(Full::new(Bytes::from(body)).map_err(|e| match e {}).boxed());
+    *resp.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::OK);
+    resp.headers_mut().insert(
+        "content-type",
+        "application/json; charset=utf-8".parse().unwrap(),
+    );
+    for (name, value) in headers {
+        if let Ok(v) = value.parse() {
+            resp.headers_mut().insert(name, v);
+        }
+    }
+    resp
 }
 
 /// Accepts and serves connections until aborted; each connection closes
@@ -406,6 +486,9 @@ async fn answer(
                 "outage: reset",
             )),
         };
+    }
+    if state.lock().unwrap().github.is_some() {
+        return Ok(github(state, &req, version, now).await);
     }
     let status: u16 = {
         let mut st = state.lock().unwrap();

@@ -10,6 +10,7 @@ use tower::{Service, ServiceExt};
 use super::{BulkheadFull, BulkheadShared};
 use crate::attempt::Attempt;
 use crate::attempt::Report;
+use crate::classify::Resource;
 use crate::error::{BoxFuture, Cause};
 
 /// An attempt's bulkhead permit, carried in the response's extensions.
@@ -100,6 +101,7 @@ where
             // dialect classifies by their body.
             let dialect = shared.dialect();
             req.extensions_mut().insert(dialect);
+            let lane = req.extensions().get::<Resource>().cloned();
             let start = Instant::now();
             let mut resp = inner.oneshot(req).await.map_err(Into::into)?;
             Report::stamp(
@@ -107,6 +109,7 @@ where
                 start.elapsed(),
                 std::time::SystemTime::now(),
                 dialect,
+                lane.as_ref(),
             );
             resp.extensions_mut().insert(InFlight {
                 _permit: Arc::new(permit),

@@ -131,14 +131,21 @@ impl Dialect {
         }
     }
 
-    /// Whether this dialect reads the body of an answer with `status` to
-    /// classify it (the proxy reads [`ERROR_BODY_MAX`] bytes of it first).
-    pub fn reads_body(self, status: StatusCode) -> bool {
+    /// Whether this dialect reads the body of an answer with `status` and
+    /// `headers` to classify it (the proxy reads [`ERROR_BODY_MAX`] bytes
+    /// of it first). GitHub's GraphQL answers its throttle `200` with
+    /// `x-ratelimit-remaining: 0`: only such a `200`'s body is read, not
+    /// every success's.
+    pub fn reads_body(self, status: StatusCode, headers: &http::HeaderMap) -> bool {
         match self {
             Dialect::Generic | Dialect::Shopify | Dialect::Discord | Dialect::Reddit => false,
             Dialect::OpenAi => status == StatusCode::TOO_MANY_REQUESTS,
             Dialect::Anthropic => false,
-            Dialect::GitHub | Dialect::Salesforce => status == StatusCode::FORBIDDEN,
+            Dialect::GitHub => {
+                status == StatusCode::FORBIDDEN
+                    || status == StatusCode::OK && github_exhausted(headers)
+            }
+            Dialect::Salesforce => status == StatusCode::FORBIDDEN,
             Dialect::Google => matches!(status.as_u16(), 403 | 429),
         }
     }
@@ -172,6 +179,15 @@ impl Dialect {
             }
             // The provider's capacity: pressure to weigh, no hold.
             (Dialect::Anthropic, 529) => Outcome::Overloaded { status: code },
+            // GraphQL's primary limit: `200`, nothing remaining, and
+            // `RATE_LIMITED` among the errors (docs: "Rate limits and query
+            // limits for the GraphQL API"); held until the reset.
+            (Dialect::GitHub, 200) if github_exhausted(headers) && says("RATE_LIMITED") => {
+                throttled(
+                    header(headers, "x-ratelimit-reset")
+                        .and_then(|v| formats::epoch_seconds(v, now_wall)),
+                )
+            }
             (Dialect::GitHub, 403 | 429) => {
                 let remaining = header(headers, "x-ratelimit-remaining").and_then(formats::count);
                 let reset = || {
@@ -217,6 +233,11 @@ fn header<'h>(headers: &'h http::HeaderMap, name: &str) -> Option<&'h str> {
     headers.get(name).and_then(|v| v.to_str().ok())
 }
 
+/// GitHub says nothing of its budget remains.
+fn github_exhausted(headers: &http::HeaderMap) -> bool {
+    header(headers, "x-ratelimit-remaining").and_then(formats::count) == Some(0)
+}
+
 /// `google.rpc.RetryInfo`'s `"retryDelay": "53s"` (a protobuf Duration in
 /// JSON: decimal seconds with an `s`), if the body carries one.
 fn google_retry_delay(body: Option<&str>) -> Option<Duration> {
@@ -242,7 +263,7 @@ mod tests {
             );
         }
         let status = StatusCode::from_u16(status).unwrap();
-        let body = dialect.reads_body(status).then_some(body.as_bytes());
+        let body = dialect.reads_body(status, &h).then_some(body.as_bytes());
         dialect.classify(
             status,
             &h,
@@ -338,6 +359,24 @@ mod tests {
             ),
             throttle(429, Some(5))
         );
+        // GraphQL's primary limit, answered 200: a throttle until the
+        // reset; the last point spent is a success, and a 200 with budget
+        // left is not even read.
+        let exhausted = [
+            ("x-ratelimit-remaining", "0"),
+            ("x-ratelimit-reset", "1800000007"),
+            ("x-ratelimit-resource", "graphql"),
+        ];
+        let limited = r#"{"errors":[{"type":"RATE_LIMITED","message":"API rate limit exceeded for user ID 1."}]}"#;
+        assert_eq!(
+            classify(gh, 200, &exhausted, limited),
+            throttle(200, Some(7))
+        );
+        assert_eq!(
+            classify(gh, 200, &exhausted, r#"{"data":{"viewer":{"login":"o"}}}"#),
+            Outcome::Success
+        );
+        assert!(!gh.reads_body(StatusCode::OK, &http::HeaderMap::new()));
         // The generic reading of the same 403: the client's.
         assert_eq!(
             classify(Dialect::Generic, 403, &[("x-ratelimit-remaining", "0")], ""),

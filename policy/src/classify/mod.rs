@@ -22,10 +22,14 @@
 //!   Anthropic `529` that is capacity, a Google delay in the body — a
 //!   table that maps a response to an outcome, not a change to every
 //!   layer.
+//! * [`Resource`] (`resource.rs`) — which of a provider's budgets a
+//!   request draws on when one host keeps several (R-PD1): GitHub's
+//!   `search` beside `core`, Discord's per-route buckets.
 
 pub mod dialect;
 pub mod formats;
 pub mod outcome;
+pub mod resource;
 pub mod retry_after;
 mod signal;
 
@@ -33,6 +37,7 @@ use std::time::SystemTime;
 
 pub use self::dialect::{Dialect, ErrorBody};
 pub use self::outcome::Outcome;
+pub use self::resource::Resource;
 pub use self::signal::Signal;
 use crate::attempt::Report;
 use crate::error::Cause;

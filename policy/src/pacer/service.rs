@@ -85,7 +85,11 @@ where
                         report.charged = extra;
                     }
                 }
-                quota = Some(quota::advertised(resp.headers(), wall));
+                // Headers that speak for another of the provider's
+                // budgets (R-PD1) are not this lane's to pace by.
+                if !Report::of(resp).is_some_and(|r| r.other_budget) {
+                    quota = Some(quota::advertised(resp.headers(), wall));
+                }
             }
             // Outcome, charge, quota: one call, one lock.
             shared.answered(outcome, sent_at, ttfb, extra, quota);

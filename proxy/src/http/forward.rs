@@ -142,7 +142,14 @@ pub async fn forward(
     }
     parts.version = http::Version::HTTP_11;
 
-    let provider = app.providers.get(&host);
+    // The provider's lane: its own, or one of a budget of its own on the
+    // same hosts (R-PD1), which the request then carries to the layers.
+    let base = app.providers.get(&host);
+    let (provider, resource) = app.providers.lane(&base, &parts.method, parts.uri.path());
+    drop(base);
+    if let Some(resource) = resource {
+        parts.extensions.insert(resource);
+    }
     let body = match request_body(&provider, &parts, body).await {
         Ok(body) => body,
         Err(refusal) => return refusal.into_response(),

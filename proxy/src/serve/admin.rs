@@ -335,6 +335,9 @@ fn provider_json(
         "pace_authority": s.pacer.authority,
         // How its answers are read (R-PD2): by its host or its config.
         "dialect": p.policy.bulkhead.dialect().name(),
+        // A budget of its own on its provider's hosts (R-PD1): the
+        // provider it is a lane of (its name is `{resource}@{provider}`).
+        "lane_of": p.lane_of,
         "quota": s.pacer.quota.map_or_else(unknown, |q| json!({
             "family": q.advertised.family.label(),
             "limit": q.advertised.limit.map_or_else(unknown, |l| json!(l)),
@@ -418,6 +421,7 @@ fn unknown_json(app: &App, name: &str, with_evidence: bool) -> Value {
         "outage": "unknown",
         "pace_authority": "unknown",
         "dialect": "unknown",
+        "lane_of": null,
         "quota": "unknown",
         "shared": "unknown",
         "last_backoff": "unknown",

@@ -128,7 +128,7 @@ impl Service<Request<ProxyBody>> for Upstream {
         Box::pin(async move {
             let resp = fut.await.map_err(|e| Cause::Upstream(classify(e.into())))?;
             let (mut parts, body) = resp.into_parts();
-            let body = if dialect.is_some_and(|d| d.reads_body(parts.status)) {
+            let body = if dialect.is_some_and(|d| d.reads_body(parts.status, &parts.headers)) {
                 let (read, body) = UpstreamBody::read_ahead(body, ERROR_BODY_MAX).await;
                 parts.extensions.insert(ErrorBody(read));
                 body

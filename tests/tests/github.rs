@@ -1,0 +1,129 @@
+//! Several budgets on one host, as GitHub keeps them (issue 35, R-PD1,
+//! R-PD3, R-PD6), through the real binary: a simulator written from
+//! GitHub's documentation (`sluice_tests::github`), naive Python clients
+//! that know nothing of it, configured only by `HTTP_PROXY`.
+
+use std::time::Duration;
+
+use serde_json::Value;
+use sluice_tests::clients::{curl, naive_clients};
+use sluice_tests::github::Limits;
+use sluice_tests::harness::Sluice;
+use sluice_tests::sim::Sim;
+
+fn config(ip: &str) -> String {
+    format!(
+        "[destinations]\nallow = [\"127.0.0.0/8\"]\n\
+         [providers.gh]\nhosts = [\"{ip}\"]\ndialect = \"github\"\n"
+    )
+}
+
+async fn readout(s: &Sluice, name: &str) -> Value {
+    s.api("GET", &format!("/v1/providers/{name}"), None).await.1
+}
+
+/// R-PD1, R-PD3: `core` (600 a minute) and `search` (30 a minute) on one
+/// host, each reset at a Unix time, throttled with `403`s (primary and
+/// secondary). Naive clients hammer both at once: `search` runs dry every
+/// window, and `core` is never slowed by it — each budget used ≥ 0.9 in
+/// its second window, ≤ 1 % of its requests refused after the first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn core_and_search_are_paced_apart() {
+    let ip = "127.0.7.1";
+    let gh = Sim::start_github(ip, Limits::default()).await;
+    let s = Sluice::start(&config(ip));
+    let proxy = s.proxy_url();
+    let secs = 125;
+    let (core_url, search_url) = (
+        gh.url("http", "/repos/o/r/issues"),
+        gh.url("http", "/search/issues?q=x"),
+    );
+    let (core, search) = tokio::join!(
+        naive_clients(&proxy, &core_url, 8, secs, &[]),
+        naive_clients(&proxy, &search_url, 4, secs, &[]),
+    );
+    let lane = readout(&s, "search@gh").await;
+    let main = readout(&s, "gh").await;
+    println!("core clients saw {core}; search clients saw {search}");
+    for (resource, limit) in [("core", 600.0), ("search", 30.0)] {
+        let (served, refused, all) = gh.github(|g| g.window(resource, 1));
+        let (refused_after, all_after) = gh.github(|g| g.refused_from(resource, 1));
+        let (served0, refused0, all0) = gh.github(|g| g.window(resource, 0));
+        println!(
+            "{resource}: first window {served0} served, {refused0} of {all0} refused; \
+             second window {served} served ({:.3} of {limit}), {refused} of {all} refused; \
+             from the second on {refused_after} of {all_after} refused",
+            served as f64 / limit
+        );
+        assert!(
+            served as f64 >= 0.9 * limit,
+            "{resource}: {served} of {limit} used in the second window"
+        );
+        assert!(
+            refused_after as f64 <= 0.01 * all_after as f64,
+            "{resource}: {refused_after} of {all_after} refused after the first window"
+        );
+    }
+    assert_eq!(lane["lane_of"], "gh", "{lane}");
+    assert_eq!(lane["dialect"], "github");
+    assert_eq!(
+        lane["quota"]["limit"], 30,
+        "search paced to its own: {lane}"
+    );
+    assert_eq!(main["quota"]["limit"], 600, "core paced to its own: {main}");
+}
+
+/// R-PD3: GitHub GraphQL's primary limit answers `200` with
+/// `RATE_LIMITED`: held like a `429` — the next query waits for the
+/// window's reset instead of being refused again — and `core` beside it
+/// is not held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_graphql_200_rate_limited_is_held_like_a_429() {
+    let ip = "127.0.7.2";
+    let limits = Limits {
+        budgets: vec![("core", 600), ("graphql", 10)],
+        window: Duration::from_secs(6),
+        ..Limits::default()
+    };
+    let gh = Sim::start_github(ip, limits).await;
+    let s = Sluice::start(&config(ip));
+    let proxy = s.proxy_url();
+    let max = Duration::from_secs(20);
+    let query = ["-X", "POST", "-d", r#"{"query":"{viewer{login}}"}"#];
+    // Ten points a window: a query of 2 leaves 8, one of 9 cannot be paid.
+    let first = curl(&proxy, &query, &gh.url("http", "/graphql?points=2"), max).await;
+    assert!(first.body.contains("viewer"), "served: {}", first.body);
+    let refused = curl(&proxy, &query, &gh.url("http", "/graphql?points=9"), max).await;
+    assert_eq!(refused.status, 200);
+    assert!(
+        refused.body.contains("RATE_LIMITED"),
+        "the costly query was refused: {}",
+        refused.body
+    );
+    let limited_at = gh.github(|g| g.judged.last().unwrap().at);
+    let lane = readout(&s, "graphql@gh").await;
+    assert_eq!(
+        lane["last_backoff"]["reason"], "throttled",
+        "a 200 RATE_LIMITED is a throttle: {lane}"
+    );
+    // `core` is not held by GraphQL's hold.
+    let r = curl(&proxy, &[], &gh.url("http", "/user"), max).await;
+    assert_eq!(r.status, 200);
+    let core_at = gh.github(|g| g.judged.last().unwrap().at);
+    // The next query waits for the reset, and is served.
+    let r = curl(&proxy, &query, &gh.url("http", "/graphql?points=2"), max).await;
+    assert_eq!(r.status, 200);
+    assert!(
+        r.body.contains("viewer"),
+        "served after the reset: {}",
+        r.body
+    );
+    let judged = gh.github(|g| g.judged.clone());
+    let graphql: Vec<_> = judged.iter().filter(|j| j.resource == "graphql").collect();
+    assert_eq!(graphql.len(), 3, "no query refused twice: {judged:?}");
+    assert_eq!(graphql[2].window, 1, "sent in the next window: {judged:?}");
+    assert!(
+        core_at.duration_since(limited_at) < Duration::from_secs(2),
+        "core went on at once"
+    );
+}
