@@ -27,6 +27,8 @@ use std::time::{Duration, SystemTime};
 
 use tokio::time::Instant;
 
+use crate::sim::{Model, ModelAnswer};
+
 /// The limits of the model.
 #[derive(Debug, Clone)]
 pub struct Limits {
@@ -103,9 +105,6 @@ pub struct GitHub {
     pub judged: Vec<Judged>,
 }
 
-/// The model's answer: status, headers, body.
-pub type Answer = (u16, Vec<(&'static str, String)>, String);
-
 impl GitHub {
     /// A model with these limits.
     pub fn new(limits: Limits) -> GitHub {
@@ -114,11 +113,6 @@ impl GitHub {
             windows: HashMap::new(),
             judged: Vec::new(),
         }
-    }
-
-    /// How long each answer takes.
-    pub fn service(&self) -> Duration {
-        self.limits.service
     }
 
     /// The budget a path draws on (the docs' list of endpoints).
@@ -133,10 +127,20 @@ impl GitHub {
             "core"
         }
     }
+}
 
-    /// Answers one request to `path` (with its query), `in_flight`
-    /// requests being served at once (this one included).
-    pub fn answer(&mut self, path_and_query: &str, in_flight: usize, now: Instant) -> Answer {
+impl Model for GitHub {
+    fn service(&self) -> Duration {
+        self.limits.service
+    }
+
+    fn answer(
+        &mut self,
+        _method: &http::Method,
+        path_and_query: &str,
+        in_flight: usize,
+        now: Instant,
+    ) -> ModelAnswer {
         let (path, query) = path_and_query
             .split_once('?')
             .unwrap_or((path_and_query, ""));
@@ -229,7 +233,9 @@ impl GitHub {
             Verdict::Served => (200, headers, r#"[{"id":1}]"#.into()),
         }
     }
+}
 
+impl GitHub {
     /// What `resource`'s window number `window` saw: served, refused (by
     /// either limit) and all requests.
     pub fn window(&self, resource: &str, window: u64) -> (usize, usize, usize) {

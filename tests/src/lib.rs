@@ -7,6 +7,7 @@
 
 pub mod answers;
 pub mod clients;
+pub mod discord;
 pub mod github;
 pub mod haproxy;
 pub mod harness;

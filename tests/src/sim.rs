@@ -57,8 +57,8 @@
 //! * `/stall` — 200 whose body sends one chunk (`partial`) and then
 //!   nothing, forever.
 //!
-//! Started with [`Sim::start_github`], it answers every path as GitHub's
-//! API does instead ([`crate::github`]).
+//! Started with [`Sim::start_model`], it answers every path as a provider's
+//! documentation says instead ([`crate::github`], [`crate::discord`]).
 //!
 //! Outages, whatever the path: [`Sim::set_outage`] answers every request
 //! with a bare status (a deploy's `503`s) or resets every connection
@@ -81,7 +81,6 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpListener;
 use tokio::time::Instant;
 
-use crate::github::{GitHub, Limits};
 use crate::model::{Rng, TokenBucket};
 
 /// One request the provider saw.
@@ -152,8 +151,9 @@ struct State {
     quotas: HashMap<String, (Instant, u64, u64)>,
     /// `/graphql`'s points quota: points per window.
     units: Option<(u64, Duration)>,
-    /// Answering as GitHub does, every path ([`Sim::start_github`]).
-    github: Option<GitHub>,
+    /// Answering as a provider's documentation says, every path
+    /// ([`Sim::start_model`]).
+    model: Option<Box<dyn Model>>,
     /// Requests being answered at once (GitHub's secondary limit).
     in_flight: usize,
 }
@@ -205,24 +205,19 @@ impl Sim {
     }
 
     /// Starts a plain-HTTP simulator on `ip` that answers every path as
-    /// GitHub's API does ([`crate::github`]), with these limits.
-    pub async fn start_github(ip: &str, limits: Limits) -> Sim {
+    /// `model` says (a provider written from its documentation:
+    /// [`crate::github`], [`crate::discord`]).
+    pub async fn start_model(ip: &str, model: impl Model) -> Sim {
         let sim = Sim::start_inner(ip, 0, None).await;
-        sim.state.lock().unwrap().github = Some(GitHub::new(limits));
+        sim.state.lock().unwrap().model = Some(Box::new(model));
         sim
     }
 
-    /// Reads the GitHub model's record (a simulator started with
-    /// [`Sim::start_github`]).
-    pub fn github<T>(&self, read: impl FnOnce(&GitHub) -> T) -> T {
-        read(
-            self.state
-                .lock()
-                .unwrap()
-                .github
-                .as_ref()
-                .expect("a GitHub simulator"),
-        )
+    /// Reads the model of a simulator started with [`Sim::start_model`].
+    pub fn model<M: Model, T>(&self, read: impl FnOnce(&M) -> T) -> T {
+        let st = self.state.lock().unwrap();
+        let any: &dyn std::any::Any = st.model.as_deref().expect("a model");
+        read(any.downcast_ref::<M>().expect("a model of this kind"))
     }
 
     /// Starts an HTTPS simulator with this server config.
@@ -323,9 +318,27 @@ impl Sim {
     }
 }
 
-/// One request answered by the GitHub model: judged at once, answered
-/// after its service time, counted in flight meanwhile.
-async fn github(
+/// A provider as its documentation describes it: answers every request.
+pub trait Model: std::any::Any + Send + std::fmt::Debug {
+    /// The answer to a request of `method` to `path_and_query`, `in_flight`
+    /// requests being answered at once (this one included).
+    fn answer(
+        &mut self,
+        method: &http::Method,
+        path_and_query: &str,
+        in_flight: usize,
+        now: Instant,
+    ) -> ModelAnswer;
+    /// How long each answer takes.
+    fn service(&self) -> Duration;
+}
+
+/// A model's answer: status, headers, body.
+pub type ModelAnswer = (u16, Vec<(&'static str, String)>, String);
+
+/// One request answered by the model: judged at once, answered after its
+/// service time, counted in flight meanwhile.
+async fn modelled(
     state: Arc<Mutex<State>>,
     req: &Request<Incoming>,
     version: http::Version,
@@ -346,9 +359,9 @@ async fn github(
         let mut st = state.lock().unwrap();
         st.in_flight += 1;
         let in_flight = st.in_flight;
-        let gh = st.github.as_mut().expect("a GitHub simulator");
-        let answer = gh.answer(&path, in_flight, now);
-        let service = gh.service();
+        let model = st.model.as_mut().expect("a model");
+        let answer = model.answer(req.method(), &path, in_flight, now);
+        let service = model.service();
         st.hits.push(Hit {
             at: now,
             path: req.uri().path().to_string(),
@@ -487,8 +500,8 @@ async fn answer(
             )),
         };
     }
-    if state.lock().unwrap().github.is_some() {
-        return Ok(github(state, &req, version, now).await);
+    if state.lock().unwrap().model.is_some() {
+        return Ok(modelled(state, &req, version, now).await);
     }
     let status: u16 = {
         let mut st = state.lock().unwrap();

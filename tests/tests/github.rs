@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use serde_json::Value;
 use sluice_tests::clients::{curl, naive_clients};
-use sluice_tests::github::Limits;
+use sluice_tests::discord::{Discord, Route};
+use sluice_tests::github::{GitHub, Limits};
 use sluice_tests::harness::Sluice;
 use sluice_tests::sim::Sim;
 
@@ -30,7 +31,7 @@ async fn readout(s: &Sluice, name: &str) -> Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn core_and_search_are_paced_apart() {
     let ip = "127.0.7.1";
-    let gh = Sim::start_github(ip, Limits::default()).await;
+    let gh = Sim::start_model(ip, GitHub::new(Limits::default())).await;
     let s = Sluice::start(&config(ip));
     let proxy = s.proxy_url();
     let secs = 125;
@@ -46,9 +47,9 @@ async fn core_and_search_are_paced_apart() {
     let main = readout(&s, "gh").await;
     println!("core clients saw {core}; search clients saw {search}");
     for (resource, limit) in [("core", 600.0), ("search", 30.0)] {
-        let (served, refused, all) = gh.github(|g| g.window(resource, 1));
-        let (refused_after, all_after) = gh.github(|g| g.refused_from(resource, 1));
-        let (served0, refused0, all0) = gh.github(|g| g.window(resource, 0));
+        let (served, refused, all) = gh.model(|g: &GitHub| g.window(resource, 1));
+        let (refused_after, all_after) = gh.model(|g: &GitHub| g.refused_from(resource, 1));
+        let (served0, refused0, all0) = gh.model(|g: &GitHub| g.window(resource, 0));
         println!(
             "{resource}: first window {served0} served, {refused0} of {all0} refused; \
              second window {served} served ({:.3} of {limit}), {refused} of {all} refused; \
@@ -85,7 +86,7 @@ async fn a_graphql_200_rate_limited_is_held_like_a_429() {
         window: Duration::from_secs(6),
         ..Limits::default()
     };
-    let gh = Sim::start_github(ip, limits).await;
+    let gh = Sim::start_model(ip, GitHub::new(limits)).await;
     let s = Sluice::start(&config(ip));
     let proxy = s.proxy_url();
     let max = Duration::from_secs(20);
@@ -100,7 +101,7 @@ async fn a_graphql_200_rate_limited_is_held_like_a_429() {
         "the costly query was refused: {}",
         refused.body
     );
-    let limited_at = gh.github(|g| g.judged.last().unwrap().at);
+    let limited_at = gh.model(|g: &GitHub| g.judged.last().unwrap().at);
     let lane = readout(&s, "graphql@gh").await;
     assert_eq!(
         lane["last_backoff"]["reason"], "throttled",
@@ -109,7 +110,7 @@ async fn a_graphql_200_rate_limited_is_held_like_a_429() {
     // `core` is not held by GraphQL's hold.
     let r = curl(&proxy, &[], &gh.url("http", "/user"), max).await;
     assert_eq!(r.status, 200);
-    let core_at = gh.github(|g| g.judged.last().unwrap().at);
+    let core_at = gh.model(|g: &GitHub| g.judged.last().unwrap().at);
     // The next query waits for the reset, and is served.
     let r = curl(&proxy, &query, &gh.url("http", "/graphql?points=2"), max).await;
     assert_eq!(r.status, 200);
@@ -118,7 +119,7 @@ async fn a_graphql_200_rate_limited_is_held_like_a_429() {
         "served after the reset: {}",
         r.body
     );
-    let judged = gh.github(|g| g.judged.clone());
+    let judged = gh.model(|g: &GitHub| g.judged.clone());
     let graphql: Vec<_> = judged.iter().filter(|j| j.resource == "graphql").collect();
     assert_eq!(graphql.len(), 3, "no query refused twice: {judged:?}");
     assert_eq!(graphql[2].window, 1, "sent in the next window: {judged:?}");
@@ -126,4 +127,66 @@ async fn a_graphql_200_rate_limited_is_held_like_a_429() {
         core_at.duration_since(limited_at) < Duration::from_secs(2),
         "core went on at once"
     );
+}
+
+/// R-PD1, R-PD6, Discord: two routes' buckets on one host (each counted
+/// for its major parameter, each window reset after milliseconds-precise
+/// `X-RateLimit-Reset-After`) are paced apart — no refusal after each
+/// bucket's first answer (Discord bans clients for too many: no probing
+/// above a told limit) — and each is used ≥ 0.9.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn discord_buckets_are_paced_apart_without_a_refusal() {
+    let ip = "127.0.7.3";
+    let routes = vec![
+        Route {
+            route: "GET /channels/{major}/messages",
+            limit: 5,
+            per: Duration::from_secs(1),
+        },
+        Route {
+            route: "GET /guilds/{major}/members",
+            limit: 10,
+            per: Duration::from_secs(2),
+        },
+    ];
+    let dc = Sim::start_model(ip, Discord::new(routes)).await;
+    let s = Sluice::start(&format!(
+        "[destinations]\nallow = [\"127.0.0.0/8\"]\n\
+         [providers.dc]\nhosts = [\"{ip}\"]\ndialect = \"discord\"\n"
+    ));
+    let proxy = s.proxy_url();
+    let (messages, members) = (
+        dc.url("http", "/api/v10/channels/111111/messages"),
+        dc.url("http", "/api/v10/guilds/222222/members"),
+    );
+    let (a, b) = tokio::join!(
+        naive_clients(&proxy, &messages, 4, 30, &[]),
+        naive_clients(&proxy, &members, 4, 30, &[]),
+    );
+    println!("messages clients saw {a}; members clients saw {b}");
+    for (bucket, rate) in [
+        ("GET /channels/111111/messages", 5.0),
+        ("GET /guilds/222222/members", 5.0),
+    ] {
+        let (first, last) = dc.model(|d: &Discord| {
+            let first = d.first(bucket).expect("the bucket was used");
+            let last = d
+                .judged
+                .iter()
+                .rev()
+                .find(|j| j.bucket == bucket)
+                .unwrap()
+                .at;
+            (first, last)
+        });
+        // After its first answer (5 ms of service, and the way back).
+        let (_, refused) =
+            dc.model(|d: &Discord| d.seen_from(bucket, first + Duration::from_millis(100)));
+        let from = first + Duration::from_secs(2);
+        let (served, _) = dc.model(|d: &Discord| d.seen_from(bucket, from));
+        let used = served as f64 / (last - from).as_secs_f64() / rate;
+        println!("{bucket}: {refused} refused after the first answer; {used:.3} of the limit used");
+        assert_eq!(refused, 0, "{bucket}: refused after its first answer");
+        assert!(used >= 0.9, "{bucket}: {used:.3} of the limit used");
+    }
 }

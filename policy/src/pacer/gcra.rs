@@ -126,6 +126,14 @@ impl Gcra {
         self.interval = interval;
     }
 
+    /// Lets the next request go by `at` at the latest: a quota whole again
+    /// at its reset owes nothing to the spacing of the window before it.
+    pub fn due_by(&mut self, at: Instant) {
+        if self.tat.is_some_and(|tat| tat > at) {
+            self.tat = Some(at);
+        }
+    }
+
     /// Charges `units` more intervals to the last admission: a request that
     /// costs several units takes as many slots (R-FS2), paid after it goes,
     /// so that the next request waits for them.

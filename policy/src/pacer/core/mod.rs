@@ -544,6 +544,23 @@ mod tests {
         assert_eq!(core.next_slot(now), now + Duration::from_millis(2_500));
     }
 
+    /// A window spent just before its reset: the next window's first
+    /// request goes at the reset, not an interval (at the slower rate
+    /// learned before) after the last one — a short window (Discord's 5 a
+    /// second) lost a sixth of itself to that each time.
+    #[test]
+    fn a_spent_window_lets_its_next_go_at_the_reset() {
+        let mut settings = ProviderSettings::with_ceiling(50.0);
+        settings.start_rps = Some(2.0);
+        let mut core = PacerCore::new(&settings);
+        let now = Instant::now();
+        assert!(core.try_admit(now));
+        let fb = core.on_quota(advert(0, 10), now, now);
+        let reset = now + Duration::from_millis(10);
+        assert_eq!(fb.hold_until, Some(reset));
+        assert_eq!(core.next_slot(now), reset, "not half a second on");
+    }
+
     /// A provider that throttles below what it advertises is no longer
     /// taken at its word: AIMD cuts from the advertised rate and its later
     /// adverts only cap the pace.

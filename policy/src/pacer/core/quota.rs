@@ -249,6 +249,13 @@ impl PacerCore {
             }
         }
         self.sync_interval();
+        if q.rate.is_none() {
+            // Spent: the window is whole again at its reset, and its first
+            // request goes then — not an interval after this window's last
+            // (at the learned rate, up to a sixth of a short window lost
+            // each time: Discord's 5 a second were used at 0.87).
+            self.gcra.due_by(q.hi);
+        }
         fb.increased = self.gcra.interval() < before;
         fb
     }
