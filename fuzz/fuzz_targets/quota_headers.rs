@@ -1,5 +1,6 @@
 //! The quota header families (`RateLimit`, `RateLimit-Policy`,
-//! `RateLimit-*`, `X-RateLimit-*`) from arbitrary bytes: lines of
+//! `RateLimit-*`, `X-RateLimit-*`, and the dialects' own: Shopify's call
+//! limit, Salesforce's usage) from arbitrary bytes: lines of
 //! `name: value`. Never panics; an answer is either advertised, absent or
 //! malformed.
 #![no_main]
@@ -8,7 +9,7 @@ use std::time::{Duration, SystemTime};
 
 use libfuzzer_sys::fuzz_target;
 
-const NAMES: [&str; 10] = [
+const NAMES: [&str; 12] = [
     "ratelimit",
     "ratelimit-policy",
     "ratelimit-limit",
@@ -19,6 +20,8 @@ const NAMES: [&str; 10] = [
     "x-ratelimit-reset",
     "x-ratelimit-reset-after",
     "retry-after",
+    "x-shopify-shop-api-call-limit",
+    "sforce-limit-info",
 ];
 
 fuzz_target!(|data: &[u8]| {
@@ -34,4 +37,7 @@ fuzz_target!(|data: &[u8]| {
     }
     let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
     let _ = sluice_policy::quota::advertised(&headers, now);
+    for (_, dialect) in sluice_policy::classify::Dialect::ALL {
+        let _ = sluice_policy::quota::advertised_by(dialect, &headers, now);
+    }
 });

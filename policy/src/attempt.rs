@@ -31,6 +31,7 @@ use http::{Method, Request};
 use tokio::time::Instant;
 
 use crate::classify::{Dialect, ErrorBody, Outcome, Resource};
+use crate::quota::{Advertised, Malformed};
 use crate::run::RunHandle;
 
 /// A request's run, as the layers see it ([`Attempt::run`]).
@@ -75,7 +76,7 @@ impl Attempt {
 }
 
 /// What one attempt learned, in its response's extensions.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Report {
     /// From the moment the attempt held its permit (waiting inside sluice
     /// never reads as a slow provider) to the response head.
@@ -85,10 +86,11 @@ pub struct Report {
     /// Units the provider said it charged beyond the request's price (its
     /// cost header), for the run's count (R-FS2); 0 if none.
     pub charged: u32,
-    /// Its quota headers speak for another of the provider's budgets than
-    /// the one its request drew on (R-PD1, [`Dialect::speaks_for_another`]):
-    /// not its lane's to pace by.
-    pub other_budget: bool,
+    /// The quota its headers advertise, read by the provider's dialect
+    /// (R-SG1, R-PD2) — `None` when they speak for another of the
+    /// provider's budgets than the one its request drew on (R-PD1,
+    /// [`Dialect::speaks_for_another`]): not its lane's to pace by.
+    pub quota: Option<Result<Option<Advertised>, Malformed>>,
 }
 
 impl Report {
@@ -111,12 +113,13 @@ impl Report {
     ) -> Outcome {
         let body = resp.extensions().get::<ErrorBody>().map(|b| &b.0[..]);
         let outcome = dialect.classify(resp.status(), resp.headers(), body, now_wall);
-        let other_budget = dialect.speaks_for_another(resp.headers(), lane);
+        let quota = (!dialect.speaks_for_another(resp.headers(), lane))
+            .then(|| crate::quota::advertised_by(dialect, resp.headers(), now_wall));
         resp.extensions_mut().insert(Report {
             ttfb,
             outcome,
             charged: 0,
-            other_budget,
+            quota,
         });
         outcome
     }

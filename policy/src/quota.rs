@@ -24,7 +24,7 @@ use std::time::{Duration, SystemTime};
 
 use http::HeaderMap;
 
-use crate::classify::formats;
+use crate::classify::{formats, Dialect};
 
 /// The longest window or reset believed (a day, like `Retry-After`).
 pub const MAX_BELIEVED: Duration = crate::classify::retry_after::MAX_BELIEVED;
@@ -57,6 +57,13 @@ pub enum Family {
     /// None advertised: a fixed window learned from the provider's
     /// `Retry-After`s.
     Learned,
+    /// A budget that refills continuously (R-PD1): a leaky bucket
+    /// (Shopify's `X-Shopify-Shop-Api-Call-Limit: 32/40`, draining 2 a
+    /// second) or a rolling allowance (Salesforce's `Sforce-Limit-Info:
+    /// api-usage=18/5000` over 24 hours). `remaining` can be spent at once,
+    /// `limit / window` is the refill rate, `reset` is until it is whole
+    /// again — there is no window's end to spend it by.
+    Bucket,
 }
 
 impl Family {
@@ -66,6 +73,7 @@ impl Family {
             Family::Ietf => "ratelimit",
             Family::XRateLimit => "x-ratelimit",
             Family::Learned => "learned_window",
+            Family::Bucket => "bucket",
         }
     }
 }
@@ -99,6 +107,75 @@ impl Advertised {
             _ => None,
         }
     }
+}
+
+/// The quota a response of a provider speaking `dialect` advertises
+/// (R-PD2): its own headers where it has them (Shopify's call limit,
+/// Salesforce's daily usage), else the generic families.
+pub fn advertised_by(
+    dialect: Dialect,
+    headers: &HeaderMap,
+    now_wall: SystemTime,
+) -> Result<Option<Advertised>, Malformed> {
+    let own = match dialect {
+        Dialect::Shopify => shopify(headers),
+        Dialect::Salesforce => salesforce(headers),
+        _ => Ok(None),
+    };
+    match own? {
+        Some(a) => Ok(Some(a)),
+        None => advertised(headers, now_wall),
+    }
+}
+
+/// A used/size pair (`32/40`, `api-usage=18/5000`'s value).
+fn used_of(v: &str) -> Option<(u64, u64)> {
+    let (used, size) = v.trim().split_once('/')?;
+    let (used, size) = (formats::count(used)?, formats::count(size)?);
+    (size > 0).then_some((used.min(size), size))
+}
+
+/// Shopify's REST call limit: `X-Shopify-Shop-Api-Call-Limit: 32/40`, a
+/// leaky bucket that drains a twentieth of its size a second (40 at 2/s,
+/// Plus's 400 at 20/s — "REST Admin API rate limits").
+fn shopify(headers: &HeaderMap) -> Result<Option<Advertised>, Malformed> {
+    let Some(v) = text(headers, "x-shopify-shop-api-call-limit") else {
+        return Ok(None);
+    };
+    let (used, size) = used_of(v).ok_or(Malformed(Family::Bucket))?;
+    let window = Duration::from_secs(20);
+    Ok(Some(Advertised {
+        limit: Some(size),
+        window: Some(window),
+        remaining: size - used,
+        reset: window.mul_f64(used as f64 / size as f64),
+        granularity: Duration::ZERO,
+        family: Family::Bucket,
+    }))
+}
+
+/// Salesforce's `Sforce-Limit-Info: api-usage=18/5000`: API requests in
+/// the last 24 hours, a rolling allowance ("API Request Limits and
+/// Allocations").
+fn salesforce(headers: &HeaderMap) -> Result<Option<Advertised>, Malformed> {
+    let Some(v) = text(headers, "sforce-limit-info") else {
+        return Ok(None);
+    };
+    let usage = v
+        .split(',')
+        .find_map(|p| p.trim().strip_prefix("api-usage="))
+        .and_then(used_of)
+        .ok_or(Malformed(Family::Bucket))?;
+    let (used, size) = usage;
+    let window = Duration::from_secs(24 * 3600);
+    Ok(Some(Advertised {
+        limit: Some(size),
+        window: Some(window),
+        remaining: size - used,
+        reset: window.mul_f64(used as f64 / size as f64),
+        granularity: Duration::ZERO,
+        family: Family::Bucket,
+    }))
 }
 
 /// The quota a response advertises: `Ok(None)` when it advertises none.
@@ -318,6 +395,67 @@ mod tests {
 
     fn parse(pairs: &[(&str, &str)]) -> Result<Option<Advertised>, Malformed> {
         advertised(&headers(pairs), now())
+    }
+
+    /// R-PD2: Shopify's call limit and Salesforce's daily usage, read by
+    /// their dialects as budgets that refill; the generic families still
+    /// read for every other dialect, and these headers mean nothing to
+    /// them.
+    #[test]
+    fn shopify_and_salesforce_budgets() {
+        let read = |d: Dialect, pairs: &[(&str, &str)]| advertised_by(d, &headers(pairs), now());
+        let a = read(
+            Dialect::Shopify,
+            &[("x-shopify-shop-api-call-limit", "32/40")],
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(a.family, Family::Bucket);
+        assert_eq!((a.limit, a.remaining), (Some(40), 8));
+        assert_eq!(a.policy_rate(), Some(2.0));
+        assert_eq!(a.reset, Duration::from_secs(16));
+        let plus = read(
+            Dialect::Shopify,
+            &[("x-shopify-shop-api-call-limit", "1/400")],
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(plus.policy_rate(), Some(20.0));
+        let sf = read(
+            Dialect::Salesforce,
+            &[("sforce-limit-info", "api-usage=18/5000")],
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!((sf.limit, sf.remaining), (Some(5000), 4982));
+        assert_eq!(sf.window, Some(Duration::from_secs(86_400)));
+        assert!(read(
+            Dialect::Shopify,
+            &[("x-shopify-shop-api-call-limit", "x/40")]
+        )
+        .is_err());
+        assert!(read(
+            Dialect::Shopify,
+            &[("x-shopify-shop-api-call-limit", "3/0")]
+        )
+        .is_err());
+        assert_eq!(
+            read(
+                Dialect::Generic,
+                &[("x-shopify-shop-api-call-limit", "32/40")]
+            ),
+            Ok(None)
+        );
+        let generic = read(
+            Dialect::Shopify,
+            &[
+                ("x-ratelimit-remaining", "996.0"),
+                ("x-ratelimit-reset", "432"),
+            ],
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(generic.remaining, 996);
     }
 
     /// Found by fuzzing (`fuzz/fuzz_targets/quota_headers.rs`): a Unix-time

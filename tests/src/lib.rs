@@ -17,5 +17,6 @@ pub mod nginx;
 pub mod pki;
 pub mod procfs;
 pub mod redis;
+pub mod saas;
 pub mod sim;
 pub mod squid;

@@ -85,11 +85,12 @@ where
                         report.charged = extra;
                     }
                 }
-                // Headers that speak for another of the provider's
-                // budgets (R-PD1) are not this lane's to pace by.
-                if !Report::of(resp).is_some_and(|r| r.other_budget) {
-                    quota = Some(quota::advertised(resp.headers(), wall));
-                }
+                // As the dialect read it (none when the headers speak for
+                // another of the provider's budgets, R-PD1).
+                quota = match Report::of(resp) {
+                    Some(report) => report.quota,
+                    None => Some(quota::advertised(resp.headers(), wall)),
+                };
             }
             // Outcome, charge, quota: one call, one lock.
             shared.answered(outcome, sent_at, ttfb, extra, quota);

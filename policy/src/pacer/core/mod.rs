@@ -288,8 +288,13 @@ impl PacerCore {
     /// shared budget is unreachable, this replica's share of it (never
     /// above the last shared rate: no replica grows it alone).
     fn pace_rate(&self) -> f64 {
-        let rate = match self.quota.and_then(|q| q.rate) {
-            Some(even) => self.aimd.rate().min(even.max(self.aimd.floor())),
+        let rate = match self
+            .quota
+            .and_then(|q| q.rate.map(|r| (r, q.advertised.family)))
+        {
+            // A refilling budget is told, not guessed: no floor under it.
+            Some((refill, crate::quota::Family::Bucket)) => self.aimd.rate().min(refill),
+            Some((even, _)) => self.aimd.rate().min(even.max(self.aimd.floor())),
             None => self.aimd.rate(),
         };
         // An allowance is a budget, not a guess: no floor under it.
@@ -559,6 +564,38 @@ mod tests {
         let reset = now + Duration::from_millis(10);
         assert_eq!(fb.hold_until, Some(reset));
         assert_eq!(core.next_slot(now), reset, "not half a second on");
+    }
+
+    /// R-PD1, R-PD6: a budget that refills continuously (Shopify's leaky
+    /// bucket, 40 draining 2 a second) is paced at its refill rate, never
+    /// above it, however much remains; empty, it holds until one request's
+    /// worth has drained. A rolling daily allowance below the floor is
+    /// paced below the floor: it is told, not guessed.
+    #[test]
+    fn a_refilling_budget_is_paced_at_its_refill_rate() {
+        let bucket = |used: u64, size: u64, window_s: u64| {
+            Some(Advertised {
+                limit: Some(size),
+                window: Some(Duration::from_secs(window_s)),
+                remaining: size - used,
+                reset: Duration::from_secs(window_s).mul_f64(used as f64 / size as f64),
+                granularity: Duration::ZERO,
+                family: crate::quota::Family::Bucket,
+            })
+        };
+        let mut core = PacerCore::new(&ProviderSettings::with_ceiling(50.0));
+        let now = Instant::now();
+        core.on_quota(bucket(1, 40, 20), now, now);
+        assert!((core.rate() - 2.0).abs() < 1e-9, "{}", core.rate());
+        core.on_quota(bucket(39, 40, 20), now, now);
+        assert!(
+            (core.rate() - 2.0).abs() < 1e-9,
+            "nearly full: still the drain"
+        );
+        let fb = core.on_quota(bucket(40, 40, 20), now, now);
+        assert_eq!(fb.hold_until, Some(now + Duration::from_millis(500)));
+        core.on_quota(bucket(18, 5000, 86_400), now, now);
+        assert!(core.rate() < 0.06, "5,000 a day: {}", core.rate());
     }
 
     /// A provider that throttles below what it advertises is no longer

@@ -203,6 +203,9 @@ impl PacerCore {
         let Some(adv) = advertised else {
             return self.quota_missing();
         };
+        if adv.family == crate::quota::Family::Bucket {
+            return self.on_bucket(adv, sent_at, now);
+        }
         // When the window resets, as this answer says: whole seconds may
         // be rounded up, so the true reset is within a second before it —
         // and a reset counted from when the provider answered is later
@@ -256,6 +259,41 @@ impl PacerCore {
             // each time: Discord's 5 a second were used at 0.87).
             self.gcra.due_by(q.hi);
         }
+        fb.increased = self.gcra.interval() < before;
+        fb
+    }
+
+    /// A budget that refills continuously (a leaky bucket, a rolling
+    /// allowance; R-PD1): paced at its refill rate — never above what it
+    /// told, so never probing past it (R-PD6) — and, when nothing remains,
+    /// held until one request's worth has refilled. There is no window to
+    /// learn: its word is whole in every answer.
+    fn on_bucket(&mut self, adv: Advertised, sent_at: Instant, now: Instant) -> Feedback {
+        let mut fb = Feedback::default();
+        let refill = adv.policy_rate();
+        let trusted = self.quota.is_none_or(|q| q.trusted);
+        let whole = now + adv.reset;
+        let q = Quota {
+            advertised: adv,
+            hi: whole,
+            lo: whole,
+            last_sent: sent_at,
+            window: adv.window,
+            synthetic: false,
+            rate: refill.filter(|_| adv.remaining > 0),
+            trusted,
+            missing: 0,
+        };
+        if adv.remaining == 0 {
+            let one = refill.map_or(adv.reset, |r| Duration::from_secs_f64(1.0 / r));
+            fb.hold_until = self.hold(now, now + one);
+        }
+        let before = self.gcra.interval();
+        self.quota = Some(q);
+        if let (true, Some(r)) = (trusted, q.rate) {
+            self.aimd.follow(now, r);
+        }
+        self.sync_interval();
         fb.increased = self.gcra.interval() < before;
         fb
     }
