@@ -91,6 +91,9 @@ pub struct Report {
     /// provider's budgets than the one its request drew on (R-PD1,
     /// [`Dialect::speaks_for_another`]): not its lane's to pace by.
     pub quota: Option<Result<Option<Advertised>, Malformed>>,
+    /// The tokens budget an LLM provider tells beside the requests one
+    /// (R-PD1), likewise read.
+    pub tokens: Option<Advertised>,
 }
 
 impl Report {
@@ -113,13 +116,17 @@ impl Report {
     ) -> Outcome {
         let body = resp.extensions().get::<ErrorBody>().map(|b| &b.0[..]);
         let outcome = dialect.classify(resp.status(), resp.headers(), body, now_wall);
-        let quota = (!dialect.speaks_for_another(resp.headers(), lane))
-            .then(|| crate::quota::advertised_by(dialect, resp.headers(), now_wall));
+        let own = !dialect.speaks_for_another(resp.headers(), lane);
+        let quota = own.then(|| crate::quota::advertised_by(dialect, resp.headers(), now_wall));
+        let tokens = own
+            .then(|| crate::quota::tokens_by(dialect, resp.headers(), now_wall))
+            .flatten();
         resp.extensions_mut().insert(Report {
             ttfb,
             outcome,
             charged: 0,
             quota,
+            tokens,
         });
         outcome
     }

@@ -120,12 +120,86 @@ pub fn advertised_by(
     let own = match dialect {
         Dialect::Shopify => shopify(headers),
         Dialect::Salesforce => salesforce(headers),
+        Dialect::OpenAi | Dialect::Anthropic => llm(dialect, headers, "requests", now_wall),
         _ => Ok(None),
     };
     match own? {
         Some(a) => Ok(Some(a)),
         None => advertised(headers, now_wall),
     }
+}
+
+/// The tokens budget a response of an LLM provider tells (R-PD1, R-PD5):
+/// OpenAI's `x-ratelimit-*-tokens`, Anthropic's
+/// `anthropic-ratelimit-tokens-*` (or, where only the input and output
+/// budgets are told, the input one). `None` for other dialects, or when
+/// not told or unreadable.
+pub fn tokens_by(
+    dialect: Dialect,
+    headers: &HeaderMap,
+    now_wall: SystemTime,
+) -> Option<Advertised> {
+    match dialect {
+        Dialect::OpenAi => llm(dialect, headers, "tokens", now_wall).ok().flatten(),
+        Dialect::Anthropic => llm(dialect, headers, "tokens", now_wall)
+            .ok()
+            .flatten()
+            .or_else(|| {
+                llm(dialect, headers, "input-tokens", now_wall)
+                    .ok()
+                    .flatten()
+            }),
+        _ => None,
+    }
+}
+
+/// An LLM provider's budget of `unit` (`requests`, `tokens`): a bucket
+/// that refills continuously, its reset the time until it is whole again
+/// — a Go duration at OpenAI (`6m0s`, `12ms`), an RFC 3339 time at
+/// Anthropic. The budgets are per minute (or per day); which is read from
+/// how long the part spent takes to refill: `reset × limit / spent`.
+fn llm(
+    dialect: Dialect,
+    headers: &HeaderMap,
+    unit: &str,
+    now_wall: SystemTime,
+) -> Result<Option<Advertised>, Malformed> {
+    let name = |field: &str| match dialect {
+        Dialect::Anthropic => format!("anthropic-ratelimit-{unit}-{field}"),
+        _ => format!("x-ratelimit-{field}-{unit}"),
+    };
+    let (limit, remaining, reset) = (
+        text(headers, &name("limit")),
+        text(headers, &name("remaining")),
+        text(headers, &name("reset")),
+    );
+    let (Some(limit), Some(remaining)) = (limit, remaining) else {
+        return Ok(None);
+    };
+    let bad = Malformed(Family::Bucket);
+    let limit = formats::count(limit).filter(|l| *l > 0).ok_or(bad)?;
+    let remaining = formats::count(remaining).ok_or(bad)?.min(limit);
+    let reset = match reset {
+        Some(r) => formats::reset(r, now_wall).ok_or(bad)?,
+        None => Duration::ZERO,
+    };
+    let spent = limit - remaining;
+    let minute = Duration::from_secs(60);
+    let window = if spent == 0 || reset.is_zero() {
+        minute
+    } else {
+        reset
+            .mul_f64(limit as f64 / spent as f64)
+            .clamp(Duration::from_secs(1), MAX_BELIEVED)
+    };
+    Ok(Some(Advertised {
+        limit: Some(limit),
+        window: Some(window),
+        remaining,
+        reset,
+        granularity: Duration::ZERO,
+        family: Family::Bucket,
+    }))
 }
 
 /// A used/size pair (`32/40`, `api-usage=18/5000`'s value).
@@ -456,6 +530,71 @@ mod tests {
         .unwrap()
         .unwrap();
         assert_eq!(generic.remaining, 996);
+    }
+
+    /// R-PD1: OpenAI's and Anthropic's requests and tokens budgets, each a
+    /// bucket refilling per minute (read from how long the part spent
+    /// takes to refill), their resets a Go duration and an RFC 3339 time.
+    #[test]
+    fn llm_requests_and_tokens_budgets() {
+        let openai = headers(&[
+            ("x-ratelimit-limit-requests", "1200"),
+            ("x-ratelimit-remaining-requests", "1199"),
+            ("x-ratelimit-reset-requests", "50ms"),
+            ("x-ratelimit-limit-tokens", "120000"),
+            ("x-ratelimit-remaining-tokens", "119400"),
+            ("x-ratelimit-reset-tokens", "300ms"),
+        ]);
+        let r = advertised_by(Dialect::OpenAi, &openai, now())
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (r.limit, r.remaining, r.family),
+            (Some(1200), 1199, Family::Bucket)
+        );
+        assert!((r.policy_rate().unwrap() - 20.0).abs() < 1e-6, "{r:?}");
+        let t = tokens_by(Dialect::OpenAi, &openai, now()).unwrap();
+        assert_eq!((t.limit, t.remaining), (Some(120_000), 119_400));
+        assert!((t.policy_rate().unwrap() - 2000.0).abs() < 1e-6, "{t:?}");
+        let per_day = headers(&[
+            ("x-ratelimit-limit-requests", "10000"),
+            ("x-ratelimit-remaining-requests", "9000"),
+            ("x-ratelimit-reset-requests", "2h24m0s"),
+        ]);
+        let d = advertised_by(Dialect::OpenAi, &per_day, now())
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            d.window,
+            Some(Duration::from_secs(86_400)),
+            "a daily budget"
+        );
+        // 1,800,000,002: two seconds after `now()`.
+        let at = "2027-01-15T08:00:02Z";
+        let anthropic = headers(&[
+            ("anthropic-ratelimit-requests-limit", "50"),
+            ("anthropic-ratelimit-requests-remaining", "49"),
+            ("anthropic-ratelimit-requests-reset", at),
+            ("anthropic-ratelimit-input-tokens-limit", "40000"),
+            ("anthropic-ratelimit-input-tokens-remaining", "39000"),
+            ("anthropic-ratelimit-input-tokens-reset", at),
+        ]);
+        let r = advertised_by(Dialect::Anthropic, &anthropic, now())
+            .unwrap()
+            .unwrap();
+        assert_eq!((r.limit, r.remaining), (Some(50), 49));
+        let t = tokens_by(Dialect::Anthropic, &anthropic, now()).unwrap();
+        assert_eq!((t.limit, t.remaining), (Some(40_000), 39_000));
+        assert_eq!(tokens_by(Dialect::Generic, &openai, now()), None);
+        assert!(advertised_by(
+            Dialect::OpenAi,
+            &headers(&[
+                ("x-ratelimit-limit-requests", "x"),
+                ("x-ratelimit-remaining-requests", "1")
+            ]),
+            now()
+        )
+        .is_err());
     }
 
     /// Found by fuzzing (`fuzz/fuzz_targets/quota_headers.rs`): a Unix-time

@@ -153,6 +153,7 @@ impl Model for Discord {
         &mut self,
         method: &http::Method,
         path: &str,
+        _body: &[u8],
         _in_flight: usize,
         now: Instant,
     ) -> ModelAnswer {

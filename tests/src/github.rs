@@ -138,6 +138,7 @@ impl Model for GitHub {
         &mut self,
         _method: &http::Method,
         path_and_query: &str,
+        _body: &[u8],
         in_flight: usize,
         now: Instant,
     ) -> ModelAnswer {

@@ -14,6 +14,7 @@ pub mod harness;
 pub mod load;
 pub mod model;
 pub mod nginx;
+pub mod openai;
 pub mod pki;
 pub mod procfs;
 pub mod redis;

@@ -503,8 +503,14 @@ impl Gate for Sluice {
             std::time::SystemTime::now(),
         );
         let quota = sluice_policy::quota::advertised(&headers, std::time::SystemTime::now());
-        self.0
-            .answered(Some(outcome), sent_at, Some(answer.latency), 0, Some(quota));
+        self.0.answered(
+            Some(outcome),
+            sent_at,
+            Some(answer.latency),
+            0,
+            Some(quota),
+            None,
+        );
     }
 }
 

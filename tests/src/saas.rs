@@ -76,7 +76,14 @@ impl Model for Shopify {
         Duration::from_millis(5)
     }
 
-    fn answer(&mut self, _: &http::Method, _: &str, _: usize, now: Instant) -> ModelAnswer {
+    fn answer(
+        &mut self,
+        _: &http::Method,
+        _: &str,
+        _: &[u8],
+        _: usize,
+        now: Instant,
+    ) -> ModelAnswer {
         if let Some(at) = self.at {
             self.level = (self.level - (now - at).as_secs_f64() * self.leak).max(0.0);
         }
@@ -129,7 +136,14 @@ impl Model for Salesforce {
         Duration::from_millis(5)
     }
 
-    fn answer(&mut self, _: &http::Method, _: &str, _: usize, now: Instant) -> ModelAnswer {
+    fn answer(
+        &mut self,
+        _: &http::Method,
+        _: &str,
+        _: &[u8],
+        _: usize,
+        now: Instant,
+    ) -> ModelAnswer {
         while self.recent.front().is_some_and(|t| now - *t >= self.window) {
             self.recent.pop_front();
         }
@@ -185,7 +199,14 @@ impl Model for Reddit {
         Duration::from_millis(5)
     }
 
-    fn answer(&mut self, _: &http::Method, _: &str, _: usize, now: Instant) -> ModelAnswer {
+    fn answer(
+        &mut self,
+        _: &http::Method,
+        _: &str,
+        _: &[u8],
+        _: usize,
+        now: Instant,
+    ) -> ModelAnswer {
         let wall = SystemTime::now()
             .duration_since(SystemTime::UNIX_EPOCH)
             .unwrap_or_default();
@@ -252,7 +273,14 @@ impl Model for Google {
         Duration::from_millis(5)
     }
 
-    fn answer(&mut self, _: &http::Method, _: &str, _: usize, now: Instant) -> ModelAnswer {
+    fn answer(
+        &mut self,
+        _: &http::Method,
+        _: &str,
+        _: &[u8],
+        _: usize,
+        now: Instant,
+    ) -> ModelAnswer {
         let (began, used) = match self.current {
             Some((began, used)) if now < began + self.window => (began, used),
             _ => (now, 0),

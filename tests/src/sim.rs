@@ -320,12 +320,14 @@ impl Sim {
 
 /// A provider as its documentation describes it: answers every request.
 pub trait Model: std::any::Any + Send + std::fmt::Debug {
-    /// The answer to a request of `method` to `path_and_query`, `in_flight`
-    /// requests being answered at once (this one included).
+    /// The answer to a request of `method` to `path_and_query` with
+    /// `body`, `in_flight` requests being answered at once (this one
+    /// included).
     fn answer(
         &mut self,
         method: &http::Method,
         path_and_query: &str,
+        body: &[u8],
         in_flight: usize,
         now: Instant,
     ) -> ModelAnswer;
@@ -340,7 +342,7 @@ pub type ModelAnswer = (u16, Vec<(&'static str, String)>, String);
 /// service time, counted in flight meanwhile.
 async fn modelled(
     state: Arc<Mutex<State>>,
-    req: &Request<Incoming>,
+    req: Request<Incoming>,
     version: http::Version,
     now: Instant,
 ) -> Response<Body> {
@@ -355,16 +357,22 @@ async fn modelled(
         .path_and_query()
         .map_or("/", |p| p.as_str())
         .to_string();
+    let (parts, body) = req.into_parts();
+    let sent = body
+        .collect()
+        .await
+        .map(|c| c.to_bytes())
+        .unwrap_or_default();
     let ((status, headers, body), service) = {
         let mut st = state.lock().unwrap();
         st.in_flight += 1;
         let in_flight = st.in_flight;
         let model = st.model.as_mut().expect("a model");
-        let answer = model.answer(req.method(), &path, in_flight, now);
+        let answer = model.answer(&parts.method, &path, &sent, in_flight, now);
         let service = model.service();
         st.hits.push(Hit {
             at: now,
-            path: req.uri().path().to_string(),
+            path: parts.uri.path().to_string(),
             status: answer.0,
             version,
             delay: service,
@@ -501,7 +509,7 @@ async fn answer(
         };
     }
     if state.lock().unwrap().model.is_some() {
-        return Ok(modelled(state, &req, version, now).await);
+        return Ok(modelled(state, req, version, now).await);
     }
     let status: u16 = {
         let mut st = state.lock().unwrap();

@@ -79,8 +79,9 @@ async fn salesforce_daily_usage_is_paced_as_an_allowance() {
     let judged = sim.model(|m: &Salesforce| m.judged.clone());
     let (share, refused) = judge(&judged, 3, 24, 1.0);
     println!("clients saw {seen}; {share:.3} of the allowance's rate, {refused} refused");
+    // Over 21 s one request more or less is ±0.05.
     assert!(
-        (0.9..=1.02).contains(&share),
+        (0.9..=1.1).contains(&share),
         "spread at the allowance's rate: {share:.3}"
     );
     assert_eq!(refused, 0.0);

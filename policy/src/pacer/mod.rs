@@ -130,7 +130,7 @@ impl PacerShared {
     /// wakes waiters if their slots moved, and reports what happened: an
     /// answer without quota headers or extra charge.
     pub fn feedback(&self, outcome: Option<Outcome>, sent_at: Instant, ttfb: Option<Duration>) {
-        self.answered(outcome, sent_at, ttfb, 0, None);
+        self.answered(outcome, sent_at, ttfb, 0, None, None);
     }
 
     /// Shares the budget with other replicas through `budget` (R-DS1), or
@@ -149,9 +149,10 @@ impl PacerShared {
     /// Feeds back an answered attempt in one call: its outcome (see
     /// [`PacerCore::on_outcome`]), then the units the provider charged
     /// beyond the price (R-FS2), then the quota its headers advertise
-    /// (R-SG1; malformed headers are counted and ignored) — under one
-    /// lock, with one clock reading; wakes waiters if their slots moved
-    /// and reports what happened.
+    /// (R-SG1; malformed headers are counted and ignored), then the tokens
+    /// budget an LLM provider tells beside it (R-PD1) — under one lock,
+    /// with one clock reading; wakes waiters if their slots moved and
+    /// reports what happened.
     pub fn answered(
         &self,
         outcome: Option<Outcome>,
@@ -159,6 +160,7 @@ impl PacerShared {
         ttfb: Option<Duration>,
         extra: u32,
         quota: Option<Result<Option<Advertised>, Malformed>>,
+        tokens: Option<Advertised>,
     ) {
         emit(&self.events, Event::Attempt { outcome, ttfb });
         let advertised = match quota {
@@ -170,16 +172,17 @@ impl PacerShared {
             }
         };
         let now = Instant::now();
-        let (on_outcome, on_quota) = {
+        let (on_outcome, on_quota, on_tokens) = {
             let mut core = self.lock();
             let o = outcome.map(|o| core.on_outcome(&o, sent_at, ttfb, now));
             if extra > 0 {
                 core.charge(now, extra);
             }
             let q = advertised.map(|a| core.on_quota(a, sent_at, now));
-            (o, q)
+            let t = tokens.map(|t| core.on_tokens(t, now));
+            (o, q, t)
         };
-        for fb in [on_outcome, on_quota].into_iter().flatten() {
+        for fb in [on_outcome, on_quota, on_tokens].into_iter().flatten() {
             self.share(&fb, sent_at);
             self.announce(fb, now);
         }

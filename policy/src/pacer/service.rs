@@ -74,7 +74,7 @@ where
                 .as_ref()
                 .ok()
                 .and_then(|resp| Report::of(resp).map(|r| r.ttfb));
-            let (mut extra, mut quota) = (0, None);
+            let (mut extra, mut quota, mut tokens) = (0, None, None);
             if let Ok(resp) = &mut result {
                 if let Some(charged) = cost_header
                     .as_ref()
@@ -87,13 +87,13 @@ where
                 }
                 // As the dialect read it (none when the headers speak for
                 // another of the provider's budgets, R-PD1).
-                quota = match Report::of(resp) {
-                    Some(report) => report.quota,
-                    None => Some(quota::advertised(resp.headers(), wall)),
+                (quota, tokens) = match Report::of(resp) {
+                    Some(report) => (report.quota, report.tokens),
+                    None => (Some(quota::advertised(resp.headers(), wall)), None),
                 };
             }
             // Outcome, charge, quota: one call, one lock.
-            shared.answered(outcome, sent_at, ttfb, extra, quota);
+            shared.answered(outcome, sent_at, ttfb, extra, quota, tokens);
             result
         })
     }

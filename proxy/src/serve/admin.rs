@@ -338,6 +338,16 @@ fn provider_json(
         // A budget of its own on its provider's hosts (R-PD1): the
         // provider it is a lane of (its name is `{resource}@{provider}`).
         "lane_of": p.lane_of,
+        // An LLM provider's tokens budget beside its requests one (R-PD1):
+        // what it tells, what a request costs as its ledger shows, and
+        // the requests a second that allows.
+        "tokens": s.pacer.tokens.map_or_else(unknown, |t| json!({
+            "limit": t.told.limit,
+            "remaining": t.told.remaining,
+            "refill_per_s": t.told.policy_rate(),
+            "per_request": t.per_request.map_or_else(unknown, |p| json!(p.round())),
+            "rate_rps": t.rate_rps.map_or_else(unknown, |r| json!(r)),
+        })),
         "quota": s.pacer.quota.map_or_else(unknown, |q| json!({
             "family": q.advertised.family.label(),
             "limit": q.advertised.limit.map_or_else(unknown, |l| json!(l)),
@@ -422,6 +432,7 @@ fn unknown_json(app: &App, name: &str, with_evidence: bool) -> Value {
         "pace_authority": "unknown",
         "dialect": "unknown",
         "lane_of": null,
+        "tokens": "unknown",
         "quota": "unknown",
         "shared": "unknown",
         "last_backoff": "unknown",

@@ -6,6 +6,7 @@ mod answers;
 mod fleet;
 mod queue;
 mod quota;
+mod tokens;
 
 use super::aimd::{Aimd, Backoff, BackoffReason, Belief, LimitKnown};
 use super::allowance::{AllowanceSnapshot, AllowanceState, AllowanceUse};
@@ -22,6 +23,8 @@ use tokio::time::Instant;
 pub use self::queue::Admission;
 pub use self::quota::QuotaSnapshot;
 use self::quota::{Quota, WindowLearner};
+use self::tokens::TokenBudget;
+pub use self::tokens::TokensSnapshot;
 
 /// Why a request was refused at the door.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,6 +62,8 @@ pub struct PacerCore {
     last_seen: Option<Instant>,
     /// The quota the provider advertises, while it does (R-SG1).
     quota: Option<Quota>,
+    /// Its tokens budget, beside the requests one (R-PD1, R-PD5).
+    tokens: Option<TokenBudget>,
     /// The shared budget's rate as last seen, when the budget is shared
     /// (R-DS1).
     shared_rate: Option<f64>,
@@ -122,6 +127,8 @@ pub struct PacerSnapshot {
     pub outages: u64,
     /// The long-horizon allowance, if one is set.
     pub allowance: Option<AllowanceSnapshot>,
+    /// The tokens budget an LLM provider tells, beside the requests one.
+    pub tokens: Option<TokensSnapshot>,
 }
 
 /// What an outcome did to the pacer.
@@ -170,6 +177,7 @@ impl PacerCore {
             last_backoff: None,
             last_seen: None,
             quota: None,
+            tokens: None,
             shared_rate: None,
             shared_count: None,
             alone: None,
@@ -297,9 +305,14 @@ impl PacerCore {
             Some((even, _)) => self.aimd.rate().min(even.max(self.aimd.floor())),
             None => self.aimd.rate(),
         };
-        // An allowance is a budget, not a guess: no floor under it.
+        // An allowance is a budget, not a guess: no floor under it; nor
+        // under a tokens budget (the tightest budget governs, R-PD1).
         let rate = match &self.allowance {
             Some(a) => rate.min(a.pace()),
+            None => rate,
+        };
+        let rate = match self.tokens.and_then(|t| t.rate()) {
+            Some(tokens) => rate.min(tokens),
             None => rate,
         };
         match (self.alone, self.shared_rate) {
@@ -383,6 +396,7 @@ impl PacerCore {
             known: self.aimd.known(),
             outages: self.aimd.outages(),
             allowance: self.allowance.as_ref().map(|a| a.snapshot(now)),
+            tokens: self.tokens.map(|t| t.snapshot()),
         }
     }
 }
@@ -596,6 +610,49 @@ mod tests {
         assert_eq!(fb.hold_until, Some(now + Duration::from_millis(500)));
         core.on_quota(bucket(18, 5000, 86_400), now, now);
         assert!(core.rate() < 0.06, "5,000 a day: {}", core.rate());
+    }
+
+    /// R-PD1, R-PD5: an LLM provider's tokens budget (120,000 a minute)
+    /// beside its requests one (1,200): what a request costs is learned
+    /// from the tokens the provider's answers say it lost (600 each, the
+    /// refill in between counted back), and the tighter budget governs —
+    /// 2,000 tokens a second over 600 a request, not 20 requests a second;
+    /// with less than a request's worth left, held until it refilled.
+    #[test]
+    fn the_tokens_budget_governs_when_it_is_the_tighter() {
+        let bucket = |limit: u64, remaining: u64| Advertised {
+            limit: Some(limit),
+            window: Some(Duration::from_secs(60)),
+            remaining,
+            reset: Duration::ZERO,
+            granularity: Duration::ZERO,
+            family: crate::quota::Family::Bucket,
+        };
+        let mut core = PacerCore::new(&ProviderSettings::with_ceiling(50.0));
+        let t0 = Instant::now();
+        let mut tokens = 120_000.0_f64;
+        for i in 0..40u32 {
+            let now = t0 + Duration::from_millis(50) * i;
+            if i > 0 {
+                tokens = (tokens + 100.0).min(120_000.0) - 600.0;
+            }
+            core.on_quota(Some(bucket(1200, 1199)), now, now);
+            core.on_tokens(bucket(120_000, tokens as u64), now);
+        }
+        let per = core.tokens.unwrap().per_request.unwrap();
+        assert!((per - 600.0).abs() < 1.0, "{per}");
+        assert!(
+            (core.rate() - 2000.0 / 600.0).abs() < 0.01,
+            "{}",
+            core.rate()
+        );
+        // Less than a request's worth left: held until it has refilled
+        // (this answer's drop is learned from too).
+        let now = t0 + Duration::from_secs(3);
+        let fb = core.on_tokens(bucket(120_000, 200), now);
+        let per = core.tokens.unwrap().per_request.unwrap();
+        let wait = Duration::from_secs_f64((per - 200.0) / 2000.0);
+        assert_eq!(fb.hold_until, Some(now + wait), "{per} a request");
     }
 
     /// A provider that throttles below what it advertises is no longer
