@@ -217,15 +217,20 @@ fn shopify(headers: &HeaderMap) -> Result<Option<Advertised>, Malformed> {
         return Ok(None);
     };
     let (used, size) = used_of(v).ok_or(Malformed(Family::Bucket))?;
-    let window = Duration::from_secs(20);
-    Ok(Some(Advertised {
+    Ok(Some(refilling(used, size, Duration::from_secs(20))))
+}
+
+/// A bucket of `size` with `used` spent, whole again after a `window` from
+/// empty: refilled at `size / window`.
+fn refilling(used: u64, size: u64, window: Duration) -> Advertised {
+    Advertised {
         limit: Some(size),
         window: Some(window),
         remaining: size - used,
         reset: window.mul_f64(used as f64 / size as f64),
         granularity: Duration::ZERO,
         family: Family::Bucket,
-    }))
+    }
 }
 
 /// Salesforce's `Sforce-Limit-Info: api-usage=18/5000`: API requests in
@@ -241,15 +246,7 @@ fn salesforce(headers: &HeaderMap) -> Result<Option<Advertised>, Malformed> {
         .and_then(used_of)
         .ok_or(Malformed(Family::Bucket))?;
     let (used, size) = usage;
-    let window = Duration::from_secs(24 * 3600);
-    Ok(Some(Advertised {
-        limit: Some(size),
-        window: Some(window),
-        remaining: size - used,
-        reset: window.mul_f64(used as f64 / size as f64),
-        granularity: Duration::ZERO,
-        family: Family::Bucket,
-    }))
+    Ok(Some(refilling(used, size, Duration::from_secs(24 * 3600))))
 }
 
 /// The quota a response advertises: `Ok(None)` when it advertises none.
