@@ -213,6 +213,17 @@ impl Sim {
         sim
     }
 
+    /// [`Sim::start_model`] over HTTPS with this server config.
+    pub async fn start_model_tls(
+        ip: &str,
+        tls: Arc<rustls::ServerConfig>,
+        model: impl Model,
+    ) -> Sim {
+        let sim = Sim::start_tls(ip, tls).await;
+        sim.state.lock().unwrap().model = Some(Box::new(model));
+        sim
+    }
+
     /// Reads the model of a simulator started with [`Sim::start_model`].
     pub fn model<M: Model, T>(&self, read: impl FnOnce(&M) -> T) -> T {
         let st = self.state.lock().unwrap();
