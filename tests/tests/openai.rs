@@ -80,6 +80,10 @@ async fn sdk_through_sluice(
         p["tokens"]
     );
     assert_eq!(p["tokens"]["limit"], 120_000, "{p}");
+    assert_eq!(
+        p["pace_authority"], "tokens",
+        "the tighter budget governs: {p}"
+    );
     (got, used, refused, all)
 }
 

@@ -148,6 +148,10 @@ fn set_by(p: &Value) -> String {
         Some("advertised") => "advertised quota".into(),
         Some("learned_window") => "learned window".into(),
         Some("allowance") => "allowance".into(),
+        Some("tokens") => match p["tokens"]["per_request"].as_f64() {
+            Some(per) => format!("tokens budget, {} a request", num(per)),
+            None => "tokens budget".into(),
+        },
         Some("learned") => "learned".into(),
         Some(other) => other.into(),
         None => "unknown".into(),

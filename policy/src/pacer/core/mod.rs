@@ -342,6 +342,15 @@ impl PacerCore {
                 return "allowance";
             }
         }
+        // The tokens budget, where it is the tighter (R-PD1).
+        let told = self.quota.and_then(|q| q.rate).unwrap_or(f64::MAX);
+        if self
+            .tokens
+            .and_then(|t| t.rate())
+            .is_some_and(|t| t < told.min(self.aimd.rate()))
+        {
+            return "tokens";
+        }
         match self.quota {
             Some(q) if q.synthetic => "learned_window",
             Some(_) => "advertised",
@@ -646,6 +655,7 @@ mod tests {
             "{}",
             core.rate()
         );
+        assert_eq!(core.authority(), "tokens");
         // Less than a request's worth left: held until it has refilled
         // (this answer's drop is learned from too).
         let now = t0 + Duration::from_secs(3);
