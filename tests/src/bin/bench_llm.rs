@@ -15,8 +15,8 @@
 //! 64–1,024 tokens. Prints, per way: the tokens budget used from the
 //! second minute on, the provider's refusals, and what the SDK raised.
 //!
-//! `cargo build -p sluice && cargo run --release -p sluice-tests --bin
-//! bench_llm [SECS]` (default 180).
+//! `cargo build --release -p sluice && cargo run --release -p sluice-tests
+//! --bin bench_llm [SECS]` (default 180; needs `pip install openai`).
 
 use std::time::Duration;
 
