@@ -190,3 +190,68 @@ async fn discord_buckets_are_paced_apart_without_a_refusal() {
         assert!(used >= 0.9, "{bucket}: {used:.3} of the limit used");
     }
 }
+
+/// Names `host` as `ip` in `/etc/hosts` (once): a collector's request to
+/// a real provider's name stays on this machine's loopback (the tests run
+/// as root, as CI does).
+fn name_in_etc_hosts(host: &str, ip: &str) {
+    let line = format!("{ip} {host}");
+    let hosts = std::fs::read_to_string("/etc/hosts").unwrap_or_default();
+    if hosts
+        .lines()
+        .any(|l| l.split_whitespace().eq(line.split_whitespace()))
+    {
+        return;
+    }
+    use std::io::Write;
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open("/etc/hosts")
+        .expect("/etc/hosts is writable (the tests run as root)");
+    writeln!(f, "{line}").expect("write /etc/hosts");
+}
+
+/// R-PD1, R-PD2 on the default config: nothing configured but the
+/// loopback destination, a collector calls `api.github.com` by its name
+/// (named here in `/etc/hosts`); sluice knows GitHub's dialect by the host
+/// and paces `search` in a lane of its own — no refusal after its first
+/// window — while `core` beside it goes at its own budget.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn api_github_com_by_name_on_the_default_config() {
+    let ip = "127.0.7.10";
+    name_in_etc_hosts("api.github.com", ip);
+    let limits = Limits {
+        budgets: vec![("core", 100), ("search", 5)],
+        window: Duration::from_secs(5),
+        ..Limits::default()
+    };
+    let gh = Sim::start_model(ip, GitHub::new(limits)).await;
+    let s = Sluice::start("[destinations]\nallow = [\"127.0.0.0/8\"]\n");
+    let port = gh.addr.port();
+    let (search, core) = (
+        format!("http://api.github.com:{port}/search/issues?q=x"),
+        format!("http://api.github.com:{port}/repos/o/r/issues"),
+    );
+    let proxy = s.proxy_url();
+    let (a, b) = tokio::join!(
+        naive_clients(&proxy, &search, 4, 22, &[]),
+        naive_clients(&proxy, &core, 4, 22, &[]),
+    );
+    println!("search clients saw {a}; core clients saw {b}");
+    let lane = readout(&s, "search@api.github.com").await;
+    assert_eq!(lane["dialect"], "github", "by its host: {lane}");
+    assert_eq!(lane["lane_of"], "api.github.com");
+    assert_eq!(lane["quota"]["limit"], 5, "{lane}");
+    for (resource, limit) in [("search", 5.0), ("core", 100.0)] {
+        let (refused, all) = gh.model(|g: &GitHub| g.refused_from(resource, 1));
+        let windows: Vec<_> = (1..4)
+            .map(|w| gh.model(|g: &GitHub| g.window(resource, w)).0)
+            .collect();
+        println!("{resource}: served in windows 2–4 {windows:?} of {limit}; {refused} of {all} refused after the first");
+        assert_eq!(refused, 0, "{resource}: refused after its first window");
+        assert!(
+            windows.iter().all(|&n| n as f64 >= 0.9 * limit),
+            "{resource}: {windows:?} of {limit}"
+        );
+    }
+}
