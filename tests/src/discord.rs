@@ -145,10 +145,6 @@ fn ms(d: Duration) -> String {
 }
 
 impl Model for Discord {
-    fn service(&self) -> Duration {
-        Duration::from_millis(5)
-    }
-
     fn answer(
         &mut self,
         method: &http::Method,

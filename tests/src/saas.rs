@@ -72,10 +72,6 @@ impl Shopify {
 }
 
 impl Model for Shopify {
-    fn service(&self) -> Duration {
-        Duration::from_millis(5)
-    }
-
     fn answer(
         &mut self,
         _: &http::Method,
@@ -132,10 +128,6 @@ impl Salesforce {
 }
 
 impl Model for Salesforce {
-    fn service(&self) -> Duration {
-        Duration::from_millis(5)
-    }
-
     fn answer(
         &mut self,
         _: &http::Method,
@@ -195,10 +187,6 @@ impl Reddit {
 }
 
 impl Model for Reddit {
-    fn service(&self) -> Duration {
-        Duration::from_millis(5)
-    }
-
     fn answer(
         &mut self,
         _: &http::Method,
@@ -269,10 +257,6 @@ impl Google {
 }
 
 impl Model for Google {
-    fn service(&self) -> Duration {
-        Duration::from_millis(5)
-    }
-
     fn answer(
         &mut self,
         _: &http::Method,

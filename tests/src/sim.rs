@@ -342,8 +342,10 @@ pub trait Model: std::any::Any + Send + std::fmt::Debug {
         in_flight: usize,
         now: Instant,
     ) -> ModelAnswer;
-    /// How long each answer takes.
-    fn service(&self) -> Duration;
+    /// How long each answer takes (5 ms unless the model says).
+    fn service(&self) -> Duration {
+        Duration::from_millis(5)
+    }
 }
 
 /// A model's answer: status, headers, body.
