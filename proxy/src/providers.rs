@@ -59,6 +59,16 @@ fn fingerprint(state: &LearnedState, used: Duration, now: Instant, epoch: Instan
 /// The provider every unknown host shares once the table is full.
 pub const OVERFLOW: &str = "_overflow";
 
+/// `settings`, speaking `spoken` — the dialect the provider's hosts speak
+/// — where they name none (R-PD2); the same `Arc` (one copy of the
+/// defaults for every provider) where there is nothing to add.
+fn speaking(settings: Arc<ValidSettings>, spoken: Dialect) -> Arc<ValidSettings> {
+    if settings.dialect.is_some() || spoken == Dialect::Generic {
+        return settings;
+    }
+    Arc::new(settings.or_dialect(spoken))
+}
+
 /// The most lanes (budgets of their own, R-PD1) one provider may have:
 /// GitHub has a handful; Discord's routes per channel could be thousands,
 /// and beyond this many share the provider's main lane.
@@ -211,13 +221,7 @@ impl Providers {
         let host = normalise_host(host);
         let rules = self.rules();
         match rules.named_for(&host) {
-            // A named provider speaks its hosts' dialect unless it names
-            // one (R-PD2).
-            Some(p) => (
-                p.name.clone(),
-                Arc::new(p.settings.or_dialect(Dialect::for_host(&host))),
-                p.intercept,
-            ),
+            Some(p) => (p.name.clone(), Arc::new(p.settings.clone()), p.intercept),
             None => (
                 host.into_owned(),
                 rules.defaults.clone(),
@@ -295,10 +299,9 @@ impl Providers {
         if entries.len() >= max || lanes >= MAX_LANES {
             return (base.clone(), None);
         }
-        let settings = Arc::new(base.policy.settings().or_dialect(dialect));
         let lane = Arc::new(self.build(
             &name,
-            settings,
+            base.policy.settings(),
             base.intercept(),
             now,
             Some(base.name.clone()),
@@ -331,6 +334,7 @@ impl Providers {
         lane_of: Option<String>,
         spoken: Dialect,
     ) -> Provider {
+        let settings = speaking(settings, spoken);
         let (events, sink) = match &self.observer {
             Some(o) => {
                 let (e, t) = o.sinks(name);
@@ -525,13 +529,11 @@ impl Providers {
         for p in self.all() {
             // A lane takes its provider's settings.
             let name = p.lane_of.as_deref().unwrap_or(&p.name);
-            let (mut settings, intercept) = match config.providers.iter().find(|n| n.name == name) {
+            let (settings, intercept) = match config.providers.iter().find(|n| n.name == name) {
                 Some(n) => (Arc::new(n.settings.clone()), n.intercept),
                 None => (defaults.clone(), config.defaults_intercept),
             };
-            if settings.dialect.is_none() && p.spoken != Dialect::Generic {
-                settings = Arc::new(settings.or_dialect(p.spoken));
-            }
+            let settings = speaking(settings, p.spoken);
             p.share(self.shared.as_ref(), settings.shared);
             p.policy.update_settings(settings);
             p.intercept.store(intercept, Ordering::Relaxed);
