@@ -49,6 +49,12 @@ pub enum Behaviour {
         /// The status over the limit.
         over: u16,
     },
+    /// A hidden token bucket with this burst (the commonest API limiter
+    /// has a small one: 2, 5 or 10), a bare 429 over it.
+    SmallBurst {
+        /// Its burst.
+        burst: u32,
+    },
     /// No limit worth the name (a token bucket at the limit given, set far
     /// above demand), but this share of answers is a bare 503 at random,
     /// whatever the load.
@@ -98,6 +104,16 @@ pub enum Behaviour {
     /// `Retry-After`. A client that keeps sending over it keeps its own
     /// window full.
     Sliding,
+    /// The `limits` library's moving window (Flask-Limiter's
+    /// `moving-window`, slowapi): a log of the accepted requests of the
+    /// last second; a request is accepted while fewer than the limit are
+    /// in it (refusals are not logged); over it, 429 without `Retry-After`.
+    MovingLog,
+    /// The `limits` library's fixed window in memory (Flask-Limiter's
+    /// default): a one-second window that begins at the first request
+    /// after the last one expired, not on the clock; over the limit, 429
+    /// without `Retry-After`.
+    LazyWindow,
     /// A fixed-window quota: `limit × window` requests per window (windows
     /// from the start); over it, 429 with `Retry-After` (whole seconds) to
     /// the window's end. With `advertise`, every answer carries
@@ -223,6 +239,7 @@ fn burst_of(limit: f64) -> f64 {
 fn burst_for(behaviour: Behaviour, limit: f64) -> f64 {
     match behaviour {
         Behaviour::LimitReq { burst } => f64::from(burst) + 1.0,
+        Behaviour::SmallBurst { burst } => f64::from(burst),
         Behaviour::Named {
             burst: Some(burst), ..
         } => f64::from(burst),
@@ -247,6 +264,10 @@ pub struct Provider {
     /// `Sliding`: the current second's number, its count and the
     /// previous second's.
     sliding: (u64, f64, f64),
+    /// `MovingLog`: the accepted requests of the last second;
+    /// `LazyWindow`: its window's start and count in `lazy`.
+    moving: std::collections::VecDeque<Instant>,
+    lazy: Option<(Instant, u64)>,
     /// Answers take between half and one and a half times [`LATENCY`]
     /// (seeded), instead of exactly it.
     jitter: bool,
@@ -266,6 +287,8 @@ impl Provider {
             started: now,
             window_at: (0, 0),
             sliding: (0, 0.0, 0.0),
+            moving: std::collections::VecDeque::new(),
+            lazy: None,
             jitter: false,
         }
     }
@@ -351,11 +374,43 @@ impl Provider {
             self.log.push(a);
             return a;
         }
+        if let Behaviour::MovingLog | Behaviour::LazyWindow = self.behaviour {
+            let second = Duration::from_secs(1);
+            let limit = self.limit.round() as u64;
+            let ok = if self.behaviour == Behaviour::MovingLog {
+                while self.moving.front().is_some_and(|&t| t + second <= now) {
+                    self.moving.pop_front();
+                }
+                let ok = (self.moving.len() as u64) < limit;
+                if ok {
+                    self.moving.push_back(now);
+                }
+                ok
+            } else {
+                let (start, used) = match self.lazy {
+                    Some((start, used)) if now < start + second => (start, used),
+                    _ => (now, 0),
+                };
+                let ok = used < limit;
+                self.lazy = Some((start, used + u64::from(ok)));
+                ok
+            };
+            let a = Answer {
+                at: now,
+                status: if ok { 200 } else { 429 },
+                latency: self.latency(),
+                retry_after: None,
+                advert: None,
+            };
+            self.log.push(a);
+            return a;
+        }
         let took = self.bucket.take(now);
         let base = self.latency();
         let mut retry_after = None;
         let (status, latency) = match self.behaviour {
             Behaviour::Bucket { over } => (if took { 200 } else { over }, base),
+            Behaviour::SmallBurst { .. } => (if took { 200 } else { 429 }, base),
             Behaviour::LimitReq { .. } => (if took { 200 } else { 503 }, base),
             Behaviour::Named { secs, .. } => {
                 if !took {
@@ -396,7 +451,10 @@ impl Provider {
                 self.free_at = start + Duration::from_secs_f64(1.0 / self.bucket.rate());
                 (200, base + (self.free_at - now))
             }
-            Behaviour::Window { .. } | Behaviour::Sliding => unreachable!("answered above"),
+            Behaviour::Window { .. }
+            | Behaviour::Sliding
+            | Behaviour::MovingLog
+            | Behaviour::LazyWindow => unreachable!("answered above"),
         };
         let a = Answer {
             at: now,

@@ -373,6 +373,11 @@ fn trace(args: &[String]) {
         "nginx" => Behaviour::LimitReq { burst: 5 },
         "nginx-delay" => Behaviour::LimitReqDelay { burst: 5 },
         "sliding" => Behaviour::Sliding,
+        "moving" => Behaviour::MovingLog,
+        "lazy" => Behaviour::LazyWindow,
+        s if s.starts_with("b") => Behaviour::SmallBurst {
+            burst: s[1..].parse().expect("bN: a burst"),
+        },
         "queue" => Behaviour::Queue,
         s if s.starts_with("noise") => Behaviour::Noise {
             share: s[5..].parse::<f64>().unwrap() / 100.0,
@@ -605,9 +610,14 @@ fn sweep() {
 /// alone), and costly requests (see `costly`).
 fn converge() {
     const SEEDS: u64 = 10;
-    let cases: [(&str, Behaviour, f64); 9] = [
+    let cases: [(&str, Behaviour, f64); 12] = [
         ("bucket 20, 429", Behaviour::Bucket { over: 429 }, 20.0),
         ("bucket 20, 503", Behaviour::Bucket { over: 503 }, 20.0),
+        (
+            "bucket 20 b=5, 429",
+            Behaviour::SmallBurst { burst: 5 },
+            20.0,
+        ),
         (
             "nginx 20 b=5 nodelay",
             Behaviour::LimitReq { burst: 5 },
@@ -627,6 +637,8 @@ fn converge() {
             20.0,
         ),
         ("sliding 1 s 20, 429", Behaviour::Sliding, 20.0),
+        ("moving log 20, 429", Behaviour::MovingLog, 20.0),
+        ("lazy window 20, 429", Behaviour::LazyWindow, 20.0),
         ("bucket 5, 429", Behaviour::Bucket { over: 429 }, 5.0),
         ("bucket 100, 429", Behaviour::Bucket { over: 429 }, 100.0),
         ("sliding 1 s 100, 429", Behaviour::Sliding, 100.0),

@@ -108,6 +108,9 @@ pub(super) struct Placement {
     pub(super) steady: bool,
     /// A probe's move was undone: what it found was a burst's doing.
     pub(super) undid_move: bool,
+    /// A plain probe refused while the limit held: the rate it was refused
+    /// at bounds the limit from above (see `Aimd::bracket`).
+    pub(super) bracket: Option<f64>,
 }
 
 /// Where a throttle puts the remembered limit and the rate, from the
@@ -147,6 +150,7 @@ pub(super) fn place(e: &Evidence) -> Placement {
         too_high: false,
         steady: false,
         undid_move: false,
+        bracket: None,
     };
     match (e.limit, e.probe) {
         // Slow start: throttling began at this rate, or at what the
@@ -161,6 +165,10 @@ pub(super) fn place(e: &Evidence) -> Placement {
         (None, _) => {
             p.limit = delivered.min(from).max(from * e.decrease);
             p.to = from * e.decrease;
+            if !e.reason.ambiguous() && !e.holds && p.limit < from {
+                // Placed under the rate met: the limit lies between.
+                p.bracket = Some(from);
+            }
         }
         (Some(limit), Some(probe))
             if probe.dwell.is_some() || probe_clean(e, probe) <= limit * PROBE_HELD =>
@@ -245,6 +253,10 @@ fn held_probe(e: &Evidence, limit: f64, probe: Probe, p: &mut Placement) {
     };
     p.limit = l;
     p.to = l * e.settle;
+    if probe.dwell.is_none() && !e.reason.ambiguous() && !e.holds && e.from > l {
+        // Between the two lies the limit: the next probe bisects.
+        p.bracket = Some(e.from);
+    }
     if probe.dwell.is_some() {
         // Refused within its dwell: the limit has not moved past the last
         // dwell passed, if any (the limit already moved there). A dwell
@@ -287,6 +299,9 @@ fn moved_probe(e: &Evidence, limit: f64, probe: Probe, p: &mut Placement) {
     p.probe_wait = ProbeWait::Reset;
     p.clear_descent = true;
     p.limit = l;
+    if !e.reason.ambiguous() && !e.holds && e.from > l {
+        p.bracket = Some(e.from);
+    }
     // Slow start's limit bracketed between a whole clean window and the
     // refusal one step above it: settled under as closely as a fit.
     p.tight = e.unconfirmed;
@@ -458,7 +473,21 @@ impl Aimd {
         if p.too_high {
             self.too_high_at = Some(now);
         }
-        let (limit, tight) = (p.limit, p.tight);
+        // A bracket stands while probes are refused under it; any other
+        // placement moved the limit past what it bounded.
+        // One that close over the limit knows it as closely as a fit.
+        self.bracket = p.bracket.map(|b| {
+            self.bracket
+                .filter(|old| *old > p.limit)
+                .map_or(b, |old| old.min(b))
+        });
+        let closed = self
+            .bracket
+            .is_some_and(|b| b <= p.limit * (1.0 + super::settle::BRACKET_TIGHT));
+        if closed {
+            self.bracket = None;
+        }
+        let (limit, tight) = (p.limit, p.tight || closed);
         if self.limit != Some(limit) && self.moved_from.is_none_or(|(_, at)| at != now) {
             self.moved_from = None;
         }

@@ -349,6 +349,10 @@ pub struct Aimd {
     /// The lowest settle point a steady limit was throttled at: a held
     /// probe moves the limit no higher (see `limit::held_probe`).
     refused_settle: Option<f64>,
+    /// A rate a probe was refused at while the limit held there: the limit
+    /// lies under it, and the next probe goes no further than halfway to
+    /// it (see [`settle::BRACKET_TIGHT`]).
+    bracket: Option<f64>,
     /// Windows the next probe's dwell lasts (see [`Dwell`](settle::Dwell)).
     dwell_windows: u32,
     /// Probes of a sharp limit held at the same place, in a row (the wait
@@ -423,6 +427,7 @@ impl Aimd {
             steady: false,
             refused_settle: None,
             probe_backoff: 0,
+            bracket: None,
             dwell_windows: PROBE_DWELL_FIRST,
         }
     }

@@ -52,6 +52,22 @@ pub const PROBE_DWELL_MAX: u32 = 16;
 /// one 40 % under 7.
 pub const PROBE_GAP_COST: f64 = 3.0;
 
+/// A bracket (a rate a probe was refused at, above a limit that held) this
+/// close over the limit knows the limit as closely as a fit: settled under
+/// as a sharp one, and the bracket let go — the next probe doubles its
+/// steps again, and finds the limit should it have moved. Until then each
+/// probe goes halfway to the bracket: two clean windows there move the
+/// limit, a refusal there is the new bracket. (Doubling steps of 2, 4 and
+/// 8 % overshoot a sharp limit — a moving window's — from a limit well
+/// under it, and fall back to the last clean step: 20 a second were held
+/// at 0.87.)
+pub(super) const BRACKET_TIGHT: f64 = 0.02;
+
+/// Clean windows at the settle point before a probe bisects a bracket
+/// where the provider does not hold after its refusals: it goes halfway at
+/// most, and costs one refusal if that is too far.
+pub(super) const BRACKET_AFTER: u32 = 3;
+
 /// A whole clean window at this multiple of the limit proves it moved:
 /// the controller forgets it and grows as from a cold start. (A token
 /// bucket whose burst is half a second of traffic cannot hide that much.)
@@ -204,7 +220,18 @@ impl Aimd {
                     probe.window_clean(self.rate);
                     let k = probe.windows.min(16);
                     probe.windows += 1;
-                    self.rate + limit * PROBE_STEP * f64::from(1u32 << k)
+                    let next = self.rate + limit * PROBE_STEP * f64::from(1u32 << k);
+                    match self.bracket {
+                        Some(bracket) => {
+                            let half = (limit + bracket) / 2.0;
+                            if probe.proven >= half * (1.0 - 1e-9) {
+                                // Proven clean halfway: the limit is there.
+                                return self.bisected(half, bracket, now);
+                            }
+                            next.min(half)
+                        }
+                        None => next,
+                    }
                 } else if self.rate < settle {
                     self.reset_plateau();
                     let step = ((settle - self.rate) * RECOVER_SHARE).max(limit * RECOVER_MIN_STEP);
@@ -217,11 +244,17 @@ impl Aimd {
                     let since = *self.plateau_since.get_or_insert(now - self.window);
                     let held_for = now.saturating_duration_since(since);
                     let k = 1 << self.probe_backoff;
+                    let bisect = self.bracket.is_some() && self.hold_cost.is_zero();
+                    let (after, admitted) = if bisect {
+                        (BRACKET_AFTER, 0)
+                    } else {
+                        (PROBE_AFTER * k, PROBE_AFTER_ADMITTED * u64::from(k))
+                    };
                     if self.trial.is_some()
-                        || self.plateau < PROBE_AFTER * k
+                        || self.plateau < after
                         || (!self.limit_weak
                             && self.unconfirmed.is_none()
-                            && self.plateau_admitted < PROBE_AFTER_ADMITTED * u64::from(k))
+                            && self.plateau_admitted < admitted)
                         || held_for
                             < self
                                 .hold_cost
@@ -246,6 +279,21 @@ impl Aimd {
             }
         };
         self.set_rate(now, next.min(self.ceiling).max(self.rate));
+        self.rate > before
+    }
+
+    /// A probe bisecting `(limit, bracket)` proved `half` clean: the limit
+    /// moves there, and the rate settles under it until the next probe.
+    fn bisected(&mut self, half: f64, bracket: f64, now: Instant) -> bool {
+        let before = self.rate;
+        self.limit = Some(half);
+        if bracket <= half * (1.0 + BRACKET_TIGHT) {
+            self.fitted = true;
+            self.bracket = None;
+        }
+        self.reset_plateau();
+        let settle = half * self.settle_share();
+        self.set_rate(now, settle.min(self.ceiling));
         self.rate > before
     }
 
@@ -403,10 +451,18 @@ mod tests {
             admitted >= PROBE_AFTER_ADMITTED as f64,
             "waited for {admitted} requests"
         );
-        // A probe throttled near the limit goes straight back to settle.
+        // A probe throttled near the limit goes straight back under it:
+        // refused within BRACKET_TIGHT over it, the limit is known as
+        // closely as a fit, and settled under as a sharp one.
         saturate(&mut a, &mut t, 1);
+        let refused_at = a.rate();
+        assert!(refused_at <= limit * (1.0 + BRACKET_TIGHT), "{refused_at}");
         a.on_throttle(t, t, BackoffReason::Throttled).unwrap();
-        assert!((a.rate() - settle).abs() < 1e-9, "{}", a.rate());
+        assert!(
+            (a.rate() - limit * SETTLE_SHARP).abs() < 1e-9,
+            "{}",
+            a.rate()
+        );
         assert_eq!(a.limit(), Some(limit), "the limit held");
     }
 
@@ -536,6 +592,25 @@ mod tests {
     /// past it, so what a probe proved clean becomes the limit, and the
     /// rate settles at SETTLE_SHARP of it; a held probe there doubles the
     /// wait before the next (each costs a window of refusals).
+    /// A moving window's limit is sharp and has no burst: the doubling
+    /// probe steps (2, 4, 8 % of the limit) overshoot it from a limit well
+    /// under it. Each refusal above a limit that held brackets the limit,
+    /// and the next probe goes halfway: within a minute the limit is
+    /// known to within `BRACKET_TIGHT` and settled under as a sharp one's.
+    #[test]
+    fn a_sharp_limit_is_bisected_between_what_held_and_what_was_refused() {
+        let mut a = Aimd::new(5.0, 0.1, 80.0, 0.7, W);
+        let (accepted, refused) = moving_window(&mut a, 90);
+        let over =
+            |from: f64, to: f64, v: &[f64]| v.iter().filter(|t| **t >= from && **t < to).count();
+        let used = over(30.0, 90.0, &accepted) as f64 / 60.0 / 20.0;
+        let refusals = over(30.0, 90.0, &refused);
+        assert!(used >= 0.96, "{used:.3} of the limit used over 30–90 s");
+        assert!(refusals <= 12, "{refusals} refused over 30–90 s");
+        let limit = a.limit().unwrap();
+        assert!((19.5..=20.5).contains(&limit), "{limit}");
+    }
+
     #[test]
     fn a_sharp_limit_is_taken_at_what_the_probe_proved() {
         let mut t = Instant::now();

@@ -116,6 +116,38 @@ pub(super) fn bucket_moving(
     (accepted, refusals)
 }
 
+/// A moving window (the `limits` library's: at most 20 accepted requests
+/// in any second; refusals not counted) answering a bare `429` over it to
+/// saturated demand from `a`, for `secs` with 20 ms answers: the times it
+/// accepted and refused, in seconds from the start.
+pub(super) fn moving_window(a: &mut Aimd, secs: u64) -> (Vec<f64>, Vec<f64>) {
+    let start = Instant::now();
+    let rtt = Duration::from_millis(20);
+    let mut t = start;
+    let mut log: VecDeque<Instant> = VecDeque::new();
+    let (mut accepted, mut refused) = (Vec::new(), Vec::new());
+    while t < start + Duration::from_secs(secs) {
+        t += Duration::from_secs_f64(1.0 / a.rate());
+        a.on_admit(t);
+        while log
+            .front()
+            .is_some_and(|&at| at + Duration::from_secs(1) <= t)
+        {
+            log.pop_front();
+        }
+        let at = (t - start).as_secs_f64();
+        if log.len() < 20 {
+            log.push_back(t);
+            a.on_clean(t, t + rtt, Some(rtt));
+            accepted.push(at);
+        } else {
+            a.on_throttle(t, t + rtt, BackoffReason::Throttled);
+            refused.push(at);
+        }
+    }
+    (accepted, refused)
+}
+
 /// nginx's `limit_req` (20 r/s, `burst=5 nodelay`) answering a bare 503
 /// over its limit to saturated demand from `a`, for `secs` with 40 ms
 /// answers: the times it accepted and refused, in seconds from the start.

@@ -62,8 +62,11 @@ impl PacerCore {
                 };
                 // Throttled while following its word: the provider allows
                 // less than it advertises; AIMD learns the rest.
+                // (Nor was it delivered: its quota headers, read next, are
+                // not counted as a delivery — see `Quota::delivery`.)
                 if let Some(q) = self.quota.as_mut() {
                     q.trusted = false;
+                    q.delivery.1 = q.delivery.1.saturating_sub(1);
                 }
                 fb.backoff = self.aimd.on_throttle(sent_at, now, reason);
             }

@@ -521,6 +521,94 @@ mod tests {
         assert_eq!(q.advertised.window, Some(Duration::from_secs(1)));
     }
 
+    /// Flask-Limiter in front of a provider (issue 35): 20 a second in the
+    /// `limits` library's moving window or in its fixed window that begins
+    /// at the first request after the last one expired, its headers as
+    /// the library sends them (`X-RateLimit-Reset` the whole second after
+    /// the window's end + 1 s), saturating demand answered after 5 ms. The
+    /// stated resets lie up to 2 s past the real ones; held to them, the
+    /// quota was used at 0.55 (moving) and 0.74–0.92 (fixed). Taken for a
+    /// rolling quota — from refills the stated reset did not make, or from
+    /// what following it delivered — it is paced evenly under its rate:
+    /// ≥ 0.95 used over 15–30 s, never refused there.
+    fn flask_limiter(moving: bool) -> (f64, u32) {
+        let mut core = PacerCore::new(&ProviderSettings::with_ceiling(50.0));
+        let t0 = Instant::now();
+        let wall = |t: Instant| (t - t0).as_secs_f64() + 0.37;
+        let second = Duration::from_secs(1);
+        let rtt = Duration::from_millis(5);
+        let mut log: std::collections::VecDeque<Instant> = Default::default();
+        let mut fixed: Option<(Instant, u64)> = None;
+        let (mut now, mut served, mut refused) = (t0, 0u32, 0u32);
+        let mut pending: std::collections::VecDeque<(Instant, Instant, bool, Advertised)> =
+            Default::default();
+        while now < t0 + Duration::from_secs(30) {
+            while pending.front().is_some_and(|(at, ..)| *at <= now) {
+                let (at, sent, ok, adv) = pending.pop_front().unwrap();
+                let outcome = if ok {
+                    Outcome::Success
+                } else {
+                    Outcome::Throttled {
+                        status: 429,
+                        retry_after: Some(Duration::from_secs(1)),
+                    }
+                };
+                core.on_outcome(&outcome, sent, Some(rtt), at);
+                core.on_quota(Some(adv), sent, at);
+            }
+            if core.try_admit(now) {
+                let (ok, used, end) = if moving {
+                    while log.front().is_some_and(|&t| t + second <= now) {
+                        log.pop_front();
+                    }
+                    let ok = log.len() < 20;
+                    if ok {
+                        log.push_back(now);
+                    }
+                    (ok, log.len() as u64, *log.front().unwrap() + second)
+                } else {
+                    let (start, used) = match fixed {
+                        Some((start, used)) if now < start + second => (start, used),
+                        _ => (now, 0),
+                    };
+                    let ok = used < 20;
+                    fixed = Some((start, used + u64::from(ok)));
+                    (ok, used + u64::from(ok), start + second)
+                };
+                if now >= t0 + Duration::from_secs(15) {
+                    served += u32::from(ok);
+                    refused += u32::from(!ok);
+                }
+                let reset = (wall(end) + 1.0).floor() - wall(now);
+                let adv = Advertised {
+                    limit: Some(20),
+                    window: None,
+                    remaining: 20 - used,
+                    reset: Duration::from_secs_f64(reset.max(0.0)),
+                    granularity: second,
+                    family: crate::quota::Family::XRateLimit,
+                };
+                pending.push_back((now + rtt, now, ok, adv));
+            }
+            now += Duration::from_millis(1);
+        }
+        (f64::from(served) / 15.0 / 20.0, refused)
+    }
+
+    #[test]
+    fn a_moving_window_whose_reset_misleads_is_paced_evenly() {
+        let (used, refused) = flask_limiter(true);
+        assert!(used >= 0.95, "{used:.3} used");
+        assert_eq!(refused, 0);
+    }
+
+    #[test]
+    fn a_window_restarting_at_its_first_request_is_paced_evenly() {
+        let (used, refused) = flask_limiter(false);
+        assert!(used >= 0.95, "{used:.3} used");
+        assert_eq!(refused, 0);
+    }
+
     /// R-FS2: an allowance spent before its period ends (here, as the
     /// store restores it after a restart) holds requests off; the period's
     /// end lets them go again, though no answer arrived to move the pace

@@ -47,7 +47,43 @@ pub(super) struct Quota {
     /// Answers in a row without the headers; at [`QUOTA_GONE`] the quota
     /// is forgotten and AIMD alone paces.
     pub(super) missing: u32,
+    /// When the request whose answer told the current `remaining` was
+    /// sent.
+    pub(super) low_sent: Instant,
+    /// Refills no fixed window makes: `remaining` rose, for a request sent
+    /// after the one that told the lower figure, while the reset stayed
+    /// where it was. At [`ROLLING_AFTER`] the quota is a rolling one.
+    pub(super) refills: u32,
+    /// What following the stated resets delivers: since when, the answers
+    /// since that carried the quota and were not throttles, and how often
+    /// the quota was spent since (see [`DELIVERED_SHARE`]).
+    pub(super) delivery: (Instant, u64, u32),
 }
+
+/// Spent at least [`SPENT_TIMES`] times over at least [`SPENT_WINDOWS`]
+/// windows — demand more than the quota — yet delivered under this share
+/// of `limit / window`: the stated resets lie past the real ones (a
+/// window that restarts at the first request after it expired, rounded up
+/// to a whole second: held to it, 20 a second were used at 0.74–0.92;
+/// a moving window whose refills went unseen in the holds). The quota is
+/// taken for a rolling one from then on: the results decide (R-SG1).
+pub(super) const DELIVERED_SHARE: f64 = 0.85;
+pub(super) const SPENT_TIMES: u32 = 3;
+pub(super) const SPENT_WINDOWS: u32 = 5;
+
+/// Refills a fixed window cannot make (see [`Quota::refills`]) before the
+/// quota is taken for a rolling one: a moving window (the `limits`
+/// library's, Flask-Limiter's, slowapi's), whose stated reset is when its
+/// oldest hit leaves it — an upper bound, not a reset: requests free up
+/// one at a time long before it. Held to it as to a fixed window's reset,
+/// 20 a second were used at 0.55 (issue 35).
+pub(super) const ROLLING_AFTER: u32 = 3;
+
+/// A rolling quota is paced this far under `limit / window`: at its exact
+/// rate, the limit + 1st request reaches the provider at the very edge of
+/// the window its first one opened, where the network's jitter has it
+/// refused half the time.
+pub(super) const ROLLING_MARGIN: f64 = 0.97;
 
 /// A window length measured between two resets or window ends, to whole seconds
 /// (windows are stated in seconds).
@@ -157,7 +193,34 @@ impl Quota {
             missing: 0,
             last_sent: sent_at,
             window: adv.window,
+            low_sent: sent_at,
+            refills: 0,
+            delivery: (sent_at, 0, 0),
         }
+    }
+
+    /// Judges what following the stated resets delivered (see
+    /// [`DELIVERED_SHARE`]), once a measure spans enough windows.
+    fn judge_delivery(&mut self, now: Instant) {
+        let (Some(policy), Some(window)) = (self.advertised.policy_rate(), self.advertised.window)
+        else {
+            return;
+        };
+        let (since, served, spent) = self.delivery;
+        let span = now.saturating_duration_since(since);
+        if span < window * SPENT_WINDOWS || self.rolling() {
+            return;
+        }
+        if spent >= SPENT_TIMES && (served as f64) < DELIVERED_SHARE * policy * span.as_secs_f64() {
+            self.refills = ROLLING_AFTER;
+        }
+        self.delivery = (now, 0, 0);
+    }
+
+    /// Whether the quota refills as it goes (a moving window), not at its
+    /// stated reset.
+    pub(super) fn rolling(&self) -> bool {
+        self.refills >= ROLLING_AFTER
     }
 
     /// The time left to spend what remains over.
@@ -215,6 +278,13 @@ impl PacerCore {
         let earliest = said
             .checked_sub(adv.granularity + now.saturating_duration_since(sent_at))
             .unwrap_or(now);
+        // More remains, though the request was sent after the one that told
+        // less, and the reset has not moved: the provider's window rolls.
+        let refilled = self.quota.is_some_and(|q| {
+            adv.remaining > q.advertised.remaining
+                && sent_at > q.low_sent
+                && said < q.hi + adv.granularity / 2
+        });
         let mut q = match self.quota {
             // The same window: no more remains than before, and the request
             // was sent before the latest the window may end. (Not judged by
@@ -238,10 +308,36 @@ impl PacerCore {
         q.synthetic = synthetic;
         q.missing = 0;
         q.last_sent = q.last_sent.max(sent_at);
-        let left = q.spend_by(now);
-        q.rate = Advertised { reset: left, ..adv }.even_rate();
-        if q.rate.is_none() {
-            fb.hold_until = self.hold(now, q.hi);
+        if self
+            .quota
+            .is_none_or(|old| adv.remaining != old.advertised.remaining)
+        {
+            q.low_sent = sent_at;
+        }
+        q.refills += u32::from(refilled);
+        q.delivery.1 += 1;
+        if adv.remaining == 0 && self.quota.is_none_or(|old| old.advertised.remaining > 0) {
+            q.delivery.2 += 1;
+        }
+        q.judge_delivery(now);
+        let rolling = q.rolling().then(|| adv.policy_rate()).flatten();
+        if let Some(refill) = rolling {
+            // Rolling: paced evenly a hair under its rate, never held to a
+            // reset it does not keep; spent, held until one request's
+            // refill after this one was sent (an even pace's next is that
+            // far apart already: counted from the answer, the hold would
+            // add the round trip to every such gap).
+            q.rate = Some(refill * ROLLING_MARGIN);
+            let next = sent_at + Duration::from_secs_f64(1.0 / refill);
+            if adv.remaining == 0 && next > now {
+                fb.hold_until = self.hold(now, next);
+            }
+        } else {
+            let left = q.spend_by(now);
+            q.rate = Advertised { reset: left, ..adv }.even_rate();
+            if q.rate.is_none() {
+                fb.hold_until = self.hold(now, q.hi);
+            }
         }
         let before = self.gcra.interval();
         let (trusted, rate) = (q.trusted, q.rate);
@@ -252,7 +348,7 @@ impl PacerCore {
             }
         }
         self.sync_interval();
-        if q.rate.is_none() {
+        if q.rate.is_none() && rolling.is_none() {
             // Spent: the window is whole again at its reset, and its first
             // request goes then — not an interval after this window's last
             // (at the learned rate, up to a sixth of a short window lost
@@ -283,6 +379,9 @@ impl PacerCore {
             rate: refill.filter(|_| adv.remaining > 0),
             trusted,
             missing: 0,
+            low_sent: sent_at,
+            refills: 0,
+            delivery: (sent_at, 0, 0),
         };
         if adv.remaining == 0 {
             let one = refill.map_or(adv.reset, |r| Duration::from_secs_f64(1.0 / r));
