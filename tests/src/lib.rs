@@ -8,6 +8,7 @@
 pub mod answers;
 pub mod clients;
 pub mod discord;
+pub mod flask_limiter;
 pub mod github;
 pub mod haproxy;
 pub mod harness;

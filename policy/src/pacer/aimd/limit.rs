@@ -64,6 +64,10 @@ pub(super) struct Evidence {
     pub(super) unconfirmed: bool,
     /// The rate is a fleet's, shared through a budget.
     pub(super) shared: bool,
+    /// A bracket is open: the probe went halfway to it at most, and its
+    /// refusal narrows the bracket (a bucket's burst kept it clean for a
+    /// while; what it delivered meanwhile moves nothing).
+    pub(super) bisecting: bool,
     /// The token-bucket fit of the refusals after holds, if it tells one
     /// (the bound, and its margin).
     pub(super) fit: Option<(f64, f64)>,
@@ -171,7 +175,9 @@ pub(super) fn place(e: &Evidence) -> Placement {
             }
         }
         (Some(limit), Some(probe))
-            if probe.dwell.is_some() || probe_clean(e, probe) <= limit * PROBE_HELD =>
+            if probe.dwell.is_some()
+                || e.bisecting
+                || probe_clean(e, probe) <= limit * PROBE_HELD =>
         {
             held_probe(e, limit, probe, &mut p);
         }
@@ -254,7 +260,9 @@ fn held_probe(e: &Evidence, limit: f64, probe: Probe, p: &mut Placement) {
     p.limit = l;
     p.to = l * e.settle;
     if probe.dwell.is_none() && !e.reason.ambiguous() && !e.holds && e.from > l {
-        // Between the two lies the limit: the next probe bisects.
+        // Between the two lies the limit: the next probe bisects. (Not
+        // once the limit is known that closely: the probe that found it
+        // had not moved was the one overshoot a probe costs.)
         p.bracket = Some(e.from);
     }
     if probe.dwell.is_some() {
@@ -306,6 +314,12 @@ fn moved_probe(e: &Evidence, limit: f64, probe: Probe, p: &mut Placement) {
     // refusal one step above it: settled under as closely as a fit.
     p.tight = e.unconfirmed;
     p.to = (l * e.settle).min(e.from * PROBE_DECREASE);
+}
+
+/// Whether the placement keeps what bisection proved: the limit held
+/// where a bisection moved it (a probe refused above it).
+fn closed_by_bisection(a: &Aimd, p: &Placement) -> bool {
+    a.bisect_moved && a.limit == Some(p.limit)
 }
 
 /// The limit before a probe moved it, if that was within the last
@@ -432,6 +446,7 @@ impl Aimd {
             unconfirmed: self.unconfirmed.is_some(),
             shared: self.shared,
             fit: self.descent.limit(),
+            bisecting: self.bracket.is_some(),
             window: self.window,
             now,
         });
@@ -474,13 +489,28 @@ impl Aimd {
             self.too_high_at = Some(now);
         }
         // A bracket stands while probes are refused under it; any other
-        // placement moved the limit past what it bounded.
-        // One that close over the limit knows it as closely as a fit.
-        self.bracket = p.bracket.map(|b| {
+        // placement moved the limit past what it bounded. A bisection's
+        // move undone was a burst's doing: the provider is no sharp limit
+        // to bisect.
+        let soon = |at: Instant| now.saturating_duration_since(at) < self.window * PROBE_AFTER;
+        if p.too_high && self.bisect_at.is_some_and(soon) {
+            self.bisect_fooled = true;
+            self.bisect_moved = false;
+        }
+        // Brackets begin at slow start's refusal only: once closed or let
+        // go, a probe refused above the limit is the one overshoot a probe
+        // costs, not the start of another bisection (whose probes would
+        // each cost one, and cap the probe that finds a raised limit).
+        let opens = self.limit.is_none() || self.bracket.is_some();
+        self.bracket = p.bracket.filter(|_| opens && !self.bisect_fooled).map(|b| {
             self.bracket
                 .filter(|old| *old > p.limit)
                 .map_or(b, |old| old.min(b))
         });
+        if self.bracket.is_none() && !closed_by_bisection(self, &p) {
+            self.bisect_moved = false;
+        }
+        // One that close over the limit knows it as closely as a fit.
         let closed = self
             .bracket
             .is_some_and(|b| b <= p.limit * (1.0 + super::settle::BRACKET_TIGHT));
@@ -540,6 +570,7 @@ mod tests {
             unconfirmed: false,
             shared: false,
             fit: None,
+            bisecting: false,
             window: Duration::from_secs(1),
             now: Instant::now(),
         }

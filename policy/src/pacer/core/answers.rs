@@ -64,8 +64,15 @@ impl PacerCore {
                 // less than it advertises; AIMD learns the rest.
                 // (Nor was it delivered: its quota headers, read next, are
                 // not counted as a delivery — see `Quota::delivery`.)
+                // A rolling quota is paced under its rate already: its first
+                // refusal is the network's jitter at a window's edge; a
+                // second says it allows less than it states.
                 if let Some(q) = self.quota.as_mut() {
-                    q.trusted = false;
+                    if q.rolling() && q.edge_refusals == 0 {
+                        q.edge_refusals = 1;
+                    } else {
+                        q.trusted = false;
+                    }
                     q.delivery.1 = q.delivery.1.saturating_sub(1);
                 }
                 fb.backoff = self.aimd.on_throttle(sent_at, now, reason);

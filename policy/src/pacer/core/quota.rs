@@ -58,6 +58,8 @@ pub(super) struct Quota {
     /// since that carried the quota and were not throttles, and how often
     /// the quota was spent since (see [`DELIVERED_SHARE`]).
     pub(super) delivery: (Instant, u64, u32),
+    /// Refusals while rolling that left its word trusted (at most one).
+    pub(super) edge_refusals: u32,
 }
 
 /// Spent at least [`SPENT_TIMES`] times over at least [`SPENT_WINDOWS`]
@@ -196,6 +198,7 @@ impl Quota {
             low_sent: sent_at,
             refills: 0,
             delivery: (sent_at, 0, 0),
+            edge_refusals: 0,
         }
     }
 
@@ -382,6 +385,7 @@ impl PacerCore {
             low_sent: sent_at,
             refills: 0,
             delivery: (sent_at, 0, 0),
+            edge_refusals: 0,
         };
         if adv.remaining == 0 {
             let one = refill.map_or(adv.reset, |r| Duration::from_secs_f64(1.0 / r));
