@@ -364,15 +364,7 @@ impl Provider {
             let (_, curr, prev) = self.sliding;
             let rate = curr + prev * (1.0 - t.fract());
             let ok = rate <= self.limit;
-            let a = Answer {
-                at: now,
-                status: if ok { 200 } else { 429 },
-                latency: self.latency(),
-                retry_after: None,
-                advert: None,
-            };
-            self.log.push(a);
-            return a;
+            return self.bare(now, ok);
         }
         if let Behaviour::MovingLog | Behaviour::LazyWindow = self.behaviour {
             let second = Duration::from_secs(1);
@@ -395,15 +387,7 @@ impl Provider {
                 self.lazy = Some((start, used + u64::from(ok)));
                 ok
             };
-            let a = Answer {
-                at: now,
-                status: if ok { 200 } else { 429 },
-                latency: self.latency(),
-                retry_after: None,
-                advert: None,
-            };
-            self.log.push(a);
-            return a;
+            return self.bare(now, ok);
         }
         let took = self.bucket.take(now);
         let base = self.latency();
@@ -461,6 +445,20 @@ impl Provider {
             status,
             latency,
             retry_after,
+            advert: None,
+        };
+        self.log.push(a);
+        a
+    }
+
+    /// A 200, or over the limit a bare 429 (no `Retry-After`, no headers),
+    /// logged.
+    fn bare(&mut self, now: Instant, ok: bool) -> Answer {
+        let a = Answer {
+            at: now,
+            status: if ok { 200 } else { 429 },
+            latency: self.latency(),
+            retry_after: None,
             advert: None,
         };
         self.log.push(a);
