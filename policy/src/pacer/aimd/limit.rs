@@ -259,6 +259,18 @@ fn held_probe(e: &Evidence, limit: f64, probe: Probe, p: &mut Placement) {
     };
     p.limit = l;
     p.to = l * e.settle;
+    if probe.dwell.is_none()
+        && !e.reason.ambiguous()
+        && !e.holds
+        && l == limit
+        && e.from <= l * (1.0 + super::settle::BRACKET_TIGHT)
+    {
+        // Refused within a hair over a limit the probe's clean windows
+        // did not raise: the limit is known that closely (a moving
+        // window's, met again where it was).
+        p.tight = true;
+        p.to = l * SETTLE_SHARP;
+    }
     if probe.dwell.is_none() && !e.reason.ambiguous() && !e.holds && e.from > l {
         // Between the two lies the limit: the next probe bisects. (Not
         // once the limit is known that closely: the probe that found it

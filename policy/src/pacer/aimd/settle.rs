@@ -201,6 +201,13 @@ impl Aimd {
                 return true;
             }
         }
+        if self.bracket.is_some() && (self.sharp || self.echo >= super::limit::SHARP_ECHO) {
+            // Refusals went on after the cut: a window that counts them too
+            // (HAProxy's), where each probe over the limit costs a window of
+            // refusals — not one. No bisecting such a limit.
+            self.bracket = None;
+            self.bisect_fooled = true;
+        }
         let next = match self.limit {
             None => self.rate * (1.0 + SLOW_START_GROWTH),
             Some(limit) => {
@@ -473,10 +480,18 @@ mod tests {
             admitted >= PROBE_AFTER_ADMITTED as f64,
             "waited for {admitted} requests"
         );
-        // A probe throttled near the limit goes straight back to settle.
+        // A probe throttled within a hair over the limit (which its clean
+        // windows did not raise) goes straight back under it, as closely as
+        // under a sharp one: the limit is known that well.
         saturate(&mut a, &mut t, 1);
+        let refused_at = a.rate();
+        assert!(refused_at <= limit * (1.0 + BRACKET_TIGHT), "{refused_at}");
         a.on_throttle(t, t, BackoffReason::Throttled).unwrap();
-        assert!((a.rate() - settle).abs() < 1e-9, "{}", a.rate());
+        assert!(
+            (a.rate() - limit * SETTLE_SHARP).abs() < 1e-9,
+            "{} vs {settle}",
+            a.rate()
+        );
         assert_eq!(a.limit(), Some(limit), "the limit held");
     }
 
