@@ -272,9 +272,8 @@ fn held_probe(e: &Evidence, limit: f64, probe: Probe, p: &mut Placement) {
         p.to = l * SETTLE_SHARP;
     }
     if probe.dwell.is_none() && !e.reason.ambiguous() && !e.holds && e.from > l {
-        // Between the two lies the limit: the next probe bisects. (Not
-        // once the limit is known that closely: the probe that found it
-        // had not moved was the one overshoot a probe costs.)
+        // Between the two lies the limit: a bisection under way narrows
+        // (see `Aimd::cut` for when a bracket may open).
         p.bracket = Some(e.from);
     }
     if probe.dwell.is_some() {
@@ -326,12 +325,6 @@ fn moved_probe(e: &Evidence, limit: f64, probe: Probe, p: &mut Placement) {
     // refusal one step above it: settled under as closely as a fit.
     p.tight = e.unconfirmed;
     p.to = (l * e.settle).min(e.from * PROBE_DECREASE);
-}
-
-/// Whether the placement keeps what bisection proved: the limit held
-/// where a bisection moved it (a probe refused above it).
-fn closed_by_bisection(a: &Aimd, p: &Placement) -> bool {
-    a.bisect_moved && a.limit == Some(p.limit)
 }
 
 /// The limit before a probe moved it, if that was within the last
@@ -507,7 +500,6 @@ impl Aimd {
         let soon = |at: Instant| now.saturating_duration_since(at) < self.window * PROBE_AFTER;
         if p.too_high && self.bisect_at.is_some_and(soon) {
             self.bisect_fooled = true;
-            self.bisect_moved = false;
         }
         // Brackets begin at slow start's refusal only: once closed or let
         // go, a probe refused above the limit is the one overshoot a probe
@@ -519,9 +511,6 @@ impl Aimd {
                 .filter(|old| *old > p.limit)
                 .map_or(b, |old| old.min(b))
         });
-        if self.bracket.is_none() && !closed_by_bisection(self, &p) {
-            self.bisect_moved = false;
-        }
         // One that close over the limit knows it as closely as a fit.
         let closed = self
             .bracket

@@ -353,11 +353,6 @@ pub struct Aimd {
     /// lies under it, and the next probe goes no further than halfway to
     /// it (see [`settle::BRACKET_TIGHT`]).
     bracket: Option<f64>,
-    /// A bisection moved the limit, and stood: a bracket closed after that
-    /// knows the limit as closely as a fit (a probe refused just above a
-    /// limit that only crept up says less — a bucket's burst may have
-    /// carried it past the refill rate).
-    bisect_moved: bool,
     /// A bisection's move proved a burst's doing: no more brackets.
     bisect_fooled: bool,
     /// When a bisection last moved the limit.
@@ -437,7 +432,6 @@ impl Aimd {
             refused_settle: None,
             probe_backoff: 0,
             bracket: None,
-            bisect_moved: false,
             bisect_fooled: false,
             bisect_at: None,
             dwell_windows: PROBE_DWELL_FIRST,

@@ -56,8 +56,8 @@ pub const PROBE_GAP_COST: f64 = 3.0;
 /// close over the limit knows the limit as closely as a fit: settled under
 /// as a sharp one, and the bracket let go — the next probe doubles its
 /// steps again, and finds the limit should it have moved. Until then each
-/// probe goes halfway to the bracket: two clean windows there move the
-/// limit, a refusal there is the new bracket. (Doubling steps of 2, 4 and
+/// probe goes halfway to the bracket: [`BRACKET_DWELL`] clean windows
+/// there move the limit, a refusal there is the new bracket. (Doubling steps of 2, 4 and
 /// 8 % overshoot a sharp limit — a moving window's — from a limit well
 /// under it, and fall back to the last clean step: 20 a second were held
 /// at 0.87.)
@@ -314,7 +314,6 @@ impl Aimd {
         // refusal at the new settle point soon after places the limit as
         // any settle point's refusal does, and ends the bisection.
         self.limit = Some(half);
-        self.bisect_moved = true;
         self.bisect_at = Some(now);
         if bracket <= half * (1.0 + BRACKET_TIGHT) {
             self.fitted = true;
