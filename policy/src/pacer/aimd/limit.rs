@@ -415,6 +415,13 @@ fn too_high(e: &Evidence, limit: f64) -> (f64, bool, bool) {
 
 impl Aimd {
     /// Cuts the rate now and moves the remembered limit (see [`place`]).
+    /// Whether the provider's refusals go on after a cut (the limit is
+    /// sharp, or the last cut's echo already says so): a window that
+    /// counts its refusals too.
+    pub(super) fn refusals_go_on(&self) -> bool {
+        self.sharp || self.echo >= SHARP_ECHO
+    }
+
     pub(super) fn cut(
         &mut self,
         now: Instant,

@@ -201,7 +201,7 @@ impl Aimd {
                 return true;
             }
         }
-        if self.bracket.is_some() && (self.sharp || self.echo >= super::limit::SHARP_ECHO) {
+        if self.bracket.is_some() && self.refusals_go_on() {
             // Refusals went on after the cut: a window that counts them too
             // (HAProxy's), where each probe over the limit costs a window of
             // refusals — not one. No bisecting such a limit.
