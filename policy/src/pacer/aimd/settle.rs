@@ -57,10 +57,10 @@ pub const PROBE_GAP_COST: f64 = 3.0;
 /// as a sharp one, and the bracket let go — the next probe doubles its
 /// steps again, and finds the limit should it have moved. Until then each
 /// probe goes halfway to the bracket: [`BRACKET_DWELL`] clean windows
-/// there move the limit, a refusal there is the new bracket. (Doubling steps of 2, 4 and
-/// 8 % overshoot a sharp limit — a moving window's — from a limit well
-/// under it, and fall back to the last clean step: 20 a second were held
-/// at 0.87.)
+/// there move the limit, a refusal there is the new bracket. (Doubling
+/// steps of 2, 4 and 8 % overshoot a sharp limit — a moving window's —
+/// from a limit well under it, and fall back to the last clean step: 20 a
+/// second were held at 0.87.)
 pub(super) const BRACKET_TIGHT: f64 = 0.02;
 
 /// Clean windows at the settle point before a probe bisects a bracket
@@ -68,15 +68,15 @@ pub(super) const BRACKET_TIGHT: f64 = 0.02;
 /// most, and costs one refusal if that is too far.
 pub(super) const BRACKET_AFTER: u32 = 3;
 
-/// Clean windows at a bracket's midpoint that move the limit there: a
-/// small burst (5 on a 20 a second bucket) carries a rate a tenth over the
-/// refill rate clean for two or three windows.
-pub(super) const BRACKET_DWELL: u32 = 4;
-
 /// …and requests admitted there: a bisecting probe costs at most one
 /// refusal, so this bounds their share on slow providers (≈ 1 %, and only
 /// while the bracket closes).
 pub(super) const BRACKET_AFTER_ADMITTED: u64 = 100;
+
+/// Clean windows at a bracket's midpoint that move the limit there: a
+/// small burst (5 on a 20 a second bucket) carries a rate a tenth over the
+/// refill rate clean for two or three windows.
+pub(super) const BRACKET_DWELL: u32 = 4;
 
 /// A whole clean window at this multiple of the limit proves it moved:
 /// the controller forgets it and grows as from a cold start. (A token

@@ -61,15 +61,14 @@ impl PacerCore {
                     BackoffReason::Throttled
                 };
                 // Throttled while following its word: the provider allows
-                // less than it advertises; AIMD learns the rest.
-                // (Nor was it delivered: its quota headers, read next, are
-                // not counted as a delivery — see `Quota::delivery`.)
-                // A rolling quota is paced under its rate already: its first
-                // refusal is the network's jitter at a window's edge; a
-                // second says it allows less than it states.
+                // less than it advertises; AIMD learns the rest — except a
+                // rolling quota's first refusal, the network's jitter at a
+                // window's edge (it is paced under its rate already). Nor
+                // was it delivered: its quota headers, read next, are not
+                // counted as a delivery (see `Quota::delivery`).
                 if let Some(q) = self.quota.as_mut() {
-                    if q.rolling() && q.edge_refusals == 0 {
-                        q.edge_refusals = 1;
+                    if q.rolling() && !q.edge_refused {
+                        q.edge_refused = true;
                     } else {
                         q.trusted = false;
                     }

@@ -58,8 +58,8 @@ pub(super) struct Quota {
     /// since that carried the quota and were not throttles, and how often
     /// the quota was spent since (see [`DELIVERED_SHARE`]).
     pub(super) delivery: (Instant, u64, u32),
-    /// Refusals while rolling that left its word trusted (at most one).
-    pub(super) edge_refusals: u32,
+    /// A refusal while rolling left its word trusted (only one may).
+    pub(super) edge_refused: bool,
 }
 
 /// Spent at least [`SPENT_TIMES`] times over at least [`SPENT_WINDOWS`]
@@ -198,7 +198,7 @@ impl Quota {
             low_sent: sent_at,
             refills: 0,
             delivery: (sent_at, 0, 0),
-            edge_refusals: 0,
+            edge_refused: false,
         }
     }
 
@@ -385,7 +385,7 @@ impl PacerCore {
             low_sent: sent_at,
             refills: 0,
             delivery: (sent_at, 0, 0),
-            edge_refusals: 0,
+            edge_refused: false,
         };
         if adv.remaining == 0 {
             let one = refill.map_or(adv.reset, |r| Duration::from_secs_f64(1.0 / r));
