@@ -7,6 +7,17 @@ use super::*;
 /// Refusals within a cut's echo that make a limit sharp.
 pub(super) const SHARP_ECHO: u32 = 3;
 
+/// Refusals within a cut's echo, as a share of a window's requests at the
+/// rate after it, that say the provider's window counts its refusals too
+/// (HAProxy's `http_req_rate`: 12–15 at 17.7 a second in the model), so
+/// that each probe over its limit costs a window of refusals. A fixed
+/// window's end with it: those sent after the cut before it ends (3 in the
+/// model, at most a third of a window after slow start's overshoot by
+/// half). Counted against `SHARP_ECHO`, a fixed window that restarts at
+/// its first request (Flask-Limiter's) was taken for such a window and
+/// never bisected: left at 0.92 of its limit (issue 35).
+pub(super) const ECHO_GOES_ON: f64 = 0.5;
+
 /// A steady limit's bare 503 (or queueing) at the settle point puts the
 /// limit this share under the rate it met: the limit is known to within
 /// the settle point's margin, and a plain unnamed step (×0.9) would cost a
@@ -414,14 +425,14 @@ fn too_high(e: &Evidence, limit: f64) -> (f64, bool, bool) {
 }
 
 impl Aimd {
-    /// Cuts the rate now and moves the remembered limit (see [`place`]).
-    /// Whether the provider's refusals go on after a cut (the limit is
-    /// sharp, or the last cut's echo already says so): a window that
-    /// counts its refusals too.
+    /// Whether the provider's refusals go on after the last cut: a window
+    /// that counts its refusals too, whose echo lasts most of a window
+    /// (see [`ECHO_GOES_ON`]).
     pub(super) fn refusals_go_on(&self) -> bool {
-        self.sharp || self.echo >= SHARP_ECHO
+        f64::from(self.echo) >= ECHO_GOES_ON * self.rate * self.window.as_secs_f64()
     }
 
+    /// Cuts the rate now and moves the remembered limit (see [`place`]).
     pub(super) fn cut(
         &mut self,
         now: Instant,
@@ -431,6 +442,10 @@ impl Aimd {
         if self.last_decrease.is_some() && !reason.ambiguous() {
             // The last cut's echo is over: was its limit sharp?
             self.sharp = self.echo >= SHARP_ECHO;
+        }
+        if self.refusals_go_on() {
+            // No bisecting such a limit (see `Aimd::increase`).
+            self.bisect_fooled = true;
         }
         self.echo = 0;
         self.dwell_refused(now);

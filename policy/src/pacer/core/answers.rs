@@ -1,6 +1,7 @@
 //! What an answer does to the pace: the controller's feedback, and the
 //! hold a `Retry-After` puts on every request (R-RA1).
 
+use super::quota::EDGE_ANSWERS;
 use super::*;
 
 impl PacerCore {
@@ -62,13 +63,17 @@ impl PacerCore {
                 };
                 // Throttled while following its word: the provider allows
                 // less than it advertises; AIMD learns the rest — except a
-                // rolling quota's first refusal, the network's jitter at a
-                // window's edge (it is paced under its rate already). Nor
+                // rolling quota's refusal that none came shortly before, the
+                // network's jitter at a window's edge (it is paced under its
+                // rate already; see `EDGE_ANSWERS`). Nor
                 // was it delivered: its quota headers, read next, are not
                 // counted as a delivery (see `Quota::delivery`).
                 if let Some(q) = self.quota.as_mut() {
-                    if q.rolling() && !q.edge_refused {
-                        q.edge_refused = true;
+                    let jitter = q
+                        .edge_refused
+                        .is_none_or(|at| q.answers >= at + EDGE_ANSWERS);
+                    if q.rolling() && q.trusted && jitter {
+                        q.edge_refused = Some(q.answers);
                     } else {
                         q.trusted = false;
                     }
