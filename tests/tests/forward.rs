@@ -310,6 +310,78 @@ async fn destination_guard_refuses_loopback_when_not_allowed() {
     assert!(sim.hits("/").is_empty(), "nothing reached the target");
 }
 
+/// Issue 36, defects 1 and 2 (R-SF2, R-OP8): a refused destination says
+/// what was refused and what to change — the address, its class, the key
+/// that allows it with a value to write; the port and
+/// `destinations.connect_ports` — and every such refusal is logged (the
+/// host, never the path) and counted in `sluice_destination_refusals_total`.
+/// `localhost` is refused as the loopback it always is, before any pacing
+/// slot: no provider is made for it, no attempt counted. (Before: the
+/// details were "destination address not allowed", IP literals went
+/// unlogged and uncounted, and `localhost` waited for a pacing slot and
+/// then counted as an attempt with no answer.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_destination_names_its_fix_and_is_logged_and_counted() {
+    let sim = Sim::start("127.0.0.9").await;
+    let port = sim.addr.port();
+    let sluice = Sluice::start(&format!("[destinations]\nconnect_ports = [443, {port}]\n"));
+    let proxy = sluice.proxy_url();
+    for (url, ip) in [
+        (format!("http://127.0.0.9:{port}/secret-path"), "127.0.0.9"),
+        (format!("http://localhost:{port}/secret-path"), "127.0.0.1"),
+    ] {
+        let r = curl(&proxy, &[], &url, T).await;
+        assert_eq!(r.status, 403, "{url}: {r:?}");
+        let status = r.header("proxy-status").unwrap();
+        assert!(
+            status.contains(&format!("{ip} is loopback"))
+                && status.contains("destinations.allow")
+                && status.contains(&format!("{ip}/32")),
+            "{url}: {status}"
+        );
+    }
+    let answer = raw(
+        sluice.proxy,
+        b"CONNECT 127.0.0.9:25 HTTP/1.1\r\nHost: x\r\n\r\n",
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 403"), "{answer}");
+    assert!(
+        answer.contains("port 25") && answer.contains("destinations.connect_ports"),
+        "{answer}"
+    );
+    let (_, metrics) = sluice.admin_get("/metrics").await;
+    let count = |reason: &str| {
+        let key = format!("sluice_destination_refusals_total{{reason=\"{reason}\"}} ");
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(&key))
+            .unwrap_or_else(|| panic!("{key} in /metrics"))
+            .trim()
+            .to_string()
+    };
+    assert_eq!(count("loopback"), "2");
+    assert_eq!(count("connect_port"), "1");
+    assert_eq!(
+        count("private"),
+        "0",
+        "every reason is there from the start"
+    );
+    let (_, providers) = sluice.admin_get("/v1/providers").await;
+    assert!(
+        !providers.contains("localhost") && !providers.contains("127.0.0.9"),
+        "no provider, no pacing slot for a refused destination: {providers}"
+    );
+    let log = sluice.log();
+    assert!(
+        log.contains("destination refused") && log.contains("127.0.0.9"),
+        "{log}"
+    );
+    assert!(log.contains("CONNECT refused: port not in destinations.connect_ports"));
+    assert!(!log.contains("secret-path"), "no path in the log");
+    assert!(sim.hits("/").is_empty(), "nothing reached the target");
+}
+
 /// R-SF3: bad input gets a 4xx or a closed connection, never a crash, and
 /// the proxy keeps serving others — including while a client dribbles its
 /// headers one byte per second.

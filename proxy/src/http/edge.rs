@@ -135,7 +135,10 @@ pub fn refusal(cause: &Cause) -> Refusal {
         ),
         Cause::Upstream(e) => {
             let (status, error, details) = upstream(e.kind);
-            (status, error, details.to_string())
+            // A name that resolved only to refused addresses: which one,
+            // and the key that allows it.
+            let guard = crate::upstream::guard::prohibited_in(&*e.source);
+            (status, error, guard.map_or(details.to_string(), |g| g.to_string()))
         }
     };
     Refusal {

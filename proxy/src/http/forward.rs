@@ -234,17 +234,36 @@ fn refused_target(
             "request has no host",
         );
     }
-    if app.guard.check_literal(&host).is_err() {
-        return refuse(
-            StatusCode::FORBIDDEN,
-            "destination_ip_prohibited",
-            "destination address not allowed",
-        );
+    if let Err(e) = app.guard.check_literal(&host) {
+        return Err(destination_refused(app, &host, &e));
     }
     if let Some(refused) = outside_allowlist(config, identity.user.as_deref(), &host) {
+        app.metrics.destination_refused("collector_allow");
         return Err(refused);
     }
     Ok(host.into_owned())
+}
+
+/// The guard refused `host` before any connection or pacing slot: logged
+/// (the host, never a path) and counted by the address's class; the
+/// answer names the address and the key that allows it (R-SF2).
+pub(crate) fn destination_refused(
+    app: &App,
+    host: &str,
+    e: &crate::upstream::guard::GuardError,
+) -> Refusal {
+    let class = e.class().unwrap_or("unresolved");
+    app.metrics.destination_refused(class);
+    tracing::info!(
+        host,
+        class,
+        "destination refused: not in destinations.allow"
+    );
+    Refusal::new(
+        StatusCode::FORBIDDEN,
+        "destination_ip_prohibited",
+        e.to_string(),
+    )
 }
 
 /// The body the stack sends: a replay copy where a retry or a parked

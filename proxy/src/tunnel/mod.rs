@@ -92,25 +92,31 @@ pub async fn connect(
         return bad_target();
     };
     if !config.destinations.connect_ports.contains(&port) {
+        app.metrics.destination_refused("connect_port");
+        tracing::info!(
+            host = authority.host(),
+            port,
+            "CONNECT refused: port not in destinations.connect_ports"
+        );
         return Refusal::new(
             StatusCode::FORBIDDEN,
             "http_request_denied",
-            "CONNECT to this port is not allowed",
+            format!(
+                "CONNECT to port {port} is not allowed: list it in destinations.connect_ports (now {:?})",
+                config.destinations.connect_ports
+            ),
         )
         .into_response();
     }
-    if app.guard.check_literal(authority.host()).is_err() {
-        return Refusal::new(
-            StatusCode::FORBIDDEN,
-            "destination_ip_prohibited",
-            "destination address not allowed",
-        )
-        .into_response();
+    if let Err(e) = app.guard.check_literal(authority.host()) {
+        return crate::http::forward::destination_refused(&app, authority.host(), &e)
+            .into_response();
     }
     let host = normalise_host(authority.host());
     if let Some(refused) =
         crate::http::forward::outside_allowlist(config, identity.user.as_deref(), &host)
     {
+        app.metrics.destination_refused("collector_allow");
         return refused.into_response();
     }
     let provider = app.providers.get(&host);

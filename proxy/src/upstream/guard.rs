@@ -26,12 +26,71 @@ use tower::Service;
 /// A destination the guard refused, or a name that did not resolve.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum GuardError {
-    /// Every address of the destination is in a refused range.
-    #[error("destination address prohibited ({0})")]
-    Prohibited(&'static str),
+    /// Every address of the destination is in a refused range: one of
+    /// them, and its class (see [`CLASSES`]). Said as a refusal's details:
+    /// the address, why, and the key that allows it.
+    #[error(
+        "destination address {ip} is {class}, not allowed: list it in destinations.allow (e.g. {})",
+        IpNet::from(*ip)
+    )]
+    Prohibited {
+        /// A refused address.
+        ip: IpAddr,
+        /// Its class.
+        class: &'static str,
+    },
     /// The name did not resolve.
     #[error("name did not resolve: {0}")]
     Dns(String),
+}
+
+/// Every class [`refused_class`] names: the reasons
+/// `sluice_destination_refusals_total` counts, beside `connect_port` and
+/// `collector_allow`.
+pub const CLASSES: [&str; 10] = [
+    "loopback",
+    "private",
+    "metadata",
+    "link_local",
+    "shared_cgnat",
+    "unspecified",
+    "protocol_assignment",
+    "benchmarking",
+    "multicast_or_reserved",
+    "nat64",
+];
+
+impl GuardError {
+    /// Why the guard refused, as a metric's bounded reason; `None` for a
+    /// name that did not resolve.
+    pub fn class(&self) -> Option<&'static str> {
+        match self {
+            GuardError::Prohibited { class, .. } => Some(class),
+            GuardError::Dns(_) => None,
+        }
+    }
+}
+
+/// The guard's refusal among an error's causes, if one is: walks
+/// `source()` and, as [`kind_of`](super::kind_of) does, the inner error of
+/// an `io::Error`.
+pub fn prohibited_in<'a>(err: &'a (dyn std::error::Error + 'static)) -> Option<&'a GuardError> {
+    let mut next = vec![err];
+    while let Some(e) = next.pop() {
+        if let Some(g) = e.downcast_ref::<GuardError>() {
+            return matches!(g, GuardError::Prohibited { .. }).then_some(g);
+        }
+        if let Some(inner) = e
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+        {
+            next.push(inner);
+        }
+        if let Some(src) = e.source() {
+            next.push(src);
+        }
+    }
+    None
 }
 
 /// What class of address an IP is, if a refused one.
@@ -124,20 +183,31 @@ impl Guard {
                     .iter()
                     .any(|net| net.contains(&ip)) =>
             {
-                Err(GuardError::Prohibited(class))
+                Err(GuardError::Prohibited { ip, class })
             }
             _ => Ok(()),
         }
     }
 
-    /// Checks a host that is an IP literal; names pass (the resolver checks
-    /// them).
+    /// Checks a host that is an IP literal, or `localhost` (or a name
+    /// under it, RFC 6761: always the loopback addresses, refused unless
+    /// one of them is allowed); other names pass (the resolver checks
+    /// them). Refused here, a request never waits for a pacing slot nor
+    /// counts as an attempt.
     pub fn check_literal(&self, host: &str) -> Result<(), GuardError> {
         let bare = host.trim_start_matches('[').trim_end_matches(']');
-        match bare.parse::<IpAddr>() {
-            Ok(ip) => self.check(ip),
-            Err(_) => Ok(()),
+        if let Ok(ip) = bare.parse::<IpAddr>() {
+            return self.check(ip);
         }
+        let name = bare.trim_end_matches('.').to_ascii_lowercase();
+        if name == "localhost" || name.ends_with(".localhost") {
+            let v4 = self.check(IpAddr::V4(Ipv4Addr::LOCALHOST));
+            if v4.is_ok() || self.check(IpAddr::V6(Ipv6Addr::LOCALHOST)).is_ok() {
+                return Ok(());
+            }
+            return v4;
+        }
+        Ok(())
     }
 
     /// Resolves `host:port` and keeps only permitted addresses; none left
@@ -284,7 +354,64 @@ mod tests {
         let none = Guard::default();
         assert!(matches!(
             none.check_literal("127.0.0.1"),
-            Err(GuardError::Prohibited("loopback"))
+            Err(GuardError::Prohibited {
+                class: "loopback",
+                ..
+            })
         ));
+    }
+
+    /// Issue 36 (defect 1): the refusal names the address, why, and the
+    /// key that allows it, with a value to write there.
+    #[test]
+    fn a_refusal_names_the_address_and_the_key() {
+        let none = Guard::default();
+        let said = none.check_literal("[::1]").unwrap_err().to_string();
+        assert_eq!(
+            said,
+            "destination address ::1 is loopback, not allowed: list it in destinations.allow (e.g. ::1/128)"
+        );
+        let said = none
+            .check("10.1.2.3".parse().unwrap())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            said.contains("10.1.2.3 is private") && said.contains("10.1.2.3/32"),
+            "{said}"
+        );
+    }
+
+    /// Issue 36 (defect 2): `localhost` is refused as the loopback it
+    /// always is (RFC 6761) before any lookup, and allowed with it.
+    #[test]
+    fn localhost_is_checked_as_loopback() {
+        let none = Guard::default();
+        for host in ["localhost", "LOCALHOST.", "api.localhost"] {
+            assert!(none.check_literal(host).is_err(), "{host}");
+        }
+        assert!(none.check_literal("localhost.example.com").is_ok());
+        let v4 = Guard::new(vec!["127.0.0.0/8".parse().unwrap()]);
+        assert!(v4.check_literal("localhost").is_ok());
+        let v6 = Guard::new(vec!["::1/128".parse().unwrap()]);
+        assert!(v6.check_literal("localhost").is_ok());
+    }
+
+    #[test]
+    fn every_class_is_listed() {
+        for ip in [
+            "127.0.0.1",
+            "10.0.0.1",
+            "169.254.169.254",
+            "169.254.1.1",
+            "100.64.0.1",
+            "0.0.0.0",
+            "192.0.0.1",
+            "198.18.0.1",
+            "224.0.0.1",
+            "64:ff9b::1",
+        ] {
+            let class = refused_class(ip.parse().unwrap()).unwrap();
+            assert!(CLASSES.contains(&class), "{class}");
+        }
     }
 }

@@ -162,7 +162,7 @@ pub fn kind_of(err: &(dyn std::error::Error + 'static)) -> UpstreamKind {
         }
         if let Some(g) = e.downcast_ref::<GuardError>() {
             return match g {
-                GuardError::Prohibited(_) => UpstreamKind::Prohibited,
+                GuardError::Prohibited { .. } => UpstreamKind::Prohibited,
                 GuardError::Dns(_) => UpstreamKind::Dns,
             };
         }
@@ -253,7 +253,10 @@ mod tests {
             UpstreamKind::ConnectionTimeout
         );
         assert_eq!(
-            kind_of(&GuardError::Prohibited("loopback")),
+            kind_of(&GuardError::Prohibited {
+                ip: "127.0.0.1".parse().unwrap(),
+                class: "loopback"
+            }),
             UpstreamKind::Prohibited
         );
         assert_eq!(kind_of(&GuardError::Dns("x".into())), UpstreamKind::Dns);

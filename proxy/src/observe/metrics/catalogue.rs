@@ -8,7 +8,7 @@ use prometheus::{
     IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
 };
 
-use super::{Metrics, BAD_REQUEST_REASONS};
+use super::{Metrics, BAD_REQUEST_REASONS, DESTINATION_REFUSAL_REASONS};
 
 fn gauge(r: &Registry, name: &str, help: &str, labels: &[&str]) -> GaugeVec {
     let g = GaugeVec::new(Opts::new(name, help), labels).expect("valid metric");
@@ -367,6 +367,12 @@ impl Metrics {
                 "Requests refused as malformed before any provider saw them, by reason",
                 &["reason"],
             ),
+            destination_refusals: counter(
+                &r,
+                "destination_refusals_total",
+                "Requests refused for their destination before any connection or pacing slot, by reason (the address's class, connect_port, collector_allow)",
+                &["reason"],
+            ),
             state_restored: plain_counter(
                 "state_restored_total",
                 "Providers whose learned state was restored",
@@ -427,6 +433,12 @@ impl Metrics {
         }
         for reason in BAD_REQUEST_REASONS {
             m.bad_requests.with_label_values(&[reason]);
+        }
+        for reason in crate::upstream::guard::CLASSES
+            .iter()
+            .chain(&DESTINATION_REFUSAL_REASONS)
+        {
+            m.destination_refusals.with_label_values(&[reason]);
         }
         m
     }

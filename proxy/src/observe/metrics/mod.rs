@@ -110,6 +110,9 @@ pub struct Metrics {
     /// Requests refused as malformed before reaching any provider, by a
     /// bounded reason.
     bad_requests: IntCounterVec,
+    /// Requests refused for their destination before any provider saw
+    /// them, by a bounded reason (see [`DESTINATION_REFUSAL_REASONS`]).
+    destination_refusals: IntCounterVec,
     /// Providers whose learned state was restored.
     pub state_restored: IntCounter,
     /// Config reloads, by result.
@@ -141,6 +144,11 @@ impl Drop for UpgradedGuard {
         self.0.dec();
     }
 }
+
+/// The reasons `sluice_destination_refusals_total` counts besides the
+/// guard's address classes: a `CONNECT` port not in
+/// `destinations.connect_ports`, a host outside a collector's allowlist.
+pub const DESTINATION_REFUSAL_REASONS: [&str; 2] = ["connect_port", "collector_allow"];
 
 /// The reasons `sluice_bad_requests_total` counts.
 pub const BAD_REQUEST_REASONS: [&str; 2] = ["invalid_port", "ambiguous_length"];
@@ -219,6 +227,12 @@ impl Metrics {
     /// [`BAD_REQUEST_REASONS`]).
     pub fn bad_request(&self, reason: &'static str) {
         self.bad_requests.with_label_values(&[reason]).inc();
+    }
+
+    /// Counts a request refused for its destination (a guard class or one
+    /// of [`DESTINATION_REFUSAL_REASONS`]).
+    pub fn destination_refused(&self, reason: &'static str) {
+        self.destination_refusals.with_label_values(&[reason]).inc();
     }
 
     /// Counts a client rejecting the interception.
