@@ -795,7 +795,8 @@ async fn bad_input_is_refused_naming_the_field() {
 }
 
 /// R-SF1 with collectors: a wrong or missing token gets 407 and never
-/// reaches the provider.
+/// reaches the provider — loopback clients too: once the config names any
+/// proxy user, every client sends a valid pair.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn collectors_authenticate_with_their_token() {
     let sim = Sim::start("127.0.0.61").await;
@@ -805,6 +806,17 @@ async fn collectors_authenticate_with_their_token() {
     assert_eq!(wrong.status, 407, "{wrong:?}");
     let none = curl(&sluice.proxy_url(), &[], &url, T).await;
     assert_eq!(none.status, 407);
+    // Issue 36, defect 3: a missing token and a wrong one say different
+    // things — the rule, where the pair goes; or that it was not accepted.
+    let (wrong, none) = (
+        wrong.header("proxy-status").unwrap_or_default(),
+        none.header("proxy-status").unwrap_or_default(),
+    );
+    assert!(
+        none.contains("proxy credentials required") && none.contains("[collectors]"),
+        "{none}"
+    );
+    assert!(wrong.contains("proxy credentials not accepted"), "{wrong}");
     let ok = curl(&proxy_as(&sluice, "collector-a", TOKEN), &[], &url, T).await;
     assert_eq!(ok.status, 200);
     let seen = ok.header("x-seen-headers").unwrap_or_default();

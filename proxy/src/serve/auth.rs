@@ -22,10 +22,26 @@ use crate::runs::records::Mode;
 
 pub use crate::serve::identity::Identity;
 
-/// The proxy credentials were missing or wrong (never says which).
+/// The proxy credentials were missing, or not accepted. One rule: once
+/// the config names any proxy user (`[auth] credentials` or a collector's
+/// token), every request must carry a valid pair — loopback clients too;
+/// with none named, nobody needs one. Each says so, and what to send; a
+/// wrong one never says whether the user or the token was wrong.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error("proxy authentication required")]
-pub struct Unauthenticated;
+pub enum Unauthenticated {
+    /// No `Proxy-Authorization` at all.
+    #[error(
+        "proxy credentials required: this sluice names its users ([auth] credentials or [collectors]), \
+         so every client sends one; put it in the proxy URL: http://USER:TOKEN@HOST:PORT"
+    )]
+    Missing,
+    /// One was sent, and is not a configured user's pair (or not Basic).
+    #[error(
+        "proxy credentials not accepted: unknown user or wrong token \
+         (Basic USER:TOKEN of [auth] credentials or a collector's token_file)"
+    )]
+    Rejected,
+}
 
 /// Checks `Proxy-Authorization` against the configured credentials.
 /// `Ok(Identity::anonymous())` when none are configured.
@@ -36,35 +52,36 @@ pub fn authenticate(
     if credentials.is_empty() {
         return Ok(Identity::anonymous());
     }
+    use Unauthenticated::Rejected;
     let value = headers
         .get(PROXY_AUTHORIZATION)
-        .ok_or(Unauthenticated)?
+        .ok_or(Unauthenticated::Missing)?
         .to_str()
-        .map_err(|_| Unauthenticated)?;
-    let (scheme, encoded) = value.trim().split_once(' ').ok_or(Unauthenticated)?;
+        .map_err(|_| Rejected)?;
+    let (scheme, encoded) = value.trim().split_once(' ').ok_or(Rejected)?;
     if !scheme.eq_ignore_ascii_case("basic") {
-        return Err(Unauthenticated);
+        return Err(Rejected);
     }
     let decoded = base64::engine::general_purpose::STANDARD
         .decode(encoded.trim())
-        .map_err(|_| Unauthenticated)?;
-    let text = String::from_utf8(decoded).map_err(|_| Unauthenticated)?;
-    let (user, token) = text.split_once(':').ok_or(Unauthenticated)?;
+        .map_err(|_| Rejected)?;
+    let text = String::from_utf8(decoded).map_err(|_| Rejected)?;
+    let (user, token) = text.split_once(':').ok_or(Rejected)?;
     let (user, mode) = match credentials.contains_key(user) {
         true => (user, None),
         false => {
-            let (name, mode) = user.rsplit_once('+').ok_or(Unauthenticated)?;
-            (name, Some(Mode::parse(mode).ok_or(Unauthenticated)?))
+            let (name, mode) = user.rsplit_once('+').ok_or(Rejected)?;
+            (name, Some(Mode::parse(mode).ok_or(Rejected)?))
         }
     };
-    let expected = credentials.get(user).ok_or(Unauthenticated)?;
+    let expected = credentials.get(user).ok_or(Rejected)?;
     if constant_time_eq(expected.as_bytes(), token.as_bytes()) {
         Ok(Identity {
             user: Some(user.to_string()),
             mode,
         })
     } else {
-        Err(Unauthenticated)
+        Err(Rejected)
     }
 }
 
@@ -126,6 +143,30 @@ mod tests {
         assert_eq!(
             authenticate(&HeaderMap::new(), &HashMap::new()),
             Ok(Identity::anonymous())
+        );
+    }
+
+    /// Issue 36, defect 3: a missing pair and a wrong one say different
+    /// things — the rule and where the pair goes, or that it was not
+    /// accepted (never which half was wrong).
+    #[test]
+    fn missing_and_wrong_credentials_say_different_things() {
+        let missing = authenticate(&HeaderMap::new(), &creds()).unwrap_err();
+        assert_eq!(missing, Unauthenticated::Missing);
+        let said = missing.to_string();
+        assert!(
+            said.contains("required") && said.contains("http://USER:TOKEN@"),
+            "{said}"
+        );
+        for bad in ["collector-a:wrong", "nobody:s3cret"] {
+            let bad = base64::engine::general_purpose::STANDARD.encode(bad);
+            let wrong = authenticate(&with(&format!("Basic {bad}")), &creds()).unwrap_err();
+            assert_eq!(wrong, Unauthenticated::Rejected);
+            assert!(wrong.to_string().contains("not accepted"));
+        }
+        assert_eq!(
+            authenticate(&with("Bearer x"), &creds()),
+            Err(Unauthenticated::Rejected)
         );
     }
 }

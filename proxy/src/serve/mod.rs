@@ -89,11 +89,11 @@ async fn handle(app: Arc<App>, req: Request<Incoming>, verdicts: &Verdicts) -> R
     }
     let identity: Identity = match auth::authenticate(req.headers(), &config.credentials) {
         Ok(id) => id,
-        Err(auth::Unauthenticated) => {
+        Err(why) => {
             let mut resp = Refusal::new(
                 StatusCode::PROXY_AUTHENTICATION_REQUIRED,
                 "http_request_denied",
-                "proxy credentials required",
+                why.to_string(),
             )
             .into_response();
             resp.headers_mut().insert(
