@@ -51,6 +51,10 @@ pub struct App {
     pub intercept_tls: std::sync::OnceLock<Option<Arc<rustls::ServerConfig>>>,
     /// The last minutes of each provider's pace (the admin page).
     pub history: crate::observe::history::History,
+    /// The admin listener's address as bound (its port the system's
+    /// choice where the config says 0): proxied requests to it go to it
+    /// straight, never paced (see `http::forward`).
+    pub admin: std::net::SocketAddr,
 }
 
 /// Tells connections to finish, and knows when they have.

@@ -382,6 +382,35 @@ async fn a_refused_destination_names_its_fix_and_is_logged_and_counted() {
     assert!(sim.hits("/").is_empty(), "nothing reached the target");
 }
 
+/// Issue 36, defect 4 (R-OP8): with the proxy variables exported, the
+/// README's own admin `curl` goes through sluice to its admin listener —
+/// answered by it, never refused by the destination guard (default config)
+/// and never paced as a provider `127.0.0.1` sharing an origin's budget
+/// (loopback allowed). Before: `403 destination_ip_prohibited`, or a
+/// provider `127.0.0.1` in the readout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_calls_through_the_proxy_reach_the_admin_api_unpaced() {
+    for config in ["", "[destinations]\nallow = [\"127.0.0.0/8\"]\n"] {
+        let sluice = Sluice::start(config);
+        let proxy = sluice.proxy_url();
+        for path in ["/healthz", "/v1/providers", "/metrics"] {
+            let url = format!("http://{}{path}", sluice.admin);
+            let r = curl(&proxy, &[], &url, T).await;
+            assert_eq!(r.status, 200, "{config:?} {url}: {r:?}");
+        }
+        let url = format!("http://localhost:{}/healthz", sluice.admin.port());
+        let r = curl(&proxy, &[], &url, T).await;
+        assert_eq!((r.status, r.body.trim()), (200, "ok"), "{url}: {r:?}");
+        let (_, providers) = sluice.admin_get("/v1/providers").await;
+        let v: serde_json::Value = serde_json::from_str(&providers).unwrap();
+        assert_eq!(
+            v["providers"].as_array().map(Vec::len),
+            Some(0),
+            "no provider made for the admin API: {providers}"
+        );
+    }
+}
+
 /// R-SF3: bad input gets a 4xx or a closed connection, never a crash, and
 /// the proxy keeps serving others — including while a client dribbles its
 /// headers one byte per second.

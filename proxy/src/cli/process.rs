@@ -154,6 +154,7 @@ pub async fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), Sta
         ready: AtomicBool::new(false),
         history: Default::default(),
         intercept_tls: std::sync::OnceLock::new(),
+        admin: admin_addr,
     });
     tokio::spawn(admin::serve(app.clone(), admin_listener));
     tokio::spawn(sample_history(app.clone()));

@@ -119,6 +119,9 @@ pub async fn forward(
     if let Some(refusal) = malformed(&app, &target) {
         return refusal;
     }
+    if is_own_admin(app.admin, &target) {
+        return own_admin(app.admin, req).await;
+    }
     // R-PX5: an HTTP/1.1 Upgrade (WebSocket) keeps its Upgrade through the
     // stack — the handshake is one admitted request — and on 101 the two
     // connections are joined.
@@ -206,6 +209,72 @@ pub async fn forward(
         resp.headers_mut().insert(RUN_REMAINING, v);
     }
     resp
+}
+
+/// Whether `target` is this sluice's own admin listener: its address, or
+/// a loopback name for it where it listens on loopback or everywhere.
+fn is_own_admin(admin: std::net::SocketAddr, target: &Target) -> bool {
+    let port = target
+        .authority
+        .port_u16()
+        .unwrap_or(if target.scheme == Scheme::HTTPS {
+            443
+        } else {
+            80
+        });
+    if target.scheme != Scheme::HTTP || port != admin.port() {
+        return false;
+    }
+    let host = normalise_host(target.authority.host());
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    let loopback = bare == "localhost"
+        || bare
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback());
+    match bare.parse::<std::net::IpAddr>() {
+        Ok(ip) if ip == admin.ip() => true,
+        _ => loopback && (admin.ip().is_loopback() || admin.ip().is_unspecified()),
+    }
+}
+
+/// A request through the proxy to sluice's own admin API (a user with
+/// `HTTP_PROXY` exported asking `curl http://127.0.0.1:9901/…`): sent to
+/// the admin listener straight — never paced as a provider, never refused
+/// by the destination guard, never counted as traffic (issue 36).
+async fn own_admin(admin: std::net::SocketAddr, req: Request<Incoming>) -> Response<ResBody> {
+    let mut addr = admin;
+    if addr.ip().is_unspecified() {
+        addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+    }
+    let unreachable = |why: String| {
+        Refusal::new(
+            StatusCode::BAD_GATEWAY,
+            "destination_unavailable",
+            format!("sluice's own admin listener {addr}: {why}"),
+        )
+        .into_response()
+    };
+    let (mut parts, body) = req.into_parts();
+    parts.uri = match parts.uri.path_and_query() {
+        Some(pq) => pq.as_str().parse().unwrap_or_else(|_| "/".parse().unwrap()),
+        None => "/".parse().unwrap(),
+    };
+    strip_hop_by_hop(&mut parts.headers);
+    parts.headers.remove(header::PROXY_AUTHORIZATION);
+    let stream = match tokio::net::TcpStream::connect(addr).await {
+        Ok(stream) => stream,
+        Err(e) => return unreachable(e.to_string()),
+    };
+    let io = hyper_util::rt::TokioIo::new(stream);
+    let (mut sender, conn) = match hyper::client::conn::http1::handshake(io).await {
+        Ok(pair) => pair,
+        Err(e) => return unreachable(e.to_string()),
+    };
+    tokio::spawn(conn);
+    match sender.send_request(Request::from_parts(parts, body)).await {
+        Ok(resp) => resp.map(|b| b.map_err(Into::into).boxed()),
+        Err(e) => unreachable(e.to_string()),
+    }
 }
 
 /// The target's normalised host, or why the request is refused before
