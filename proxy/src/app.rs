@@ -28,6 +28,8 @@ pub struct App {
     pub(crate) config: RwLock<Arc<Config>>,
     /// Where the config came from, for SIGHUP.
     pub(crate) config_path: Option<PathBuf>,
+    /// What the command line set over the file, applied to each reload.
+    pub(crate) overrides: crate::config::Overrides,
     /// Metrics.
     pub metrics: Arc<Metrics>,
     /// The store, if it could be opened (reads).

@@ -165,6 +165,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let overrides = overrides(&cli);
     let (run_args, status_args) = match cli.command {
         Some(Command::Ca) => return process::print_ca(&config),
         Some(Command::Install { dir }) => return process::install(&dir),
@@ -206,7 +207,7 @@ fn main() -> ExitCode {
             }
         };
     }
-    match runtime.block_on(process::run(config, cli.config.clone())) {
+    match runtime.block_on(process::run(config, cli.config.clone(), overrides)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("sluice: {e}");
@@ -222,17 +223,18 @@ fn load_config(cli: &Cli) -> Result<config::Config, config::ConfigError> {
         Some(path) => config::Config::load(path)?,
         None => config::Config::default(),
     };
-    if let Some(l) = cli.listen {
-        config.listen = l;
-    }
-    if let Some(a) = cli.admin {
-        config.admin = a;
-    }
-    if let Some(d) = &cli.state_dir {
-        config.state_dir = d.clone();
-    }
+    overrides(cli).apply(&mut config);
     config.check()?;
     Ok(config)
+}
+
+/// What the command line sets over the config file.
+fn overrides(cli: &Cli) -> config::Overrides {
+    config::Overrides {
+        listen: cli.listen,
+        admin: cli.admin,
+        state_dir: cli.state_dir.clone(),
+    }
 }
 
 /// One worker: tokio's current-thread scheduler (no work-stealing queues

@@ -282,6 +282,63 @@ async fn corrupt_store_means_a_cold_start() {
     assert!(moved_aside);
 }
 
+/// Issue 36, defect 5 (R-OP5, R-OP8): a reload names each changed key only
+/// a restart applies, loudly, and leaves it unapplied — the rest applies.
+/// The command line's `--state-dir` and listeners are no change. (Before:
+/// `config reloaded; learned state kept` after a change to
+/// `upstream.extra_ca`, which the running client never took.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_names_the_keys_only_a_restart_applies() {
+    let sim = Sim::start("127.0.0.44").await;
+    let cfg = config(&sim, "");
+    let s = Sluice::start(&cfg);
+    let ca = s.dir.join("state").join("ca.crt");
+    assert!(ca.exists(), "the interception CA: a PEM to name");
+    let changed = cfg
+        .replace("ceiling_rps = 100.0", "ceiling_rps = 3.0")
+        .replace(
+            "[destinations]",
+            &format!(
+                "[upstream]\nextra_ca = \"{}\"\nconnect_timeout = \"3s\"\n[destinations]",
+                ca.display()
+            ),
+        );
+    s.rewrite_config(&changed);
+    s.signal("HUP");
+    let started = Instant::now();
+    while !s.log().contains("config reloaded") && started.elapsed() < T {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let log = s.log();
+    let line = log
+        .lines()
+        .find(|l| l.contains("config reloaded"))
+        .unwrap_or_else(|| panic!("the reload logged: {log}"));
+    assert!(
+        line.contains("except keys only a restart applies")
+            && line.contains("upstream.extra_ca")
+            && line.contains("upstream.connect_timeout")
+            && !line.contains("state_dir")
+            && !line.contains("listen"),
+        "{line}"
+    );
+    for key in ["upstream.extra_ca", "upstream.connect_timeout"] {
+        assert!(
+            log.lines()
+                .any(|l| l.contains("NOT APPLIED") && l.contains(key)),
+            "{key}: {log}"
+        );
+    }
+    assert_eq!(
+        provider(&s, "learn").await["ceiling_rps"],
+        3.0,
+        "the rest applied"
+    );
+    // The same file again: nothing new to say beyond the keys still pending.
+    let (_, metrics) = s.admin_get("/metrics").await;
+    assert!(metrics.contains("sluice_config_reloads_total{result=\"ok\"} 1"));
+}
+
 /// R-OP5: SIGHUP changes provider settings without losing learned state;
 /// a bad file is rejected and the running config stays.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

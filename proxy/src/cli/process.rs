@@ -97,7 +97,11 @@ fn raise_file_limit() {
 
 /// Runs sluice until SIGTERM or SIGINT, then drains within the grace
 /// period and saves what it learned. SIGHUP reloads the config file.
-pub async fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), StartError> {
+pub async fn run(
+    config: Config,
+    config_path: Option<PathBuf>,
+    overrides: crate::config::Overrides,
+) -> Result<(), StartError> {
     raise_file_limit();
     let tls = upstream::tls_config(config.extra_ca.as_deref())?;
     let guard = Guard::new(config.destinations.allow.clone());
@@ -114,6 +118,10 @@ pub async fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), Sta
     let (admin_listener, admin_addr) = bind(config.admin)
         .await
         .map_err(listen_error("admin", config.admin))?;
+    // The running config says where it listens (a port 0 is the system's
+    // choice): a reload compares the file with that.
+    let mut config = config;
+    (config.listen, config.admin) = (proxy_addr, admin_addr);
     let metrics = Arc::new(Metrics::new(config.limits.max_metric_providers));
     let store = Store::open(
         &config.state_dir,
@@ -150,6 +158,7 @@ pub async fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), Sta
         writer,
         config: RwLock::new(Arc::new(config)),
         config_path,
+        overrides,
         shutdown: Shutdown::new(),
         ready: AtomicBool::new(false),
         history: Default::default(),
@@ -161,12 +170,16 @@ pub async fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), Sta
     tokio::spawn(sweep(app.clone()));
     tokio::spawn(sweep_runs(app.clone()));
     tokio::spawn(save_periodically(app.clone()));
+    // Signals are ours before anyone is told sluice listens: a SIGHUP
+    // sent at once must reload, not end the process (its default action).
+    let term = signal(SignalKind::terminate()).map_err(StartError::Signals)?;
+    let hup = signal(SignalKind::hangup()).map_err(StartError::Signals)?;
     app.ready.store(true, Ordering::SeqCst);
     tracing::info!(proxy = %proxy_addr, admin = %admin_addr, "sluice listening");
     // A machine-readable line for supervisors and tests that bind port 0.
     println!("sluice listening proxy={proxy_addr} admin={admin_addr}");
 
-    accept_until_stopped(&app, proxy).await?;
+    accept_until_stopped(&app, proxy, term, hup).await;
     drain(&app).await;
     tracing::info!("stopped");
     Ok(())
@@ -213,9 +226,12 @@ fn shared_store(config: &Config) -> Result<Option<Arc<SharedStore>>, StartError>
 
 /// Accepts connections until SIGTERM or SIGINT; SIGHUP reloads. The
 /// listener closes when this returns: no new connections while draining.
-async fn accept_until_stopped(app: &Arc<App>, proxy: TcpListener) -> Result<(), StartError> {
-    let mut term = signal(SignalKind::terminate()).map_err(StartError::Signals)?;
-    let mut hup = signal(SignalKind::hangup()).map_err(StartError::Signals)?;
+async fn accept_until_stopped(
+    app: &Arc<App>,
+    proxy: TcpListener,
+    mut term: tokio::signal::unix::Signal,
+    mut hup: tokio::signal::unix::Signal,
+) {
     let mut backoff = AcceptBackoff::new("proxy");
     loop {
         tokio::select! {
@@ -233,7 +249,6 @@ async fn accept_until_stopped(app: &Arc<App>, proxy: TcpListener) -> Result<(), 
             _ = tokio::signal::ctrl_c() => break,
         }
     }
-    Ok(())
 }
 
 /// Stops answering readiness, drains within the grace period, suspends
@@ -321,35 +336,33 @@ fn reload(app: &App) {
     };
     let current = app.config();
     let loaded = Config::load(path).and_then(|mut c| {
-        // Listeners and the state directory are fixed for the process.
-        for (what, changed) in [
-            ("listen", c.listen != current.listen && c.listen.port() != 0),
-            ("admin", c.admin != current.admin && c.admin.port() != 0),
-            ("state_dir", c.state_dir != current.state_dir),
-            ("upstream.extra_ca", c.extra_ca != current.extra_ca),
-            ("limits.workers", c.limits.workers != current.limits.workers),
-        ] {
-            if changed {
-                tracing::warn!(
-                    key = what,
-                    "changed in the config file: takes effect on restart"
-                );
-            }
-        }
-        c.listen = current.listen;
-        c.admin = current.admin;
-        c.state_dir = current.state_dir.clone();
+        app.overrides.apply(&mut c);
+        // What only a restart applies stays as it runs, named (issue 36).
+        let pending = current.keep_restart_only(&mut c);
         c.check()?;
-        Ok(c)
+        Ok((c, pending))
     });
     match loaded {
-        Ok(new) => {
+        Ok((new, pending)) => {
             app.guard.set_allow(new.destinations.allow.clone());
             app.providers.reload(&new);
             app.runs.reload(&new);
             *app.config.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(new);
             app.metrics.reloads.with_label_values(&["ok"]).inc();
-            tracing::info!("config reloaded; learned state kept");
+            for key in &pending {
+                tracing::warn!(
+                    key,
+                    "changed in the config file but NOT APPLIED: only a restart applies it"
+                );
+            }
+            if pending.is_empty() {
+                tracing::info!("config reloaded; learned state kept");
+            } else {
+                tracing::warn!(
+                    not_applied = %pending.join(", "),
+                    "config reloaded, except keys only a restart applies; learned state kept"
+                );
+            }
         }
         Err(e) => {
             app.metrics.reloads.with_label_values(&["rejected"]).inc();

@@ -68,6 +68,48 @@ impl Config {
         Ok(config)
     }
 
+    /// Keys only a restart applies — listeners, the state directory, what
+    /// the upstream client, the interception CA and the Redis connection
+    /// were built from at start, the worker threads — that differ in
+    /// `new`; each set back to this config's value there, so that what
+    /// the running config says is what runs (a reload leaves them
+    /// unapplied, and says so). A listener given port 0 (the system's
+    /// choice) counts as unchanged.
+    pub fn keep_restart_only(&self, new: &mut Config) -> Vec<&'static str> {
+        let mut changed = Vec::new();
+        let mut keep = |key: &'static str, differs: bool| {
+            if differs {
+                changed.push(key);
+            }
+        };
+        keep(
+            "listen",
+            new.listen != self.listen && new.listen.port() != 0,
+        );
+        keep("admin", new.admin != self.admin && new.admin.port() != 0);
+        keep("state_dir", new.state_dir != self.state_dir);
+        keep("upstream.extra_ca", new.extra_ca != self.extra_ca);
+        keep(
+            "upstream.connect_timeout",
+            new.connect_timeout != self.connect_timeout,
+        );
+        keep("tls.ca_cert", new.tls.ca_cert != self.tls.ca_cert);
+        keep("tls.ca_key", new.tls.ca_key != self.tls.ca_key);
+        keep("tls.leaf_cache", new.tls.leaf_cache != self.tls.leaf_cache);
+        keep("tls.trust_dir", new.tls.trust_dir != self.tls.trust_dir);
+        keep("shared", new.shared != self.shared);
+        keep("limits.workers", new.limits.workers != self.limits.workers);
+        new.listen = self.listen;
+        new.admin = self.admin;
+        new.state_dir = self.state_dir.clone();
+        new.extra_ca = self.extra_ca.clone();
+        new.connect_timeout = self.connect_timeout;
+        new.tls = self.tls.clone();
+        new.shared = self.shared.clone();
+        new.limits.workers = self.limits.workers;
+        changed
+    }
+
     /// Checks that hold across keys; run again after CLI overrides.
     pub fn check(&self) -> Result<(), ConfigError> {
         // R-SF1: not an open proxy.

@@ -173,6 +173,34 @@ pub fn redact_url(url: &str) -> String {
 }
 
 /// The validated config.
+/// What the command line sets over the config file: applied at start and
+/// again to every file a reload reads, so a reload does not take them for
+/// changes.
+#[derive(Debug, Clone, Default)]
+pub struct Overrides {
+    /// `--listen`.
+    pub listen: Option<SocketAddr>,
+    /// `--admin`.
+    pub admin: Option<SocketAddr>,
+    /// `--state-dir`.
+    pub state_dir: Option<PathBuf>,
+}
+
+impl Overrides {
+    /// Sets what the command line names.
+    pub fn apply(&self, config: &mut Config) {
+        if let Some(l) = self.listen {
+            config.listen = l;
+        }
+        if let Some(a) = self.admin {
+            config.admin = a;
+        }
+        if let Some(d) = &self.state_dir {
+            config.state_dir = d.clone();
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct Config {
     /// Proxy listener.
