@@ -110,6 +110,59 @@ async fn python_https_retry_after_is_absorbed() {
     );
 }
 
+/// Issue 36, defect 8 (R-OP8): a relative `state_dir` (and every path)
+/// written in a config file is the file's, not the working directory's —
+/// `sluice ca` run from anywhere finds the one CA — and `sluice ca` says
+/// which directory it used and when it created a CA there. (Before: run
+/// from another directory it silently made a second CA, trusted by
+/// nobody.)
+#[test]
+fn sluice_ca_finds_one_ca_from_any_directory_and_says_where() {
+    let dir = TempDir::new("ca-paths");
+    let conf = dir.join("conf");
+    std::fs::create_dir_all(&conf).unwrap();
+    std::fs::write(conf.join("token"), "t0ken\n").unwrap();
+    std::fs::write(
+        conf.join("sluice.toml"),
+        "state_dir = \"state\"\n[collectors.a]\ntoken_file = \"token\"\n",
+    )
+    .unwrap();
+    let elsewhere = dir.join("elsewhere");
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    let ca = |cwd: &std::path::Path| {
+        let out = std::process::Command::new(sluice_tests::harness::binary())
+            .current_dir(cwd)
+            .arg("--config")
+            .arg(conf.join("sluice.toml"))
+            .arg("ca")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        (
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let want = std::fs::canonicalize(&conf)
+        .unwrap()
+        .join("state")
+        .join("ca.crt");
+    let (first, said) = ca(&dir.0);
+    assert!(
+        said.contains("created a new one")
+            && said.contains(&*want.parent().unwrap().to_string_lossy()),
+        "{said}"
+    );
+    assert!(first.contains(&*want.to_string_lossy()), "{first}");
+    let (again, said) = ca(&elsewhere);
+    assert!(!said.contains("created"), "the same CA, found: {said}");
+    assert_eq!(
+        again.replace(" (created now)", ""),
+        first.replace(" (created now)", "")
+    );
+    assert!(!elsewhere.join("state").exists() && !elsewhere.join("sluice-state").exists());
+}
+
 /// The same with Node's undici `EnvHttpProxyAgent`, trusting sluice
 /// through `NODE_EXTRA_CA_CERTS`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

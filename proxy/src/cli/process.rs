@@ -528,6 +528,7 @@ impl CaEnv {
 /// (see [`CaEnv`]).
 pub fn print_ca(config: &Config) -> ExitCode {
     let paths = ca_paths(config);
+    let existed = paths.cert.exists();
     let ca = match CertAuthority::load_or_create(paths, 1) {
         Ok(ca) => ca,
         Err(e) => {
@@ -536,8 +537,19 @@ pub fn print_ca(config: &Config) -> ExitCode {
         }
     };
     let env = CaEnv::of(&ca);
-    println!("# sluice's interception CA certificate:");
-    println!("# {}", env.cert.display());
+    let cert = &env.cert;
+    if existed {
+        println!("# sluice's interception CA certificate:");
+    } else {
+        // Said on stderr too: a second CA made by running this in another
+        // directory is trusted by nobody (issue 36).
+        eprintln!(
+            "sluice ca: no CA was in {}; created a new one there",
+            cert.parent().unwrap_or(cert).display()
+        );
+        println!("# sluice's interception CA certificate (created now):");
+    }
+    println!("# {}", cert.display());
     match &env.bundle {
         Some(_) => println!(
             "# For OpenSSL, Python requests and curl: the system's roots plus sluice's CA:"

@@ -8,18 +8,42 @@ impl Config {
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| err("config", format!("cannot read {}: {e}", path.display())))?;
-        Config::from_toml(&text)
+        Config::parse(&text, path.parent())
     }
 
-    /// Parses and checks config text.
+    /// Parses and checks config text (relative paths in it are the
+    /// working directory's).
     pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
-        let raw: RawConfig = toml::from_str(text).map_err(|e| {
+        Config::parse(text, None)
+    }
+
+    /// Parses and checks config text; relative paths written in it resolve
+    /// against `base`, the file's directory (issue 36: `sluice ca` run from
+    /// another directory made a second CA beside the first). A default
+    /// left unwritten (`./sluice-state`) stays the working directory's.
+    fn parse(text: &str, base: Option<&Path>) -> Result<Config, ConfigError> {
+        let mut raw: RawConfig = toml::from_str(text).map_err(|e| {
             let key = e
                 .span()
                 .and_then(|span| key_at(text, span.start))
                 .unwrap_or_else(|| "config".into());
             err(key, e.message().to_string())
         })?;
+        if let Some(base) = base.filter(|b| !b.as_os_str().is_empty()) {
+            let resolve = |p: &mut Option<PathBuf>| {
+                if let Some(path) = p.as_mut().filter(|p| p.is_relative()) {
+                    *path = base.join(&*path);
+                }
+            };
+            resolve(&mut raw.state_dir);
+            resolve(&mut raw.upstream.extra_ca);
+            resolve(&mut raw.tls.ca_cert);
+            resolve(&mut raw.tls.ca_key);
+            resolve(&mut raw.tls.trust_dir);
+            for c in raw.collectors.values_mut() {
+                resolve(&mut c.token_file);
+            }
+        }
         Config::from_raw(raw)
     }
 
