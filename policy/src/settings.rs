@@ -278,7 +278,7 @@ impl ProviderSettings {
             if s >= self.ceiling_rps {
                 return bad(
                     "start_rps",
-                    "must be below ceiling_rps (R-AI3: a cold start never goes at the ceiling)",
+                    "must be below ceiling_rps: a cold start never goes at the ceiling",
                 );
             }
         }

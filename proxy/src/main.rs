@@ -34,7 +34,7 @@ struct Cli {
     #[arg(long, value_name = "FILE", conflicts_with = "config")]
     check_config: Option<PathBuf>,
     /// Proxy listen address (overrides `listen`).
-    #[arg(long, value_name = "ADDR", global = true)]
+    #[arg(long, value_name = "ADDR", global = true, value_parser = config::parse_listener)]
     listen: Option<SocketAddr>,
     /// Admin listen address (overrides `admin`); for `sluice status`, the
     /// admin API to read (`IP:PORT` or `http://IP:PORT`).
@@ -134,8 +134,7 @@ fn duration(text: &str) -> Result<Duration, String> {
 /// `http://host:port` or `host:port` → the address.
 fn address(text: &str) -> Result<SocketAddr, String> {
     let bare = text.trim_start_matches("http://").trim_end_matches('/');
-    bare.parse()
-        .map_err(|_| format!("{text:?} is not http://IP:PORT"))
+    config::parse_listener(bare).map_err(|_| format!("{text:?} is not http://IP:PORT"))
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -147,8 +146,12 @@ enum LogFormat {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     if let Some(path) = &cli.check_config {
-        return match config::Config::load(path) {
-            Ok(_) => {
+        let checked = config::Config::load(path).and_then(|mut c| {
+            overrides(&cli).apply(&mut c);
+            c.check_state_dir()
+        });
+        return match checked {
+            Ok(()) => {
                 println!("{}: ok", path.display());
                 ExitCode::SUCCESS
             }
@@ -166,6 +169,12 @@ fn main() -> ExitCode {
         }
     };
     let overrides = overrides(&cli);
+    if cli.command.is_none() {
+        if let Err(e) = config.check_state_dir() {
+            eprintln!("{e}");
+            return ExitCode::from(2);
+        }
+    }
     let (run_args, status_args) = match cli.command {
         Some(Command::Ca) => return process::print_ca(&config),
         Some(Command::Install { dir }) => return process::install(&dir),

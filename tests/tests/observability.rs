@@ -468,3 +468,65 @@ async fn secrets_leave_no_trace() {
         }
     }
 }
+
+/// Issue 36, defect 9 (R-OP4, R-OP8), through the real binary as a user
+/// meets it: `--check-config` says where a file is wrong and what to
+/// write, suggests the key a misspelt one meant, accepts
+/// `localhost:PORT`, and fails — as the start does — on a state directory
+/// it cannot write (before: `ok`, then a run with no store and no CA).
+#[test]
+fn config_errors_say_where_and_what_to_write() {
+    let dir = TempDir::new("config-errors");
+    let check = |text: &str, args: &[&str]| {
+        let file = dir.join("sluice.toml");
+        std::fs::write(&file, text).unwrap();
+        let out = std::process::Command::new(sluice_tests::harness::binary())
+            .arg("--check-config")
+            .arg(&file)
+            .args(args)
+            .output()
+            .unwrap();
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.code(), said)
+    };
+    let state = format!("state_dir = \"{}\"\n", dir.join("state").display());
+    let (code, said) = check(&format!("{state}[destinations\nallow = []\n"), &[]);
+    assert_eq!(code, Some(2), "{said}");
+    assert!(said.contains("line 2, column"), "{said}");
+    let (code, said) = check(&format!("{state}[defaults]\nceiling = 5.0\n"), &[]);
+    assert_eq!(code, Some(2), "{said}");
+    assert!(
+        said.contains("defaults.ceiling") && said.contains("did you mean `ceiling_rps`?"),
+        "{said}"
+    );
+    let (code, said) = check(&format!("{state}listen = \"localhost:13129\"\n"), &[]);
+    assert_eq!(code, Some(0), "{said}");
+    let (code, said) = check("state_dir = \"/proc/sluice-nope\"\n", &[]);
+    assert_eq!(code, Some(2), "{said}");
+    assert!(
+        said.contains("state_dir: cannot create /proc/sluice-nope"),
+        "{said}"
+    );
+    let (code, said) = check("", &["--state-dir", "/proc/sluice-nope"]);
+    assert_eq!(
+        code,
+        Some(2),
+        "the command line's state dir is checked too: {said}"
+    );
+    // The start refuses it too, before listening.
+    let out = std::process::Command::new(sluice_tests::harness::binary())
+        .args(["--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
+        .args(["--state-dir", "/proc/sluice-nope"])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{said}");
+    assert!(
+        said.contains("state_dir: cannot create /proc/sluice-nope"),
+        "{said}"
+    );
+}

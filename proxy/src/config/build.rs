@@ -27,7 +27,13 @@ impl Config {
                 .span()
                 .and_then(|span| key_at(text, span.start))
                 .unwrap_or_else(|| "config".into());
-            err(key, e.message().to_string())
+            let reason = suggest_key(e.message());
+            match e.span().map(|span| line_column(text, span.start)) {
+                Some((line, column)) => {
+                    err(key, format!("{reason} (line {line}, column {column})"))
+                }
+                None => err(key, reason),
+            }
         })?;
         if let Some(base) = base.filter(|b| !b.as_os_str().is_empty()) {
             let resolve = |p: &mut Option<PathBuf>| {
@@ -134,6 +140,26 @@ impl Config {
         changed
     }
 
+    /// That the state directory exists, or can be made, and takes a file:
+    /// checked by `--check-config` and before sluice starts serving
+    /// (before, `state_dir = "/proc/nope"` passed the check, and sluice
+    /// then ran with no store and no CA). Not part of loading: a reload
+    /// keeps the directory it runs with.
+    pub fn check_state_dir(&self) -> Result<(), ConfigError> {
+        let dir = &self.state_dir;
+        std::fs::create_dir_all(dir)
+            .map_err(|e| err("state_dir", format!("cannot create {}: {e}", dir.display())))?;
+        let probe = dir.join(".sluice-write-check");
+        std::fs::write(&probe, b"")
+            .and_then(|()| std::fs::remove_file(&probe))
+            .map_err(|e| {
+                err(
+                    "state_dir",
+                    format!("cannot write in {}: {e}", dir.display()),
+                )
+            })
+    }
+
     /// Checks that hold across keys; run again after CLI overrides.
     pub fn check(&self) -> Result<(), ConfigError> {
         // R-SF1: not an open proxy.
@@ -180,11 +206,10 @@ impl Config {
         let mut seen: HashMap<String, &str> = HashMap::new();
         for p in &self.providers {
             for h in &p.hosts {
-                let k = format!("{h:?}");
-                if let Some(other) = seen.insert(k, &p.name) {
+                if let Some(other) = seen.insert(h.to_string(), &p.name) {
                     return Err(err(
                         format!("providers.{}.hosts", p.name),
-                        format!("{h:?} is already a host of provider {other:?}"),
+                        format!("\"{h}\" is already a host of provider {other}: a host belongs to one provider"),
                     ));
                 }
             }
@@ -214,6 +239,54 @@ pub(super) fn read_token(path: &Path) -> Result<String, String> {
 
 /// The dotted key at a byte offset of the TOML text: the last `[table]`
 /// header before it, plus the `key =` on its line.
+/// The 1-based line and column of a byte offset in `text`.
+fn line_column(text: &str, offset: usize) -> (usize, usize) {
+    let before = text.get(..offset.min(text.len())).unwrap_or(text);
+    let line = before.matches('\n').count() + 1;
+    let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+    (line, column)
+}
+
+/// serde's "unknown field `ceiling`, expected one of `a`, `b`…" as a
+/// user reads it: the nearest key suggested, the keys listed.
+fn suggest_key(message: &str) -> String {
+    let Some(rest) = message.strip_prefix("unknown field `") else {
+        return message.to_string();
+    };
+    let Some((unknown, rest)) = rest.split_once('`') else {
+        return message.to_string();
+    };
+    let known: Vec<&str> = rest.split('`').skip(1).step_by(2).collect();
+    let nearest = known
+        .iter()
+        .map(|k| (edit_distance(unknown, k), *k))
+        .filter(|(d, k)| *d <= unknown.len().max(k.len()) / 2 || k.starts_with(unknown))
+        .min();
+    let keys = known.join(", ");
+    match nearest {
+        Some((_, k)) => format!("unknown key `{unknown}`; did you mean `{k}`? (keys here: {keys})"),
+        None => format!("unknown key `{unknown}` (keys here: {keys})"),
+    }
+}
+
+/// Levenshtein distance, in characters.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let above = row[j + 1];
+            row[j + 1] = (above + 1)
+                .min(row[j] + 1)
+                .min(diagonal + usize::from(ca != *cb));
+            diagonal = above;
+        }
+    }
+    row[b.len()]
+}
+
 pub(super) fn key_at(text: &str, offset: usize) -> Option<String> {
     let before = text.get(..offset.min(text.len()))?;
     let line_start = before.rfind('\n').map_or(0, |i| i + 1);

@@ -12,6 +12,16 @@ pub enum HostPattern {
     Suffix(String),
 }
 
+impl std::fmt::Display for HostPattern {
+    /// As written in the config: `api.example.com`, `*.example.com`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            HostPattern::Exact(h) => f.write_str(h),
+            HostPattern::Suffix(s) => write!(f, "*.{s}"),
+        }
+    }
+}
+
 impl HostPattern {
     pub(super) fn parse(p: &str) -> Result<Self, String> {
         let p = normalise_host(p).into_owned();

@@ -43,7 +43,7 @@ use sluice_policy::{ProviderSettings, ValidSettings};
 pub use self::hosts::{normalise_host, HostPattern};
 pub use self::model::*;
 use self::raw::*;
-pub use self::raw::{parse_duration, BadDuration, Dur};
+pub use self::raw::{parse_duration, parse_listener, BadDuration, Dur};
 
 /// A config that could not be accepted, naming the key.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -310,6 +310,53 @@ mod tests {
         assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
         assert!(parse_duration("-1s").is_err());
         assert!(parse_duration("s").is_err());
+    }
+
+    /// Issue 36, defect 9: an error says where (line and column), the
+    /// nearest key to a misspelt one, an example of a value it takes, and
+    /// never Rust's debug output or a requirement id.
+    #[test]
+    fn errors_say_where_what_to_write_and_nothing_internal() {
+        let e = Config::from_toml("[destinations\nallow = []\n").unwrap_err();
+        assert!(e.to_string().contains("(line 1, column 14)"), "{e}");
+        let e = Config::from_toml("[defaults]\nceiling = 5.0\n").unwrap_err();
+        assert_eq!(e.key, "defaults.ceiling");
+        assert!(e.reason.contains("did you mean `ceiling_rps`?"), "{e}");
+        assert!(e.reason.contains("(line 2, column 1)"), "{e}");
+        let e = Config::from_toml("lsten = \"127.0.0.1:1\"\n").unwrap_err();
+        assert!(e.reason.contains("did you mean `listen`?"), "{e}");
+        let e = Config::from_toml("[defaults]\nxyz = 1\n").unwrap_err();
+        assert!(
+            !e.reason.contains("did you mean") && e.reason.contains("ceiling_rps"),
+            "{e}"
+        );
+        let e = Config::from_toml("listen = \"nope\"\n").unwrap_err();
+        assert!(e.reason.contains("e.g. \"127.0.0.1:3128\""), "{e}");
+        let c = Config::from_toml("listen = \"localhost:13129\"\n").unwrap();
+        assert_eq!(c.listen, "127.0.0.1:13129".parse().unwrap());
+        let e = Config::from_toml(
+            "[providers.a]\nhosts = [\"a.com\"]\n[providers.b]\nhosts = [\"a.com\"]\n",
+        )
+        .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "config error: providers.b.hosts: \"a.com\" is already a host of provider a: \
+             a host belongs to one provider"
+        );
+        let e =
+            Config::from_toml("[defaults]\nstart_rps = 500.0\nceiling_rps = 10.0\n").unwrap_err();
+        assert!(!e.reason.contains("R-"), "{e}");
+    }
+
+    #[test]
+    fn an_unwritable_state_dir_is_an_error_naming_it() {
+        let c = Config {
+            state_dir: "/proc/sluice-nope".into(),
+            ..Config::default()
+        };
+        let e = c.check_state_dir().unwrap_err();
+        assert_eq!(e.key, "state_dir");
+        assert!(e.reason.contains("/proc/sluice-nope"), "{e}");
     }
 
     proptest::proptest! {

@@ -65,10 +65,36 @@ pub fn parse_duration(text: &str) -> Result<Duration, BadDuration> {
     secs(n * scale)
 }
 
+/// A listener's address as the config writes it (see [`parse_listener`]).
+fn listener<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<SocketAddr>, D::Error> {
+    let text = String::deserialize(d)?;
+    parse_listener(&text)
+        .map(Some)
+        .map_err(serde::de::Error::custom)
+}
+
+/// `IP:PORT`, or `localhost:PORT` (the IPv4 loopback); what is wrong
+/// otherwise, with examples.
+pub fn parse_listener(text: &str) -> Result<SocketAddr, String> {
+    if let Some(port) = text.strip_prefix("localhost:") {
+        if let Ok(port) = port.parse::<u16>() {
+            return Ok(SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, port)));
+        }
+    }
+    text.parse().map_err(|_| {
+        format!(
+            "{text:?} is not IP:PORT: write e.g. \"127.0.0.1:3128\" (\"localhost:3128\", \
+             \"[::1]:3128\", or \"0.0.0.0:3128\" for every interface)"
+        )
+    })
+}
+
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawConfig {
+    #[serde(default, deserialize_with = "listener")]
     pub(super) listen: Option<SocketAddr>,
+    #[serde(default, deserialize_with = "listener")]
     pub(super) admin: Option<SocketAddr>,
     pub(super) state_dir: Option<PathBuf>,
     #[serde(default)]

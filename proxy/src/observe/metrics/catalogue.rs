@@ -188,7 +188,7 @@ impl Metrics {
             collector_units: counter(
                 &r,
                 "collector_admitted_units_total",
-                "Units admitted to a provider per collector (\"-\": proxy users without one): the fair shares (R-FS1)",
+                "Units admitted to a provider per collector (\"-\": proxy users without one): the fair shares",
                 &["provider", "collector"],
             ),
             collector_wait: {
@@ -337,7 +337,7 @@ impl Metrics {
             outages: counter(
                 &r,
                 "provider_outages_total",
-                "Outages found: failures in a row that went on at a rate no cut changed (R-SG4)",
+                "Outages found: failures in a row that went on at a rate no cut changed",
                 p,
             ),
             quota_malformed: counter(
