@@ -824,6 +824,48 @@ async fn collectors_authenticate_with_their_token() {
     assert_eq!(sim.hits("/echo").len(), 1);
 }
 
+/// Issue 36, defect 10 (R-OP8): `sluice run`'s refusals say what to
+/// change — a collector the running config lacks, a token that is another
+/// collector's, a token file that cannot be read — through the real
+/// binary. (Before: `(401): unknown token`, `(403): this belongs to
+/// another collector`, `cannot read ./nope`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sluice_runs_refusals_say_what_to_change() {
+    let sluice = start("");
+    std::fs::write(sluice.dir.join("nobody.token"), "tok-nobody\n").unwrap();
+    let said = |out: std::process::Output| {
+        assert_ne!(out.status.code(), Some(0));
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let cases = [
+        (
+            "collector-c",
+            "nobody.token",
+            "no collector \"collector-c\"",
+        ),
+        ("collector-c", "nobody.token", "[collectors.collector-c]"),
+        (
+            "collector-b",
+            "a.token",
+            "collector \"collector-a\"'s, not \"collector-b\"'s",
+        ),
+        (
+            "collector-a",
+            "missing.token",
+            "cannot read the token file (--token-file)",
+        ),
+    ];
+    for (name, token_file, want) in cases {
+        let out = sluice
+            .run_command_as(name, token_file, &[], &["true"])
+            .output()
+            .await
+            .unwrap();
+        let stderr = said(out);
+        assert!(stderr.contains(want), "{name} {token_file}: {stderr}");
+    }
+}
+
 /// `sluice run [args] -- COMMAND…` against `sluice` as the collector
 /// `collector-a`, with the machine's proxy variables removed; the output.
 async fn sluice_run(sluice: &Sluice, args: &[&str], command: &[&str]) -> std::process::Output {

@@ -102,8 +102,18 @@ enum Ended {
 pub async fn run(cmd: RunCommand, config: &Config) -> ExitCode {
     let token = match std::fs::read_to_string(&cmd.token_file) {
         Ok(t) if !t.trim().is_empty() => t.trim().to_string(),
-        Ok(_) => return fail(&format!("{} is empty", cmd.token_file.display())),
-        Err(e) => return fail(&format!("cannot read {}: {e}", cmd.token_file.display())),
+        Ok(_) => {
+            return fail(&format!(
+                "the token file (--token-file) {} is empty",
+                cmd.token_file.display()
+            ))
+        }
+        Err(e) => {
+            return fail(&format!(
+                "cannot read the token file (--token-file) {}: {e}",
+                cmd.token_file.display()
+            ))
+        }
     };
     let Some((program, args)) = cmd.command.split_first() else {
         return fail("no command given (sluice run [options] -- COMMAND ...)");

@@ -306,16 +306,31 @@ fn authorize(
         .iter()
         .find(|(_, c)| constant_time_eq(c.token.as_bytes(), token.as_bytes()))
         .map(|(name, _)| name.clone());
+    // Each answer says what to change (issue 36): a collector the running
+    // config lacks, a token that is another collector's.
+    let known = |name: &str| config.collectors.contains_key(name);
     match (whose, owner) {
+        (None, Some(owner)) if !owner.is_empty() && !known(owner) => Some(bad(
+            StatusCode::UNAUTHORIZED,
+            "authorization",
+            format!(
+                "no collector {owner:?} in the running sluice's config: add [collectors.{owner}] \
+                 with its token_file and reload (SIGHUP)"
+            ),
+        )),
         (None, _) => Some(bad(
             StatusCode::UNAUTHORIZED,
             "authorization",
-            "unknown token",
+            "unknown token: no collector of the running sluice's config has it \
+             (each [collectors.NAME] has its token_file; changed since? reload with SIGHUP)",
         )),
         (Some(who), Some(owner)) if !owner.is_empty() && who != owner => Some(bad(
             StatusCode::FORBIDDEN,
             "id",
-            "this belongs to another collector",
+            format!(
+                "this token is collector {who:?}'s, not {owner:?}'s: use --collector {who}, \
+                 or {owner}'s token_file"
+            ),
         )),
         _ => None,
     }
