@@ -314,6 +314,20 @@ async fn untrusted_upstream_certificate_is_refused() {
         "{:?}",
         r.header("proxy-status")
     );
+    // Issue 36, defect 6: why, and the key that decides it — in the
+    // answer and in the log.
+    let status = r.header("proxy-status").unwrap();
+    assert!(
+        status.contains("UnknownIssuer") && status.contains("upstream.extra_ca"),
+        "{status}"
+    );
+    assert!(
+        sluice
+            .log()
+            .lines()
+            .any(|l| l.contains("refused") && l.contains("UnknownIssuer")),
+        "the log says why"
+    );
     assert!(
         other.hits("/").is_empty(),
         "no request was sent over the untrusted connection"

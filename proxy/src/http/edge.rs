@@ -135,16 +135,45 @@ pub fn refusal(cause: &Cause) -> Refusal {
         ),
         Cause::Upstream(e) => {
             let (status, error, details) = upstream(e.kind);
-            // A name that resolved only to refused addresses: which one,
-            // and the key that allows it.
-            let guard = crate::upstream::guard::prohibited_in(&*e.source);
-            (status, error, guard.map_or(details.to_string(), |g| g.to_string()))
+            let details = match e.kind {
+                // A name that resolved only to refused addresses: which
+                // one, and the key that allows it.
+                UpstreamKind::Prohibited => crate::upstream::guard::prohibited_in(&*e.source)
+                    .map_or(details.to_string(), |g| g.to_string()),
+                // Why the certificate was not trusted, and what to check.
+                UpstreamKind::TlsCertificate => {
+                    crate::upstream::causes::find::<rustls::Error>(&*e.source)
+                        .map_or(details.to_string(), certificate_details)
+                }
+                _ => details.to_string(),
+            };
+            (status, error, details)
         }
     };
     Refusal {
         retry_after: cause.info().retry_after,
         ..Refusal::new(status, error, details)
     }
+}
+
+/// An upstream certificate sluice did not trust: rustls's reason, and
+/// the key that decides it (issue 36: a self-signed origin certificate in
+/// `upstream.extra_ca` failed with no reason anywhere).
+fn certificate_details(e: &rustls::Error) -> String {
+    let why = e.to_string();
+    let hint = if why.contains("CaUsedAsEndEntity") {
+        "the server presents a CA certificate as its own: a self-signed server \
+         certificate cannot be trusted through upstream.extra_ca; sign one with a CA and give that CA"
+    } else if why.contains("UnknownIssuer") {
+        "not signed by the bundled web roots nor by upstream.extra_ca (give the CA that signed it)"
+    } else if why.contains("NotValidForName") {
+        "the certificate is not for the host the request names"
+    } else if why.contains("Expired") || why.contains("NotValidYet") {
+        "the certificate is outside its validity period (or this machine's clock is)"
+    } else {
+        "check upstream.extra_ca"
+    };
+    format!("upstream certificate not trusted: {why}: {hint}")
 }
 
 /// Status, RFC 9209 error type and details of an upstream failure.
@@ -233,6 +262,24 @@ mod tests {
             "{status}"
         );
         assert_eq!(resp.headers()[http::header::RETRY_AFTER], "3");
+    }
+
+    /// Issue 36, defect 6: an untrusted certificate's refusal says
+    /// rustls's reason and what to check.
+    #[test]
+    fn an_untrusted_certificate_says_why() {
+        use rustls::CertificateError;
+        let said = certificate_details(&rustls::Error::InvalidCertificate(
+            CertificateError::UnknownIssuer,
+        ));
+        assert!(
+            said.contains("UnknownIssuer") && said.contains("upstream.extra_ca"),
+            "{said}"
+        );
+        let said = certificate_details(&rustls::Error::InvalidCertificate(
+            CertificateError::NotValidForName,
+        ));
+        assert!(said.contains("not for the host"), "{said}");
     }
 
     #[test]

@@ -199,6 +199,7 @@ pub async fn forward(
                 %method,
                 status = refusal.status.as_u16(),
                 error = refusal.error,
+                details = %refusal.details,
                 elapsed_ms,
                 "refused"
             );

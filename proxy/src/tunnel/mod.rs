@@ -197,7 +197,7 @@ async fn open_raw(
 ) -> Result<TcpStream, Response<ResBody>> {
     let refuse = |e: &Cause| {
         let r = edge::refusal(e);
-        tracing::info!(provider = %provider.name, error = r.error, "CONNECT refused");
+        tracing::info!(provider = %provider.name, error = r.error, details = %r.details, "CONNECT refused");
         r.into_response()
     };
     let admission = provider

@@ -71,26 +71,9 @@ impl GuardError {
     }
 }
 
-/// The guard's refusal among an error's causes, if one is: walks
-/// `source()` and, as [`kind_of`](super::kind_of) does, the inner error of
-/// an `io::Error`.
+/// The guard's refusal among an error's causes, if one is.
 pub fn prohibited_in<'a>(err: &'a (dyn std::error::Error + 'static)) -> Option<&'a GuardError> {
-    let mut next = vec![err];
-    while let Some(e) = next.pop() {
-        if let Some(g) = e.downcast_ref::<GuardError>() {
-            return matches!(g, GuardError::Prohibited { .. }).then_some(g);
-        }
-        if let Some(inner) = e
-            .downcast_ref::<std::io::Error>()
-            .and_then(|io| io.get_ref())
-        {
-            next.push(inner);
-        }
-        if let Some(src) = e.source() {
-            next.push(src);
-        }
-    }
-    None
+    super::causes::find::<GuardError>(err).filter(|g| matches!(g, GuardError::Prohibited { .. }))
 }
 
 /// What class of address an IP is, if a refused one.

@@ -7,6 +7,7 @@
 //! classified into [`UpstreamKind`]s here, once, so the policy layers and
 //! the edge function decide from data.
 
+pub mod causes;
 pub mod guard;
 
 use std::future::Future;
