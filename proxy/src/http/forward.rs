@@ -256,10 +256,11 @@ async fn own_admin(admin: std::net::SocketAddr, req: Request<Incoming>) -> Respo
         .into_response()
     };
     let (mut parts, body) = req.into_parts();
-    parts.uri = match parts.uri.path_and_query() {
-        Some(pq) => pq.as_str().parse().unwrap_or_else(|_| "/".parse().unwrap()),
-        None => "/".parse().unwrap(),
-    };
+    parts.uri = parts
+        .uri
+        .path_and_query()
+        .and_then(|pq| pq.as_str().parse().ok())
+        .unwrap_or_else(|| http::Uri::from_static("/"));
     strip_hop_by_hop(&mut parts.headers);
     parts.headers.remove(header::PROXY_AUTHORIZATION);
     let stream = match tokio::net::TcpStream::connect(addr).await {
