@@ -357,3 +357,44 @@ async fn the_admin_page_shows_the_readout_for_people() {
         assert!(!status.contains(secret), "{secret} in sluice status");
     }
 }
+
+/// Issue 36, defect 11 (R-OP7, R-OP8): the page's first paint comes from
+/// the server — fetched without a browser (`curl`), it shows the live
+/// providers with the figures the script draws (pace, ceiling, what sets
+/// the pace, the throttle point, the breaker), not "No provider has been
+/// used yet." (Before: that sentence while providers were live.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_without_a_browser_shows_the_providers() {
+    let sim = Sim::start("127.0.0.77").await;
+    let s = Sluice::start("[destinations]\nallow = [\"127.0.0.0/8\"]\n");
+    let (_, before) = s.admin_get("/").await;
+    let none = "<p class=\"note\">No provider has been used yet.</p>";
+    assert!(before.contains(none));
+    let r = curl(
+        &s.proxy_url(),
+        &[],
+        &sim.url("http", "/ok"),
+        Duration::from_secs(10),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{r:?}");
+    let (code, page) = s.admin_get("/").await;
+    assert_eq!(code, 200);
+    assert!(!page.contains(none), "the live provider is drawn");
+    let (_, readout) = s.admin_get("/v1/providers/127.0.0.77").await;
+    let p: Value = serde_json::from_str(&readout).unwrap();
+    let card = page
+        .split("data-provider=\"127.0.0.77\"")
+        .nth(1)
+        .expect("a card for the provider");
+    let card = &card[..card.find("</dl>").expect("its figures")];
+    assert!(card.contains("breaker closed"), "{card}");
+    assert!(
+        card.contains(" req/s</span>") && card.contains("ceiling"),
+        "{card}"
+    );
+    assert!(
+        card.contains(p["pace_authority"].as_str().unwrap()),
+        "what sets the pace, as the readout says: {card}"
+    );
+}

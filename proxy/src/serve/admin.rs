@@ -96,7 +96,7 @@ fn route(app: &App, req: Request<Incoming>) -> Response<ResBody> {
     }
     let path = req.uri().path();
     match path {
-        "/" => page(),
+        "/" => page(app),
         "/v1/history" => json_response(StatusCode::OK, &history_json(app)),
         "/healthz" => text(StatusCode::OK, "ok\n", "text/plain"),
         "/readyz" => readyz(app),
@@ -198,8 +198,69 @@ fn provider(app: &App, name: &str) -> Response<ResBody> {
 /// The admin page: HTML, CSS and script in one document, from the binary.
 const PAGE: &str = include_str!("page.html");
 
-fn page() -> Response<ResBody> {
-    let mut resp = text(StatusCode::OK, PAGE, "text/html; charset=utf-8");
+/// The providers the page's script draws first, drawn by the server into
+/// the page itself: a text browser or `curl` sees them too, and a browser
+/// shows them before its first poll (issue 36: "No provider has been used
+/// yet." while providers were live). The same figures, rounded as the
+/// script rounds them; the script replaces them on its first poll.
+const NO_PROVIDER: &str =
+    r#"<div class="grid" id="providers"><p class="note">No provider has been used yet.</p></div>"#;
+
+fn first_paint(app: &App) -> String {
+    let now = Instant::now();
+    let mut live: Vec<_> = app.providers.all();
+    live.sort_by(|a, b| a.name.cmp(&b.name));
+    if live.is_empty() {
+        return PAGE.to_string();
+    }
+    let mut cards = String::new();
+    for p in live.iter().take(24) {
+        let s = p.policy.snapshot(now);
+        let point = s.pacer.limit_rps.map_or("unknown".to_string(), rate);
+        cards.push_str(&format!(
+            "<div class=\"card\" data-provider=\"{name}\"><h3>{name} <span class=\"badge\">breaker {breaker}</span></h3>\
+             <div><span class=\"big\">{pace}</span> <span class=\"sub\">of {ceiling} ceiling</span></div>\
+             <dl><dt>pace set by</dt><dd>{authority}</dd><dt>throttle point</dt><dd>{point}</dd></dl></div>",
+            name = html_escape(&p.name),
+            breaker = s.breaker.state.label(),
+            pace = rate(s.pacer.rate_rps),
+            ceiling = rate(s.pacer.ceiling_rps),
+            authority = html_escape(s.pacer.authority),
+        ));
+    }
+    PAGE.replacen(
+        NO_PROVIDER,
+        &format!(r#"<div class="grid" id="providers">{cards}</div>"#),
+        1,
+    )
+}
+
+/// A rate as the page's script writes it: `3.85 req/s`, `12.5 req/s`,
+/// `120 req/s` (two, one or no decimals, trailing zeros dropped).
+fn rate(x: f64) -> String {
+    let decimals = if x.abs() >= 100.0 {
+        0
+    } else if x.abs() >= 10.0 {
+        1
+    } else {
+        2
+    };
+    let mut t = format!("{x:.decimals$}");
+    if t.contains('.') {
+        t = t.trim_end_matches('0').trim_end_matches('.').to_string();
+    }
+    format!("{t} req/s")
+}
+
+fn html_escape(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+fn page(app: &App) -> Response<ResBody> {
+    let mut resp = text(StatusCode::OK, first_paint(app), "text/html; charset=utf-8");
     let h = resp.headers_mut();
     // Nothing from anywhere but this admin port, and no framing.
     h.insert(
@@ -460,4 +521,26 @@ fn unknown_json(app: &App, name: &str, with_evidence: bool) -> Value {
         v["breaker"]["evidence"] = json!(evidence(app, name, &[]));
     }
     v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The server's first paint rounds as the page's script does.
+    #[test]
+    fn rates_are_written_as_the_page_writes_them() {
+        assert_eq!(rate(3.854), "3.85 req/s");
+        assert_eq!(rate(12.46), "12.5 req/s");
+        assert_eq!(rate(120.4), "120 req/s");
+        assert_eq!(rate(5.0), "5 req/s");
+        assert_eq!(rate(0.5), "0.5 req/s");
+        assert_eq!(html_escape("<a&\"b>"), "&lt;a&amp;&quot;b&gt;");
+    }
+
+    /// The placeholder the first paint replaces is in the page as written.
+    #[test]
+    fn the_page_has_the_placeholder_the_first_paint_replaces() {
+        assert!(PAGE.contains(NO_PROVIDER));
+    }
 }
