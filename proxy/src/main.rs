@@ -33,18 +33,20 @@ struct Cli {
     /// Check a config file and exit: 0 if valid, 2 with the key if not.
     #[arg(long, value_name = "FILE", conflicts_with = "config")]
     check_config: Option<PathBuf>,
+    // Not global, nor are --state-dir and --log-format: `run`, `status`
+    // and `ca` do not listen, and their help should not offer it.
     /// Proxy listen address (overrides `listen`).
-    #[arg(long, value_name = "ADDR", global = true, value_parser = config::parse_listener)]
+    #[arg(long, value_name = "ADDR", value_parser = config::parse_listener)]
     listen: Option<SocketAddr>,
     /// Admin listen address (overrides `admin`); for `sluice status`, the
     /// admin API to read (`IP:PORT` or `http://IP:PORT`).
     #[arg(long, value_name = "ADDR", global = true, value_parser = address)]
     admin: Option<SocketAddr>,
     /// State directory (overrides `state_dir`).
-    #[arg(long, value_name = "DIR", global = true)]
+    #[arg(long, value_name = "DIR")]
     state_dir: Option<PathBuf>,
     /// Log format.
-    #[arg(long, value_enum, default_value = "text", global = true)]
+    #[arg(long, value_enum, default_value = "text")]
     log_format: LogFormat,
     #[command(subcommand)]
     command: Option<Command>,

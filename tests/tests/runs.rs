@@ -864,6 +864,17 @@ async fn sluice_runs_refusals_say_what_to_change() {
         let stderr = said(out);
         assert!(stderr.contains(want), "{name} {token_file}: {stderr}");
     }
+    // Its help offers only what it uses: not the server's listener, state
+    // directory or log format.
+    let help = std::process::Command::new(sluice_tests::harness::binary())
+        .args(["run", "--help"])
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    assert!(help.contains("--token-file"), "{help}");
+    for unused in ["--listen", "--state-dir", "--log-format"] {
+        assert!(!help.contains(unused), "{unused} in: {help}");
+    }
 }
 
 /// `sluice run [args] -- COMMAND…` against `sluice` as the collector
