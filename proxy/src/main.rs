@@ -21,6 +21,9 @@ use sluice::runs::records::Mode;
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
+/// The help heading of the options only the proxy server uses.
+const SERVER: &str = "Server options (not used by run or status)";
+
 /// An HTTP forward proxy that keeps data collectors inside each provider's
 /// budget.
 #[derive(Debug, Parser)]
@@ -33,20 +36,22 @@ struct Cli {
     /// Check a config file and exit: 0 if valid, 2 with the key if not.
     #[arg(long, value_name = "FILE", conflicts_with = "config")]
     check_config: Option<PathBuf>,
-    // Not global, nor are --state-dir and --log-format: `run`, `status`
-    // and `ca` do not listen, and their help should not offer it.
+    // Global (accepted after a subcommand, as users type them), but the
+    // server's: under their own heading in every subcommand's help, so
+    // `run --help` does not read as if they changed a run.
     /// Proxy listen address (overrides `listen`).
-    #[arg(long, value_name = "ADDR", value_parser = config::parse_listener)]
+    #[arg(long, value_name = "ADDR", global = true, value_parser = config::parse_listener,
+          help_heading = SERVER)]
     listen: Option<SocketAddr>,
     /// Admin listen address (overrides `admin`); for `sluice status`, the
     /// admin API to read (`IP:PORT` or `http://IP:PORT`).
     #[arg(long, value_name = "ADDR", global = true, value_parser = address)]
     admin: Option<SocketAddr>,
     /// State directory (overrides `state_dir`).
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR", global = true, help_heading = SERVER)]
     state_dir: Option<PathBuf>,
     /// Log format.
-    #[arg(long, value_enum, default_value = "text")]
+    #[arg(long, value_enum, default_value = "text", global = true, help_heading = SERVER)]
     log_format: LogFormat,
     #[command(subcommand)]
     command: Option<Command>,

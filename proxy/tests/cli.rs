@@ -214,7 +214,7 @@ fn global_options_go_after_the_subcommand_too() {
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stderr.contains("cannot read /nonexistent"),
+        stderr.contains("cannot read the token file (--token-file) /nonexistent"),
         "parsed, then the token file is missing: {stderr}"
     );
 }
