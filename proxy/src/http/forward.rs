@@ -119,7 +119,13 @@ pub async fn forward(
     if let Some(refusal) = malformed(&app, &target) {
         return refusal;
     }
-    if is_own_admin(app.admin, &target) {
+    // Only for a client on this machine: the admin listener takes its
+    // calls as loopback ones, which need no collector's token.
+    let local = req
+        .extensions()
+        .get::<crate::serve::identity::ClientPeer>()
+        .is_some_and(|p| p.0.ip().to_canonical().is_loopback());
+    if local && is_own_admin(app.admin, &target) {
         return own_admin(app.admin, req).await;
     }
     // R-PX5: an HTTP/1.1 Upgrade (WebSocket) keeps its Upgrade through the

@@ -59,6 +59,8 @@ async fn serve_http(app: Arc<App>, stream: TcpStream, peer: SocketAddr, mut trac
     let (stream, verdicts) = framing::watch(stream);
     let service = service_fn(move |req| {
         let (app, verdicts) = (handler.clone(), verdicts.clone());
+        let mut req: Request<Incoming> = req;
+        req.extensions_mut().insert(identity::ClientPeer(peer));
         async move { Ok::<_, std::convert::Infallible>(handle(app, req, &verdicts).await) }
     });
     let conn = hyper::server::conn::http1::Builder::new()
