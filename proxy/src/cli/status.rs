@@ -17,6 +17,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use crate::cli::run::call;
+use crate::observe::format::num;
 use crate::store::unix_ms_now;
 
 /// What `sluice status` was asked.
@@ -84,27 +85,6 @@ async fn render(cmd: &StatusCommand) -> Result<String, Box<dyn std::error::Error
         }
     }
     Ok(out)
-}
-
-/// Three significant digits, at most two decimals: `3.85`, `19.9`, `250`.
-pub fn num(x: f64) -> String {
-    if !x.is_finite() {
-        return x.to_string();
-    }
-    let a = x.abs();
-    let d = if a >= 100.0 {
-        0
-    } else if a >= 10.0 {
-        1
-    } else {
-        2
-    };
-    let s = format!("{x:.d$}");
-    if s.contains('.') {
-        s.trim_end_matches('0').trim_end_matches('.').to_string()
-    } else {
-        s
-    }
 }
 
 /// A rate for people, or "unknown".

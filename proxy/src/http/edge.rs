@@ -160,18 +160,24 @@ pub fn refusal(cause: &Cause) -> Refusal {
 /// the key that decides it (issue 36: a self-signed origin certificate in
 /// `upstream.extra_ca` failed with no reason anywhere).
 fn certificate_details(e: &rustls::Error) -> String {
+    use rustls::CertificateError as C;
     let why = e.to_string();
-    let hint = if why.contains("CaUsedAsEndEntity") {
-        "the server presents a CA certificate as its own: a self-signed server \
-         certificate cannot be trusted through upstream.extra_ca; sign one with a CA and give that CA"
-    } else if why.contains("UnknownIssuer") {
-        "not signed by the bundled web roots nor by upstream.extra_ca (give the CA that signed it)"
-    } else if why.contains("NotValidForName") {
-        "the certificate is not for the host the request names"
-    } else if why.contains("Expired") || why.contains("NotValidYet") {
-        "the certificate is outside its validity period (or this machine's clock is)"
-    } else {
-        "check upstream.extra_ca"
+    let hint = match e {
+        rustls::Error::InvalidCertificate(C::UnknownIssuer) => {
+            "not signed by the bundled web roots nor by upstream.extra_ca (give the CA that signed it)"
+        }
+        rustls::Error::InvalidCertificate(C::NotValidForName | C::NotValidForNameContext { .. }) => {
+            "the certificate is not for the host the request names"
+        }
+        rustls::Error::InvalidCertificate(
+            C::Expired | C::ExpiredContext { .. } | C::NotValidYet | C::NotValidYetContext { .. },
+        ) => "the certificate is outside its validity period (or this machine's clock is)",
+        // webpki's reason, carried as rustls's `Other`: known only by name.
+        _ if why.contains("CaUsedAsEndEntity") => {
+            "the server presents a CA certificate as its own: a self-signed server \
+             certificate cannot be trusted through upstream.extra_ca; sign one with a CA and give that CA"
+        }
+        _ => "check upstream.extra_ca",
     };
     format!("upstream certificate not trusted: {why}: {hint}")
 }

@@ -236,20 +236,9 @@ fn first_paint(app: &App) -> String {
 }
 
 /// A rate as the page's script writes it: `3.85 req/s`, `12.5 req/s`,
-/// `120 req/s` (two, one or no decimals, trailing zeros dropped).
+/// `120 req/s` (`sluice status`'s rounding, which the script's matches).
 fn rate(x: f64) -> String {
-    let decimals = if x.abs() >= 100.0 {
-        0
-    } else if x.abs() >= 10.0 {
-        1
-    } else {
-        2
-    };
-    let mut t = format!("{x:.decimals$}");
-    if t.contains('.') {
-        t = t.trim_end_matches('0').trim_end_matches('.').to_string();
-    }
-    format!("{t} req/s")
+    format!("{} req/s", crate::observe::format::num(x))
 }
 
 fn html_escape(s: &str) -> String {
