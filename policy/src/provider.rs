@@ -193,8 +193,10 @@ impl ProviderPolicy {
     }
 
     /// Restores learned state (R-PS1): the rate and limit are clamped to
-    /// the ceiling; an open breaker stays open for the time it had left.
-    pub fn restore(&self, learned: &LearnedState) {
+    /// the ceiling; an open breaker stays open for the time it had left —
+    /// unless it was learned under another config (`config_changed`): then
+    /// it is cleared, with evidence, and whether it was is returned.
+    pub fn restore(&self, learned: &LearnedState, config_changed: bool) -> bool {
         {
             let mut pacer = self.pacer.lock();
             pacer.restore(learned.rate_rps, learned.limit_rps, learned.baseline);
@@ -207,10 +209,21 @@ impl ProviderPolicy {
         self.breaker
             .lock()
             .restore(learned.breaker, learned.open_remaining, Instant::now());
+        if config_changed && self.clear_breaker() {
+            return true;
+        }
         if learned.breaker != State::Closed {
             // Restored open: down until a probe is answered.
             self.park.breaker_opened(Instant::now());
         }
+        false
+    }
+
+    /// Closes the breaker because the provider's config changed: what
+    /// opened it was met under settings no longer in force. Whether it was
+    /// not closed.
+    pub fn clear_breaker(&self) -> bool {
+        self.breaker.clear(Instant::now())
     }
 
     /// Admits one unit of work the stack cannot see inside — a CONNECT

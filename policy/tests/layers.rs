@@ -396,6 +396,63 @@ async fn a_breaker_opened_by_throttles_says_so() {
     }
 }
 
+/// R-CB2 (issue 36): a change to the provider's config closes an open
+/// breaker at once — with evidence naming why — and forgets the window's
+/// failures, so the next call reaches the provider; a closed breaker only
+/// forgets its window.
+#[tokio::test(start_paused = true)]
+async fn a_config_change_clears_the_breaker() {
+    let (policy, evidence) = policy(breaker_settings());
+    let provider = Provider::new(|n| match n {
+        0..=2 => status(500),
+        _ => status(200),
+    });
+    let mut svc = BreakerLayer::new(policy.breaker.clone()).layer(provider.clone());
+    for _ in 0..3 {
+        svc.ready().await.unwrap().call(get("x")).await.unwrap();
+    }
+    // Three failures of four: one more would open it; cleared, it takes
+    // four fresh calls to judge again.
+    assert!(!policy.breaker.clear(Instant::now()), "it was closed");
+    assert_eq!(policy.breaker.snapshot(Instant::now()).failures, 0);
+    assert!(evidence.lock().unwrap().is_empty());
+    let (policy, evidence) = policy_open();
+    assert!(policy.breaker.clear(Instant::now()));
+    assert_eq!(policy.breaker.state(), State::Closed);
+    let t = evidence
+        .lock()
+        .unwrap()
+        .last()
+        .cloned()
+        .expect("a transition");
+    assert_eq!(
+        (t.from, t.to, t.reason, t.reason.label()),
+        (
+            State::Open,
+            State::Closed,
+            Reason::ConfigChanged,
+            "config_changed"
+        )
+    );
+    let provider = Provider::new(|_| status(200));
+    let mut svc = BreakerLayer::new(policy.breaker.clone()).layer(provider.clone());
+    let resp = svc.ready().await.unwrap().call(get("x")).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(provider.arrivals().len(), 1);
+}
+
+/// A policy whose breaker four failures have opened.
+fn policy_open() -> (Arc<ProviderPolicy>, Evidence) {
+    let (policy, evidence) = policy(breaker_settings());
+    let now = Instant::now();
+    for _ in 0..4 {
+        let permit = policy.breaker.acquire().expect("closed");
+        permit.finish(Some(true));
+    }
+    assert_eq!(policy.breaker.snapshot(now).state, State::Open);
+    (policy, evidence)
+}
+
 /// R-CB1: no verdict below the minimum number of calls, so a cold start
 /// with a few failures does not open the breaker.
 #[tokio::test(start_paused = true)]

@@ -56,6 +56,43 @@ fn fingerprint(state: &LearnedState, used: Duration, now: Instant, epoch: Instan
     h.finish()
 }
 
+/// What identifies the config a provider runs under: its settings, whether
+/// it is intercepted, and how sluice reaches any provider (`reach`: the
+/// destination guard, the upstream CA and connect timeout). Stored beside
+/// its learned state: a breaker opened under another config is cleared
+/// (issue 36: a breaker opened while a config was being debugged stayed
+/// open after the fix). FNV-1a over the settings as written out — stable
+/// across builds, unlike the std hasher's seedless keys.
+fn config_print(settings: &ValidSettings, intercept: bool, reach: &str) -> u64 {
+    let text = format!("{settings:?}|{intercept}|{reach}");
+    text.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// What the config says of how sluice reaches providers, for
+/// [`config_print`].
+fn reach(config: &Config) -> String {
+    format!(
+        "{:?}|{:?}|{:?}",
+        config.destinations, config.extra_ca, config.connect_timeout
+    )
+}
+
+/// A provider's learned state as the store keeps it.
+#[derive(Debug, Clone)]
+pub struct Learned {
+    /// The provider's name.
+    pub name: String,
+    /// What it learned.
+    pub state: LearnedState,
+    /// Time since its last use.
+    pub age: Duration,
+    /// The [`config_print`] it learned it under (none from a record older
+    /// than the print).
+    pub config: Option<u64>,
+}
+
 /// The provider every unknown host shares once the table is full.
 pub const OVERFLOW: &str = "_overflow";
 
@@ -114,6 +151,8 @@ pub struct Provider {
     pub lane_of: Option<String>,
     /// The dialect its hosts speak (R-PD2), for settings that name none.
     spoken: Dialect,
+    /// The [`config_print`] of the config it runs under.
+    config: AtomicU64,
 }
 
 impl std::fmt::Debug for Provider {
@@ -129,6 +168,8 @@ impl std::fmt::Debug for Provider {
 struct Kept {
     state: LearnedState,
     at: Instant,
+    /// The [`config_print`] it was learned under, if known.
+    config: Option<u64>,
     /// Saved since it was kept: an evicted provider's state no longer
     /// changes.
     saved: bool,
@@ -140,6 +181,8 @@ struct Rules {
     defaults: Arc<ValidSettings>,
     defaults_intercept: bool,
     limits: Limits,
+    /// [`reach`] of the config.
+    reach: String,
 }
 
 impl Rules {
@@ -179,6 +222,7 @@ impl Providers {
                 defaults: Arc::new(config.defaults.clone()),
                 defaults_intercept: config.defaults_intercept,
                 limits: config.limits.clone(),
+                reach: reach(config),
             }),
             entries: Mutex::new(HashMap::new()),
             kept: Mutex::new(HashMap::new()),
@@ -335,6 +379,7 @@ impl Providers {
         spoken: Dialect,
     ) -> Provider {
         let settings = speaking(settings, spoken);
+        let config = config_print(&settings, intercept, &self.rules().reach);
         let (events, sink) = match &self.observer {
             Some(o) => {
                 let (e, t) = o.sinks(name);
@@ -359,7 +404,10 @@ impl Providers {
             .remove(name)
             .filter(|k| now.saturating_duration_since(k.at) < max_age);
         if let Some(k) = &kept {
-            policy.restore(&k.state);
+            let changed = k.config.is_some_and(|c| c != config);
+            if policy.restore(&k.state, changed) {
+                tracing::info!(provider = %name, "breaker restored open, cleared: the provider's config changed since it opened");
+            }
         }
         let service = provider_stack(&policy, self.upstream.clone());
         let label = self
@@ -380,6 +428,7 @@ impl Providers {
             budget: Mutex::new(None),
             lane_of,
             spoken,
+            config: AtomicU64::new(config),
         };
         p.share(self.shared.as_ref(), p.policy.settings().shared);
         p.touch(self.epoch, now);
@@ -389,7 +438,7 @@ impl Providers {
     /// Keeps learned state for providers not live yet (from the store at
     /// start): each is restored when its provider is first used, if it is
     /// still younger than `state_max_age`. `age` is how old it already is.
-    pub fn keep(&self, name: &str, state: LearnedState, age: Duration) {
+    pub fn keep(&self, name: &str, state: LearnedState, age: Duration, config: Option<u64>) {
         let at = Instant::now().checked_sub(age).unwrap_or_else(Instant::now);
         let mut kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
         kept.insert(
@@ -397,6 +446,7 @@ impl Providers {
             Kept {
                 state,
                 at,
+                config,
                 saved: false,
             },
         );
@@ -452,6 +502,7 @@ impl Providers {
                         state: p.policy.learned(now),
                         // Its age counts from its last use, not its eviction.
                         at: p.last_used(self.epoch),
+                        config: Some(p.config.load(Ordering::Relaxed)),
                         saved: false,
                     },
                 );
@@ -473,7 +524,7 @@ impl Providers {
     /// Learned state of live providers and of those kept since eviction,
     /// each with its age: the time since the provider was last used, which
     /// is what the staleness guard measures (R-PS1).
-    pub fn learned(&self) -> Vec<(String, LearnedState, Duration)> {
+    pub fn learned(&self) -> Vec<Learned> {
         self.learned_where(false)
     }
 
@@ -482,11 +533,11 @@ impl Providers {
     /// the same, or a kept state already given, is left out (issue 24:
     /// every provider was saved every `save_interval`, thousands of
     /// unchanged records rewritten into sled each time).
-    pub fn learned_changed(&self) -> Vec<(String, LearnedState, Duration)> {
+    pub fn learned_changed(&self) -> Vec<Learned> {
         self.learned_where(true)
     }
 
-    fn learned_where(&self, changed_only: bool) -> Vec<(String, LearnedState, Duration)> {
+    fn learned_where(&self, changed_only: bool) -> Vec<Learned> {
         let now = Instant::now();
         let mut out: Vec<_> = self
             .all()
@@ -500,7 +551,12 @@ impl Providers {
                 if changed_only && same {
                     return None;
                 }
-                Some((p.name.clone(), state, now.saturating_duration_since(used)))
+                Some(Learned {
+                    name: p.name.clone(),
+                    state,
+                    age: now.saturating_duration_since(used),
+                    config: Some(p.config.load(Ordering::Relaxed)),
+                })
             })
             .collect();
         let mut kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
@@ -508,13 +564,19 @@ impl Providers {
             if changed_only && std::mem::replace(&mut k.saved, true) {
                 return None;
             }
-            Some((n.clone(), k.state, now.saturating_duration_since(k.at)))
+            Some(Learned {
+                name: n.clone(),
+                state: k.state,
+                age: now.saturating_duration_since(k.at),
+                config: k.config,
+            })
         }));
         out
     }
 
     /// Applies a reloaded config (R-OP5): new rules for lookups, new
-    /// settings for live providers — their learned state is kept.
+    /// settings for live providers — their learned state is kept, except
+    /// an open breaker of a provider whose config changed: it closes.
     pub fn reload(&self, config: &Config) {
         {
             let mut rules = self.rules.write().unwrap_or_else(|p| p.into_inner());
@@ -523,9 +585,13 @@ impl Providers {
                 defaults: Arc::new(config.defaults.clone()),
                 defaults_intercept: config.defaults_intercept,
                 limits: config.limits.clone(),
+                reach: reach(config),
             };
         }
-        let defaults = self.rules().defaults.clone();
+        let (defaults, reach) = {
+            let rules = self.rules();
+            (rules.defaults.clone(), rules.reach.clone())
+        };
         for p in self.all() {
             // A lane takes its provider's settings.
             let name = p.lane_of.as_deref().unwrap_or(&p.name);
@@ -534,9 +600,13 @@ impl Providers {
                 None => (defaults.clone(), config.defaults_intercept),
             };
             let settings = speaking(settings, p.spoken);
+            let print = config_print(&settings, intercept, &reach);
             p.share(self.shared.as_ref(), settings.shared);
             p.policy.update_settings(settings);
             p.intercept.store(intercept, Ordering::Relaxed);
+            if p.config.swap(print, Ordering::Relaxed) != print && p.policy.clear_breaker() {
+                tracing::info!(provider = %p.name, "breaker cleared: the provider's config changed");
+            }
         }
     }
 }
@@ -682,8 +752,8 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn only_what_changed_is_saved_again() {
         let t = table("");
-        let names = |v: Vec<(String, LearnedState, Duration)>| {
-            let mut n: Vec<String> = v.into_iter().map(|(n, ..)| n).collect();
+        let names = |v: Vec<Learned>| {
+            let mut n: Vec<String> = v.into_iter().map(|l| l.name).collect();
             n.sort();
             n
         };
@@ -705,7 +775,7 @@ mod tests {
         );
         assert_eq!(names(t.learned_changed()), ["a.test"], "a cut its rate");
         let state = a.policy.learned(Instant::now());
-        t.keep("gone.test", state, Duration::from_secs(1));
+        t.keep("gone.test", state, Duration::from_secs(1), None);
         assert_eq!(names(t.learned_changed()), ["gone.test"]);
         assert!(t.learned_changed().is_empty());
         assert_eq!(names(t.learned()), ["a.test", "b.test", "gone.test"]);
@@ -716,7 +786,12 @@ mod tests {
         let t = table("[limits]\nmax_providers = 1\n");
         let state = t.get("seed.test").policy.learned(Instant::now());
         for i in 0..10u64 {
-            t.keep(&format!("h{i}.test"), state, Duration::from_secs(100 - i));
+            t.keep(
+                &format!("h{i}.test"),
+                state,
+                Duration::from_secs(100 - i),
+                None,
+            );
         }
         let kept = t.kept.lock().unwrap();
         assert_eq!(kept.len(), 4);

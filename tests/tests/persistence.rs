@@ -393,3 +393,84 @@ async fn sighup_reloads_settings_and_keeps_learned_state() {
     assert!(metrics.contains("sluice_config_reloads_total{result=\"rejected\"} 1"));
     assert!(metrics.contains("sluice_config_reloads_total{result=\"ok\"} 1"));
 }
+
+/// Issue 36, defect 7 (R-PS1, R-CB2): a breaker opened while a provider's
+/// config was being debugged does not outlive the fix. Restored under the
+/// same config it stays open for the time it had left (R-PS1); under a
+/// changed config — after a restart or at a reload — it is cleared, with
+/// evidence naming why, and the working provider answers at once. (Parking
+/// off, so an open breaker answers `503` at once rather than probing.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_config_change_clears_a_restored_breaker() {
+    let sim = Sim::start("127.0.0.46").await;
+    // The port nothing listens on: the config under debugging.
+    let wrong = {
+        let l = std::net::TcpListener::bind("127.0.0.46:0").unwrap();
+        format!("http://127.0.0.46:{}/x", l.local_addr().unwrap().port())
+    };
+    let cfg = |ceiling: u32| {
+        format!(
+            "[destinations]\nallow = [\"127.0.0.0/8\"]\n\
+             [providers.dev]\nhosts = [\"127.0.0.46\"]\nceiling_rps = {ceiling}.0\n\
+             breaker_min_calls = 4\nbreaker_open_for = \"120s\"\nmax_outage_wait = \"0s\"\n"
+        )
+    };
+    let circuit_open = |r: &sluice_tests::clients::Reply| {
+        r.status == 503
+            && r.header("proxy-status")
+                .is_some_and(|p| p.contains("circuit open"))
+    };
+    async fn open_breaker(s: &Sluice, wrong: &str) {
+        for _ in 0..30 {
+            let r = curl(&s.proxy_url(), &[], wrong, T).await;
+            if r.header("proxy-status")
+                .is_some_and(|p| p.contains("circuit open"))
+            {
+                return;
+            }
+        }
+        panic!("the breaker never opened: {}", s.log());
+    }
+    let ok = sim.url("http", "/ok");
+
+    // Restarted under the same config: still open (R-PS1).
+    let s = Sluice::start(&cfg(50));
+    open_breaker(&s, &wrong).await;
+    let s = Sluice::start_in(s.terminate().await.1, &cfg(50));
+    let r = curl(&s.proxy_url(), &[], &ok, T).await;
+    assert!(circuit_open(&r), "kept open under the same config: {r:?}");
+
+    // Restarted under a changed one: cleared, and the provider answers.
+    let s = Sluice::start_in(s.terminate().await.1, &cfg(40));
+    let r = curl(&s.proxy_url(), &[], &ok, T).await;
+    assert_eq!(r.status, 200, "{r:?}\n{}", s.log());
+    assert!(
+        s.log().contains("breaker restored open, cleared"),
+        "{}",
+        s.log()
+    );
+    let p = provider(&s, "dev").await;
+    let evidence = p["breaker"]["evidence"].as_array().expect("evidence");
+    assert!(
+        evidence
+            .iter()
+            .any(|e| e["to"] == "closed" && e["reason"] == "config_changed"),
+        "{p}"
+    );
+
+    // Opened again while running, and a reload with a change clears it.
+    open_breaker(&s, &wrong).await;
+    assert!(circuit_open(&curl(&s.proxy_url(), &[], &ok, T).await));
+    s.rewrite_config(&cfg(30));
+    s.signal("HUP");
+    let started = Instant::now();
+    while !s
+        .log()
+        .contains("breaker cleared: the provider's config changed")
+        && started.elapsed() < T
+    {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let r = curl(&s.proxy_url(), &[], &ok, T).await;
+    assert_eq!(r.status, 200, "{r:?}\n{}", s.log());
+}

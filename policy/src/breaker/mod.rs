@@ -110,6 +110,18 @@ impl BreakerShared {
             .unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Closes the breaker because the provider's config changed (see
+    /// [`Breaker::clear`]), publishing the transition: whether it was not
+    /// closed.
+    pub fn clear(&self, now: Instant) -> bool {
+        let t = self.lock().clear(now);
+        let cleared = t.is_some();
+        if let Some(t) = t {
+            self.publish(t);
+        }
+        cleared
+    }
+
     /// Completes a transition's evidence and publishes it.
     pub fn publish(&self, mut t: Transition) {
         t.retry_budget_left = Some((self.budget_left)(t.at));

@@ -61,6 +61,10 @@ pub enum Reason {
     /// Every call failed for half the window (R-SG4): an outage, however
     /// few calls the rate let through.
     FailureStreak,
+    /// The provider's config changed: what opened the breaker was met
+    /// under settings no longer in force (a config being debugged), so the
+    /// new ones start from a clean window.
+    ConfigChanged,
 }
 
 impl Reason {
@@ -72,6 +76,7 @@ impl Reason {
             Reason::ProbesSucceeded => "probes_succeeded",
             Reason::ProbeFailed => "probe_failed",
             Reason::FailureStreak => "failure_streak",
+            Reason::ConfigChanged => "config_changed",
         }
     }
 }
@@ -230,6 +235,18 @@ impl Breaker {
             }
             _ => now,
         };
+    }
+
+    /// Closes the breaker and forgets its window, because the provider's
+    /// config changed: the transition, if it was not closed.
+    pub fn clear(&mut self, now: Instant) -> Option<Transition> {
+        if self.state == State::Closed {
+            self.buckets = [Bucket::default(); BUCKETS];
+            self.streak = None;
+            return None;
+        }
+        self.for_throttles = false;
+        Some(self.go(State::Closed, Reason::ConfigChanged, now, 0, 0))
     }
 
     /// The current state (without advancing time).

@@ -278,7 +278,7 @@ fn restore(providers: &Providers, store: &Store, metrics: &Metrics, max_age: Dur
     for (name, record) in store.load_learned() {
         let age = record.age();
         if age < max_age {
-            providers.keep(&name, record.state(), age);
+            providers.keep(&name, record.state(), age, record.config);
             metrics.state_restored.inc();
             tracing::info!(provider = %name, age_ms = age.as_millis() as u64, rate_rps = record.rate_rps, "learned state restored");
         } else {
@@ -299,19 +299,12 @@ async fn save_changed(app: &App) {
     save_learned(app, app.providers.learned_changed()).await;
 }
 
-async fn save_learned(
-    app: &App,
-    learned: Vec<(
-        String,
-        sluice_policy::provider::LearnedState,
-        std::time::Duration,
-    )>,
-) {
+async fn save_learned(app: &App, learned: Vec<crate::providers::Learned>) {
     let Some(writer) = &app.writer else { return };
     writer.save_learned(
         learned
             .into_iter()
-            .map(|(name, state, age)| (name, LearnedRecord::of(&state, age)))
+            .map(|l| (l.name, LearnedRecord::of(&l.state, l.age, l.config)))
             .collect(),
     );
     if let Err(e) = writer.flush().await {

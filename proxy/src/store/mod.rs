@@ -388,9 +388,9 @@ mod tests {
                     steady: true,
                 },
             };
-            s.save_learned("api.test", &LearnedRecord::of(&state, Duration::ZERO))
+            s.save_learned("api.test", &LearnedRecord::of(&state, Duration::ZERO, None))
                 .unwrap();
-            let old = LearnedRecord::of(&state, Duration::from_secs(600));
+            let old = LearnedRecord::of(&state, Duration::from_secs(600), None);
             assert!(
                 old.age() >= Duration::from_secs(600),
                 "age kept across saves"

@@ -80,12 +80,16 @@ pub struct LearnedRecord {
     /// The limit was told by bare 503s and met twice at one place.
     #[serde(default)]
     pub limit_steady: bool,
+    /// A print of the provider's config when it was learned: an open
+    /// breaker restored under another config is cleared.
+    #[serde(default)]
+    pub config: Option<u64>,
 }
 
 impl LearnedRecord {
     /// A record of `state`, last true `age` ago (the provider's last use):
     /// re-saving an idle provider's state does not make it younger.
-    pub fn of(state: &LearnedState, age: Duration) -> Self {
+    pub fn of(state: &LearnedState, age: Duration, config: Option<u64>) -> Self {
         LearnedRecord {
             v: VERSION,
             saved_at_unix_ms: unix_ms_now().saturating_sub(age.as_millis() as u64),
@@ -102,6 +106,7 @@ impl LearnedRecord {
             limit_fitted: state.known.fitted,
             limit_sharp: state.known.sharp,
             limit_steady: state.known.steady,
+            config,
         }
     }
 
