@@ -17,13 +17,92 @@ use crate::http::body::{full, ResBody};
 /// The `Proxy-Status` header name (RFC 9209).
 pub const PROXY_STATUS: &str = "proxy-status";
 
+/// The RFC 9209 error types sluice's own answers carry in `Proxy-Status`
+/// — every one it can send, listed in [`ErrorType::ALL`] (the book's
+/// troubleshooting page has a section for each, and a test holds the two
+/// together).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ErrorType {
+    /// sluice will not send this request: a pacing refusal, a hold, a
+    /// stopped run, a collector not allowed there, proxy credentials.
+    HttpRequestDenied,
+    /// The request itself is malformed or unsupported.
+    HttpRequestError,
+    /// The destination address is not allowed (the destination guard).
+    DestinationIpProhibited,
+    /// The provider is unavailable: its circuit is open, or it is down.
+    DestinationUnavailable,
+    /// Too many requests in flight to the provider (the bulkhead).
+    ConnectionLimitReached,
+    /// The provider refused the connection.
+    ConnectionRefused,
+    /// The provider closed or reset the connection before answering.
+    ConnectionTerminated,
+    /// No answer within the request's time.
+    ConnectionTimeout,
+    /// No response head within an attempt's time.
+    HttpResponseTimeout,
+    /// The provider's name did not resolve.
+    DnsError,
+    /// The provider answered with something that is not HTTP.
+    HttpProtocolError,
+    /// The provider's certificate is not trusted.
+    TlsCertificateError,
+    /// The TLS handshake with the provider failed.
+    TlsProtocolError,
+}
+
+impl ErrorType {
+    /// Every error type, in the order the troubleshooting page lists them.
+    pub const ALL: [ErrorType; 13] = [
+        ErrorType::HttpRequestDenied,
+        ErrorType::HttpRequestError,
+        ErrorType::DestinationIpProhibited,
+        ErrorType::DestinationUnavailable,
+        ErrorType::ConnectionLimitReached,
+        ErrorType::ConnectionRefused,
+        ErrorType::ConnectionTerminated,
+        ErrorType::ConnectionTimeout,
+        ErrorType::HttpResponseTimeout,
+        ErrorType::DnsError,
+        ErrorType::HttpProtocolError,
+        ErrorType::TlsCertificateError,
+        ErrorType::TlsProtocolError,
+    ];
+
+    /// Its name in `Proxy-Status` (RFC 9209, section 2.3).
+    pub fn label(self) -> &'static str {
+        match self {
+            ErrorType::HttpRequestDenied => "http_request_denied",
+            ErrorType::HttpRequestError => "http_request_error",
+            ErrorType::DestinationIpProhibited => "destination_ip_prohibited",
+            ErrorType::DestinationUnavailable => "destination_unavailable",
+            ErrorType::ConnectionLimitReached => "connection_limit_reached",
+            ErrorType::ConnectionRefused => "connection_refused",
+            ErrorType::ConnectionTerminated => "connection_terminated",
+            ErrorType::ConnectionTimeout => "connection_timeout",
+            ErrorType::HttpResponseTimeout => "http_response_timeout",
+            ErrorType::DnsError => "dns_error",
+            ErrorType::HttpProtocolError => "http_protocol_error",
+            ErrorType::TlsCertificateError => "tls_certificate_error",
+            ErrorType::TlsProtocolError => "tls_protocol_error",
+        }
+    }
+}
+
+impl std::fmt::Display for ErrorType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.label())
+    }
+}
+
 /// An answer sluice makes itself.
 #[derive(Debug, Clone)]
 pub struct Refusal {
     /// The status.
     pub status: StatusCode,
     /// The RFC 9209 error type.
-    pub error: &'static str,
+    pub error: ErrorType,
     /// A short, fixed description (never request data).
     pub details: String,
     /// When to come back, if known.
@@ -32,7 +111,7 @@ pub struct Refusal {
 
 impl Refusal {
     /// A refusal without a wait.
-    pub fn new(status: StatusCode, error: &'static str, details: impl Into<String>) -> Self {
+    pub fn new(status: StatusCode, error: ErrorType, details: impl Into<String>) -> Self {
         Refusal {
             status,
             error,
@@ -73,7 +152,7 @@ pub fn refusal(cause: &Cause) -> Refusal {
     let (status, error, details) = match cause {
         Cause::RateLimited(_) => (
             StatusCode::TOO_MANY_REQUESTS,
-            "http_request_denied",
+            ErrorType::HttpRequestDenied,
             "provider rate limit: no pacing slot within the queue wait".to_string(),
         ),
         // Opened by the provider's throttles: it is asking to slow down,
@@ -81,19 +160,19 @@ pub fn refusal(cause: &Cause) -> Refusal {
         // (issue 35: the openai SDK's `APIStatusError`s) — a `429`.
         Cause::CircuitOpen(e) if e.throttled => (
             StatusCode::TOO_MANY_REQUESTS,
-            "http_request_denied",
+            ErrorType::HttpRequestDenied,
             "circuit open: provider throttling (most recent answers were throttles)".to_string(),
         ),
         Cause::CircuitOpen(_) => (
             StatusCode::SERVICE_UNAVAILABLE,
-            "destination_unavailable",
+            ErrorType::DestinationUnavailable,
             "circuit open: provider failing".to_string(),
         ),
         // Parked through an outage as long as it may wait: the provider's
         // failures are not passed on, its state is (R-RN13).
         Cause::ProviderDown(e) => (
             StatusCode::SERVICE_UNAVAILABLE,
-            "destination_unavailable",
+            ErrorType::DestinationUnavailable,
             format!(
                 "provider down ({}): every request failing; parked {:.1} s, the most max_outage_wait allows",
                 e.reason.label(),
@@ -102,7 +181,7 @@ pub fn refusal(cause: &Cause) -> Refusal {
         ),
         Cause::BulkheadFull(_) => (
             StatusCode::SERVICE_UNAVAILABLE,
-            "connection_limit_reached",
+            ErrorType::ConnectionLimitReached,
             "too many requests in flight to this provider".to_string(),
         ),
         // 403, not 429 or 503: a planned stop is final for the run —
@@ -110,7 +189,7 @@ pub fn refusal(cause: &Cause) -> Refusal {
         // for provider pressure and slows down (R-RN3).
         Cause::RunStopped(e) => (
             StatusCode::FORBIDDEN,
-            "http_request_denied",
+            ErrorType::HttpRequestDenied,
             match &e.provider {
                 // Only this provider's part of the run stopped (R-RN8).
                 Some(p) => format!("run stopped: {} (provider {p})", e.reason.label()),
@@ -119,14 +198,14 @@ pub fn refusal(cause: &Cause) -> Refusal {
         ),
         Cause::AttemptTimeout => (
             StatusCode::GATEWAY_TIMEOUT,
-            "http_response_timeout",
+            ErrorType::HttpResponseTimeout,
             "no response head within the attempt timeout".to_string(),
         ),
         // No answer within the provider's request_timeout, every attempt
         // and wait included: the client is answered instead of waiting on.
         Cause::RequestTimeout(e) => (
             StatusCode::GATEWAY_TIMEOUT,
-            "connection_timeout",
+            ErrorType::ConnectionTimeout,
             format!(
                 "request_timeout: no response head after {:.1} s and {} attempts",
                 e.after.as_secs_f64(),
@@ -183,47 +262,51 @@ fn certificate_details(e: &rustls::Error) -> String {
 }
 
 /// Status, RFC 9209 error type and details of an upstream failure.
-fn upstream(kind: UpstreamKind) -> (StatusCode, &'static str, &'static str) {
+fn upstream(kind: UpstreamKind) -> (StatusCode, ErrorType, &'static str) {
     match kind {
-        UpstreamKind::Dns => (StatusCode::BAD_GATEWAY, "dns_error", "name did not resolve"),
+        UpstreamKind::Dns => (
+            StatusCode::BAD_GATEWAY,
+            ErrorType::DnsError,
+            "name did not resolve",
+        ),
         UpstreamKind::ConnectionRefused => (
             StatusCode::BAD_GATEWAY,
-            "connection_refused",
+            ErrorType::ConnectionRefused,
             "connection refused",
         ),
         UpstreamKind::ConnectionTimeout => (
             StatusCode::GATEWAY_TIMEOUT,
-            "connection_timeout",
+            ErrorType::ConnectionTimeout,
             "connect timed out",
         ),
         UpstreamKind::ConnectionClosed => (
             StatusCode::BAD_GATEWAY,
-            "connection_terminated",
+            ErrorType::ConnectionTerminated,
             "connection closed before a response",
         ),
         UpstreamKind::TlsCertificate => (
             StatusCode::BAD_GATEWAY,
-            "tls_certificate_error",
+            ErrorType::TlsCertificateError,
             "upstream certificate not trusted",
         ),
         UpstreamKind::TlsProtocol => (
             StatusCode::BAD_GATEWAY,
-            "tls_protocol_error",
+            ErrorType::TlsProtocolError,
             "TLS handshake failed",
         ),
         UpstreamKind::Protocol => (
             StatusCode::BAD_GATEWAY,
-            "http_protocol_error",
+            ErrorType::HttpProtocolError,
             "upstream did not speak HTTP",
         ),
         UpstreamKind::Prohibited => (
             StatusCode::FORBIDDEN,
-            "destination_ip_prohibited",
+            ErrorType::DestinationIpProhibited,
             "destination address not allowed",
         ),
         UpstreamKind::ClientBody => (
             StatusCode::BAD_REQUEST,
-            "http_request_error",
+            ErrorType::HttpRequestError,
             "the request body was malformed or cut short",
         ),
     }
@@ -233,6 +316,22 @@ fn upstream(kind: UpstreamKind) -> (StatusCode, &'static str, &'static str) {
 mod tests {
     use super::*;
     use sluice_policy::error::{CircuitOpen, Upstream};
+
+    /// The book's troubleshooting page has a section for every error type
+    /// sluice can send, and none for one it cannot (issue 36).
+    #[test]
+    fn the_troubleshooting_page_lists_every_error_type() {
+        let page = include_str!("../../../docs/src/troubleshooting.md");
+        let listed: Vec<&str> = page
+            .lines()
+            .filter_map(|l| l.strip_prefix("## `")?.strip_suffix('`'))
+            .collect();
+        let sent: Vec<&str> = ErrorType::ALL.iter().map(|e| e.label()).collect();
+        assert_eq!(
+            listed, sent,
+            "docs/src/troubleshooting.md against ErrorType::ALL"
+        );
+    }
 
     #[test]
     fn carries_proxy_status_and_retry_after() {
@@ -293,10 +392,10 @@ mod tests {
         let err = Cause::Upstream(Upstream::new(UpstreamKind::Prohibited, "x"));
         let r = refusal(&err);
         assert_eq!(
-            (r.status.as_u16(), r.error),
+            (r.status.as_u16(), r.error.label()),
             (403, "destination_ip_prohibited")
         );
         let err = Cause::Upstream(Upstream::new(UpstreamKind::ConnectionRefused, "x"));
-        assert_eq!(refusal(&err).error, "connection_refused");
+        assert_eq!(refusal(&err).error.label(), "connection_refused");
     }
 }

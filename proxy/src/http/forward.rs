@@ -20,7 +20,7 @@ use tower::ServiceExt;
 use crate::app::App;
 use crate::config::{normalise_host, Config};
 use crate::http::body::{collect_limited, IdleTimeout, ProxyBody, ResBody};
-use crate::http::edge::{self, Refusal};
+use crate::http::edge::{self, ErrorType, Refusal};
 use crate::http::framing::Verdicts;
 pub use crate::http::headers::oversize_head;
 use crate::http::headers::{add_via, strip_hop_by_hop};
@@ -47,8 +47,12 @@ pub fn ambiguous_length(app: &App) -> Response<ResBody> {
 fn bad_request(app: &App, reason: &'static str, details: &'static str) -> Response<ResBody> {
     app.metrics.bad_request(reason);
     tracing::warn!(reason, "malformed request refused");
-    let mut resp =
-        Refusal::new(StatusCode::BAD_REQUEST, "http_request_error", details).into_response();
+    let mut resp = Refusal::new(
+        StatusCode::BAD_REQUEST,
+        ErrorType::HttpRequestError,
+        details,
+    )
+    .into_response();
     resp.headers_mut()
         .insert(header::CONNECTION, HeaderValue::from_static("close"));
     resp
@@ -85,7 +89,7 @@ pub async fn tunnelled(
     if req.method() == http::Method::CONNECT {
         return Refusal::new(
             StatusCode::BAD_REQUEST,
-            "http_request_error",
+            ErrorType::HttpRequestError,
             "CONNECT inside a tunnel",
         )
         .into_response();
@@ -204,7 +208,7 @@ pub async fn forward(
                 provider = %provider.name,
                 %method,
                 status = refusal.status.as_u16(),
-                error = refusal.error,
+                error = refusal.error.label(),
                 details = %refusal.details,
                 elapsed_ms,
                 "refused"
@@ -256,7 +260,7 @@ async fn own_admin(admin: std::net::SocketAddr, req: Request<Incoming>) -> Respo
     let unreachable = |why: String| {
         Refusal::new(
             StatusCode::BAD_GATEWAY,
-            "destination_unavailable",
+            ErrorType::DestinationUnavailable,
             format!("sluice's own admin listener {addr}: {why}"),
         )
         .into_response()
@@ -299,7 +303,7 @@ fn refused_target(
     if target.scheme != Scheme::HTTP && target.scheme != Scheme::HTTPS {
         return refuse(
             StatusCode::BAD_REQUEST,
-            "http_request_error",
+            ErrorType::HttpRequestError,
             "only http and https targets",
         );
     }
@@ -307,7 +311,7 @@ fn refused_target(
     if host.is_empty() {
         return refuse(
             StatusCode::BAD_REQUEST,
-            "http_request_error",
+            ErrorType::HttpRequestError,
             "request has no host",
         );
     }
@@ -338,7 +342,7 @@ pub(crate) fn destination_refused(
     );
     Refusal::new(
         StatusCode::FORBIDDEN,
-        "destination_ip_prohibited",
+        ErrorType::DestinationIpProhibited,
         e.to_string(),
     )
 }
@@ -367,7 +371,7 @@ async fn request_body(
                 Ok(bytes) => Ok(ProxyBody::Whole(Some(bytes))),
                 Err(_) => Err(Refusal::new(
                     StatusCode::BAD_REQUEST,
-                    "http_request_error",
+                    ErrorType::HttpRequestError,
                     "request body could not be read",
                 )),
             }
@@ -431,7 +435,7 @@ pub(crate) fn outside_allowlist(
     }
     Some(Refusal::new(
         StatusCode::FORBIDDEN,
-        "destination_ip_prohibited",
+        ErrorType::DestinationIpProhibited,
         format!("not in collectors.{name}.allow"),
     ))
 }

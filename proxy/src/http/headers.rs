@@ -5,7 +5,7 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Response, StatusCode};
 
 use crate::http::body::ResBody;
-use crate::http::edge::Refusal;
+use crate::http::edge::{ErrorType, Refusal};
 
 /// `Via` value sluice adds (RFC 9110 §7.6.3).
 const VIA: &str = "1.1 sluice";
@@ -69,7 +69,7 @@ pub fn oversize_head(headers: &HeaderMap, limit: usize) -> Option<Response<ResBo
     if size > limit {
         let mut resp = Refusal::new(
             StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-            "http_request_error",
+            ErrorType::HttpRequestError,
             "request headers too large",
         )
         .into_response();

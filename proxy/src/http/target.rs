@@ -6,7 +6,7 @@ use http::request::Parts;
 use http::uri::{Authority, Scheme};
 use http::{StatusCode, Uri};
 
-use crate::http::edge::Refusal;
+use crate::http::edge::{ErrorType, Refusal};
 
 /// A port is written but is not 1 to 65535.
 pub(super) fn invalid_port(authority: &Authority) -> bool {
@@ -92,7 +92,7 @@ pub(super) fn address(parts: &mut Parts, target: &Target) -> Result<(), Refusal>
             .map_err(|_| {
                 Refusal::new(
                     StatusCode::BAD_REQUEST,
-                    "http_request_error",
+                    ErrorType::HttpRequestError,
                     "invalid request target",
                 )
             })?;

@@ -21,7 +21,7 @@ use tokio::net::TcpStream;
 use self::auth::Identity;
 use crate::app::{App, Tracker};
 use crate::http::body::ResBody;
-use crate::http::edge::Refusal;
+use crate::http::edge::{ErrorType, Refusal};
 use crate::http::forward::{ambiguous_length, forward, oversize_head, Target};
 use crate::http::framing::{self, Verdicts};
 use crate::tunnel;
@@ -94,7 +94,7 @@ async fn handle(app: Arc<App>, req: Request<Incoming>, verdicts: &Verdicts) -> R
         Err(why) => {
             let mut resp = Refusal::new(
                 StatusCode::PROXY_AUTHENTICATION_REQUIRED,
-                "http_request_denied",
+                ErrorType::HttpRequestDenied,
                 why.to_string(),
             )
             .into_response();
@@ -112,7 +112,7 @@ async fn handle(app: Arc<App>, req: Request<Incoming>, verdicts: &Verdicts) -> R
         Some(target) => forward(app, &config, req, target, identity).await,
         None => Refusal::new(
             StatusCode::BAD_REQUEST,
-            "http_request_error",
+            ErrorType::HttpRequestError,
             "sluice is a forward proxy: send absolute-form requests (set HTTP_PROXY)",
         )
         .into_response(),

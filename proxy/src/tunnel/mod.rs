@@ -34,7 +34,7 @@ use tokio::net::TcpStream;
 use crate::app::App;
 use crate::config::{normalise_host, Config};
 use crate::http::body::{full, ResBody};
-use crate::http::edge::{self, Refusal};
+use crate::http::edge::{self, ErrorType, Refusal};
 use crate::http::forward::{tunnelled, Target};
 use crate::http::framing;
 use crate::providers::Provider;
@@ -80,7 +80,7 @@ pub async fn connect(
     let bad_target = || {
         Refusal::new(
             StatusCode::BAD_REQUEST,
-            "http_request_error",
+            ErrorType::HttpRequestError,
             "CONNECT needs host:port",
         )
         .into_response()
@@ -100,7 +100,7 @@ pub async fn connect(
         );
         return Refusal::new(
             StatusCode::FORBIDDEN,
-            "http_request_denied",
+            ErrorType::HttpRequestDenied,
             format!(
                 "CONNECT to port {port} is not allowed: list it in destinations.connect_ports (now {:?})",
                 config.destinations.connect_ports
@@ -197,7 +197,7 @@ async fn open_raw(
 ) -> Result<TcpStream, Response<ResBody>> {
     let refuse = |e: &Cause| {
         let r = edge::refusal(e);
-        tracing::info!(provider = %provider.name, error = r.error, details = %r.details, "CONNECT refused");
+        tracing::info!(provider = %provider.name, error = r.error.label(), details = %r.details, "CONNECT refused");
         r.into_response()
     };
     let admission = provider
