@@ -20,6 +20,7 @@ pub mod config;
 pub mod http;
 pub mod observe;
 pub mod providers;
+pub mod reference;
 pub mod runs;
 pub mod serve;
 pub mod shared;

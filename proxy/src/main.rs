@@ -84,6 +84,13 @@ enum Command {
         /// Where to put it.
         dir: PathBuf,
     },
+    /// Write the book's reference pages (configuration, command line,
+    /// metrics, admin API) into DIR, made from this binary's code.
+    #[command(hide = true)]
+    Reference {
+        /// Where to write them (`docs/src/reference`).
+        dir: PathBuf,
+    },
 }
 
 #[derive(Debug, clap::Args)]
@@ -150,6 +157,54 @@ enum LogFormat {
     Json,
 }
 
+/// `docs/src/reference/cli.md`: each command's help, as `--help` prints it.
+fn cli_page() -> String {
+    use clap::CommandFactory;
+    let mut root = Cli::command().bin_name("sluice");
+    root.build();
+    let mut out = format!(
+        "{}\n\n# Command line reference\n\n\
+         `sluice` with no command runs the proxy. Every option may also be \
+         given after a command.\n",
+        sluice::reference::GENERATED
+    );
+    let mut help = |title: &str, cmd: &mut clap::Command| {
+        let text = cmd.render_long_help().to_string();
+        out.push_str(&format!(
+            "\n## `{title}`\n\n```text\n{}\n```\n",
+            text.trim_end()
+        ));
+    };
+    help("sluice", &mut root.clone());
+    for sub in root
+        .get_subcommands_mut()
+        .filter(|c| !c.is_hide_set() && c.get_name() != "help")
+    {
+        let title = format!("sluice {}", sub.get_name());
+        help(&title, sub);
+    }
+    out
+}
+
+/// `sluice reference DIR`.
+fn reference(dir: &std::path::Path) -> ExitCode {
+    let pages = [
+        ("config.md", sluice::reference::config_page()),
+        ("cli.md", cli_page()),
+        ("metrics.md", sluice::reference::metrics_page()),
+        ("admin-api.md", sluice::reference::admin_page()),
+    ];
+    for (name, text) in pages {
+        let path = dir.join(name);
+        if let Err(e) = std::fs::write(&path, text) {
+            eprintln!("cannot write {}: {e}", path.display());
+            return ExitCode::FAILURE;
+        }
+        println!("{}", path.display());
+    }
+    ExitCode::SUCCESS
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     if let Some(path) = &cli.check_config {
@@ -185,6 +240,7 @@ fn main() -> ExitCode {
     let (run_args, status_args) = match cli.command {
         Some(Command::Ca) => return process::print_ca(&config),
         Some(Command::Install { dir }) => return process::install(&dir),
+        Some(Command::Reference { dir }) => return reference(&dir),
         Some(Command::Run(args)) => (Some(args), None),
         Some(Command::Status { token_file, watch }) => (None, Some((token_file, watch))),
         None => (None, None),

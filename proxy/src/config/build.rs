@@ -3,6 +3,27 @@
 
 use super::*;
 
+/// The keys a reload leaves as they are (a reload names each one it
+/// finds changed): they hold what the running process was built on — its
+/// listeners, its store, its upstream client and TLS material, its Redis
+/// connection, its runtime. A table's name stands for all its keys.
+pub const RESTART_ONLY: [&str; 11] = [
+    "listen",
+    "admin",
+    "state_dir",
+    "upstream.extra_ca",
+    "upstream.connect_timeout",
+    "tls.ca_cert",
+    "tls.ca_key",
+    "tls.leaf_cache",
+    "tls.trust_dir",
+    "shared",
+    "limits.workers",
+];
+
+/// A collector's weight in fair shares when its table sets none.
+pub const DEFAULT_WEIGHT: f64 = 1.0;
+
 impl Config {
     /// Reads and checks a config file.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
@@ -108,6 +129,7 @@ impl Config {
     pub fn keep_restart_only(&self, new: &mut Config) -> Vec<&'static str> {
         let mut changed = Vec::new();
         let mut keep = |key: &'static str, differs: bool| {
+            debug_assert!(RESTART_ONLY.contains(&key), "{key} is not in RESTART_ONLY");
             if differs {
                 changed.push(key);
             }
@@ -423,7 +445,7 @@ fn collectors(
                 "the name is also an [auth] credentials user; use one or the other",
             ));
         }
-        let weight = c.weight.unwrap_or(1.0);
+        let weight = c.weight.unwrap_or(DEFAULT_WEIGHT);
         if !(weight.is_finite() && (0.01..=1000.0).contains(&weight)) {
             return Err(err(
                 format!("{key}.weight"),

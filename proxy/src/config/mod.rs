@@ -40,6 +40,7 @@ use ipnet::IpNet;
 use serde::Deserialize;
 use sluice_policy::{ProviderSettings, ValidSettings};
 
+pub use self::build::{DEFAULT_WEIGHT, RESTART_ONLY};
 pub use self::hosts::{normalise_host, HostPattern};
 pub use self::model::*;
 use self::raw::*;

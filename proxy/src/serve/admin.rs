@@ -34,6 +34,43 @@ use crate::http::body::{full, ResBody};
 use crate::providers::Provider;
 use crate::store::unix_ms_now;
 
+/// One endpoint of the admin listener, for the reference.
+#[derive(Debug, Clone, Copy)]
+pub struct Endpoint {
+    /// Its method.
+    pub method: &'static str,
+    /// Its path (`{name}`: a collector, `{id}`: a run or gap, `{stream}`).
+    pub path: &'static str,
+    /// What it answers.
+    pub what: &'static str,
+}
+
+/// Every endpoint of the admin listener: [`route`]'s and the collectors'
+/// ([`super::collectors::route`]). The book's admin API reference is made
+/// from this list, and a test asks each of a live sluice.
+pub const ENDPOINTS: &[Endpoint] = &[
+    Endpoint { method: "GET", path: "/", what: "The admin page (HTML): each provider's pace, breaker and throttle point, live; its first paint comes from the server." },
+    Endpoint { method: "GET", path: "/healthz", what: "`ok` (text) while the process serves." },
+    Endpoint { method: "GET", path: "/readyz", what: "`ready` (text) once the listeners are up and the store is open; `503` naming what is missing before." },
+    Endpoint { method: "GET", path: "/metrics", what: "Prometheus text exposition: see the [metrics reference](metrics.md)." },
+    Endpoint { method: "GET", path: "/v1/providers", what: "`{\"providers\": [...]}`: every live provider's readout — rate, ceiling, what sets the pace, throttle point and its evidence, breaker, budgets, parking, shared budget." },
+    Endpoint { method: "GET", path: "/v1/providers/{name}", what: "One provider's readout, with its breaker's evidence (from the store, across restarts); a provider not live shows what is kept for it." },
+    Endpoint { method: "GET", path: "/v1/history", what: "The last minutes of each provider's rate, answers and refusals, for the page's charts." },
+    Endpoint { method: "GET", path: "/v1/collectors", what: "`{\"collectors\": [...]}`: each collector, its active runs and fair share." },
+    Endpoint { method: "GET", path: "/v1/collectors/{name}", what: "One collector." },
+    Endpoint { method: "POST", path: "/v1/collectors/{name}/runs", what: "Opens a run: body `{\"mode\", \"request_cap\", \"deadline_s\", \"retry_ratio\", \"wait_s\", …}`; `201` with the run, its lease and checkpoints; `409` while another run of its mode holds the lease." },
+    Endpoint { method: "GET", path: "/v1/collectors/{name}/runs", what: "The collector's runs, newest first (`?limit=N`)." },
+    Endpoint { method: "GET", path: "/v1/collectors/{name}/checkpoints", what: "The collector's committed checkpoints by stream and mode." },
+    Endpoint { method: "DELETE", path: "/v1/collectors/{name}/checkpoints/{stream}", what: "Resets a stream's checkpoint (`?mode=`)." },
+    Endpoint { method: "GET", path: "/v1/collectors/{name}/gaps", what: "The collector's gap records (`?state=pending`)." },
+    Endpoint { method: "GET", path: "/v1/runs/{id}", what: "One run: its budget, attempts, refusals, stop reason." },
+    Endpoint { method: "POST", path: "/v1/runs/{id}/heartbeat", what: "Keeps the run's lease." },
+    Endpoint { method: "POST", path: "/v1/runs/{id}/finish", what: "Ends the run: its report (attempts, retries, refusals, stop reason, gaps recorded)." },
+    Endpoint { method: "PUT", path: "/v1/runs/{id}/checkpoints/{stream}", what: "Commits a checkpoint (`200` once flushed to disk; `409` for one that does not advance or a stale fencing token)." },
+    Endpoint { method: "POST", path: "/v1/runs/{id}/gaps", what: "Records a gap: data the run did not fetch." },
+    Endpoint { method: "POST", path: "/v1/gaps/{id}/resolve", what: "Marks a gap fetched." },
+];
+
 /// Serves the admin API until the process ends.
 pub async fn serve(app: Arc<App>, listener: TcpListener) {
     let mut backoff = AcceptBackoff::new("admin");

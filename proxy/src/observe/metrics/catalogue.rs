@@ -8,27 +8,80 @@ use prometheus::{
     IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
 };
 
+use prometheus::core::Collector;
+use prometheus::proto::MetricType;
+
 use super::{Metrics, BAD_REQUEST_REASONS, DESTINATION_REFUSAL_REASONS};
 
-fn gauge(r: &Registry, name: &str, help: &str, labels: &[&str]) -> GaugeVec {
+/// One family of the catalogue, as the reference lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Family {
+    /// Its full name (`sluice_…`).
+    pub name: String,
+    /// Its type: `counter`, `gauge`, `histogram`.
+    pub kind: &'static str,
+    /// Its labels.
+    pub labels: Vec<String>,
+    /// Its help text.
+    pub help: String,
+}
+
+/// The registry, noting each family as it is registered: the reference
+/// is made from the same registrations `/metrics` serves.
+struct Recorder {
+    registry: Registry,
+    families: Mutex<Vec<Family>>,
+}
+
+impl Recorder {
+    fn new() -> Self {
+        Recorder {
+            registry: Registry::new_custom(Some("sluice".into()), None).expect("registry"),
+            families: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn register(&self, c: Box<dyn Collector>) -> prometheus::Result<()> {
+        let kinds: Vec<MetricType> = c.collect().iter().map(|f| f.get_field_type()).collect();
+        let mut families = self.families.lock().unwrap_or_else(|p| p.into_inner());
+        for (desc, kind) in c.desc().iter().zip(kinds) {
+            families.push(Family {
+                name: format!("sluice_{}", desc.fq_name),
+                kind: match kind {
+                    MetricType::COUNTER => "counter",
+                    MetricType::GAUGE => "gauge",
+                    MetricType::HISTOGRAM => "histogram",
+                    MetricType::SUMMARY => "summary",
+                    MetricType::UNTYPED => "untyped",
+                },
+                labels: desc.variable_labels.clone(),
+                help: desc.help.clone(),
+            });
+        }
+        drop(families);
+        self.registry.register(c)
+    }
+}
+
+fn gauge(r: &Recorder, name: &str, help: &str, labels: &[&str]) -> GaugeVec {
     let g = GaugeVec::new(Opts::new(name, help), labels).expect("valid metric");
     r.register(Box::new(g.clone())).expect("unique metric");
     g
 }
 
-fn int_gauge(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+fn int_gauge(r: &Recorder, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
     let g = IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric");
     r.register(Box::new(g.clone())).expect("unique metric");
     g
 }
 
-fn counter(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+fn counter(r: &Recorder, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
     let c = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
     r.register(Box::new(c.clone())).expect("unique metric");
     c
 }
 
-fn histogram(r: &Registry, name: &str, help: &str, buckets: Vec<f64>) -> HistogramVec {
+fn histogram(r: &Recorder, name: &str, help: &str, buckets: Vec<f64>) -> HistogramVec {
     let h = HistogramVec::new(
         HistogramOpts::new(name, help).buckets(buckets),
         &["provider"],
@@ -46,7 +99,7 @@ impl Metrics {
     /// `/metrics` lists them. Split by concern it would be the same list
     /// scattered, and a family's name further from its field.
     pub fn new(max_labels: usize) -> Metrics {
-        let r = Registry::new_custom(Some("sluice".into()), None).expect("registry");
+        let r = Recorder::new();
         let p = &["provider"];
         let seconds = exponential_buckets(0.001, 2.0, 16).expect("buckets"); // 1 ms … 33 s
         let plain_counter = |name: &str, help: &str| {
@@ -75,7 +128,7 @@ impl Metrics {
             IntGauge::new("providers_tracked", "Providers in the table").expect("valid metric");
         r.register(Box::new(providers_tracked.clone()))
             .expect("unique metric");
-        let m = Metrics {
+        let mut m = Metrics {
             rate: gauge(
                 &r,
                 "provider_rate_rps",
@@ -415,7 +468,8 @@ impl Metrics {
             ),
             labels: Mutex::new(HashSet::new()),
             max_labels,
-            registry: r,
+            registry: r.registry.clone(),
+            families: Vec::new(),
         };
         for result in ["ok", "rejected"] {
             m.reloads.with_label_values(&[result]);
@@ -426,7 +480,7 @@ impl Metrics {
         )
         .expect("valid metric");
         build.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
-        m.registry.register(Box::new(build)).expect("unique metric");
+        r.register(Box::new(build)).expect("unique metric");
         m.store_cold_starts.with_label_values(&["unreadable"]);
         for listener in ["proxy", "admin"] {
             m.accept_errors.with_label_values(&[listener]);
@@ -440,6 +494,12 @@ impl Metrics {
         {
             m.destination_refusals.with_label_values(&[reason]);
         }
+        m.families = r.families.into_inner().unwrap_or_else(|p| p.into_inner());
         m
+    }
+
+    /// Every family sluice exports, in the order of registration.
+    pub fn families(&self) -> &[Family] {
+        &self.families
     }
 }

@@ -13,6 +13,7 @@
 //! a path, a query, a header value or a body (R-SF4).
 
 mod catalogue;
+pub use catalogue::Family;
 mod feed;
 mod scrape;
 
@@ -48,6 +49,8 @@ pub const OTHER: &str = "_other";
 /// All of sluice's metrics.
 pub struct Metrics {
     registry: Registry,
+    /// What the catalogue registered, for the reference.
+    families: Vec<catalogue::Family>,
     labels: Mutex<HashSet<String>>,
     max_labels: usize,
     rate: GaugeVec,
