@@ -349,7 +349,8 @@ pub fn admin_page() -> String {
          `Authorization: Bearer TOKEN`, and see that collector only. \
          Answers are JSON unless said otherwise; errors are `{{\"error\": \
          \"…\"}}` with a status that names the problem (`400` naming the \
-         field, `404`, `409` for a conflict).\n"
+         field, `404`, `409` for a conflict). Each answer's fields: \
+         [JSON fields](admin-fields.md).\n"
     );
     let _ = writeln!(out, "| method | path | answer |\n|---|---|---|");
     for e in crate::serve::admin::ENDPOINTS {
