@@ -36,7 +36,7 @@ macro_rules! provider_settings {
     ($then:ident) => {
         $then! {
             /// The owner's one safety number: the learned rate never exceeds
-            /// it (R-AI2). 50 is the config contract's example.
+            /// it (R-AI2). Unset, 50: set it to what the provider allows.
             ceiling_rps: f64 = 50.0,
             /// The cold-start rate; unset = ceiling / 10, at most 5 req/s, and
             /// always below the ceiling: a conservative cold start (R-AI3),
