@@ -183,9 +183,33 @@ struct Rules {
     limits: Limits,
     /// [`reach`] of the config.
     reach: String,
+    /// The [`config_print`] of `defaults`, not intercepted as they say:
+    /// found once, not for every host a crawl meets.
+    defaults_print: u64,
 }
 
 impl Rules {
+    fn of(config: &Config) -> Rules {
+        let defaults = Arc::new(config.defaults.clone());
+        let reach = reach(config);
+        Rules {
+            named: config.providers.clone(),
+            defaults_print: config_print(&defaults, config.defaults_intercept, &reach),
+            defaults,
+            defaults_intercept: config.defaults_intercept,
+            limits: config.limits.clone(),
+            reach,
+        }
+    }
+
+    /// The [`config_print`] of a provider with these settings.
+    fn print(&self, settings: &Arc<ValidSettings>, intercept: bool) -> u64 {
+        if Arc::ptr_eq(settings, &self.defaults) && intercept == self.defaults_intercept {
+            return self.defaults_print;
+        }
+        config_print(settings, intercept, &self.reach)
+    }
+
     /// The named provider a (normalised) host belongs to, if any.
     fn named_for(&self, host: &str) -> Option<&NamedProvider> {
         self.named
@@ -217,13 +241,7 @@ impl Providers {
     pub fn new(config: &Config, upstream: Upstream, observer: Option<Arc<dyn Observer>>) -> Self {
         Providers {
             epoch: Instant::now(),
-            rules: RwLock::new(Rules {
-                named: config.providers.clone(),
-                defaults: Arc::new(config.defaults.clone()),
-                defaults_intercept: config.defaults_intercept,
-                limits: config.limits.clone(),
-                reach: reach(config),
-            }),
+            rules: RwLock::new(Rules::of(config)),
             entries: Mutex::new(HashMap::new()),
             kept: Mutex::new(HashMap::new()),
             upstream,
@@ -379,7 +397,7 @@ impl Providers {
         spoken: Dialect,
     ) -> Provider {
         let settings = speaking(settings, spoken);
-        let config = config_print(&settings, intercept, &self.rules().reach);
+        let config = self.rules().print(&settings, intercept);
         let (events, sink) = match &self.observer {
             Some(o) => {
                 let (e, t) = o.sinks(name);
@@ -580,18 +598,9 @@ impl Providers {
     pub fn reload(&self, config: &Config) {
         {
             let mut rules = self.rules.write().unwrap_or_else(|p| p.into_inner());
-            *rules = Rules {
-                named: config.providers.clone(),
-                defaults: Arc::new(config.defaults.clone()),
-                defaults_intercept: config.defaults_intercept,
-                limits: config.limits.clone(),
-                reach: reach(config),
-            };
+            *rules = Rules::of(config);
         }
-        let (defaults, reach) = {
-            let rules = self.rules();
-            (rules.defaults.clone(), rules.reach.clone())
-        };
+        let defaults = self.rules().defaults.clone();
         for p in self.all() {
             // A lane takes its provider's settings.
             let name = p.lane_of.as_deref().unwrap_or(&p.name);
@@ -600,7 +609,7 @@ impl Providers {
                 None => (defaults.clone(), config.defaults_intercept),
             };
             let settings = speaking(settings, p.spoken);
-            let print = config_print(&settings, intercept, &reach);
+            let print = self.rules().print(&settings, intercept);
             p.share(self.shared.as_ref(), settings.shared);
             p.policy.update_settings(settings);
             p.intercept.store(intercept, Ordering::Relaxed);

@@ -154,10 +154,9 @@ pub fn classify(err: BoxError) -> UpstreamError {
 /// the walk also descends through `io::Error::get_ref` — that is where
 /// tokio-rustls keeps the `rustls::Error` of a failed handshake.
 pub fn kind_of(err: &(dyn std::error::Error + 'static)) -> UpstreamKind {
-    let mut next: Vec<&(dyn std::error::Error + 'static)> = vec![err];
     let mut saw_connect = false;
     let mut io_kinds = Vec::new();
-    while let Some(e) = next.pop() {
+    for e in causes::chain(err) {
         if e.downcast_ref::<ClientBodyError>().is_some() {
             return UpstreamKind::ClientBody;
         }
@@ -172,9 +171,6 @@ pub fn kind_of(err: &(dyn std::error::Error + 'static)) -> UpstreamKind {
         }
         if let Some(io) = e.downcast_ref::<io::Error>() {
             io_kinds.push(io.kind());
-            if let Some(inner) = io.get_ref() {
-                next.push(inner);
-            }
         }
         if let Some(h) = e.downcast_ref::<hyper::Error>() {
             if h.is_parse() || h.is_parse_status() {
@@ -186,9 +182,6 @@ pub fn kind_of(err: &(dyn std::error::Error + 'static)) -> UpstreamKind {
         }
         if let Some(c) = e.downcast_ref::<hyper_util::client::legacy::Error>() {
             saw_connect |= c.is_connect();
-        }
-        if let Some(src) = e.source() {
-            next.push(src);
         }
     }
     // No TLS or guard cause: the innermost I/O error names it.
