@@ -507,14 +507,8 @@ fn runs(raw: &RawRuns) -> Result<Runs, ConfigError> {
 /// `[shared]`: the Redis a fleet shares its budgets through, if any.
 fn shared(raw: RawShared) -> Result<Option<Shared>, ConfigError> {
     let shared = match raw.redis {
-        Some(url) => {
-            let scheme_ok = url.starts_with("redis://") || url.starts_with("rediss://");
-            if !scheme_ok || url.contains(char::is_whitespace) {
-                return Err(err(
-                    "shared.redis",
-                    "a URL like \"redis://host:6379/0\" or \"rediss://host:6380/0\"",
-                ));
-            }
+        Some(written) => {
+            let (url, target) = redis_target(written)?;
             let key_prefix = raw.key_prefix.unwrap_or_else(|| "sluice".into());
             if key_prefix.is_empty() || key_prefix.contains(['{', '}']) {
                 return Err(err(
@@ -532,6 +526,7 @@ fn shared(raw: RawShared) -> Result<Option<Shared>, ConfigError> {
             }
             Some(Shared {
                 redis: url,
+                target,
                 key_prefix,
                 replicas,
                 call_timeout,
@@ -546,6 +541,119 @@ fn shared(raw: RawShared) -> Result<Option<Shared>, ConfigError> {
         None => None,
     };
     Ok(shared)
+}
+
+/// What `[shared] redis` may be (R-DS2).
+const REDIS_FORMS: &str = "\"redis://host:6379/0\" (or rediss://), \
+    \"redis+cluster://host1:port1,host2:port2\" or a list of node URLs (a Redis Cluster), \
+    or \"redis+sentinel://host1:26379,host2:26379/mastername\" (the primary Sentinel names)";
+
+/// `[shared] redis` as written, and the deployment it names: one server, a
+/// Cluster (`redis+cluster://`, `rediss+cluster://`, or a list of node
+/// URLs) or Sentinel (`redis+sentinel://`, `rediss+sentinel://`).
+fn redis_target(raw: RawRedis) -> Result<(String, RedisTarget), ConfigError> {
+    let bad = |why: &str| err("shared.redis", format!("{why}: expected {REDIS_FORMS}"));
+    let plain = |url: &str| {
+        (url.starts_with("redis://") || url.starts_with("rediss://"))
+            && url
+                .split_once("://")
+                .is_some_and(|(_, rest)| !rest.is_empty())
+    };
+    let url = match raw {
+        RawRedis::Nodes(nodes) => {
+            if nodes.is_empty() {
+                return Err(bad("an empty list"));
+            }
+            if let Some(n) = nodes
+                .iter()
+                .find(|n| !plain(n) || n.contains(char::is_whitespace))
+            {
+                return Err(bad(&format!("{:?} is not a node URL", redact_url(n))));
+            }
+            return Ok((nodes.join(", "), RedisTarget::Cluster(nodes)));
+        }
+        RawRedis::One(url) => url,
+    };
+    if url.contains(char::is_whitespace) {
+        return Err(bad("whitespace in the URL"));
+    }
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return Err(bad("no scheme"));
+    };
+    let (creds, rest) = match rest.rsplit_once('@') {
+        Some((c, r)) => (Some(c), r),
+        None => (None, rest),
+    };
+    let (hosts, path) = match rest.split_once('/') {
+        Some((h, p)) => (h, p),
+        None => (rest, ""),
+    };
+    let list = |scheme: &str, creds: Option<&str>| -> Result<Vec<String>, ConfigError> {
+        let at = creds.map_or_else(String::new, |c| format!("{c}@"));
+        hosts
+            .split(',')
+            .map(|h| {
+                let ok = h.rsplit_once(':').is_some_and(|(host, port)| {
+                    !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0)
+                });
+                if ok {
+                    Ok(format!("{scheme}://{at}{h}"))
+                } else {
+                    Err(bad(&format!("{h:?} is not host:port")))
+                }
+            })
+            .collect()
+    };
+    let target = match scheme {
+        "redis" | "rediss" => {
+            if hosts.is_empty() {
+                return Err(bad("no host"));
+            }
+            RedisTarget::Single(url.clone())
+        }
+        "redis+cluster" | "rediss+cluster" => {
+            if !path.is_empty() && path != "0" {
+                return Err(bad("a Cluster has database 0 only"));
+            }
+            let base = scheme.trim_end_matches("+cluster");
+            RedisTarget::Cluster(list(base, creds)?)
+        }
+        "redis+sentinel" | "rediss+sentinel" => {
+            let (master, db) = match path.split_once('/') {
+                Some((m, d)) => (m, d),
+                None => (path, ""),
+            };
+            if master.is_empty() {
+                return Err(bad("no primary name after the sentinels (…/mastername)"));
+            }
+            let db = match db {
+                "" => 0,
+                d => d
+                    .parse::<i64>()
+                    .ok()
+                    .filter(|d| *d >= 0)
+                    .ok_or_else(|| bad(&format!("database {d:?} is not a number")))?,
+            };
+            let tls = scheme == "rediss+sentinel";
+            let (username, password) = match creds {
+                None => (None, None),
+                Some(c) => match c.split_once(':') {
+                    Some((u, p)) => ((!u.is_empty()).then(|| u.to_string()), Some(p.to_string())),
+                    None => (Some(c.to_string()), None),
+                },
+            };
+            RedisTarget::Sentinel {
+                sentinels: list(if tls { "rediss" } else { "redis" }, None)?,
+                master: master.to_string(),
+                tls,
+                username,
+                password,
+                db,
+            }
+        }
+        _ => return Err(bad(&format!("unknown scheme {scheme:?}"))),
+    };
+    Ok((url, target))
 }
 
 /// `[limits]`: the process's bounds.

@@ -82,6 +82,58 @@ mod tests {
         }
     }
 
+    /// R-DS2: `[shared] redis` names one server, a Cluster or a Sentinel
+    /// primary; anything else is an error naming the key and the forms.
+    #[test]
+    fn shared_redis_names_one_server_a_cluster_or_sentinel() {
+        let target = |v: &str| {
+            Config::from_toml(&format!("[shared]\nredis = {v}\n")).map(|c| c.shared.unwrap().target)
+        };
+        assert_eq!(
+            target("\"redis://10.0.0.1:6379/0\"").unwrap(),
+            RedisTarget::Single("redis://10.0.0.1:6379/0".into())
+        );
+        assert_eq!(
+            target("\"rediss+cluster://u:pw@a:7000,b:7001\"").unwrap(),
+            RedisTarget::Cluster(vec![
+                "rediss://u:pw@a:7000".into(),
+                "rediss://u:pw@b:7001".into()
+            ])
+        );
+        assert_eq!(
+            target("[\"redis://a:7000\", \"redis://b:7001\"]").unwrap(),
+            RedisTarget::Cluster(vec!["redis://a:7000".into(), "redis://b:7001".into()])
+        );
+        assert_eq!(
+            target("\"redis+sentinel://:pw@s1:26379,s2:26379/main/2\"").unwrap(),
+            RedisTarget::Sentinel {
+                sentinels: vec!["redis://s1:26379".into(), "redis://s2:26379".into()],
+                master: "main".into(),
+                tls: false,
+                username: None,
+                password: Some("pw".into()),
+                db: 2,
+            }
+        );
+        for bad in [
+            "\"redis+sentinel://s1:26379\"",
+            "\"redis+cluster://a:7000,b\"",
+            "\"redis+cluster://a:7000/3\"",
+            "\"memcached://a:1\"",
+            "\"redis://\"",
+            "[]",
+            "[\"redis://a:1\", \"http://b:2\"]",
+        ] {
+            let e = target(bad).unwrap_err();
+            assert_eq!(e.key, "shared.redis", "{bad}: {e}");
+            assert!(e.reason.contains("redis+sentinel://"), "{bad}: {e}");
+        }
+        // Passwords never reach a log line.
+        let c =
+            Config::from_toml("[shared]\nredis = \"redis+cluster://u:secret@a:7000\"\n").unwrap();
+        assert!(!format!("{:?}", c.shared).contains("secret"));
+    }
+
     #[test]
     fn empty_config_is_safe_defaults() {
         let c = Config::from_toml("").unwrap();

@@ -140,9 +140,11 @@ pub struct Runs {
 /// Budgets shared by replicas through Redis (R-DS1).
 #[derive(Clone, PartialEq, Eq)]
 pub struct Shared {
-    /// `redis://` or `rediss://` URL (trusted like upstream servers: the
-    /// bundled web roots, or `upstream.extra_ca` when set).
+    /// `[shared] redis` as written (logs show it through [`redact_url`]).
     pub redis: String,
+    /// Where the budgets are kept: one server, a Cluster, or the primary
+    /// Sentinel names (R-DS2).
+    pub target: RedisTarget,
     /// Every key starts with it (`{prefix}:{provider}`).
     pub key_prefix: String,
     /// The replicas expected to share a budget: a replica that cannot reach
@@ -152,11 +154,93 @@ pub struct Shared {
     pub call_timeout: Duration,
 }
 
+/// The Redis deployment a fleet's budgets live in (R-DS2). Every URL is
+/// trusted like an upstream server: `rediss://` checks the bundled web
+/// roots, or `upstream.extra_ca` when set.
+#[derive(Clone, PartialEq, Eq)]
+pub enum RedisTarget {
+    /// One server (`redis://host:6379/0`); a managed service's endpoint
+    /// that fails over behind one name is this too.
+    Single(String),
+    /// A Redis Cluster, from these seed nodes (`redis://host:port` each,
+    /// with the credentials written): the client learns every primary and
+    /// follows `MOVED`/`ASK`; each provider's key is in one slot.
+    Cluster(Vec<String>),
+    /// The primary that Sentinel names `master`, found through these
+    /// sentinels (`redis://host:port` each, no credentials) and found again
+    /// after a failover; `primary` is the URL template for it (scheme,
+    /// credentials and database as written, the host left to Sentinel).
+    Sentinel {
+        /// The sentinels' URLs.
+        sentinels: Vec<String>,
+        /// The name the sentinels know the primary by.
+        master: String,
+        /// TLS to the sentinels and the primary.
+        tls: bool,
+        /// Credentials for the primary, if written.
+        username: Option<String>,
+        /// The password for the primary, if written.
+        password: Option<String>,
+        /// The database.
+        db: i64,
+    },
+}
+
+impl RedisTarget {
+    /// `cluster`, `sentinel` or `single`: the readout's word for it.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            RedisTarget::Single(_) => "single",
+            RedisTarget::Cluster(_) => "cluster",
+            RedisTarget::Sentinel { .. } => "sentinel",
+        }
+    }
+
+    /// Whether any of its URLs asks for TLS.
+    pub fn tls(&self) -> bool {
+        match self {
+            RedisTarget::Single(url) => url.starts_with("rediss://"),
+            RedisTarget::Cluster(nodes) => nodes.iter().any(|n| n.starts_with("rediss://")),
+            RedisTarget::Sentinel { tls, .. } => *tls,
+        }
+    }
+}
+
+impl std::fmt::Debug for RedisTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // URLs may carry a password.
+        match self {
+            RedisTarget::Single(url) => f.debug_tuple("Single").field(&redact_url(url)).finish(),
+            RedisTarget::Cluster(nodes) => f
+                .debug_tuple("Cluster")
+                .field(&nodes.iter().map(|n| redact_url(n)).collect::<Vec<_>>())
+                .finish(),
+            RedisTarget::Sentinel {
+                sentinels,
+                master,
+                tls,
+                username,
+                password,
+                db,
+            } => f
+                .debug_struct("Sentinel")
+                .field("sentinels", sentinels)
+                .field("master", master)
+                .field("tls", tls)
+                .field("username", &username.as_ref().map(|_| "…"))
+                .field("password", &password.as_ref().map(|_| "…"))
+                .field("db", db)
+                .finish(),
+        }
+    }
+}
+
 impl std::fmt::Debug for Shared {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // The URL may carry a password.
         f.debug_struct("Shared")
             .field("redis", &redact_url(&self.redis))
+            .field("target", &self.target)
             .field("key_prefix", &self.key_prefix)
             .field("replicas", &self.replicas)
             .field("call_timeout", &self.call_timeout)
@@ -164,8 +248,16 @@ impl std::fmt::Debug for Shared {
     }
 }
 
-/// A URL with any `user:password@` removed.
+/// A URL — or a comma-separated list of them — with any
+/// `user:password@` removed.
 pub fn redact_url(url: &str) -> String {
+    if url.contains(", ") {
+        return url
+            .split(", ")
+            .map(redact_url)
+            .collect::<Vec<_>>()
+            .join(", ");
+    }
     match (url.split_once("://"), url.rfind('@')) {
         (Some((scheme, _)), Some(at)) => format!("{scheme}://…@{}", &url[at + 1..]),
         _ => url.to_string(),

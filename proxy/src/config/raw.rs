@@ -122,10 +122,18 @@ pub(super) struct RawConfig {
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawShared {
-    pub(super) redis: Option<String>,
+    pub(super) redis: Option<RawRedis>,
     pub(super) key_prefix: Option<String>,
     pub(super) replicas: Option<u32>,
     pub(super) call_timeout: Option<Dur>,
+}
+
+/// `[shared] redis`: one URL, or a Cluster's seed nodes as a list.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub(super) enum RawRedis {
+    One(String),
+    Nodes(Vec<String>),
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -177,7 +177,7 @@ fn metrics(app: &App) -> Response<ResBody> {
         })
         .collect();
     app.metrics
-        .refresh(snaps.iter().map(|(s, v, b)| (s, *v, *b)));
+        .refresh(snaps.iter().map(|(s, v, b)| (s, *v, b.as_ref())));
     app.metrics.tasks_alive.set(
         tokio::runtime::Handle::current()
             .metrics()
@@ -483,6 +483,11 @@ fn provider_json(
                 "rate_rps": b.rate_rps.map_or_else(unknown, |r| json!(r)),
                 "share": b.share.map_or_else(unknown, |s| json!(s)),
                 "admitted_here": b.admitted_here,
+                "redis": b.redis,
+                "node": b.node.map_or_else(unknown, |n| json!(n)),
+                "degraded_times": b.degraded,
+                "last_degraded_unix_ms": b.degraded_at.map_or_else(unknown, |t| json!(unix_ms(t))),
+                "last_rejoined_unix_ms": b.rejoined_at.map_or_else(unknown, |t| json!(unix_ms(t))),
             })
         }),
         "intercept": p.intercept(),

@@ -37,13 +37,15 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::Script;
 use sluice_policy::pacer::shared::{AdmitFuture, FleetRefusal};
 use sluice_policy::pacer::{Proposal, SharedAdmit, SharedBudget, SharedChange, SharedView};
 use tokio::time::Instant;
 
 use crate::config::{redact_url, ConfigError, Shared};
+
+mod link;
+use link::Link;
 
 /// After a failed call, Redis is not asked again for this long: requests do
 /// not each pay the call timeout while it is down.
@@ -222,7 +224,9 @@ struct Scripts {
 
 /// The connection to Redis every shared provider uses.
 pub struct SharedStore {
-    conn: ConnectionManager,
+    link: Link,
+    /// `single`, `cluster` or `sentinel`.
+    kind: &'static str,
     prefix: String,
     replicas: u32,
     timeout: Duration,
@@ -247,37 +251,9 @@ impl SharedStore {
     /// the degraded mode, not a failed start). `rediss://` trusts the
     /// bundled web roots, or `extra_ca` (PEM) when the upstream has one.
     pub fn new(config: &Shared, extra_ca: Option<&Path>) -> Result<Arc<Self>, ConfigError> {
-        let bad = |reason: String| ConfigError {
-            key: "shared.redis".into(),
-            reason,
-        };
-        let client = match extra_ca.filter(|_| config.redis.starts_with("rediss://")) {
-            Some(path) => {
-                let pem = std::fs::read(path).map_err(|e| ConfigError {
-                    key: "upstream.extra_ca".into(),
-                    reason: format!("cannot read {}: {e}", path.display()),
-                })?;
-                redis::Client::build_with_tls(
-                    config.redis.as_str(),
-                    redis::TlsCertificates {
-                        client_tls: None,
-                        root_cert: Some(pem),
-                    },
-                )
-            }
-            None => redis::Client::open(config.redis.as_str()),
-        }
-        .map_err(|e| bad(e.to_string()))?;
-        let manager = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(config.call_timeout))
-            .set_response_timeout(Some(config.call_timeout))
-            .set_number_of_retries(1)
-            .set_min_delay(Duration::from_millis(50))
-            .set_max_delay(RETRY_DOWN);
-        let conn = ConnectionManager::new_lazy_with_config(client, manager)
-            .map_err(|e| bad(e.to_string()))?;
         Ok(Arc::new(SharedStore {
-            conn,
+            link: Link::new(config, extra_ca)?,
+            kind: config.target.kind(),
             prefix: config.key_prefix.clone(),
             replicas: config.replicas,
             timeout: config.call_timeout,
@@ -292,6 +268,11 @@ impl SharedStore {
         }))
     }
 
+    /// `single`, `cluster` or `sentinel`: the deployment the budgets are in.
+    pub fn kind(&self) -> &'static str {
+        self.kind
+    }
+
     /// The shared budget of one provider.
     pub fn budget(self: &Arc<Self>, provider: &str) -> Arc<ProviderBudget> {
         // Braces would end the hash tag early.
@@ -304,39 +285,50 @@ impl SharedStore {
             key: format!("{}:{{{tag}}}", self.prefix),
             provider: provider.to_string(),
             state: Mutex::new(BudgetState::default()),
+            down_until: Arc::default(),
         })
     }
 
-    /// Whether a failure lately says not to ask yet.
-    fn resting(&self, now: Instant) -> bool {
-        self.down_until
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .is_some_and(|d| now < d)
+    /// Whether a failure lately says not to ask yet: the store's (one
+    /// server, Sentinel), or the key's own (a Cluster, where one primary
+    /// down leaves the other slots answering).
+    fn resting(&self, key: &Mutex<Option<Instant>>, now: Instant) -> bool {
+        let rest = |m: &Mutex<Option<Instant>>| {
+            m.lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .is_some_and(|d| now < d)
+        };
+        rest(&self.down_until) || rest(key)
     }
 
-    fn failed(&self, now: Instant) {
-        *self.down_until.lock().unwrap_or_else(|p| p.into_inner()) = Some(now + RETRY_DOWN);
+    fn failed(&self, key: &Mutex<Option<Instant>>, now: Instant) {
+        let scope = if self.link.fails_per_key() {
+            key
+        } else {
+            &self.down_until
+        };
+        *scope.lock().unwrap_or_else(|p| p.into_inner()) = Some(now + RETRY_DOWN);
+        self.link.failed();
     }
 
     /// Runs a script within the call timeout; `None` on any failure (which
-    /// rests the store for [`RETRY_DOWN`]).
+    /// rests the store, or the key, for [`RETRY_DOWN`]).
     async fn run<T: redis::FromRedisValue>(
         &self,
         invocation: redis::ScriptInvocation<'_>,
         provider: &str,
+        key: &Mutex<Option<Instant>>,
     ) -> Option<T> {
-        let mut conn = self.conn.clone();
-        let result = tokio::time::timeout(self.timeout, invocation.invoke_async(&mut conn)).await;
+        let result = tokio::time::timeout(self.timeout, self.link.invoke(&invocation)).await;
         match result {
             Ok(Ok(v)) => Some(v),
             Ok(Err(e)) => {
-                self.failed(Instant::now());
+                self.failed(key, Instant::now());
                 tracing::debug!(provider, redis = %self.url, error = %e, "shared budget call failed");
                 None
             }
             Err(_) => {
-                self.failed(Instant::now());
+                self.failed(key, Instant::now());
                 tracing::debug!(provider, redis = %self.url, "shared budget call timed out");
                 None
             }
@@ -380,10 +372,15 @@ struct BudgetState {
     sampled: Option<(Instant, u64, u64)>,
     /// This replica's share of the admissions over the last measure.
     share: Option<f64>,
+    /// Times this replica went on its own for the provider.
+    degraded: u64,
+    /// When it last went on its own, and when it last came back.
+    degraded_at: Option<Instant>,
+    rejoined_at: Option<Instant>,
 }
 
 /// What the readout and metrics show of a shared provider.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct BudgetReadout {
     /// Shared, degraded or joining.
     pub mode: BudgetMode,
@@ -393,6 +390,19 @@ pub struct BudgetReadout {
     pub share: Option<f64>,
     /// Admissions this replica took through the shared budget.
     pub admitted_here: u64,
+    /// The Redis node that answers for the provider's key (`host:port`):
+    /// the server, the Cluster primary of its slot, or the primary
+    /// Sentinel named — as last known.
+    pub node: Option<String>,
+    /// `single`, `cluster` or `sentinel`.
+    pub redis: &'static str,
+    /// Times this replica went on its own for the provider (Redis, or its
+    /// slot's primary, unreachable).
+    pub degraded: u64,
+    /// When it last went on its own, and when it last rejoined.
+    pub degraded_at: Option<Instant>,
+    /// When it last rejoined the shared schedule after going on its own.
+    pub rejoined_at: Option<Instant>,
 }
 
 /// One provider's budget in the store.
@@ -401,6 +411,9 @@ pub struct ProviderBudget {
     key: String,
     provider: String,
     state: Mutex<BudgetState>,
+    /// After a failed call for this key (a Cluster): not asked again
+    /// before this instant.
+    down_until: Arc<Mutex<Option<Instant>>>,
 }
 
 impl std::fmt::Debug for ProviderBudget {
@@ -453,28 +466,46 @@ impl ProviderBudget {
             rate_rps: s.rate,
             share: s.share,
             admitted_here: s.here,
+            node: self.store.link.node_of(&self.key),
+            redis: self.store.kind,
+            degraded: s.degraded,
+            degraded_at: s.degraded_at,
+            rejoined_at: s.rejoined_at,
         }
     }
 
     fn set_mode(&self, mode: BudgetMode) {
         let mut s = self.state();
-        if s.mode != mode {
-            match mode {
-                BudgetMode::Degraded => tracing::warn!(
+        if s.mode == mode {
+            return;
+        }
+        let node = self.store.link.node_of(&self.key);
+        let node = node.as_deref().unwrap_or("unknown");
+        match mode {
+            BudgetMode::Degraded => {
+                s.degraded += 1;
+                s.degraded_at = Some(Instant::now());
+                tracing::warn!(
                     provider = %self.provider,
                     redis = %self.store.url,
+                    node,
                     replicas = self.store.replicas,
                     "shared budget unreachable: pacing alone at this replica's share"
-                ),
-                _ => tracing::info!(provider = %self.provider, "shared budget joined"),
+                );
             }
-            s.mode = mode;
+            _ => {
+                if s.mode == BudgetMode::Degraded {
+                    s.rejoined_at = Some(Instant::now());
+                }
+                tracing::info!(provider = %self.provider, node, "shared budget joined");
+            }
         }
+        s.mode = mode;
     }
 
     async fn ask(&self, proposal: Proposal) -> Option<SharedAdmit> {
         let now = Instant::now();
-        if self.store.resting(now) {
+        if self.store.resting(&self.down_until, now) {
             self.set_mode(BudgetMode::Degraded);
             return None;
         }
@@ -502,7 +533,10 @@ impl ProviderBudget {
             String,
             String,
         );
-        let reply: Option<Reply> = self.store.run(invocation, &self.provider).await;
+        let reply: Option<Reply> = self
+            .store
+            .run(invocation, &self.provider, &self.down_until)
+            .await;
         let Some((admitted, wait, rate, limit, hold, count, aelapsed, aspent, refusal, held)) =
             reply
         else {
@@ -567,12 +601,13 @@ impl SharedBudget for ProviderBudget {
 
     fn report(&self, change: SharedChange) {
         let now = Instant::now();
-        if self.store.resting(now) {
+        if self.store.resting(&self.down_until, now) {
             return;
         }
         let store = self.store.clone();
         let key = self.key.clone();
         let provider = self.provider.clone();
+        let down_until = self.down_until.clone();
         tokio::spawn(async move {
             let scripts = &store.scripts;
             let mut invocation = match change {
@@ -604,7 +639,7 @@ impl SharedBudget for ProviderBudget {
                 }
             };
             invocation.arg(KEY_TTL_MS);
-            let _: Option<i64> = store.run(invocation, &provider).await;
+            let _: Option<i64> = store.run(invocation, &provider, &down_until).await;
         });
     }
 

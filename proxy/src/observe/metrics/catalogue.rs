@@ -369,6 +369,12 @@ impl Metrics {
                 "1 for the state of a shared provider's budget on this replica: shared (paced by Redis), degraded (Redis unreachable: pacing alone at rate / replicas) or joining",
                 &["provider", "state"],
             ),
+            shared_node: int_gauge(
+                &r,
+                "shared_budget_node",
+                "1 for the Redis node (host:port) a shared provider's budget is kept on, as this replica last knew it: the server, the Cluster primary of the provider's slot, or the primary Sentinel named",
+                &["provider", "node"],
+            ),
             shared_rate: gauge(
                 &r,
                 "shared_rate_rps",

@@ -95,6 +95,7 @@ pub struct Metrics {
     quota_reset: GaugeVec,
     quota_advertised: IntGaugeVec,
     shared_state: IntGaugeVec,
+    shared_node: IntGaugeVec,
     shared_rate: GaugeVec,
     shared_share: GaugeVec,
     quota_malformed: IntCounterVec,

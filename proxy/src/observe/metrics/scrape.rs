@@ -12,7 +12,7 @@ impl Metrics {
     /// the table disappear from them.
     pub fn refresh<'a>(
         &self,
-        snapshots: impl Iterator<Item = (&'a ProviderSnapshot, bool, Option<BudgetReadout>)>,
+        snapshots: impl Iterator<Item = (&'a ProviderSnapshot, bool, Option<&'a BudgetReadout>)>,
     ) {
         self.reset_provider_gauges();
         let mut n = 0;
@@ -21,7 +21,7 @@ impl Metrics {
             let l = self.label(&s.name);
             let l = [l.as_str()];
             if let Some(b) = budget {
-                self.set_shared(l, &b);
+                self.set_shared(l, b);
             }
             self.set_pacer(l, s);
             self.set_layers(l, s, visible);
@@ -65,6 +65,7 @@ impl Metrics {
             &self.visibility,
             &self.quota_advertised,
             &self.shared_state,
+            &self.shared_node,
         ] {
             g.reset();
         }
@@ -87,6 +88,9 @@ impl Metrics {
         }
         if let Some(share) = b.share {
             self.shared_share.with_label_values(&l).set(share);
+        }
+        if let Some(node) = &b.node {
+            self.shared_node.with_label_values(&[l[0], node]).set(1);
         }
     }
 
