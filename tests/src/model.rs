@@ -728,6 +728,10 @@ impl SharedBudget for SharedMemory {
     fn replicas(&self) -> u32 {
         self.replicas
     }
+
+    fn retry_every(&self) -> Duration {
+        Duration::from_secs(1)
+    }
 }
 
 // ------------------------------------------------------------ AWS adaptive

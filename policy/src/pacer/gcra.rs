@@ -143,6 +143,13 @@ impl Gcra {
         }
     }
 
+    /// Starts the schedule afresh with the next request due at `at` and
+    /// no burst credit before it: a replica that begins pacing alone joins
+    /// the others' schedules at its own phase instead of all at once.
+    pub fn restart_at(&mut self, at: Instant) {
+        self.tat = Some(at + self.tolerance());
+    }
+
     /// Changes the burst size (≥ 1).
     pub fn set_burst(&mut self, burst: u32) {
         self.burst = burst.max(1);

@@ -322,26 +322,34 @@ impl PacerShared {
         let Some(budget) = self.budget() else {
             return self.acquire_here(arrived, class, units, stop_at).await;
         };
-        if self.lock().alone() {
-            // The store did not answer lately: this replica's share, paced
-            // here; the store is asked again below (and rejoined if it
-            // answers).
+        let alone = self.lock().alone();
+        if alone {
+            // The store did not answer lately (or just answered again):
+            // this replica's share, paced here; the store is asked again
+            // below (and rejoined if it answers).
             self.acquire_here(arrived, class, units, stop_at).await?;
         }
-        self.acquire_shared(&*budget, arrived, units).await
+        match self.acquire_shared(&*budget, arrived, units).await? {
+            Some(at) => Ok(at),
+            None if alone => Ok(Instant::now()),
+            // The store stopped answering just now: this request too
+            // waits for this replica's share, not sent on top of the
+            // slots the shared schedule gave.
+            None => self.acquire_here(arrived, class, units, stop_at).await,
+        }
     }
 
     /// The shared slot (R-DS1): this replica's requests ask in turn (FIFO,
     /// the waiting room's bounds), each until its slot is taken; a wait the
-    /// store names is slept here, within the request's patience. A store
-    /// that cannot answer sends the request at once, and from then on this
-    /// replica paces alone at its share until the store answers again.
+    /// store names is slept here, within the request's patience. `None`:
+    /// the store cannot answer, and from then on this replica paces alone
+    /// at its share until the store answers again.
     async fn acquire_shared(
         &self,
         budget: &dyn SharedBudget,
         arrived: Instant,
         units: u32,
-    ) -> Result<Instant, Cause> {
+    ) -> Result<Option<Instant>, Cause> {
         let (max_len, patience) = {
             let core = self.lock();
             (core.max_queue_len(), core.patience(arrived))
@@ -359,18 +367,19 @@ impl PacerShared {
         loop {
             let proposal = Proposal {
                 units: units.max(1),
-                ..self.lock().proposal()
+                ..self.lock().proposal(Instant::now())
             };
             let answer = budget.admit(proposal).await;
             let now = Instant::now();
             let Some(answer) = answer else {
-                let fb = self.lock().pace_alone(budget.replicas());
+                let phase = self.spread_share();
+                let fb = self.lock().pace_alone(budget.replicas(), now, phase);
                 self.announce(fb, now);
-                return Ok(now);
+                return Ok(None);
             };
             let (fb, patience) = {
                 let mut core = self.lock();
-                let fb = core.adopt_shared(&answer.view, now);
+                let fb = core.adopt_shared(&answer.view, now, budget.retry_every());
                 if answer.admitted {
                     core.admitted_here();
                 } else {
@@ -384,7 +393,7 @@ impl PacerShared {
                     &self.events,
                     Event::PacingWait(now.saturating_duration_since(arrived)),
                 );
-                return Ok(now);
+                return Ok(Some(now));
             }
             if now + answer.wait > arrived + patience {
                 emit(&self.events, Event::Shed(Refusal::WaitTooLong));

@@ -37,6 +37,9 @@ pub struct Proposal {
     /// The provider's long-horizon allowance, if it has one: spent by
     /// every replica together, paced to last its period (R-FS2).
     pub allowance: Option<crate::pacer::Allowance>,
+    /// What is left of a hold this replica knows of: a budget started
+    /// afresh (a new primary that lost it) holds every replica as well.
+    pub hold: Option<Duration>,
 }
 
 /// The shared state, as an admission found it.
@@ -131,6 +134,11 @@ pub trait SharedBudget: Send + Sync {
     /// How many replicas share the budget: a replica pacing alone takes
     /// this share of the last shared rate.
     fn replicas(&self) -> u32;
+    /// How long a replica that found the store unreachable waits before
+    /// asking it again: a replica answered again keeps its share this long
+    /// (and two of its intervals alone), while others may still pace
+    /// alone.
+    fn retry_every(&self) -> Duration;
 }
 
 #[cfg(test)]
@@ -208,6 +216,10 @@ mod tests {
 
         fn replicas(&self) -> u32 {
             2
+        }
+
+        fn retry_every(&self) -> Duration {
+            Duration::from_secs(1)
         }
     }
 
@@ -354,7 +366,123 @@ mod tests {
         );
         assert!(pacers.iter().all(|p| p.lock().alone()));
         fake.0.lock().unwrap().up = true;
-        run(&pacers, 1).await;
+        // Answered again, each keeps its share while the other may still
+        // pace alone (a retry and two intervals alone), then rejoins.
+        run(&pacers, 4).await;
         assert!(pacers.iter().all(|p| !p.lock().alone()), "rejoined");
+    }
+
+    /// One replica's way to the store: cut off on its own (its own rest
+    /// after a failure, its own moment of finding the store back).
+    struct Via(Arc<Fake>, std::sync::atomic::AtomicBool);
+
+    impl SharedBudget for Via {
+        fn admit(&self, proposal: Proposal) -> AdmitFuture<'_> {
+            if self.1.load(std::sync::atomic::Ordering::Relaxed) {
+                return Box::pin(async { None });
+            }
+            self.0.admit(proposal)
+        }
+
+        fn report(&self, change: SharedChange) {
+            self.0.report(change);
+        }
+
+        fn replicas(&self) -> u32 {
+            self.0.replicas()
+        }
+
+        fn retry_every(&self) -> Duration {
+            self.0.retry_every()
+        }
+    }
+
+    /// Every send of the replicas, by saturating demand, for `secs`.
+    async fn sends(pacers: &[Arc<PacerShared>], secs: u64) -> Vec<Instant> {
+        let end = Instant::now() + Duration::from_secs(secs);
+        let mut tasks = Vec::new();
+        for p in pacers {
+            for _ in 0..3 {
+                let p = p.clone();
+                tasks.push(tokio::spawn(async move {
+                    let mut at = Vec::new();
+                    while Instant::now() < end {
+                        if let Ok(t) = p.acquire().await {
+                            if t < end {
+                                at.push(t);
+                            }
+                        }
+                    }
+                    at
+                }));
+            }
+        }
+        let mut all = Vec::new();
+        for t in tasks {
+            all.extend(t.await.unwrap());
+        }
+        all.sort();
+        all
+    }
+
+    /// R-DS2: the store lost and found again while every replica's demand
+    /// saturates the pace — no request is sent unpaced when a call fails,
+    /// the replicas going alone start at phases of their own (not all at
+    /// once on top of the shared slots), and one answered again keeps its
+    /// share until the other can have found the store back: in no second
+    /// of the switch does the fleet send over 1.1 × the shared rate.
+    #[tokio::test(start_paused = true)]
+    async fn losing_and_finding_the_store_never_overruns_the_rate() {
+        let fake = store_up();
+        let vias: Vec<Arc<Via>> = (0..2)
+            .map(|_| Arc::new(Via(fake.clone(), false.into())))
+            .collect();
+        let pacers: Vec<Arc<PacerShared>> = vias
+            .iter()
+            .enumerate()
+            .map(|(i, via)| {
+                let p = PacerShared::new(&ProviderSettings::with_ceiling(50.0));
+                p.set_budget(Some(via.clone() as Arc<dyn SharedBudget>));
+                p.seed_spread(7 + i as u64);
+                p
+            })
+            .collect();
+        let start = Instant::now();
+        // Shared; then the store lost by both; found again by the first,
+        // and by the second 0.9 s later (its rest after a failure).
+        let cut = |i: usize, off: bool| {
+            vias[i].1.store(off, std::sync::atomic::Ordering::Relaxed);
+        };
+        let script = {
+            async {
+                tokio::time::sleep(Duration::from_secs(6)).await;
+                cut(0, true);
+                cut(1, true);
+                tokio::time::sleep(Duration::from_secs(6)).await;
+                cut(0, false);
+                tokio::time::sleep(Duration::from_millis(900)).await;
+                cut(1, false);
+            }
+        };
+        let (all, ()) = tokio::join!(sends(&pacers, 20), script);
+        let rate = fake.0.lock().unwrap().rate.unwrap();
+        let mut per_second = vec![0u32; 20];
+        for t in &all {
+            per_second[(*t - start).as_secs() as usize] += 1;
+        }
+        // The first second is the cold start's (its first slot at once).
+        let worst = per_second[1..].iter().copied().max().unwrap();
+        assert!(
+            f64::from(worst) <= (rate * 1.1).ceil(),
+            "per second {per_second:?} at the shared rate {rate}"
+        );
+        // And the switch costs little: at least 0.8 × the rate in each
+        // second of it (the store's loss and return included).
+        for (s, n) in per_second.iter().enumerate().skip(1) {
+            assert!(
+                f64::from(*n) >= (rate * 0.8).floor(),
+                "second {s}: {per_second:?} at {rate}"
+            );
+        }
     }
 }

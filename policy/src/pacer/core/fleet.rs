@@ -4,22 +4,40 @@
 use super::*;
 
 impl PacerCore {
-    /// What this replica proposes to a shared budget nobody has started.
-    pub fn proposal(&self) -> Proposal {
+    /// What this replica proposes to a shared budget nobody has started
+    /// (or one a new primary lost): its learned rate and throttle point,
+    /// and the hold it knows of — never a start from zero (R-DS2).
+    pub fn proposal(&self, now: Instant) -> Proposal {
         Proposal {
             rate: self.aimd.rate(),
             limit: self.aimd.limit(),
             units: 1,
             allowance: self.allowance.as_ref().map(AllowanceState::allowance),
+            hold: self.hold_until.filter(|h| *h > now).map(|h| h - now),
         }
     }
 
     /// The shared budget answered (R-DS1): its rate, throttle point and
-    /// hold become this replica's, and pacing alone (if it was) ends.
-    pub fn adopt_shared(&mut self, view: &SharedView, now: Instant) -> Feedback {
+    /// hold become this replica's. Pacing alone (if it was) ends after a
+    /// rejoin: its share is kept a while longer — `retry` (how long a
+    /// replica that found the store unreachable waits before asking
+    /// again) and two of its intervals alone — since the other replicas
+    /// may not have found the store back yet and still pace alone; this
+    /// one taking every shared slot meanwhile would make the fleet send
+    /// its rate and theirs at once (R-DS2).
+    pub fn adopt_shared(&mut self, view: &SharedView, now: Instant, retry: Duration) -> Feedback {
         let mut fb = Feedback::default();
         let before = self.gcra.interval();
-        self.alone = None;
+        if self.alone.is_some() {
+            match self.rejoining {
+                None => self.rejoining = Some(now + retry + self.gcra.interval() * 2),
+                Some(until) if now >= until => {
+                    self.alone = None;
+                    self.rejoining = None;
+                }
+                Some(_) => {}
+            }
+        }
         self.shared_rate = Some(view.rate);
         // The fleet's refusal before the cut it brought: its limit is
         // judged with the point in the fit.
@@ -64,11 +82,26 @@ impl PacerCore {
     }
 
     /// The shared budget could not answer: pace alone at one share of the
-    /// last shared rate until it answers again.
-    pub fn pace_alone(&mut self, replicas: u32) -> Feedback {
+    /// last shared rate until it answers again. Going alone, the first
+    /// request here is due at `phase` (0–1) of one interval alone, with no
+    /// burst credit: replicas that lose the store together then send at
+    /// their share spread over the interval, not all at once on top of
+    /// the slots the shared schedule just gave (R-DS2).
+    pub fn pace_alone(&mut self, replicas: u32, now: Instant, phase: f64) -> Feedback {
         let before = self.gcra.interval();
+        let fresh = self.alone.is_none();
         self.alone = Some(replicas.max(1));
+        self.rejoining = None;
         self.sync_interval();
+        if fresh {
+            let phase = if phase.is_finite() {
+                phase.clamp(0.0, 1.0)
+            } else {
+                0.0
+            };
+            self.gcra
+                .restart_at(now + self.gcra.interval().mul_f64(phase));
+        }
         Feedback {
             increased: self.gcra.interval() != before,
             ..Feedback::default()

@@ -72,6 +72,9 @@ pub struct PacerCore {
     /// The shared budget could not be reached: pacing alone at this share
     /// (one over the replicas) of the last shared rate.
     alone: Option<u32>,
+    /// Answered again after pacing alone: the share is kept until this
+    /// instant, while the other replicas may still pace alone.
+    rejoining: Option<Instant>,
     /// A windowed quota learned from where the provider's `Retry-After`s
     /// point, when it advertises none.
     window: WindowLearner,
@@ -181,6 +184,7 @@ impl PacerCore {
             shared_rate: None,
             shared_count: None,
             alone: None,
+            rejoining: None,
             window: WindowLearner::default(),
             costs: settings.costs.clone(),
             cost_header: settings.cost_header.clone(),
