@@ -254,6 +254,49 @@ print(" ".join(f"{k}={v}" for k, v in sorted(counts.items(), key=str)))
     .await
 }
 
+/// [`naive_clients`] to several URLs from one Python process: `clients`
+/// threads for each URL. What each URL's clients saw, in the URLs' order.
+pub async fn naive_clients_each(
+    proxy: &str,
+    urls: &[String],
+    clients: u32,
+    secs: u32,
+) -> Vec<String> {
+    const SCRIPT: &str = r#"
+import sys, threading, time, requests
+clients, secs, urls = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3:]
+deadline = time.monotonic() + secs
+counts = [{} for _ in urls]
+lock = threading.Lock()
+def run(i):
+    s = requests.Session()
+    while time.monotonic() < deadline:
+        try:
+            code = s.get(urls[i], timeout=30).status_code
+        except Exception as e:
+            code = type(e).__name__
+        with lock:
+            counts[i][code] = counts[i].get(code, 0) + 1
+threads = [threading.Thread(target=run, args=(i,)) for i in range(len(urls)) for _ in range(clients)]
+for t in threads: t.start()
+for t in threads: t.join()
+for c in counts:
+    print(" ".join(f"{k}={v}" for k, v in sorted(c.items(), key=str)))
+"#;
+    let mut args = vec![clients.to_string(), secs.to_string()];
+    args.extend(urls.iter().cloned());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = python_within(
+        Duration::from_secs(u64::from(secs)) + PYTHON_LIMIT,
+        proxy,
+        SCRIPT,
+        &args,
+        &[],
+    )
+    .await;
+    out.lines().map(str::to_string).collect()
+}
+
 /// `clients` threads sending to `url` for `secs` directly (no proxy), gated
 /// by the AWS SDK's own adaptive rate limiter — botocore's
 /// `ClientRateLimiter`, built as `botocore.retries.adaptive` builds it (its

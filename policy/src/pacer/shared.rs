@@ -20,6 +20,14 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+/// Pacing alone, a replica takes this much of its share (`rate /
+/// replicas`): without the shared schedule the replicas' sends are no
+/// longer interleaved, and at their own phases one second can hold more of
+/// them than the rate; 0.9 keeps eight replicas within 1.1 × the rate in
+/// any second but about one in ten thousand, where the full share overran
+/// it in about one in sixty (R-DS2).
+pub const ALONE_SHARE: f64 = 0.9;
+
 /// The future a shared budget's admission returns.
 pub type AdmitFuture<'a> = Pin<Box<dyn Future<Output = Option<SharedAdmit>> + Send + 'a>>;
 
@@ -37,8 +45,8 @@ pub struct Proposal {
     /// The provider's long-horizon allowance, if it has one: spent by
     /// every replica together, paced to last its period (R-FS2).
     pub allowance: Option<crate::pacer::Allowance>,
-    /// What is left of a hold this replica knows of: a budget started
-    /// afresh (a new primary that lost it) holds every replica as well.
+    /// What is left of a hold this replica knows of: a budget that lost it
+    /// (a new primary without the last writes) holds every replica again.
     pub hold: Option<Duration>,
 }
 
@@ -354,12 +362,13 @@ mod tests {
         );
         assert_eq!(fake.0.lock().unwrap().cuts, 1, "one cut per epoch");
 
-        // The store down: each paces alone at half the last shared rate.
+        // The store down: each paces alone at its share (0.9 of half) of
+        // the last shared rate.
         let shared = fake.0.lock().unwrap().rate.unwrap();
         fake.0.lock().unwrap().up = false;
         let per = run(&pacers, 20).await;
         let total: u32 = per.iter().sum();
-        let expected = shared * 20.0;
+        let expected = shared * ALONE_SHARE * 20.0;
         assert!(
             f64::from(total) <= expected * 1.1 + 2.0 && f64::from(total) >= expected * 0.8,
             "alone, together at most the shared rate: {per:?}, shared {shared}"

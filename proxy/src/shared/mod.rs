@@ -68,13 +68,14 @@ const SHARE_EVERY: Duration = Duration::from_secs(5);
 /// R-FS2), and the provider's allowance — units and period (ms), or ""
 /// — which every replica spends together: the schedule then runs no faster
 /// than what is left over what remains of the period, and not at all once
-/// it is spent (R-FS2); and the hold this replica knows of (ms, or ""),
-/// kept only by a budget it starts — a primary that lost the last writes
-/// is seeded from the replicas, never from zero (R-DS2). Returns admitted
-/// (0/1), the wait (ms), the shared rate, throttle point (or ""), the hold
-/// left (ms), the units admitted so far, the allowance's period so far
-/// (ms, or "") and units spent, the fleet's last refusal after a hold (see
-/// [`HOLD`]; "" if none), and the last hold's length (ms, or "").
+/// it is spent (R-FS2); and what is left of the hold this replica knows of
+/// (ms, or ""), kept if the budget's own is shorter — a primary that lost
+/// the last writes is seeded from the replicas, never from zero (R-DS2).
+/// Returns admitted (0/1), the wait (ms), the shared rate, throttle point
+/// (or ""), the hold left (ms), the units admitted so far, the allowance's
+/// period so far (ms, or "") and units spent, the fleet's last refusal
+/// after a hold (see [`HOLD`]; "" if none), and the last hold's length (ms,
+/// or "").
 pub const ADMIT: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
@@ -82,8 +83,7 @@ local f = redis.call('HMGET', KEYS[1], 'tat', 'rate', 'hold', 'limit', 'admitted
 local rate = tonumber(f[2])
 local rate_text = f[2]
 local limit = f[4] or ''
-local fresh = not rate or rate <= 0
-if fresh then
+if not rate or rate <= 0 then
   rate = tonumber(ARGV[1])
   rate_text = ARGV[1]
   redis.call('HSET', KEYS[1], 'rate', ARGV[1])
@@ -94,8 +94,9 @@ if fresh then
 end
 local tat = tonumber(f[1]) or 0
 local hold = tonumber(f[3]) or 0
-if fresh and tonumber(ARGV[8]) and tonumber(ARGV[8]) > 0 then
-  hold = math.max(hold, now + tonumber(ARGV[8]))
+local known = tonumber(ARGV[8])
+if known and known > 0 and now + known > hold then
+  hold = now + known
   redis.call('HSET', KEYS[1], 'hold', tostring(hold))
 end
 local at = math.max(tat, hold, now)

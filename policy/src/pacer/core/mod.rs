@@ -12,7 +12,7 @@ use super::aimd::{Aimd, Backoff, BackoffReason, Belief, LimitKnown};
 use super::allowance::{AllowanceSnapshot, AllowanceState, AllowanceUse};
 use super::fair::{Class, FairQueue, Ticket};
 use super::gcra::{interval_of, Gcra};
-use super::shared::{Proposal, SharedView};
+use super::shared::{Proposal, SharedView, ALONE_SHARE};
 use crate::classify::{Outcome, Signal};
 use crate::cost::Costs;
 use crate::quota::Advertised;
@@ -319,9 +319,10 @@ impl PacerCore {
             Some(tokens) => rate.min(tokens),
             None => rate,
         };
+        let alone = |rate: f64, replicas: u32| rate * ALONE_SHARE / f64::from(replicas.max(1));
         match (self.alone, self.shared_rate) {
-            (Some(replicas), Some(shared)) => rate.min(shared) / f64::from(replicas.max(1)),
-            (Some(replicas), None) => rate / f64::from(replicas.max(1)),
+            (Some(replicas), Some(shared)) => alone(rate.min(shared), replicas),
+            (Some(replicas), None) => alone(rate, replicas),
             _ => rate,
         }
     }
