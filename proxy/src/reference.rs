@@ -243,9 +243,9 @@ fn keys() -> Vec<Key> {
         k("collectors.NAME.allow", "list of host patterns", "unset (any)".into(), "The only destinations it may reach; any other is refused before a connection is made."),
         k("runs.lease_ttl", "duration", format!("\"{}\"", duration(c.runs.lease_ttl)), "A run's lease lapses after this long without a heartbeat or traffic from its collector."),
         k("runs.max_cooldown_waits", "integer", c.runs.max_cooldown_waits.to_string(), "Waits for an open circuit or a long `Retry-After` a run's request may make in a row before the run stops."),
-        k("shared.redis", "URL", "unset".into(), "`redis://` or `rediss://`: providers with `shared = true` share one budget across replicas through it."),
+        k("shared.redis", "URL or list", "unset".into(), "Where providers with `shared = true` share one budget across replicas: one server (`redis://host:6379/0`, `rediss://` for TLS), a Redis Cluster (`redis+cluster://host1:port1,host2:port2`, or a list of node URLs), or the primary Sentinel names (`redis+sentinel://host1:26379,host2:26379/mastername`); credentials in the URL are the data nodes'."),
         k("shared.key_prefix", "string", format!("\"{}\"", shared.key_prefix), "Every Redis key starts with it."),
-        k("shared.replicas", "integer", shared.replicas.to_string(), "Replicas expected to share a budget: one that cannot reach Redis paces at this share of the last shared rate."),
+        k("shared.replicas", "integer", shared.replicas.to_string(), "Replicas expected to share a budget: one that cannot reach Redis paces at 0.9 of this share of the last shared rate."),
         k("shared.call_timeout", "duration", format!("\"{}\"", duration(shared.call_timeout)), "The longest a Redis call may take before the replica paces alone."),
     ]
 }

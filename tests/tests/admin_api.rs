@@ -13,6 +13,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use sluice_tests::clients::curl;
 use sluice_tests::harness::{Sluice, TempDir};
+use sluice_tests::redis::Redis;
 use sluice_tests::sim::Sim;
 
 const T: Duration = Duration::from_secs(20);
@@ -94,11 +95,16 @@ async fn the_admin_fields_page_is_what_sluice_answers() {
     };
     let dir = TempDir::new("admin-api");
     std::fs::write(dir.join("c1.token"), "tok-c1\n").unwrap();
+    // The provider's budget shared through a real Redis: the readout's
+    // `shared` object.
+    let redis = Redis::start();
     let config = format!(
         "[destinations]\nallow = [\"127.0.0.0/8\"]\n\
+         [shared]\nredis = \"{}\"\n\
          [providers.web]\nhosts = [\"127.0.0.147\"]\nbreaker_min_calls = 4\nbreaker_open_for = \"120s\"\n\
-         max_outage_wait = \"0s\"\n\
+         max_outage_wait = \"0s\"\nshared = true\n\
          [collectors.c1]\ntoken_file = \"{}\"\n",
+        redis.url(),
         dir.join("c1.token").display()
     );
     let s = Sluice::start_in(dir, &config);

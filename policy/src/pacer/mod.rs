@@ -194,10 +194,10 @@ impl PacerShared {
         let Some(budget) = self.budget() else {
             return;
         };
-        let (rate, limit, every) = {
+        let (rate, limit, every, alone) = {
             let core = self.lock();
             let (rate, limit) = core.learned();
-            (rate, limit, core.increase_window())
+            (rate, limit, core.increase_window(), core.alone())
         };
         if let Some(until) = fb.hold_until {
             budget.report(SharedChange::Hold { until });
@@ -208,7 +208,9 @@ impl PacerShared {
                 rate,
                 limit,
             });
-        } else if fb.increased {
+        } else if fb.increased && !alone {
+            // Pacing alone, a replica's windows say nothing of the fleet's
+            // rate: it never raises it (R-DS2).
             budget.report(SharedChange::Raise { rate, limit, every });
         }
     }

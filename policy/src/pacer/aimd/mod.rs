@@ -328,6 +328,10 @@ pub struct Aimd {
     fitted: bool,
     /// The rate is a fleet's, shared through a budget (see `adopt`).
     shared: bool,
+    /// The fleet's budget is unreachable and this replica paces at a
+    /// fraction of the rate: its windows say nothing of whether the rate
+    /// could grow (see `set_alone`).
+    alone: bool,
     /// The limit before a probe last moved it, and when: a throttle at the
     /// new settle point soon after undoes the move.
     moved_from: Option<(f64, Instant)>,
@@ -424,6 +428,7 @@ impl Aimd {
             own_raise: None,
             fitted: false,
             shared: false,
+            alone: false,
             moved_from: None,
             too_high_at: None,
             echo: 0,

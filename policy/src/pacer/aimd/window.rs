@@ -17,6 +17,15 @@ impl Aimd {
         self.window_pressed = true;
     }
 
+    /// Pacing alone at a share of a fleet's rate (R-DS2), or not: while
+    /// alone no window is saturated — demand pressing on a fraction of the
+    /// rate is no evidence the whole rate could grow, and a replica that
+    /// grew it (or counted those windows toward a probe) would raise the
+    /// fleet's on rejoining.
+    pub fn set_alone(&mut self, alone: bool) {
+        self.alone = alone;
+    }
+
     /// A request was admitted at `now`.
     pub fn on_admit(&mut self, now: Instant) {
         self.on_admitted(now, 1);
@@ -63,8 +72,9 @@ impl Aimd {
             return Change::default();
         }
         let secs = elapsed.as_secs_f64();
-        let saturated =
-            self.window_pressed || f64::from(self.window_admitted) >= SATURATION * self.rate * secs;
+        let saturated = !self.alone
+            && (self.window_pressed
+                || f64::from(self.window_admitted) >= SATURATION * self.rate * secs);
         let clean = !self.window_cut && !self.errors.window_spoiled();
         // The wait before a probe counts the provider's admissions: every
         // replica's, when the budget is shared (a failed probe costs the

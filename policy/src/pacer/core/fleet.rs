@@ -8,8 +8,14 @@ impl PacerCore {
     /// (or one a new primary lost): its learned rate and throttle point,
     /// and the hold it knows of — never a start from zero (R-DS2).
     pub fn proposal(&self, now: Instant) -> Proposal {
+        // What it learned alone is not the fleet's: no more than the
+        // shared rate it last paced by.
+        let rate = match (self.alone, self.shared_rate) {
+            (Some(_), Some(shared)) => self.aimd.rate().min(shared),
+            _ => self.aimd.rate(),
+        };
         Proposal {
-            rate: self.aimd.rate(),
+            rate,
             limit: self.aimd.limit(),
             units: 1,
             allowance: self.allowance.as_ref().map(AllowanceState::allowance),
@@ -34,6 +40,7 @@ impl PacerCore {
                 Some(until) if now >= until => {
                     self.alone = None;
                     self.rejoining = None;
+                    self.aimd.set_alone(false);
                 }
                 Some(_) => {}
             }
@@ -92,6 +99,7 @@ impl PacerCore {
         let fresh = self.alone.is_none();
         self.alone = Some(replicas.max(1));
         self.rejoining = None;
+        self.aimd.set_alone(true);
         self.sync_interval();
         if fresh {
             let phase = if phase.is_finite() {

@@ -446,6 +446,38 @@ mod tests {
         assert_eq!(not_found, ok);
     }
 
+    /// R-DS2: a replica pacing alone at its share of a fleet's rate never
+    /// grows the rate (its saturated windows are at a fraction of it), nor
+    /// proposes more than the fleet's rate to a budget that lost it.
+    #[test]
+    fn a_replica_pacing_alone_does_not_grow_the_fleets_rate() {
+        let mut core = PacerCore::new(&ProviderSettings::with_ceiling(1000.0));
+        let mut now = Instant::now();
+        let view = SharedView {
+            rate: 20.0,
+            limit: None,
+            hold: None,
+            admitted: 0,
+            allowance: None,
+            refusal: None,
+            held: None,
+        };
+        core.adopt_shared(&view, now, Duration::from_secs(1));
+        core.pace_alone(4, now, 0.0);
+        let before = core.learned().0;
+        let end = now + Duration::from_secs(30);
+        while now < end {
+            if core.try_admit(now) {
+                core.pressed();
+                core.on_outcome(&Outcome::Success, now, Some(Duration::from_millis(30)), now);
+            }
+            now += Duration::from_millis(5);
+        }
+        assert_eq!(core.learned().0, before, "no growth alone");
+        assert!((core.rate() - 20.0 * ALONE_SHARE / 4.0).abs() < 1e-9);
+        assert!(core.proposal(now).rate <= 20.0);
+    }
+
     fn advert(remaining: u64, reset_ms: u64) -> Option<Advertised> {
         Some(Advertised {
             limit: Some(600),

@@ -366,7 +366,7 @@ impl Metrics {
             shared_state: int_gauge(
                 &r,
                 "shared_budget_state",
-                "1 for the state of a shared provider's budget on this replica: shared (paced by Redis), degraded (Redis unreachable: pacing alone at rate / replicas) or joining",
+                "1 for the state of a shared provider's budget on this replica: shared (paced by Redis), degraded (Redis unreachable: pacing alone at 0.9 × rate / replicas) or joining",
                 &["provider", "state"],
             ),
             shared_node: int_gauge(
