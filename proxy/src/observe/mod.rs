@@ -7,6 +7,7 @@ pub mod history;
 pub mod metrics;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use sluice_policy::breaker::{Transition, TransitionSink};
 use sluice_policy::events::{Event, EventSink};
@@ -53,10 +54,19 @@ impl Observer for Observe {
                     provider = %provider,
                     "outage over: the rate from before it is back"
                 ),
-                Event::Hold(d) => tracing::info!(
+                // A hold of a second or more is news; shorter ones (a
+                // rolling quota's next refill, a shared hold adopted on
+                // each admission) come at the provider's rate and would
+                // flood the log at INFO (707 lines in 65 s, measured).
+                Event::Hold(d) if *d >= Duration::from_secs(1) => tracing::info!(
                     provider = %provider,
                     hold_ms = d.as_millis() as u64,
-                    "provider asked to wait (Retry-After): holding"
+                    "provider asked to wait (Retry-After or a spent quota): holding"
+                ),
+                Event::Hold(d) => tracing::debug!(
+                    provider = %provider,
+                    hold_ms = d.as_millis() as u64,
+                    "provider asked to wait (Retry-After or a spent quota): holding"
                 ),
                 _ => {}
             }
