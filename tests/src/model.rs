@@ -691,7 +691,7 @@ impl SharedMemory {
                 s.raised = Some(now);
                 s.limit = limit;
             }
-            SharedChange::Hold { until } => {
+            SharedChange::Hold { until, .. } => {
                 // A new hold, the last one over: a refusal after it.
                 if s.hold.is_none_or(|h| now >= h) {
                     if let (Some(h), Some(held)) = (s.hold, s.held) {

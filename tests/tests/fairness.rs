@@ -394,9 +394,10 @@ print(json.dumps(seen))
         .unwrap_or_default();
     assert_eq!(modes, ["steady", "catchup"], "{both}");
     // The catch-up run's requests wait at the provider, counted per
-    // collector in the readout and the metrics.
+    // collector in the readout and the metrics (polled up to 30 s: its 64
+    // Python threads took over 10 s to start on a loaded machine once).
     let mut waiting = 0;
-    for _ in 0..100 {
+    for _ in 0..300 {
         let (_, text) = sluice.admin_get("/v1/providers/127.0.0.67").await;
         let p: Value = serde_json::from_str(&text).unwrap();
         waiting = p["queue"]["by_collector"]["collector-a"]

@@ -357,8 +357,8 @@ async fn a_sentinel_failover_keeps_the_fleet_within_the_limit() {
         .collect();
     let clients = drive(&fleet, &[sim.url("http", PATH)], SECS);
     tokio::time::sleep(Duration::from_secs(30)).await;
-    let f = sim.figures(PATH, 10, 30, LIMIT);
-    println!("before the failover, 10–30 s: {f}");
+    let f = sim.figures(PATH, 15, 30, LIMIT);
+    println!("before the failover, 15–30 s: {f}");
     let old = redis.primary().expect("a primary");
     let node = format!("127.0.0.1:{old}");
     assert!(

@@ -39,7 +39,9 @@ use tokio::time::Instant;
 
 pub use self::aimd::{Backoff, BackoffReason, Belief, Condition, LimitKnown};
 pub use self::allowance::{Allowance, AllowanceSnapshot, AllowanceUse};
-pub use self::core::{Admission, Feedback, PacerCore, PacerSnapshot, QuotaSnapshot, Refusal};
+pub use self::core::{
+    Admission, Feedback, HoldCause, PacerCore, PacerSnapshot, QuotaSnapshot, Refusal,
+};
 pub use self::error::RateLimited;
 pub use self::fair::{Class, Lane, Ticket};
 pub use self::layer::PacerLayer;
@@ -199,8 +201,14 @@ impl PacerShared {
             let (rate, limit) = core.learned();
             (rate, limit, core.increase_window(), core.alone())
         };
-        if let Some(until) = fb.hold_until {
-            budget.report(SharedChange::Hold { until });
+        // A quota's refill hold is this replica's own pacing; the others
+        // are every replica's, and only a refusal's counts as one.
+        match (fb.hold_until, fb.hold_cause) {
+            (Some(_), HoldCause::Refill) | (None, _) => {}
+            (Some(until), cause) => budget.report(SharedChange::Hold {
+                until,
+                refused: cause == HoldCause::Refused,
+            }),
         }
         if fb.backoff.is_some() {
             budget.report(SharedChange::Cut {

@@ -124,10 +124,14 @@ pub enum SharedChange {
         /// At most one raise this often.
         every: Duration,
     },
-    /// The provider asked every request to wait until `until`.
+    /// Every request waits until `until`: the provider asked (a
+    /// refusal), or its advertised quota is spent until its reset.
     Hold {
         /// The end of the hold.
         until: Instant,
+        /// A refusal (`Retry-After`) brought it: the fleet's fit counts
+        /// it; a spent quota's hold refused nothing.
+        refused: bool,
     },
 }
 
@@ -216,7 +220,7 @@ mod tests {
                     }
                 }
                 SharedChange::Raise { .. } => {}
-                SharedChange::Hold { until } => {
+                SharedChange::Hold { until, .. } => {
                     s.hold = Some(s.hold.map_or(until, |h| h.max(until)));
                 }
             }

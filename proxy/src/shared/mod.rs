@@ -193,9 +193,11 @@ redis.call('PEXPIRE', KEYS[1], ARGV[4])
 return 1
 ";
 
-/// Holds every replica. ARGV: the hold from now (ms), the TTL (ms).
+/// Holds every replica. ARGV: the hold from now (ms), whether a refusal
+/// brought it ("1", else "": a spent quota's), the TTL (ms).
 ///
-/// A hold that begins once the last one is over is a new refusal: how long
+/// A refusal's hold that begins once the last one is over is a new
+/// refusal: how long
 /// after the last hold's end it came, and how many units every replica was
 /// admitted in between, are kept for the token-bucket fit (R-SG5) as
 /// `rat` (its time), `rafter` (ms) and `rsent`; `held` is the count
@@ -208,6 +210,14 @@ local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
 local f = redis.call('HMGET', KEYS[1], 'hold', 'admitted', 'held')
 local last = tonumber(f[1]) or 0
 local count = tonumber(f[2]) or 0
+local hold = now + tonumber(ARGV[1])
+if ARGV[2] ~= '1' then
+  if hold > last then
+    redis.call('HSET', KEYS[1], 'hold', tostring(hold))
+  end
+  redis.call('PEXPIRE', KEYS[1], ARGV[3])
+  return 1
+end
 if now >= last then
   local held = tonumber(f[3])
   if last > 0 and held then
@@ -215,11 +225,10 @@ if now >= last then
   end
   redis.call('HSET', KEYS[1], 'held', tostring(count))
 end
-local hold = now + tonumber(ARGV[1])
 if hold > last then
   redis.call('HSET', KEYS[1], 'hold', tostring(hold), 'hlen', ARGV[1])
 end
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
 return 1
 ";
 
@@ -644,10 +653,11 @@ impl SharedBudget for ProviderBudget {
                         .arg(millis(every));
                     i
                 }
-                SharedChange::Hold { until } => {
+                SharedChange::Hold { until, refused } => {
                     let mut i = scripts.hold.prepare_invoke();
                     i.key(&key)
-                        .arg(millis(until.saturating_duration_since(now)));
+                        .arg(millis(until.saturating_duration_since(now)))
+                        .arg(if refused { "1" } else { "" });
                     i
                 }
             };

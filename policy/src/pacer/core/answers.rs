@@ -50,7 +50,7 @@ impl PacerCore {
             } => {
                 if let Some(wait) = retry_after {
                     let until = now + wait;
-                    fb.hold_until = self.hold(now, until);
+                    fb.hold_until = self.hold(now, until, HoldCause::Refused);
                     if status == 429 {
                         self.learn_window(until, wait);
                     }
@@ -101,8 +101,18 @@ impl PacerCore {
     }
 
     /// Holds every request until `until` unless a longer hold is in force;
-    /// returns the new end if it moved.
-    pub(super) fn hold(&mut self, now: Instant, until: Instant) -> Option<Instant> {
+    /// returns the new end if it moved. A hold for every replica of a fleet
+    /// (any but a quota's refill) is also what this replica tells a shared
+    /// budget that lost it.
+    pub(super) fn hold(
+        &mut self,
+        now: Instant,
+        until: Instant,
+        cause: HoldCause,
+    ) -> Option<Instant> {
+        if cause != HoldCause::Refill && self.fleet_hold.is_none_or(|h| h < until) {
+            self.fleet_hold = Some(until);
+        }
         if self.hold_until.is_some_and(|h| h >= until) {
             return None;
         }

@@ -19,7 +19,7 @@ impl PacerCore {
             limit: self.aimd.limit(),
             units: 1,
             allowance: self.allowance.as_ref().map(AllowanceState::allowance),
-            hold: self.hold_until.filter(|h| *h > now).map(|h| h - now),
+            hold: self.fleet_hold.filter(|h| *h > now).map(|h| h - now),
         }
     }
 
@@ -74,7 +74,8 @@ impl PacerCore {
             self.shared_count = Some((view.admitted, now));
         }
         if let Some(hold) = hold {
-            fb.hold_until = self.hold(now, now + hold);
+            // The fleet's hold, as the store keeps it (not reported back).
+            fb.hold_until = self.hold(now, now + hold, HoldCause::Refused);
         }
         // The allowance as every replica spent it (the readout, the store,
         // and this replica's pace should the store stop answering).

@@ -46,6 +46,10 @@ pub struct PacerCore {
     start_rps: f64,
     /// Nothing is admitted before this instant (a provider's `Retry-After`).
     hold_until: Option<Instant>,
+    /// The end of the last hold every replica of a fleet holds too (a
+    /// refusal's, a spent quota's, the fleet's): what this replica tells a
+    /// shared budget that lost it. A quota's refill holds are not in it.
+    fleet_hold: Option<Instant>,
     /// Holds begun (one that lengthens a hold still in force is the same
     /// one): names a hold, so that a run's requests waiting out one count
     /// one wait (R-RN8).
@@ -134,6 +138,24 @@ pub struct PacerSnapshot {
     pub tokens: Option<TokensSnapshot>,
 }
 
+/// Why a hold was set: what a fleet sharing the budget makes of it
+/// (R-DS1).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum HoldCause {
+    /// The provider refused and said how long to wait (`Retry-After`):
+    /// every replica holds, and the refusal counts for the fleet's fit.
+    #[default]
+    Refused,
+    /// The advertised quota is spent until its window resets: every
+    /// replica holds (the quota is the credential's), but nothing was
+    /// refused.
+    Spent,
+    /// A refilling quota has nothing left until one more request's worth
+    /// comes back: this replica's own pacing — a fleet's shared schedule is
+    /// already that far apart.
+    Refill,
+}
+
 /// What an outcome did to the pacer.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Feedback {
@@ -141,6 +163,8 @@ pub struct Feedback {
     pub backoff: Option<Backoff>,
     /// A hold was set or lengthened to this instant.
     pub hold_until: Option<Instant>,
+    /// Why (when `hold_until` is set).
+    pub hold_cause: HoldCause,
     /// The rate grew.
     pub increased: bool,
     /// An outage was found (`true`) or ended (`false`) (R-SG4).
@@ -171,6 +195,7 @@ impl PacerCore {
             aimd,
             start_rps: start,
             hold_until: None,
+            fleet_hold: None,
             holds: 0,
             waiting: FairQueue::default(),
             next_ticket: 0,

@@ -353,13 +353,23 @@ impl PacerCore {
             q.rate = Some(refill * ROLLING_MARGIN);
             let next = sent_at + Duration::from_secs_f64(1.0 / refill);
             if adv.remaining == 0 && next > now {
-                fb.hold_until = self.hold(now, next);
+                fb.hold_until = self.hold(now, next, HoldCause::Refill);
+                fb.hold_cause = HoldCause::Refill;
             }
         } else {
             let left = q.spend_by(now);
             q.rate = Advertised { reset: left, ..adv }.even_rate();
             if q.rate.is_none() {
-                fb.hold_until = self.hold(now, q.hi);
+                // Spent: every replica's quota, once its word is trusted;
+                // before, a reset that may mislead (a moving window's is
+                // an upper bound) holds this replica only.
+                let cause = if q.trusted {
+                    HoldCause::Spent
+                } else {
+                    HoldCause::Refill
+                };
+                fb.hold_until = self.hold(now, q.hi, cause);
+                fb.hold_cause = cause;
             }
         }
         let before = self.gcra.interval();
@@ -410,7 +420,8 @@ impl PacerCore {
         };
         if adv.remaining == 0 {
             let one = refill.map_or(adv.reset, |r| Duration::from_secs_f64(1.0 / r));
-            fb.hold_until = self.hold(now, now + one);
+            fb.hold_until = self.hold(now, now + one, HoldCause::Refill);
+            fb.hold_cause = HoldCause::Refill;
         }
         let before = self.gcra.interval();
         self.quota = Some(q);

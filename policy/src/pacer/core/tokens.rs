@@ -101,7 +101,9 @@ impl PacerCore {
         if let Some(per) = b.per_request {
             let short = per - told.remaining as f64;
             if short > 0.0 && refill > 0.0 {
-                fb.hold_until = self.hold(now, now + Duration::from_secs_f64(short / refill));
+                let until = now + Duration::from_secs_f64(short / refill);
+                fb.hold_until = self.hold(now, until, HoldCause::Refill);
+                fb.hold_cause = HoldCause::Refill;
             }
         }
         let before = self.gcra.interval();
