@@ -73,10 +73,7 @@ impl Redis {
 
     /// Kills it (`kill -9`: no goodbye to its clients).
     pub fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        stop(&mut self.child);
     }
 
     /// Starts it again on the same port, empty (no persistence).
@@ -173,6 +170,22 @@ fn spawn_server(port: u16, dir: &std::path::Path, args: &[&str]) -> Child {
     child
 }
 
+/// `kill -9` of a node, if it runs; waited for.
+fn stop(child: &mut Option<Child>) {
+    if let Some(mut c) = child.take() {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+}
+
+/// `127.0.0.1:p1,127.0.0.1:p2,…`.
+fn hosts(ports: impl Iterator<Item = u16>) -> String {
+    ports
+        .map(|p| format!("127.0.0.1:{p}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 /// `redis-cli -p port args…`, its output trimmed.
 pub fn cli_at(port: u16, args: &[&str]) -> String {
     let out = Command::new("redis-cli")
@@ -241,12 +254,10 @@ impl RedisCluster {
 
     /// `redis+cluster://127.0.0.1:p1,127.0.0.1:p2,…` — every node as a seed.
     pub fn url(&self) -> String {
-        let hosts: Vec<String> = self
-            .nodes
-            .iter()
-            .map(|(p, _)| format!("127.0.0.1:{p}"))
-            .collect();
-        format!("redis+cluster://{}", hosts.join(","))
+        format!(
+            "redis+cluster://{}",
+            hosts(self.nodes.iter().map(|(p, _)| *p))
+        )
     }
 
     /// The port of a node still running.
@@ -296,13 +307,8 @@ impl RedisCluster {
 
     /// `kill -9` of the node on `port`.
     pub fn kill(&mut self, port: u16) {
-        for (p, child) in &mut self.nodes {
-            if *p == port {
-                if let Some(mut c) = child.take() {
-                    let _ = c.kill();
-                    let _ = c.wait();
-                }
-            }
+        for (_, child) in self.nodes.iter_mut().filter(|(p, _)| *p == port) {
+            stop(child);
         }
     }
 }
@@ -310,10 +316,7 @@ impl RedisCluster {
 impl Drop for RedisCluster {
     fn drop(&mut self) {
         for (_, child) in &mut self.nodes {
-            if let Some(mut c) = child.take() {
-                let _ = c.kill();
-                let _ = c.wait();
-            }
+            stop(child);
         }
     }
 }
@@ -398,12 +401,10 @@ impl RedisSentinel {
 
     /// `redis+sentinel://127.0.0.1:s1,…/main`.
     pub fn url(&self) -> String {
-        let hosts: Vec<String> = self
-            .sentinels
-            .iter()
-            .map(|(p, _)| format!("127.0.0.1:{p}"))
-            .collect();
-        format!("redis+sentinel://{}/main", hosts.join(","))
+        format!(
+            "redis+sentinel://{}/main",
+            hosts(self.sentinels.iter().map(|(p, _)| *p))
+        )
     }
 
     /// The primary's port, as the first sentinel that answers names it.
@@ -416,13 +417,8 @@ impl RedisSentinel {
 
     /// Stops the data node on `port` (`kill -9`).
     pub fn kill(&mut self, port: u16) {
-        for (p, child) in &mut self.data {
-            if *p == port {
-                if let Some(mut c) = child.take() {
-                    let _ = c.kill();
-                    let _ = c.wait();
-                }
-            }
+        for (_, child) in self.data.iter_mut().filter(|(p, _)| *p == port) {
+            stop(child);
         }
     }
 
@@ -443,10 +439,7 @@ impl RedisSentinel {
 impl Drop for RedisSentinel {
     fn drop(&mut self) {
         for (_, child) in &mut self.data {
-            if let Some(mut c) = child.take() {
-                let _ = c.kill();
-                let _ = c.wait();
-            }
+            stop(child);
         }
         for (_, c) in &mut self.sentinels {
             let _ = c.kill();
