@@ -101,16 +101,16 @@ impl PacerCore {
     }
 
     /// Holds every request until `until` unless a longer hold is in force;
-    /// returns the new end if it moved. A hold for every replica of a fleet
-    /// (any but a quota's refill) is also what this replica tells a shared
-    /// budget that lost it.
+    /// returns the new end if it moved. A refusal's hold is also what this
+    /// replica tells a shared budget that lost it (a quota's is read again
+    /// from the next answer).
     pub(super) fn hold(
         &mut self,
         now: Instant,
         until: Instant,
         cause: HoldCause,
     ) -> Option<Instant> {
-        if cause != HoldCause::Refill && self.fleet_hold.is_none_or(|h| h < until) {
+        if cause == HoldCause::Refused && self.fleet_hold.is_none_or(|h| h < until) {
             self.fleet_hold = Some(until);
         }
         if self.hold_until.is_some_and(|h| h >= until) {

@@ -46,9 +46,8 @@ pub struct PacerCore {
     start_rps: f64,
     /// Nothing is admitted before this instant (a provider's `Retry-After`).
     hold_until: Option<Instant>,
-    /// The end of the last hold every replica of a fleet holds too (a
-    /// refusal's, a spent quota's, the fleet's): what this replica tells a
-    /// shared budget that lost it. A quota's refill holds are not in it.
+    /// The end of the last refusal's hold (this replica's or the fleet's):
+    /// what this replica tells a shared budget that lost it.
     fleet_hold: Option<Instant>,
     /// Holds begun (one that lengthens a hold still in force is the same
     /// one): names a hold, so that a run's requests waiting out one count
