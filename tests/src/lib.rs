@@ -12,6 +12,7 @@ pub mod flask_limiter;
 pub mod github;
 pub mod haproxy;
 pub mod harness;
+pub mod hosts;
 pub mod load;
 pub mod model;
 pub mod nginx;

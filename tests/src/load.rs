@@ -221,6 +221,20 @@ fn parse_wrk_duration(s: &str) -> Option<Duration> {
 /// (nothing listens: each is a refused connect, a `502`, and a POST is not
 /// retried), over `conns` kept-alive connections — `n` providers tracked.
 pub async fn one_request_to_each(proxy: SocketAddr, first: std::net::Ipv4Addr, n: u32, conns: u32) {
+    one_post_to_each(proxy, first, 9, n, conns, 502).await
+}
+
+/// One POST to `/ok` on `port` of each of `n` loopback addresses from
+/// `first` on, over `conns` kept-alive connections, each answered
+/// `expect` within 20 s.
+pub async fn one_post_to_each(
+    proxy: SocketAddr,
+    first: std::net::Ipv4Addr,
+    port: u16,
+    n: u32,
+    conns: u32,
+    expect: u16,
+) {
     let per = n.div_ceil(conns);
     let mut tasks = Vec::new();
     for c in 0..conns {
@@ -232,14 +246,14 @@ pub async fn one_request_to_each(proxy: SocketAddr, first: std::net::Ipv4Addr, n
             tokio::spawn(conn);
             for i in (c * per)..((c + 1) * per).min(n) {
                 let ip = std::net::Ipv4Addr::from(u32::from(first) + i);
-                let req = Request::post(format!("http://{ip}:9/"))
+                let req = Request::post(format!("http://{ip}:{port}/ok"))
                     .body(Empty::<Bytes>::new())
                     .unwrap();
                 let resp = tokio::time::timeout(Duration::from_secs(20), send.send_request(req))
                     .await
                     .expect("an answer within 20 s")
                     .unwrap();
-                assert_eq!(resp.status(), 502, "a refused connect answers 502");
+                assert_eq!(resp.status(), expect, "{ip}:{port}");
                 resp.into_body().collect().await.unwrap();
             }
         }));

@@ -16,6 +16,8 @@ use sluice_policy::retry::ReplayBody;
 use sluice_policy::BoxError;
 use tokio::time::Sleep;
 
+use crate::upstream::idle::InUse;
+
 /// The body type every response sluice sends has.
 pub type ResBody = BoxBody<Bytes, BoxError>;
 
@@ -193,6 +195,9 @@ pub struct UpstreamBody {
     error: Option<hyper::Error>,
     /// The rest; `None` once it ended while reading ahead.
     rest: Option<Incoming>,
+    /// The request's mark on its pool key: its connection is in use until
+    /// this body is done with (R-PF1).
+    _in_use: Option<InUse>,
 }
 
 impl UpstreamBody {
@@ -203,7 +208,15 @@ impl UpstreamBody {
             trailers: None,
             error: None,
             rest: Some(body),
+            _in_use: None,
         }
+    }
+
+    /// This body, keeping its request in flight on its pool key until it
+    /// is dropped.
+    pub fn holding(mut self, in_use: InUse) -> Self {
+        self._in_use = Some(in_use);
+        self
     }
 
     /// Reads up to `max` bytes of `body` ahead: the bytes read, and the
@@ -244,6 +257,7 @@ impl UpstreamBody {
                 trailers,
                 error,
                 rest: rest.map(|()| body),
+                _in_use: None,
             },
         )
     }

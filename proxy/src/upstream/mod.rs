@@ -9,6 +9,7 @@
 
 pub mod causes;
 pub mod guard;
+pub mod idle;
 
 use std::future::Future;
 use std::io;
@@ -31,6 +32,7 @@ use tower::Service;
 use crate::config::ConfigError;
 use crate::http::body::{ClientBodyError, ProxyBody, UpstreamBody};
 use crate::upstream::guard::{Guard, GuardError, GuardedConnector};
+use crate::upstream::idle::{key_of, IdleCap, Tracking};
 
 /// A TLS config for upstream connections: web roots + the extra CA. An
 /// extra CA that cannot be used is a config error naming
@@ -77,33 +79,55 @@ pub struct Upstream(Arc<Clients>);
 
 #[derive(Debug)]
 struct Clients {
-    client: Client<HttpsConnector<GuardedConnector>, ProxyBody>,
+    /// Its connections registered with `idle`, which bounds those kept.
+    client: Client<HttpsConnector<Tracking<GuardedConnector>>, ProxyBody>,
+    idle: Arc<IdleCap>,
     /// HTTP/1.1 only, for Upgrade requests: an upgrade cannot ride HTTP/2.
     http1: Client<HttpsConnector<GuardedConnector>, ProxyBody>,
 }
 
 impl Upstream {
-    /// A client with this guard and TLS config.
-    pub fn new(guard: Guard, tls: rustls::ClientConfig, connect_timeout: Duration) -> Self {
+    /// A client with this guard and TLS config, keeping at most
+    /// `max_idle` open connections once their destinations are idle.
+    pub fn new(
+        guard: Guard,
+        tls: rustls::ClientConfig,
+        connect_timeout: Duration,
+        max_idle: usize,
+    ) -> Self {
         // One pooled client offering h2 and HTTP/1.1 by ALPN; one HTTP/1.1
-        // only, for Upgrade requests.
-        let build = |h2: bool| {
-            let https = hyper_rustls::HttpsConnectorBuilder::new()
+        // only, for Upgrade requests (an upgraded connection leaves the
+        // pool: nothing to bound).
+        let https = || {
+            hyper_rustls::HttpsConnectorBuilder::new()
                 .with_tls_config(tls.clone())
                 .https_or_http()
-                .enable_http1();
-            let connector = GuardedConnector::new(guard.clone(), connect_timeout);
-            let https = if h2 {
-                https.enable_http2().wrap_connector(connector)
-            } else {
-                https.wrap_connector(connector)
-            };
-            Client::builder(TokioExecutor::new())
-                .pool_idle_timeout(Duration::from_secs(90))
-                .build(https)
+                .enable_http1()
         };
-        let (client, http1) = (build(true), build(false));
-        Upstream(Arc::new(Clients { client, http1 }))
+        let pooled = || {
+            let mut b = Client::builder(TokioExecutor::new());
+            b.pool_idle_timeout(Duration::from_secs(90));
+            b
+        };
+        let connector = || GuardedConnector::new(guard.clone(), connect_timeout);
+        let idle = IdleCap::new(max_idle);
+        let client = pooled().build(
+            https()
+                .enable_http2()
+                .wrap_connector(Tracking::new(connector(), Arc::clone(&idle))),
+        );
+        let http1 = pooled().build(https().wrap_connector(connector()));
+        Upstream(Arc::new(Clients {
+            client,
+            idle,
+            http1,
+        }))
+    }
+
+    /// Open pooled connections now, and those closed for the idle bound
+    /// since start.
+    pub fn connections(&self) -> (usize, u64) {
+        (self.0.idle.open(), self.0.idle.closed())
     }
 }
 
@@ -121,10 +145,11 @@ impl Service<Request<ProxyBody>> for Upstream {
         // this answer by its body: its first bytes are read ahead, within
         // the attempt's timeout, and sent on first (R-PD3).
         let dialect = req.extensions().get::<Dialect>().copied();
-        let fut = if req.headers().contains_key(http::header::UPGRADE) {
-            self.0.http1.request(req)
+        let (fut, in_use) = if req.headers().contains_key(http::header::UPGRADE) {
+            (self.0.http1.request(req), None)
         } else {
-            self.0.client.request(req)
+            let in_use = self.0.idle.begin(key_of(req.uri()));
+            (self.0.client.request(req), Some(in_use))
         };
         Box::pin(async move {
             let resp = fut.await.map_err(|e| Cause::Upstream(classify(e.into())))?;
@@ -135,6 +160,10 @@ impl Service<Request<ProxyBody>> for Upstream {
                 body
             } else {
                 UpstreamBody::stream(body)
+            };
+            let body = match in_use {
+                Some(in_use) => body.holding(in_use),
+                None => body,
             };
             Ok(Response::from_parts(parts, body))
         })

@@ -27,16 +27,21 @@
 //!    `ssl-bump`, and sluice's HTTPS CPU per request against its plain;
 //! 4. `HOSTS` tracked hosts (default 10,000): one request to each of as
 //!    many loopback addresses (nothing listens there: each is a refused
-//!    connect, a `502`), and sluice's resident memory per host.
+//!    connect, a `502`), and sluice's resident memory per host;
+//! 5. as many hosts answered `200` by one origin on `0.0.0.0`, sluice on
+//!    its defaults: memory per host with the idle upstream connections
+//!    they leave (bounded), and 6. with the bound lifted: one idle
+//!    connection's cost (`sluice_tests::hosts::report`, also
+//!    `bench_hosts`).
 
 use std::net::SocketAddr;
 use std::process::{Child, Command};
 
 use sluice_tests::harness::Sluice;
-use sluice_tests::load::{load_tunnelled, one_request_to_each, wrk, Run};
+use sluice_tests::load::{load_tunnelled, wrk, Run};
 use sluice_tests::nginx::Nginx;
 use sluice_tests::pki::TestCa;
-use sluice_tests::procfs::{cpu_seconds, status_kib};
+use sluice_tests::procfs::cpu_seconds;
 use sluice_tests::squid::Squid;
 
 const CONNS: usize = 32;
@@ -247,41 +252,14 @@ async fn main() {
         cpu(&bs) / plain_cpu
     );
 
-    println!("4. {hosts} tracked hosts (one POST each, a refused connect: 502)");
-    let before = status_kib(sluice.pid(), "VmRSS");
-    let providers_before = tracked(&sluice).await;
-    one_request_to_each(sluice.proxy, "127.1.0.0".parse().unwrap(), hosts, 16).await;
-    let after = status_kib(sluice.pid(), "VmRSS");
-    let added = tracked(&sluice).await.saturating_sub(providers_before);
-    let per = |kib: u64| (kib.saturating_sub(before) * 1024) as f64 / added.max(1) as f64;
-    // Then what it holds once the saves have stored them (every 2 s) and
-    // the allocator has given back what the requests used.
-    tokio::time::sleep(std::time::Duration::from_secs(15)).await;
-    let settled = status_kib(sluice.pid(), "VmRSS");
-    println!(
-        "  resident {:.1} → {:.1} MiB for {added} providers added: {:.0} bytes per host; \
-         15 s later {:.1} MiB, {:.0} bytes per host\n",
-        before as f64 / 1024.0,
-        after as f64 / 1024.0,
-        per(after),
-        settled as f64 / 1024.0,
-        per(settled)
-    );
+    // Memory per host: sluice alone on the machine (the others stopped).
+    drop((sluice, squid, bump, floor, origin, tls_origin));
+    sluice_tests::hosts::report(hosts, 4).await;
 }
 
 /// Runs a future to completion from inside `measure`'s closure.
 fn block<F: std::future::Future>(f: F) -> F::Output {
     tokio::task::block_in_place(|| tokio::runtime::Handle::current().block_on(f))
-}
-
-/// Providers the admin API lists.
-async fn tracked(sluice: &Sluice) -> usize {
-    let (status, body) = sluice.admin_get("/v1/providers").await;
-    assert_eq!(status, 200);
-    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
-    v.as_array()
-        .or_else(|| v["providers"].as_array())
-        .map_or(0, |a| a.len())
 }
 
 fn squid_version() -> String {
