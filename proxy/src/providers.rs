@@ -688,7 +688,7 @@ mod tests {
             Guard::default(),
             tls_config(None).unwrap(),
             Duration::from_secs(1),
-            crate::upstream::idle::DEFAULT_MAX_IDLE,
+            crate::upstream::pool::DEFAULT_MAX_IDLE,
         );
         Providers::new(&config, upstream, None)
     }

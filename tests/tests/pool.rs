@@ -49,8 +49,8 @@ async fn settle_to(sim: &Sim, max: u64) -> (u64, u64) {
 }
 
 /// One GET to each of 40 hosts under `max_idle_connections = 8`: every
-/// answer 200, 8 connections left open at the provider, 32 closed and
-/// counted — and the 8 kept are the most recently used hosts' (a
+/// answer 200, 8 idle connections left open at the provider, 32 closed
+/// and counted — and the 8 kept are the most recently used hosts' (a
 /// request to the last host reuses its connection; one to the first
 /// makes a new one).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -85,8 +85,8 @@ async fn idle_connections_beyond_the_bound_are_closed_least_recently_used_first(
 }
 
 /// A connection waiting for a slow answer carries no traffic, like an
-/// idle one; only the request's count tells them apart. Under a bound of
-/// 2, an 8 s answer from one host survives 30 other hosts' requests made
+/// idle one, but it is in use: not listed idle, never closed for the
+/// bound. Under a bound of 2, an 8 s answer from one host survives 30 other hosts' requests made
 /// meanwhile, and a host used back to back keeps its one connection.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_awaiting_an_answer_is_never_closed_for_the_bound() {

@@ -111,7 +111,7 @@ impl Config {
             max_idle_connections: raw
                 .upstream
                 .max_idle_connections
-                .unwrap_or(crate::upstream::idle::DEFAULT_MAX_IDLE),
+                .unwrap_or(crate::upstream::pool::DEFAULT_MAX_IDLE),
             defaults,
             providers,
             credentials: Credentials(credentials),

@@ -16,7 +16,7 @@ use sluice_policy::retry::ReplayBody;
 use sluice_policy::BoxError;
 use tokio::time::Sleep;
 
-use crate::upstream::idle::InUse;
+use crate::upstream::pool::Checkin;
 
 /// The body type every response sluice sends has.
 pub type ResBody = BoxBody<Bytes, BoxError>;
@@ -195,9 +195,27 @@ pub struct UpstreamBody {
     error: Option<hyper::Error>,
     /// The rest; `None` once it ended while reading ahead.
     rest: Option<Incoming>,
-    /// The request's mark on its pool key: its connection is in use until
-    /// this body is done with (R-PF1).
-    _in_use: Option<InUse>,
+    /// Whether it failed (read ahead or streamed): its connection is not
+    /// reused.
+    failed: bool,
+    /// Whether it was read to its end.
+    ended: bool,
+    /// Its HTTP/1.1 connection, given back to the pool when this body is
+    /// dropped having ended cleanly (R-PF1).
+    checkin: Option<Checkin<ProxyBody>>,
+}
+
+impl Drop for UpstreamBody {
+    fn drop(&mut self) {
+        let Some(checkin) = self.checkin.take() else {
+            return;
+        };
+        let clean = !self.failed
+            && (self.ended || self.rest.as_ref().is_none_or(|r| r.is_end_stream()));
+        if clean {
+            checkin.done();
+        }
+    }
 }
 
 impl UpstreamBody {
@@ -208,14 +226,16 @@ impl UpstreamBody {
             trailers: None,
             error: None,
             rest: Some(body),
-            _in_use: None,
+            failed: false,
+            ended: false,
+            checkin: None,
         }
     }
 
-    /// This body, keeping its request in flight on its pool key until it
-    /// is dropped.
-    pub fn holding(mut self, in_use: InUse) -> Self {
-        self._in_use = Some(in_use);
+    /// This body, giving its connection back to the pool when it has
+    /// ended.
+    pub fn returning(mut self, checkin: Option<Checkin<ProxyBody>>) -> Self {
+        self.checkin = checkin;
         self
     }
 
@@ -255,9 +275,11 @@ impl UpstreamBody {
             UpstreamBody {
                 head: (!head.is_empty()).then_some(head),
                 trailers,
+                failed: error.is_some(),
+                ended: rest.is_none(),
                 error,
                 rest: rest.map(|()| body),
-                _in_use: None,
+                checkin: None,
             },
         )
     }
@@ -281,10 +303,16 @@ impl Body for UpstreamBody {
         if let Some(e) = this.error.take() {
             return Poll::Ready(Some(Err(e)));
         }
-        match &mut this.rest {
-            Some(rest) => Pin::new(rest).poll_frame(cx),
-            None => Poll::Ready(None),
+        let Some(rest) = &mut this.rest else {
+            return Poll::Ready(None);
+        };
+        let polled = Pin::new(rest).poll_frame(cx);
+        match &polled {
+            Poll::Ready(None) => this.ended = true,
+            Poll::Ready(Some(Err(_))) => this.failed = true,
+            _ => {}
         }
+        polled
     }
 
     fn is_end_stream(&self) -> bool {
