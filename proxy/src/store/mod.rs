@@ -83,6 +83,12 @@ pub enum RunTree {
     Meta,
 }
 
+/// sled's page cache (its default is 1 GiB, filled with every record
+/// written): records are read once, at start, and written every few
+/// seconds — a few MiB of cache serve that, and a broad crawl's store no
+/// longer lives in memory too (issue 38, R-PF1).
+const CACHE_BYTES: u64 = 8 << 20;
+
 /// The sled store.
 #[derive(Debug)]
 pub struct Store {
@@ -137,7 +143,12 @@ impl Store {
         std::fs::create_dir_all(path)?;
         // sled can panic on some corrupt files; a panic here is a broken
         // store, not a crash.
-        let opened = std::panic::catch_unwind(|| sled::Config::new().path(path).open());
+        let opened = std::panic::catch_unwind(|| {
+            sled::Config::new()
+                .path(path)
+                .cache_capacity(CACHE_BYTES)
+                .open()
+        });
         let db = match opened {
             Ok(Ok(db)) => db,
             Ok(Err(e)) => return Err(e.into()),
