@@ -145,8 +145,9 @@ pub struct ParkShared {
     state: Mutex<ParkState>,
     /// Bumped each time the provider goes down: requests already on their
     /// way — waiting for a pacing slot or a permit — are called back and
-    /// parked if they have not left.
-    downs: tokio::sync::watch::Sender<u64>,
+    /// parked if they have not left. Made by the first request that
+    /// watches (a few hundred bytes most providers never need: issue 38).
+    downs: std::sync::OnceLock<tokio::sync::watch::Sender<u64>>,
     /// Attempts sent and not yet answered: their answers may still tell
     /// whether the provider is down.
     on_the_way: std::sync::atomic::AtomicUsize,
@@ -179,7 +180,7 @@ impl ParkShared {
     pub fn new(settings: &ProviderSettings, neighbours: Neighbours) -> Arc<Self> {
         Arc::new(ParkShared {
             state: Mutex::new(ParkState::default()),
-            downs: tokio::sync::watch::Sender::new(0),
+            downs: std::sync::OnceLock::new(),
             on_the_way: Default::default(),
             flags: AtomicU8::new(0),
             neighbours,
@@ -385,7 +386,10 @@ impl ParkShared {
     /// their way, and tells the rate controller (unless it told us).
     fn went(&self, change: Option<Change>, now: Instant) {
         if let Some(Change::Down(reason)) = change {
-            self.downs.send_modify(|n| *n += 1);
+            // Nobody watching yet: nobody to call back.
+            if let Some(downs) = self.downs.get() {
+                downs.send_modify(|n| *n += 1);
+            }
             if reason != DownReason::Controller {
                 (self.neighbours.outage_found)(now);
             }
@@ -420,7 +424,9 @@ impl ParkShared {
 
     /// A receiver that sees the provider's next going down.
     pub(crate) fn downs(&self) -> tokio::sync::watch::Receiver<u64> {
-        self.downs.subscribe()
+        self.downs
+            .get_or_init(|| tokio::sync::watch::Sender::new(0))
+            .subscribe()
     }
 
     /// Wakes every parked request, oldest first.

@@ -210,8 +210,8 @@ impl Drop for UpstreamBody {
         let Some(checkin) = self.checkin.take() else {
             return;
         };
-        let clean = !self.failed
-            && (self.ended || self.rest.as_ref().is_none_or(|r| r.is_end_stream()));
+        let clean =
+            !self.failed && (self.ended || self.rest.as_ref().is_none_or(|r| r.is_end_stream()));
         if clean {
             checkin.done();
         }

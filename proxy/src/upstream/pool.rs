@@ -434,7 +434,8 @@ impl<B: Send + 'static> Checkin<B> {
         } = self;
         if sender.is_ready() {
             list.checkin(key, Sender::H1(sender));
-        } else if let (false, Ok(rt)) = (sender.is_closed(), tokio::runtime::Handle::try_current()) {
+        } else if let (false, Ok(rt)) = (sender.is_closed(), tokio::runtime::Handle::try_current())
+        {
             rt.spawn(async move {
                 if sender.ready().await.is_ok() {
                     list.checkin(key, Sender::H1(sender));
@@ -489,9 +490,18 @@ mod tests {
             sent_as("http://a.test:8080/x?y=1", None),
             ("/x?y=1".into(), "a.test:8080".into())
         );
-        assert_eq!(sent_as("http://a.test/", None), ("/".into(), "a.test".into()));
-        assert_eq!(sent_as("https://a.test:443/p", None), ("/p".into(), "a.test".into()));
-        assert_eq!(sent_as("http://a.test:80", None), ("/".into(), "a.test".into()));
+        assert_eq!(
+            sent_as("http://a.test/", None),
+            ("/".into(), "a.test".into())
+        );
+        assert_eq!(
+            sent_as("https://a.test:443/p", None),
+            ("/p".into(), "a.test".into())
+        );
+        assert_eq!(
+            sent_as("http://a.test:80", None),
+            ("/".into(), "a.test".into())
+        );
         // The client's own Host stays.
         assert_eq!(
             sent_as("http://127.0.0.1:9/p", Some("named.test")),

@@ -460,7 +460,7 @@ impl Aimd {
                 .map_or(Duration::MAX, |(at, _)| now.saturating_duration_since(*at)),
             decrease: self.decrease,
             limit: self.limit,
-            probe: self.probe,
+            probe: self.probe.as_deref().copied(),
             delivered: self.delivered,
             settle: self.settle_share(),
             fitted: self.fitted,

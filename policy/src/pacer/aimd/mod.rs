@@ -268,7 +268,7 @@ pub struct Aimd {
     /// When the first of those windows began.
     plateau_since: Option<Instant>,
     /// A probe in progress.
-    probe: Option<Probe>,
+    probe: Option<Box<Probe>>,
     /// A rate to return to at the next clean window (a cut undone).
     recover_to: Option<f64>,
     /// When the rate was last cut; answers to earlier sends are ignored.
@@ -278,7 +278,7 @@ pub struct Aimd {
     /// Time-to-first-byte and its baseline.
     latency: LatencyWatch,
     /// A cut on ambiguous evidence awaiting its verdict.
-    trial: Option<Trial>,
+    trial: Option<Box<Trial>>,
     /// A trial confirmed that this provider's bare 503s are throttles
     /// (they stopped when the rate came down), and none found them to be
     /// noise: its next few 503s are taken as it means them, like 429s,
@@ -289,7 +289,7 @@ pub struct Aimd {
     /// is evidence about the rate its request was *sent* at.
     changes: VecDeque<(Instant, f64)>,
     /// Failures in a row, if the last answers were failures.
-    streak: Option<Streak>,
+    streak: Option<Box<Streak>>,
     /// When the last outage ended (its rate given back), and when the
     /// clean answer that ended it was sent: failures to requests sent
     /// before that are the outage's last echoes.
@@ -580,7 +580,12 @@ impl Aimd {
                     // Not taken (another replica raised within the window):
                     // the fleet's rate stands, and a probe the raise began
                     // did not begin.
-                    if self.probe.is_some_and(|p| p.windows <= 1) {
+                    if self
+                        .probe
+                        .as_deref()
+                        .copied()
+                        .is_some_and(|p| p.windows <= 1)
+                    {
                         self.probe = None;
                     }
                 } else {
@@ -614,7 +619,12 @@ impl Aimd {
                 self.fleet_refused(now);
                 self.reset_plateau();
                 self.recover_to = None;
-            } else if self.probe.is_some_and(|p| p.dwell.is_some()) {
+            } else if self
+                .probe
+                .as_deref()
+                .copied()
+                .is_some_and(|p| p.dwell.is_some())
+            {
                 // Another replica passed the dwell this one follows (or
                 // leads): passed here too, and the next one followed.
                 self.fleet_dwell_passed(now);
@@ -628,11 +638,11 @@ impl Aimd {
                 // and a throttle now is that probe's — judged as one. Where
                 // the provider holds, it is that replica's dwell, which
                 // this one follows (the replica that began it ends it).
-                self.probe = Some(if self.dwells() {
+                self.probe = Some(Box::new(if self.dwells() {
                     Probe::following(self.rate, now, self.dwell_windows)
                 } else {
                     Probe::new(self.rate)
-                });
+                }));
             }
             self.set_rate(now, rate);
         }

@@ -60,7 +60,10 @@ impl Aimd {
 
     /// Whether the controller believes the provider is down.
     pub fn in_outage(&self) -> bool {
-        self.streak.is_some_and(|s| s.outage_at.is_some())
+        self.streak
+            .as_deref()
+            .copied()
+            .is_some_and(|s| s.outage_at.is_some())
     }
 
     /// The outage watch ([`crate::park`]) found the provider down before
@@ -100,17 +103,20 @@ impl Aimd {
             .outage_ended
             .is_some_and(|(at, _)| now.saturating_duration_since(at) < RELAPSE);
         let persist = OUTAGE_PERSIST.max(self.window * 2);
-        let streak = self.streak.get_or_insert(Streak {
-            first_sent: sent_at,
-            began: now,
-            failures: 0,
-            rate_before: self.rate,
-            limit_before: self.limit,
-            weak_before: self.limit_weak,
-            cuts: 0,
-            last_cut: now,
-            relapse,
-            outage_at: None,
+        let (rate_before, limit_before, weak_before) = (self.rate, self.limit, self.limit_weak);
+        let streak = self.streak.get_or_insert_with(|| {
+            Box::new(Streak {
+                first_sent: sent_at,
+                began: now,
+                failures: 0,
+                rate_before,
+                limit_before,
+                weak_before,
+                cuts: 0,
+                last_cut: now,
+                relapse,
+                outage_at: None,
+            })
         });
         streak.failures = streak.failures.saturating_add(1);
         if streak.relapse {
@@ -138,7 +144,12 @@ impl Aimd {
     /// the throttle point from before it (a clean answer: R-AI4 holds).
     /// Returns whether it did.
     pub(super) fn end_streak(&mut self, sent_at: Instant, now: Instant) -> bool {
-        let Some(streak) = self.streak.filter(|s| sent_at >= s.first_sent) else {
+        let Some(streak) = self
+            .streak
+            .as_deref()
+            .copied()
+            .filter(|s| sent_at >= s.first_sent)
+        else {
             return false;
         };
         self.streak = None;

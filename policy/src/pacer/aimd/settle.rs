@@ -287,16 +287,16 @@ impl Aimd {
                         self.rate
                     } else if self.dwells() {
                         let rate = self.rate * PROBE_DWELL;
-                        self.probe = Some(Probe {
+                        self.probe = Some(Box::new(Probe {
                             dwell: Some(Dwell {
                                 left: dwell_windows,
                                 since: now,
                             }),
                             ..Probe::new(self.rate)
-                        });
+                        }));
                         rate
                     } else {
-                        self.probe = Some(Probe::new(self.rate));
+                        self.probe = Some(Box::new(Probe::new(self.rate)));
                         self.rate + limit * PROBE_STEP
                     }
                 }
@@ -342,7 +342,7 @@ impl Aimd {
     /// dwell lasts at least twice as long. (Never shorter than the last: a
     /// bucket the dwell found part-spent ran out sooner than its burst.)
     pub(super) fn dwell_refused(&mut self, now: Instant) {
-        if let Some(dwell) = self.probe.and_then(|p| p.dwell) {
+        if let Some(dwell) = self.probe.as_deref().copied().and_then(|p| p.dwell) {
             let lasted = now.saturating_duration_since(dwell.since).as_secs_f64();
             let windows = (2.0 * lasted / self.window.as_secs_f64()).ceil() as u32;
             self.dwell_windows = self.dwell_windows.max(windows).min(PROBE_DWELL_MAX);
@@ -356,7 +356,7 @@ impl Aimd {
     /// Whichever replica the provider refused, every replica learns alike,
     /// or the next probe would come at the least patient one's time.
     pub(super) fn fleet_refused(&mut self, now: Instant) {
-        match self.probe {
+        match self.probe.as_deref().copied() {
             Some(probe) if probe.dwell.is_some() => {
                 self.dwell_refused(now);
                 self.probe_backoff = if probe.dwelt.is_some() {

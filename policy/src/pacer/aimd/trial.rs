@@ -141,7 +141,7 @@ impl Aimd {
     /// Applies a trial's verdict. Returns `Some(share)` when the provider
     /// still throttles and the caller should cut again.
     pub(super) fn settle_trial(&mut self, now: Instant, error: bool) -> Option<f64> {
-        let trial = self.trial?;
+        let trial = self.trial.as_deref().copied()?;
         match trial.verdict(now, error) {
             Verdict::Open => None,
             Verdict::Confirmed => {
@@ -323,7 +323,7 @@ impl Aimd {
             // A limit moved on ambiguous evidence alone.
             self.limit_weak = true;
         }
-        self.trial = Some(Trial {
+        self.trial = Some(Box::new(Trial {
             from,
             prev_limit,
             prev_weak,
@@ -333,7 +333,7 @@ impl Aimd {
             base_share: self.errors.baseline().unwrap_or(0.0),
             answers: 0.0,
             errors: 0.0,
-        });
+        }));
         backoff
     }
 }

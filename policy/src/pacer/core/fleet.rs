@@ -18,7 +18,7 @@ impl PacerCore {
             rate,
             limit: self.aimd.limit(),
             units: 1,
-            allowance: self.allowance.as_ref().map(AllowanceState::allowance),
+            allowance: self.allowance.as_deref().map(AllowanceState::allowance),
             hold: self.fleet_hold.filter(|h| *h > now).map(|h| h - now),
         }
     }

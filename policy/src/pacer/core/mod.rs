@@ -63,10 +63,12 @@ pub struct PacerCore {
     last_backoff: Option<Backoff>,
     /// When anything last happened, for idle eviction.
     last_seen: Option<Instant>,
-    /// The quota the provider advertises, while it does (R-SG1).
-    quota: Option<Quota>,
+    /// The quota the provider advertises, while it does (R-SG1). Boxed,
+    /// as the other parts most providers never use: a tracked host keeps
+    /// a pointer, not their room (issue 38, R-PF1).
+    quota: Option<Box<Quota>>,
     /// Its tokens budget, beside the requests one (R-PD1, R-PD5).
-    tokens: Option<TokenBudget>,
+    tokens: Option<Box<TokenBudget>>,
     /// The shared budget's rate as last seen, when the budget is shared
     /// (R-DS1).
     shared_rate: Option<f64>,
@@ -86,7 +88,7 @@ pub struct PacerCore {
     /// Where the provider says what a request cost.
     cost_header: Option<http::HeaderName>,
     /// A long-horizon allowance, paced to last its period.
-    allowance: Option<AllowanceState>,
+    allowance: Option<Box<AllowanceState>>,
 }
 
 /// A readout of the pacer: what metrics, the admin API and the store read.
@@ -212,7 +214,7 @@ impl PacerCore {
             window: WindowLearner::default(),
             costs: settings.costs.clone(),
             cost_header: settings.cost_header.clone(),
-            allowance: settings.allowance.map(AllowanceState::new),
+            allowance: settings.allowance.map(|a| Box::new(AllowanceState::new(a))),
         }
     }
 
@@ -235,7 +237,7 @@ impl PacerCore {
         self.cost_header = settings.cost_header.clone();
         match (settings.allowance, self.allowance.as_mut()) {
             (Some(a), Some(state)) => state.set(a),
-            (Some(a), None) => self.allowance = Some(AllowanceState::new(a)),
+            (Some(a), None) => self.allowance = Some(Box::new(AllowanceState::new(a))),
             (None, _) => self.allowance = None,
         }
         self.sync_interval();
@@ -326,6 +328,7 @@ impl PacerCore {
     fn pace_rate(&self) -> f64 {
         let rate = match self
             .quota
+            .as_deref()
             .and_then(|q| q.rate.map(|r| (r, q.advertised.family)))
         {
             // A refilling budget is told, not guessed: no floor under it.
@@ -339,7 +342,7 @@ impl PacerCore {
             Some(a) => rate.min(a.pace()),
             None => rate,
         };
-        let rate = match self.tokens.and_then(|t| t.rate()) {
+        let rate = match self.tokens.as_deref().and_then(|t| t.rate()) {
             Some(tokens) => rate.min(tokens),
             None => rate,
         };
@@ -372,15 +375,20 @@ impl PacerCore {
             }
         }
         // The tokens budget, where it is the tighter (R-PD1).
-        let told = self.quota.and_then(|q| q.rate).unwrap_or(f64::MAX);
+        let told = self
+            .quota
+            .as_deref()
+            .and_then(|q| q.rate)
+            .unwrap_or(f64::MAX);
         if self
             .tokens
+            .as_deref()
             .and_then(|t| t.rate())
             .is_some_and(|t| t < told.min(self.aimd.rate()))
         {
             return "tokens";
         }
-        match self.quota {
+        match self.quota.as_deref() {
             Some(q) if q.synthetic => "learned_window",
             Some(_) => "advertised",
             None => "learned",
@@ -423,7 +431,7 @@ impl PacerCore {
             error_baseline: self.aimd.error_baseline(),
             on_trial: self.aimd.in_trial(),
             last_backoff: self.last_backoff,
-            quota: self.quota.map(|q| QuotaSnapshot {
+            quota: self.quota.as_deref().map(|q| QuotaSnapshot {
                 advertised: q.advertised,
                 reset_in: q.hi.saturating_duration_since(now),
                 rate_rps: q.rate,
@@ -434,7 +442,7 @@ impl PacerCore {
             known: self.aimd.known(),
             outages: self.aimd.outages(),
             allowance: self.allowance.as_ref().map(|a| a.snapshot(now)),
-            tokens: self.tokens.map(|t| t.snapshot()),
+            tokens: self.tokens.as_deref().map(|t| t.snapshot()),
         }
     }
 }
@@ -838,7 +846,13 @@ mod tests {
             core.on_quota(Some(bucket(1200, 1199)), now, now);
             core.on_tokens(bucket(120_000, tokens as u64), now);
         }
-        let per = core.tokens.unwrap().per_request.unwrap();
+        let per = core
+            .tokens
+            .as_deref()
+            .copied()
+            .unwrap()
+            .per_request
+            .unwrap();
         assert!((per - 600.0).abs() < 1.0, "{per}");
         assert!(
             (core.rate() - 2000.0 / 600.0).abs() < 0.01,
@@ -850,7 +864,13 @@ mod tests {
         // (this answer's drop is learned from too).
         let now = t0 + Duration::from_secs(3);
         let fb = core.on_tokens(bucket(120_000, 200), now);
-        let per = core.tokens.unwrap().per_request.unwrap();
+        let per = core
+            .tokens
+            .as_deref()
+            .copied()
+            .unwrap()
+            .per_request
+            .unwrap();
         let wait = Duration::from_secs_f64((per - 200.0) / 2000.0);
         assert_eq!(fb.hold_until, Some(now + wait), "{per} a request");
     }

@@ -296,12 +296,12 @@ impl PacerCore {
             .unwrap_or(now);
         // More remains, though the request was sent after the one that told
         // less, and the reset has not moved: the provider's window rolls.
-        let refilled = self.quota.is_some_and(|q| {
+        let refilled = self.quota.as_deref().copied().is_some_and(|q| {
             adv.remaining > q.advertised.remaining
                 && sent_at > q.low_sent
                 && said < q.hi + adv.granularity / 2
         });
-        let mut q = match self.quota {
+        let mut q = match self.quota.as_deref().copied() {
             // The same window: no more remains than before, and the request
             // was sent before the latest the window may end. (Not judged by
             // the reset it states: rounded to whole seconds from an answer
@@ -326,6 +326,8 @@ impl PacerCore {
         q.last_sent = q.last_sent.max(sent_at);
         if self
             .quota
+            .as_deref()
+            .copied()
             .is_none_or(|old| adv.remaining != old.advertised.remaining)
         {
             q.low_sent = sent_at;
@@ -339,7 +341,13 @@ impl PacerCore {
         }
         q.refills += u32::from(refilled);
         q.delivery.1 += 1;
-        if adv.remaining == 0 && self.quota.is_none_or(|old| old.advertised.remaining > 0) {
+        if adv.remaining == 0
+            && self
+                .quota
+                .as_deref()
+                .copied()
+                .is_none_or(|old| old.advertised.remaining > 0)
+        {
             q.delivery.2 += 1;
         }
         q.judge_delivery(now);
@@ -374,7 +382,7 @@ impl PacerCore {
         }
         let before = self.gcra.interval();
         let (trusted, rate) = (q.trusted, q.rate);
-        self.quota = Some(q);
+        self.quota = Some(Box::new(q));
         if trusted {
             if let Some(r) = rate {
                 self.aimd.follow(now, r);
@@ -400,7 +408,7 @@ impl PacerCore {
     fn on_bucket(&mut self, adv: Advertised, sent_at: Instant, now: Instant) -> Feedback {
         let mut fb = Feedback::default();
         let refill = adv.policy_rate();
-        let trusted = self.quota.is_none_or(|q| q.trusted);
+        let trusted = self.quota.as_deref().copied().is_none_or(|q| q.trusted);
         let whole = now + adv.reset;
         let q = Quota {
             advertised: adv,
@@ -424,7 +432,7 @@ impl PacerCore {
             fb.hold_cause = HoldCause::Refill;
         }
         let before = self.gcra.interval();
-        self.quota = Some(q);
+        self.quota = Some(Box::new(q));
         if let (true, Some(r)) = (trusted, q.rate) {
             self.aimd.follow(now, r);
         }
@@ -462,7 +470,7 @@ impl PacerCore {
             let long = |held: Duration| held >= Duration::from_secs(2) && held * 4 >= window;
             if window >= Duration::from_secs(2) && w.since > 0 && long(w.held) && long(wait) {
                 w.learned = Some((w.since, window, end, 0));
-                if self.quota.is_some_and(|q| q.synthetic) {
+                if self.quota.as_deref().is_some_and(|q| q.synthetic) {
                     self.quota = None;
                 }
             }

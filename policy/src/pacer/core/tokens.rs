@@ -73,7 +73,7 @@ impl PacerCore {
     pub fn on_tokens(&mut self, told: Advertised, now: Instant) -> Feedback {
         let mut fb = Feedback::default();
         let refill = told.policy_rate().unwrap_or(0.0);
-        let mut b = match self.tokens {
+        let mut b = match self.tokens.as_deref().copied() {
             Some(mut b) => {
                 let before = b.told.remaining as f64;
                 let room = told.limit.map_or(f64::MAX, |l| l as f64) - before;
@@ -108,7 +108,7 @@ impl PacerCore {
         }
         let before = self.gcra.interval();
         b.told = told;
-        self.tokens = Some(b);
+        self.tokens = Some(Box::new(b));
         self.sync_interval();
         fb.increased = self.gcra.interval() < before;
         fb
