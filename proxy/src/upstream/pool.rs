@@ -23,7 +23,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::error::Error as StdError;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use http::uri::{Authority, Scheme};
 use http::{HeaderValue, Request, Response, Uri};
