@@ -846,13 +846,7 @@ mod tests {
             core.on_quota(Some(bucket(1200, 1199)), now, now);
             core.on_tokens(bucket(120_000, tokens as u64), now);
         }
-        let per = core
-            .tokens
-            .as_deref()
-            .copied()
-            .unwrap()
-            .per_request
-            .unwrap();
+        let per = core.tokens.as_ref().and_then(|t| t.per_request).unwrap();
         assert!((per - 600.0).abs() < 1.0, "{per}");
         assert!(
             (core.rate() - 2000.0 / 600.0).abs() < 0.01,
@@ -864,13 +858,7 @@ mod tests {
         // (this answer's drop is learned from too).
         let now = t0 + Duration::from_secs(3);
         let fb = core.on_tokens(bucket(120_000, 200), now);
-        let per = core
-            .tokens
-            .as_deref()
-            .copied()
-            .unwrap()
-            .per_request
-            .unwrap();
+        let per = core.tokens.as_ref().and_then(|t| t.per_request).unwrap();
         let wait = Duration::from_secs_f64((per - 200.0) / 2000.0);
         assert_eq!(fb.hold_until, Some(now + wait), "{per} a request");
     }
