@@ -91,6 +91,15 @@ pub struct PacerCore {
     allowance: Option<Box<AllowanceState>>,
 }
 
+/// Puts `value` in `slot`, reusing its box: a quota or tokens budget is
+/// rewritten on every answer that states it, without an allocation each.
+fn put<T>(slot: &mut Option<Box<T>>, value: T) {
+    match slot {
+        Some(boxed) => **boxed = value,
+        None => *slot = Some(Box::new(value)),
+    }
+}
+
 /// A readout of the pacer: what metrics, the admin API and the store read.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PacerSnapshot {

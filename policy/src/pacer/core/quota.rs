@@ -1,6 +1,7 @@
 //! Advertised quotas (R-SG1), and fixed windows learned from a
 //! provider's `Retry-After`s where it advertises none.
 
+use super::put;
 use super::*;
 
 /// Learns a fixed-window quota from a provider that advertises none: its
@@ -382,7 +383,7 @@ impl PacerCore {
         }
         let before = self.gcra.interval();
         let (trusted, rate) = (q.trusted, q.rate);
-        self.quota = Some(Box::new(q));
+        put(&mut self.quota, q);
         if trusted {
             if let Some(r) = rate {
                 self.aimd.follow(now, r);
@@ -432,7 +433,7 @@ impl PacerCore {
             fb.hold_cause = HoldCause::Refill;
         }
         let before = self.gcra.interval();
-        self.quota = Some(Box::new(q));
+        put(&mut self.quota, q);
         if let (true, Some(r)) = (trusted, q.rate) {
             self.aimd.follow(now, r);
         }

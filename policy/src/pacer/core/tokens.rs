@@ -12,6 +12,7 @@
 //! requests at its refill over the tokens per request, and holds when
 //! less than a request's worth remains, until it has refilled.
 
+use super::put;
 use super::*;
 
 /// Answers summed into one sample of the tokens per request.
@@ -108,7 +109,7 @@ impl PacerCore {
         }
         let before = self.gcra.interval();
         b.told = told;
-        self.tokens = Some(Box::new(b));
+        put(&mut self.tokens, b);
         self.sync_interval();
         fb.increased = self.gcra.interval() < before;
         fb
