@@ -618,6 +618,16 @@ mod tests {
         secs: u64,
         edge: impl Fn(u32) -> bool,
     ) -> (f64, u32, Option<f64>) {
+        flask_limiter_allowing(moving, secs, 20, edge)
+    }
+
+    /// [`flask_limiter`] allowing `allows` a second though it says 20.
+    fn flask_limiter_allowing(
+        moving: bool,
+        secs: u64,
+        allows: usize,
+        edge: impl Fn(u32) -> bool,
+    ) -> (f64, u32, Option<f64>) {
         let mut core = PacerCore::new(&ProviderSettings::with_ceiling(50.0));
         let t0 = Instant::now();
         let wall = |t: Instant| (t - t0).as_secs_f64() + 0.37;
@@ -649,7 +659,7 @@ mod tests {
                     while log.front().is_some_and(|&t| t + second <= now) {
                         log.pop_front();
                     }
-                    let ok = log.len() < 20 && !late;
+                    let ok = log.len() < allows && !late;
                     if ok {
                         log.push_back(now);
                     }
@@ -660,7 +670,7 @@ mod tests {
                         Some((start, used)) if now < start + second => (start, used),
                         _ => (now, 0),
                     };
-                    let ok = used < 20 && !late;
+                    let ok = used < allows as u64 && !late;
                     fixed = Some((start, used + u64::from(ok)));
                     (ok, used + u64::from(ok), start + second)
                 };
@@ -726,6 +736,37 @@ mod tests {
         assert!(pace.is_some(), "its word is trusted again");
         assert!(used >= 0.95, "{used:.3} used");
         assert_eq!(refused, 0);
+    }
+
+    /// Refused twice within `EDGE_ANSWERS` (a burst of jitter, here 5 and
+    /// 8 s in), a moving window's word is doubted — and taken again after
+    /// `TRUSTED_AGAIN` answers without a refusal. (Doubted for good, it was
+    /// paced at AIMD's settle point: 0.87 of it used in a full run.)
+    #[test]
+    fn a_rolling_quota_doubted_by_a_burst_of_jitter_is_trusted_again() {
+        let (used, refused, pace) = flask_limiter(true, 120, |n| n == 100 || n == 150);
+        let pace = pace.expect("its word is trusted again");
+        assert!(pace >= 0.96 * 20.0, "paced at {pace:.2}/s");
+        assert!(used >= 0.95, "{used:.3} used");
+        assert_eq!(refused, 0, "refused only before the judged span");
+    }
+
+    /// A moving window that says 20 a second but allows 18 is doubted each
+    /// time its word is taken again and refused at once, each doubt
+    /// doubling the clean answers asked before the next: its refusals stay
+    /// under 1 % of what it serves (R-SG1; 3 in 2 minutes) and AIMD paces
+    /// it near what it allows (0.84 of 20 used, 0.93 of 18 — as when a
+    /// doubt was for good; re-trusted every 600 answers, 0.82 and 6).
+    #[test]
+    fn a_rolling_quota_that_allows_less_than_it_says_stays_doubted_enough() {
+        let (used, refused, _) = flask_limiter_allowing(true, 120, 18, |_| false);
+        let served = used * 20.0 * 105.0;
+        let share = f64::from(refused) / served;
+        assert!(
+            share <= 0.01,
+            "{refused} refused of {served:.0}: {share:.4}"
+        );
+        assert!(used >= 0.8, "{used:.3} of 20 used (18 allowed)");
     }
 
     /// R-FS2: an allowance spent before its period ends (here, as the
