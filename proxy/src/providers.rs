@@ -237,6 +237,11 @@ impl std::fmt::Debug for Providers {
 }
 
 impl Providers {
+    /// The upstream client every provider's stack ends in.
+    pub fn upstream(&self) -> &Upstream {
+        &self.upstream
+    }
+
     /// A table for this config over this upstream client.
     pub fn new(config: &Config, upstream: Upstream, observer: Option<Arc<dyn Observer>>) -> Self {
         Providers {
@@ -683,6 +688,7 @@ mod tests {
             Guard::default(),
             tls_config(None).unwrap(),
             Duration::from_secs(1),
+            crate::upstream::pool::DEFAULT_MAX_IDLE,
         );
         Providers::new(&config, upstream, None)
     }

@@ -222,6 +222,7 @@ fn keys() -> Vec<Key> {
         k("destinations.connect_ports", "list of ports", format!("{:?}", c.destinations.connect_ports), "Ports a CONNECT tunnel may reach (Node's undici tunnels even `http://` with `CONNECT host:80`)."),
         k("upstream.extra_ca", "path", "unset".into(), "A PEM of CA certificates trusted for upstream TLS besides the bundled web roots (a private or self-hosted provider), and for `rediss://`."),
         k("upstream.connect_timeout", "duration", format!("\"{}\"", duration(c.connect_timeout)), "The upstream TCP connect timeout."),
+        k("upstream.max_idle_connections", "integer", c.max_idle_connections.to_string(), "Idle upstream connections kept, across every destination (HTTP/2 ones count while open); beyond it the one idle longest is closed. A sidecar's few providers stay under it; a broad crawl's thousands of hosts do not each keep a connection. A restart applies it."),
         k("auth.credentials", "list of `\"user:token\"`", "[]".into(), "Proxy users. Once any user or collector is named, every client sends a user and token in the proxy URL."),
         k("limits.max_providers", "integer", l.max_providers.to_string(), "Providers tracked at once; beyond, unknown hosts share one `_overflow` provider."),
         k("limits.provider_idle", "duration", format!("\"{}\"", duration(l.provider_idle)), "A provider unused this long is evicted; what it learned is kept."),

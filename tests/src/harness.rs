@@ -272,6 +272,14 @@ impl Sluice {
         (code.trim().parse().unwrap_or(0), body.to_string())
     }
 
+    /// The value of an unlabelled series on `/metrics` (`None`: absent).
+    pub async fn metric(&self, name: &str) -> Option<f64> {
+        let (_, body) = self.admin_get("/metrics").await;
+        body.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+            .and_then(|v| v.trim().parse().ok())
+    }
+
     /// Calls the admin API directly (no proxy) with a JSON body: status
     /// and the JSON answer (`Value::Null` if it was not JSON).
     pub async fn api(

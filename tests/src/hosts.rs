@@ -19,6 +19,10 @@ pub struct HostsRun {
     pub before_kib: u64,
     pub after_kib: u64,
     pub settled_kib: u64,
+    /// Pooled upstream connections open 15 s after, and closed for the
+    /// idle bound (`/metrics`).
+    pub upstream_open: f64,
+    pub idle_closed: f64,
 }
 
 impl HostsRun {
@@ -31,13 +35,16 @@ impl HostsRun {
     pub fn line(&self) -> String {
         format!(
             "resident {:.1} → {:.1} MiB for {} providers added: {:.0} bytes per host; \
-             15 s later {:.1} MiB, {:.0} bytes per host",
+             15 s later {:.1} MiB, {:.0} bytes per host; upstream connections open {}, \
+             closed for the idle bound {}",
             self.before_kib as f64 / 1024.0,
             self.after_kib as f64 / 1024.0,
             self.added,
             self.per_host(self.after_kib),
             self.settled_kib as f64 / 1024.0,
             self.per_host(self.settled_kib),
+            self.upstream_open,
+            self.idle_closed,
         )
     }
 }
@@ -62,6 +69,14 @@ pub async fn one_post_each(
         before_kib,
         after_kib,
         settled_kib: rss_kib(sluice.pid()),
+        upstream_open: sluice
+            .metric("sluice_upstream_connections")
+            .await
+            .unwrap_or(0.0),
+        idle_closed: sluice
+            .metric("sluice_upstream_idle_closed_total")
+            .await
+            .unwrap_or(0.0),
     }
 }
 
@@ -76,26 +91,28 @@ pub async fn tracked(sluice: &Sluice) -> usize {
 }
 
 /// sluice's config for a crawl over `hosts` loopback hosts: loopback
-/// allowed, the table sized for them.
-pub fn crawl_config(hosts: u32) -> String {
+/// allowed, the table sized for them, `extra` appended.
+pub fn crawl_config(hosts: u32, extra: &str) -> String {
     format!(
-        "[destinations]\nallow = [\"127.0.0.0/8\"]\n[limits]\nmax_providers = {}\n",
+        "[destinations]\nallow = [\"127.0.0.0/8\"]\n[limits]\nmax_providers = {}\n{extra}",
         hosts + 100
     )
 }
 
 /// Prints what `hosts` hosts cost, sections numbered from `first`:
-/// refused connects (the providers' own state), and one origin on
-/// `0.0.0.0` answering `200` on the defaults (each host then leaves an
-/// idle pooled upstream connection behind) — the difference is what the
-/// idle connections cost. Uses `127.1/16` and `127.2/16`.
+/// refused connects (the providers' own state), one origin on `0.0.0.0`
+/// answering `200` on the defaults (idle upstream connections under
+/// their bound), and the same with the bound lifted — the difference is
+/// one idle upstream connection's cost. Uses `127.1/16`–`127.3/16`.
 pub async fn report(hosts: u32, first: u32) {
     let origin = Sim::start("0.0.0.0").await;
     let port = origin.addr.port();
-    let start = || Sluice::start_as_deployed(TempDir::new("bench-hosts"), &crawl_config(hosts));
+    let start = |extra: &str| {
+        Sluice::start_as_deployed(TempDir::new("bench-hosts"), &crawl_config(hosts, extra))
+    };
 
     println!("{first}. {hosts} hosts, one POST each, a refused connect (502): providers only");
-    let s = start();
+    let s = start("");
     let refused = one_post_each(&s, "127.1.0.0".parse().unwrap(), 9, hosts, 502).await;
     println!("  {}\n", refused.line());
     drop(s);
@@ -104,12 +121,22 @@ pub async fn report(hosts: u32, first: u32) {
         "{}. {hosts} hosts, one POST each answered 200 by one origin on 0.0.0.0:{port}, defaults",
         first + 1
     );
-    let s = start();
-    let answered = one_post_each(&s, "127.2.0.0".parse().unwrap(), port, hosts, 200).await;
-    println!("  {}", answered.line());
-    println!(
-        "  an idle upstream connection (and what its host's answer left): {:.0} bytes\n",
-        answered.per_host(answered.settled_kib) - refused.per_host(refused.settled_kib)
-    );
+    let s = start("");
+    let bounded = one_post_each(&s, "127.2.0.0".parse().unwrap(), port, hosts, 200).await;
+    println!("  {}\n", bounded.line());
     drop(s);
+
+    let lifted = hosts + 100;
+    println!(
+        "{}. the same, upstream.max_idle_connections = {lifted}",
+        first + 2
+    );
+    let s = start(&format!("[upstream]\nmax_idle_connections = {lifted}\n"));
+    let unbounded = one_post_each(&s, "127.3.0.0".parse().unwrap(), port, hosts, 200).await;
+    println!("  {}", unbounded.line());
+    let conns = unbounded.upstream_open - bounded.upstream_open;
+    println!(
+        "  one idle upstream connection: {:.0} bytes resident ({conns} more open than under the bound)\n",
+        (unbounded.settled_kib as f64 - bounded.settled_kib as f64) * 1024.0 / conns.max(1.0),
+    );
 }

@@ -156,6 +156,8 @@ struct State {
     model: Option<Box<dyn Model>>,
     /// Requests being answered at once (GitHub's secondary limit).
     in_flight: usize,
+    /// Connections accepted, and those still open.
+    connections: (u64, u64),
 }
 
 impl State {
@@ -285,6 +287,11 @@ impl Sim {
     /// Sets the hidden limit of `/limited`: a token bucket.
     pub fn set_limit(&self, rate: f64, burst: f64) {
         self.state.lock().unwrap().bucket = Some(TokenBucket::new(rate, burst, Instant::now()));
+    }
+
+    /// Connections accepted since start, and those open now.
+    pub fn connections(&self) -> (u64, u64) {
+        self.state.lock().unwrap().connections
     }
 
     /// Every request seen whose path starts with `prefix`.
@@ -423,7 +430,14 @@ async fn accept(
         let st = st.clone();
         let tls = tls.clone();
         let mut stopped = stop.subscribe();
+        {
+            let mut s = st.lock().unwrap();
+            s.connections.0 += 1;
+            s.connections.1 += 1;
+        }
+        let closed = ConnectionClosed(st.clone());
         tokio::spawn(async move {
+            let _closed = closed;
             let service = service_fn(move |req| {
                 let st = st.clone();
                 async move { answer(st, req).await }
@@ -448,6 +462,17 @@ async fn accept(
                 _ = stopped.wait_for(|s| *s) => {}
             }
         });
+    }
+}
+
+/// Counts a connection closed when dropped.
+struct ConnectionClosed(Arc<Mutex<State>>);
+
+impl Drop for ConnectionClosed {
+    fn drop(&mut self) {
+        if let Ok(mut s) = self.0.lock() {
+            s.connections.1 -= 1;
+        }
     }
 }
 

@@ -105,7 +105,12 @@ pub async fn run(
     raise_file_limit();
     let tls = upstream::tls_config(config.extra_ca.as_deref())?;
     let guard = Guard::new(config.destinations.allow.clone());
-    let upstream = Upstream::new(guard.clone(), tls, config.connect_timeout);
+    let upstream = Upstream::new(
+        guard.clone(),
+        tls,
+        config.connect_timeout,
+        config.max_idle_connections,
+    );
     let bind = |addr| async move {
         let listener = TcpListener::bind(addr).await?;
         let bound = listener.local_addr()?;

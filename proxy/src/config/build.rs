@@ -7,12 +7,13 @@ use super::*;
 /// finds changed): they hold what the running process was built on — its
 /// listeners, its store, its upstream client and TLS material, its Redis
 /// connection, its runtime. A table's name stands for all its keys.
-pub const RESTART_ONLY: [&str; 11] = [
+pub const RESTART_ONLY: [&str; 12] = [
     "listen",
     "admin",
     "state_dir",
     "upstream.extra_ca",
     "upstream.connect_timeout",
+    "upstream.max_idle_connections",
     "tls.ca_cert",
     "tls.ca_key",
     "tls.leaf_cache",
@@ -107,6 +108,10 @@ impl Config {
                 .upstream
                 .connect_timeout
                 .map_or(Duration::from_secs(10), |d| d.0),
+            max_idle_connections: raw
+                .upstream
+                .max_idle_connections
+                .unwrap_or(crate::upstream::pool::DEFAULT_MAX_IDLE),
             defaults,
             providers,
             credentials: Credentials(credentials),
@@ -145,6 +150,10 @@ impl Config {
             "upstream.connect_timeout",
             new.connect_timeout != self.connect_timeout,
         );
+        keep(
+            "upstream.max_idle_connections",
+            new.max_idle_connections != self.max_idle_connections,
+        );
         keep("tls.ca_cert", new.tls.ca_cert != self.tls.ca_cert);
         keep("tls.ca_key", new.tls.ca_key != self.tls.ca_key);
         keep("tls.leaf_cache", new.tls.leaf_cache != self.tls.leaf_cache);
@@ -156,6 +165,7 @@ impl Config {
         new.state_dir = self.state_dir.clone();
         new.extra_ca = self.extra_ca.clone();
         new.connect_timeout = self.connect_timeout;
+        new.max_idle_connections = self.max_idle_connections;
         new.tls = self.tls.clone();
         new.shared = self.shared.clone();
         new.limits.workers = self.limits.workers;

@@ -307,6 +307,9 @@ pub struct Config {
     pub extra_ca: Option<PathBuf>,
     /// Upstream TCP connect timeout.
     pub connect_timeout: Duration,
+    /// Open pooled upstream connections kept once their destinations are
+    /// idle; beyond it the least recently used are closed.
+    pub max_idle_connections: usize,
     /// Settings of every provider not named.
     pub defaults: ValidSettings,
     /// Whether providers not named are intercepted.

@@ -174,6 +174,7 @@ pub(super) struct RawDestinations {
 pub(super) struct RawUpstream {
     pub(super) extra_ca: Option<PathBuf>,
     pub(super) connect_timeout: Option<Dur>,
+    pub(super) max_idle_connections: Option<usize>,
 }
 
 #[derive(Debug, Default, Deserialize)]

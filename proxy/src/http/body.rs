@@ -16,6 +16,8 @@ use sluice_policy::retry::ReplayBody;
 use sluice_policy::BoxError;
 use tokio::time::Sleep;
 
+use crate::upstream::pool::Checkin;
+
 /// The body type every response sluice sends has.
 pub type ResBody = BoxBody<Bytes, BoxError>;
 
@@ -193,6 +195,27 @@ pub struct UpstreamBody {
     error: Option<hyper::Error>,
     /// The rest; `None` once it ended while reading ahead.
     rest: Option<Incoming>,
+    /// Whether it failed (read ahead or streamed): its connection is not
+    /// reused.
+    failed: bool,
+    /// Whether it was read to its end.
+    ended: bool,
+    /// Its HTTP/1.1 connection, given back to the pool when this body is
+    /// dropped having ended cleanly (R-PF1).
+    checkin: Option<Checkin<ProxyBody>>,
+}
+
+impl Drop for UpstreamBody {
+    fn drop(&mut self) {
+        let Some(checkin) = self.checkin.take() else {
+            return;
+        };
+        let clean =
+            !self.failed && (self.ended || self.rest.as_ref().is_none_or(|r| r.is_end_stream()));
+        if clean {
+            checkin.done();
+        }
+    }
 }
 
 impl UpstreamBody {
@@ -203,7 +226,17 @@ impl UpstreamBody {
             trailers: None,
             error: None,
             rest: Some(body),
+            failed: false,
+            ended: false,
+            checkin: None,
         }
+    }
+
+    /// This body, giving its connection back to the pool when it has
+    /// ended.
+    pub fn returning(mut self, checkin: Option<Checkin<ProxyBody>>) -> Self {
+        self.checkin = checkin;
+        self
     }
 
     /// Reads up to `max` bytes of `body` ahead: the bytes read, and the
@@ -242,8 +275,11 @@ impl UpstreamBody {
             UpstreamBody {
                 head: (!head.is_empty()).then_some(head),
                 trailers,
+                failed: error.is_some(),
+                ended: rest.is_none(),
                 error,
                 rest: rest.map(|()| body),
+                checkin: None,
             },
         )
     }
@@ -267,10 +303,16 @@ impl Body for UpstreamBody {
         if let Some(e) = this.error.take() {
             return Poll::Ready(Some(Err(e)));
         }
-        match &mut this.rest {
-            Some(rest) => Pin::new(rest).poll_frame(cx),
-            None => Poll::Ready(None),
+        let Some(rest) = &mut this.rest else {
+            return Poll::Ready(None);
+        };
+        let polled = Pin::new(rest).poll_frame(cx);
+        match &polled {
+            Poll::Ready(None) => this.ended = true,
+            Poll::Ready(Some(Err(_))) => this.failed = true,
+            _ => {}
         }
+        polled
     }
 
     fn is_end_stream(&self) -> bool {

@@ -183,6 +183,13 @@ fn metrics(app: &App) -> Response<ResBody> {
             .metrics()
             .num_alive_tasks() as i64,
     );
+    let (open, closed) = app.providers.upstream().connections();
+    app.metrics.upstream_connections.set(open as i64);
+    // The pool counts; the counter catches up to it at each scrape.
+    let counted = app.metrics.upstream_idle_closed.get();
+    app.metrics
+        .upstream_idle_closed
+        .inc_by(closed.saturating_sub(counted));
     app.runs.export();
     text(
         StatusCode::OK,

@@ -9,6 +9,7 @@
 
 pub mod causes;
 pub mod guard;
+pub mod pool;
 
 use std::future::Future;
 use std::io;
@@ -31,6 +32,7 @@ use tower::Service;
 use crate::config::ConfigError;
 use crate::http::body::{ClientBodyError, ProxyBody, UpstreamBody};
 use crate::upstream::guard::{Guard, GuardError, GuardedConnector};
+use crate::upstream::pool::Pool;
 
 /// A TLS config for upstream connections: web roots + the extra CA. An
 /// extra CA that cannot be used is a config error naming
@@ -68,6 +70,9 @@ pub fn tls_config(extra_ca: Option<&Path>) -> Result<rustls::ClientConfig, Confi
     Ok(config)
 }
 
+/// How long an idle upstream connection is kept.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+
 /// The pooled client, cheap to clone: one pointer. Every layer of a
 /// provider's stack clones its inner service per attempt (tower's
 /// `Oneshot`, the retry layer), so a client struct copied by value was
@@ -77,33 +82,49 @@ pub struct Upstream(Arc<Clients>);
 
 #[derive(Debug)]
 struct Clients {
-    client: Client<HttpsConnector<GuardedConnector>, ProxyBody>,
+    /// sluice's own pool: idle connections bounded across destinations.
+    pool: Arc<Pool<HttpsConnector<GuardedConnector>, ProxyBody>>,
     /// HTTP/1.1 only, for Upgrade requests: an upgrade cannot ride HTTP/2.
     http1: Client<HttpsConnector<GuardedConnector>, ProxyBody>,
 }
 
 impl Upstream {
-    /// A client with this guard and TLS config.
-    pub fn new(guard: Guard, tls: rustls::ClientConfig, connect_timeout: Duration) -> Self {
+    /// A client with this guard and TLS config, keeping at most
+    /// `max_idle` open connections once their destinations are idle.
+    pub fn new(
+        guard: Guard,
+        tls: rustls::ClientConfig,
+        connect_timeout: Duration,
+        max_idle: usize,
+    ) -> Self {
         // One pooled client offering h2 and HTTP/1.1 by ALPN; one HTTP/1.1
-        // only, for Upgrade requests.
-        let build = |h2: bool| {
-            let https = hyper_rustls::HttpsConnectorBuilder::new()
+        // only, for Upgrade requests (an upgraded connection leaves the
+        // pool: nothing to bound).
+        let https = || {
+            hyper_rustls::HttpsConnectorBuilder::new()
                 .with_tls_config(tls.clone())
                 .https_or_http()
-                .enable_http1();
-            let connector = GuardedConnector::new(guard.clone(), connect_timeout);
-            let https = if h2 {
-                https.enable_http2().wrap_connector(connector)
-            } else {
-                https.wrap_connector(connector)
-            };
-            Client::builder(TokioExecutor::new())
-                .pool_idle_timeout(Duration::from_secs(90))
-                .build(https)
+                .enable_http1()
         };
-        let (client, http1) = (build(true), build(false));
-        Upstream(Arc::new(Clients { client, http1 }))
+        let pooled = || {
+            let mut b = Client::builder(TokioExecutor::new());
+            b.pool_idle_timeout(IDLE_TIMEOUT);
+            b
+        };
+        let connector = || GuardedConnector::new(guard.clone(), connect_timeout);
+        let pool = Pool::new(
+            https().enable_http2().wrap_connector(connector()),
+            max_idle,
+            IDLE_TIMEOUT,
+        );
+        let http1 = pooled().build(https().wrap_connector(connector()));
+        Upstream(Arc::new(Clients { pool, http1 }))
+    }
+
+    /// Open pooled connections now, and idle ones closed for the bound
+    /// since start.
+    pub fn connections(&self) -> (usize, u64) {
+        self.0.pool.connections()
     }
 }
 
@@ -121,13 +142,17 @@ impl Service<Request<ProxyBody>> for Upstream {
         // this answer by its body: its first bytes are read ahead, within
         // the attempt's timeout, and sent on first (R-PD3).
         let dialect = req.extensions().get::<Dialect>().copied();
-        let fut = if req.headers().contains_key(http::header::UPGRADE) {
-            self.0.http1.request(req)
-        } else {
-            self.0.client.request(req)
-        };
+        let this = Arc::clone(&self.0);
         Box::pin(async move {
-            let resp = fut.await.map_err(|e| Cause::Upstream(classify(e.into())))?;
+            let (resp, checkin) = if req.headers().contains_key(http::header::UPGRADE) {
+                let resp = this.http1.request(req).await.map_err(BoxError::from);
+                (resp.map_err(|e| Cause::Upstream(classify(e)))?, None)
+            } else {
+                this.pool
+                    .send(req)
+                    .await
+                    .map_err(|e| Cause::Upstream(classify(e)))?
+            };
             let (mut parts, body) = resp.into_parts();
             let body = if dialect.is_some_and(|d| d.reads_body(parts.status, &parts.headers)) {
                 let (read, body) = UpstreamBody::read_ahead(body, ERROR_BODY_MAX).await;
@@ -136,7 +161,7 @@ impl Service<Request<ProxyBody>> for Upstream {
             } else {
                 UpstreamBody::stream(body)
             };
-            Ok(Response::from_parts(parts, body))
+            Ok(Response::from_parts(parts, body.returning(checkin)))
         })
     }
 }
@@ -183,6 +208,7 @@ pub fn kind_of(err: &(dyn std::error::Error + 'static)) -> UpstreamKind {
         if let Some(c) = e.downcast_ref::<hyper_util::client::legacy::Error>() {
             saw_connect |= c.is_connect();
         }
+        saw_connect |= pool::is_connect(e);
     }
     // No TLS or guard cause: the innermost I/O error names it.
     if let Some(k) = io_kinds.iter().rev().find_map(|k| io_kind(*k)) {

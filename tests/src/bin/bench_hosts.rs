@@ -9,8 +9,10 @@
 //!    own state, no upstream connection;
 //! 2. one POST to each of as many addresses answered `200` by one origin
 //!    on `0.0.0.0` — a broad crawl as a new user meets it: each host
-//!    leaves a pooled upstream connection behind; the difference from 1
-//!    is what they cost.
+//!    leaves a pooled upstream connection behind, bounded by
+//!    `upstream.max_idle_connections` (default);
+//! 3. the same with the bound lifted: the difference is what the idle
+//!    connections cost, printed per connection.
 //!
 //! `bench_squid` prints the same after its per-request figures.
 

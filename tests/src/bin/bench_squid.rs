@@ -30,7 +30,9 @@
 //!    connect, a `502`), and sluice's resident memory per host;
 //! 5. as many hosts answered `200` by one origin on `0.0.0.0`, sluice on
 //!    its defaults: memory per host with the idle upstream connections
-//!    they leave (`sluice_tests::hosts::report`, also `bench_hosts`).
+//!    they leave (bounded), and 6. with the bound lifted: one idle
+//!    connection's cost (`sluice_tests::hosts::report`, also
+//!    `bench_hosts`).
 
 use std::net::SocketAddr;
 use std::process::{Child, Command};

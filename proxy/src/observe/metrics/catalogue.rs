@@ -128,6 +128,20 @@ impl Metrics {
             IntGauge::new("providers_tracked", "Providers in the table").expect("valid metric");
         r.register(Box::new(providers_tracked.clone()))
             .expect("unique metric");
+        let upstream_connections = IntGauge::new(
+            "upstream_connections",
+            "Pooled upstream connections open, idle or in use",
+        )
+        .expect("valid metric");
+        r.register(Box::new(upstream_connections.clone()))
+            .expect("unique metric");
+        let upstream_idle_closed = IntCounter::new(
+            "upstream_idle_closed_total",
+            "Idle upstream connections closed for upstream.max_idle_connections, since start",
+        )
+        .expect("valid metric");
+        r.register(Box::new(upstream_idle_closed.clone()))
+            .expect("unique metric");
         let mut m = Metrics {
             rate: gauge(
                 &r,
@@ -406,6 +420,8 @@ impl Metrics {
                 &["provider", "family"],
             ),
             providers_tracked,
+            upstream_connections,
+            upstream_idle_closed,
             tasks_alive,
             store_cold_starts: counter(
                 &r,

@@ -101,6 +101,10 @@ pub struct Metrics {
     quota_malformed: IntCounterVec,
     /// Providers in the table.
     pub providers_tracked: IntGauge,
+    /// Pooled upstream connections open, idle or in use.
+    pub upstream_connections: IntGauge,
+    /// Idle upstream connections closed for `upstream.max_idle_connections`.
+    pub upstream_idle_closed: IntCounter,
     /// Tasks alive in the runtime (connections, tunnels, writers…): flat
     /// at rest, back to it after load — a stuck waiter shows here.
     pub tasks_alive: IntGauge,

@@ -1,0 +1,122 @@
+//! The upstream pool under a bound (R-PF1, R-HU2, issue 38): the real
+//! binary, a simulator listening on `0.0.0.0` so that every loopback
+//! address is a host of its own, and Python requests configured by
+//! environment — a broad crawl's pattern: one request to each of many
+//! hosts.
+
+use std::time::Duration;
+
+use sluice_tests::clients::python;
+use sluice_tests::harness::Sluice;
+use sluice_tests::sim::Sim;
+use tokio::time::Instant;
+
+fn config(max_idle: usize) -> String {
+    format!(
+        "[destinations]\nallow = [\"127.0.0.0/8\"]\n[upstream]\nmax_idle_connections = {max_idle}\n"
+    )
+}
+
+/// GETs each URL in turn through the proxy (one session: the client's own
+/// connection to sluice is reused) and prints each status.
+const CRAWL: &str = "import sys, requests\ns = requests.Session()\n\
+for u in sys.argv[1:]:\n    print(s.get(u, timeout=30).status_code)\n";
+
+async fn crawl(sluice: &Sluice, urls: &[String]) -> Vec<u16> {
+    let args: Vec<&str> = urls.iter().map(String::as_str).collect();
+    python(&sluice.proxy_url(), CRAWL, &args)
+        .await
+        .lines()
+        .map(|l| l.trim().parse().unwrap())
+        .collect()
+}
+
+fn host_url(sim: &Sim, n: u32, path: &str) -> String {
+    format!("http://127.3.0.{n}:{}{path}", sim.addr.port())
+}
+
+/// Waits (up to 10 s) until the simulator has at most `max` connections
+/// open: a close reaches it as a FIN, a moment after sluice decides it.
+async fn settle_to(sim: &Sim, max: u64) -> (u64, u64) {
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        let c = sim.connections();
+        if c.1 <= max || Instant::now() > until {
+            return c;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// One GET to each of 40 hosts under `max_idle_connections = 8`: every
+/// answer 200, 8 idle connections left open at the provider, 32 closed
+/// and counted — and the 8 kept are the most recently used hosts' (a
+/// request to the last host reuses its connection; one to the first
+/// makes a new one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_beyond_the_bound_are_closed_least_recently_used_first() {
+    let sim = Sim::start("0.0.0.0").await;
+    let sluice = Sluice::start(&config(8));
+    let urls: Vec<String> = (1..=40).map(|n| host_url(&sim, n, "/ok")).collect();
+    let statuses = crawl(&sluice, &urls).await;
+    assert_eq!(statuses, vec![200; 40]);
+    let (accepted, open) = settle_to(&sim, 8).await;
+    assert_eq!(accepted, 40, "one connection per host");
+    assert_eq!(open, 8, "the bound's connections stay open at the provider");
+    assert_eq!(
+        sluice.metric("sluice_upstream_connections").await,
+        Some(8.0)
+    );
+    assert_eq!(
+        sluice.metric("sluice_upstream_idle_closed_total").await,
+        Some(32.0)
+    );
+    // The last host's connection was kept: reused, nothing new accepted.
+    assert_eq!(
+        crawl(&sluice, &[host_url(&sim, 40, "/ok")]).await,
+        vec![200]
+    );
+    assert_eq!(sim.connections().0, 40, "host 40's connection reused");
+    // The first host's was closed: a new one, and the bound still holds.
+    assert_eq!(crawl(&sluice, &[host_url(&sim, 1, "/ok")]).await, vec![200]);
+    assert_eq!(sim.connections().0, 41, "host 1 connects again");
+    let (_, open) = settle_to(&sim, 8).await;
+    assert_eq!(open, 8);
+}
+
+/// A connection waiting for a slow answer carries no traffic, like an
+/// idle one, but it is in use: not listed idle, never closed for the
+/// bound. Under a bound of 2, an 8 s answer from one host survives 30 other hosts' requests made
+/// meanwhile, and a host used back to back keeps its one connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_awaiting_an_answer_is_never_closed_for_the_bound() {
+    let sim = Sim::start("0.0.0.0").await;
+    let sluice = Sluice::start(&config(2));
+    let slow_url = format!("http://127.3.1.1:{}/slow/8000", sim.addr.port());
+    let slow = {
+        let proxy = sluice.proxy_url();
+        tokio::spawn(async move { python(&proxy, CRAWL, &[&slow_url]).await })
+    };
+    // The slow request is in flight before the others start.
+    let until = Instant::now() + Duration::from_secs(10);
+    while sim.hits("/slow").is_empty() && Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        sim.hits("/slow").len(),
+        1,
+        "the slow request reached the host"
+    );
+    let others: Vec<String> = (1..=30).map(|n| host_url(&sim, n, "/ok")).collect();
+    assert_eq!(crawl(&sluice, &others).await, vec![200; 30]);
+    assert!(
+        sim.hits("/slow").len() == 1 && !slow.is_finished(),
+        "the 30 requests took less than the slow answer's 8 s"
+    );
+    assert_eq!(slow.await.unwrap().trim(), "200", "the slow answer arrived");
+    // A host used back to back: one connection for ten requests.
+    let before = sim.connections().0;
+    let again: Vec<String> = (0..10).map(|_| host_url(&sim, 77, "/ok")).collect();
+    assert_eq!(crawl(&sluice, &again).await, vec![200; 10]);
+    assert_eq!(sim.connections().0, before + 1);
+}
