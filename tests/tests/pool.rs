@@ -120,3 +120,27 @@ async fn a_connection_awaiting_an_answer_is_never_closed_for_the_bound() {
     assert_eq!(crawl(&sluice, &again).await, vec![200; 10]);
     assert_eq!(sim.connections().0, before + 1);
 }
+
+/// Answers sluice does not pass on — a `429` whose `Retry-After` it waits
+/// out, `503`s it retries — give their connection back like any other: the
+/// retries reach the provider on the same connection, as with hyper-util's
+/// pool. (Their short bodies are read ahead for the provider's dialect, so
+/// they end; a longer one dropped unread is handed back once hyper has
+/// drained it — `Checkin`'s drop — where it was closed before.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_sluice_retries_gives_its_connection_back() {
+    let sim = Sim::start("0.0.0.0").await;
+    let sluice = Sluice::start(&config(8));
+    let refused_once = format!("http://127.3.2.1:{}/ra/1/pool", sim.addr.port());
+    let failing = format!("http://127.3.2.2:{}/fail503/2/pool", sim.addr.port());
+    assert_eq!(crawl(&sluice, &[refused_once]).await, vec![200]);
+    assert_eq!(sim.hits("/ra/1/pool").len(), 2, "refused, then sent again");
+    assert_eq!(sim.connections().0, 1, "both on one connection");
+    assert_eq!(crawl(&sluice, &[failing]).await, vec![200]);
+    assert_eq!(sim.hits("/fail503/2/pool").len(), 3, "two 503s retried");
+    assert_eq!(
+        sim.connections().0,
+        2,
+        "one connection for that host's three"
+    );
+}

@@ -207,8 +207,7 @@ where
                         Ok(resp) => {
                             let checkin = Checkin {
                                 list: Arc::clone(&self.list),
-                                key,
-                                sender: s,
+                                back: Some((key, s)),
                             };
                             return Ok((resp, Some(checkin)));
                         }
@@ -411,33 +410,42 @@ fn authority_for_host<'a>(a: &'a Authority, uri: &Uri) -> &'a str {
 }
 
 /// An HTTP/1.1 connection in use by one answer: listed idle again once
-/// the answer's body has ended; dropped (and closed) when it did not.
-pub struct Checkin<B> {
+/// hyper is done with the exchange — whether the answer's body was read
+/// to its end or dropped before it (an answer sluice retried or parked:
+/// hyper drains a short rest and keeps the connection, or closes it), as
+/// hyper-util's pool does.
+pub struct Checkin<B: Send + 'static> {
     list: Arc<IdleList<B>>,
-    key: Key,
-    sender: http1::SendRequest<B>,
+    back: Option<(Key, http1::SendRequest<B>)>,
 }
 
-impl<B> std::fmt::Debug for Checkin<B> {
+impl<B: Send + 'static> std::fmt::Debug for Checkin<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Checkin").field("key", &self.key).finish()
+        f.debug_struct("Checkin")
+            .field("key", &self.back.as_ref().map(|(k, _)| k))
+            .finish()
     }
 }
 
 impl<B: Send + 'static> Checkin<B> {
-    /// The answer's body ended: the connection is idle once hyper has
-    /// finished with the exchange (at once, but for a request body still
-    /// being sent after an early answer: then when it is done).
-    pub fn done(self) {
-        let Checkin {
-            list,
-            key,
-            mut sender,
-        } = self;
+    /// The answer's body ended: the connection is given back now rather
+    /// than when the body is dropped.
+    pub fn done(self) {}
+}
+
+impl<B: Send + 'static> Drop for Checkin<B> {
+    /// Idle at once when hyper is ready for another request; else once it
+    /// is (a request body still being sent after an early answer, the rest
+    /// of a dropped answer being drained); never if it closes meanwhile.
+    fn drop(&mut self) {
+        let Some((key, mut sender)) = self.back.take() else {
+            return;
+        };
         if sender.is_ready() {
-            list.checkin(key, Sender::H1(sender));
+            self.list.checkin(key, Sender::H1(sender));
         } else if let (false, Ok(rt)) = (sender.is_closed(), tokio::runtime::Handle::try_current())
         {
+            let list = Arc::clone(&self.list);
             rt.spawn(async move {
                 if sender.ready().await.is_ok() {
                     list.checkin(key, Sender::H1(sender));
