@@ -530,3 +530,28 @@ fn config_errors_say_where_and_what_to_write() {
         "{said}"
     );
 }
+
+/// The allocator's counts (issue 38, R-PF1): `sluice_allocations_total`
+/// grows with the requests forwarded — at least one allocation each, and
+/// fewer than a thousand — and `sluice_allocated_bytes` reads the heap, a
+/// part of the resident set.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_allocators_counts_are_scraped() {
+    let sim = Sim::start("127.0.0.1").await;
+    let s = Sluice::start("[destinations]\nallow = [\"127.0.0.0/8\"]\n");
+    let before = s.metric("sluice_allocations_total").await;
+    let before = before.expect("sluice_allocations_total is exported");
+    let url = sim.url("http", "/ok");
+    let script = "import sys, requests\ns = requests.Session()\n\
+                  print(sum(s.get(sys.argv[1], timeout=10).status_code == 200 for _ in range(100)))\n";
+    assert_eq!(python(&s.proxy_url(), script, &[&url]).await.trim(), "100");
+    let after = s.metric("sluice_allocations_total").await.unwrap();
+    let per_request = (after - before) / 100.0;
+    assert!(
+        (1.0..1000.0).contains(&per_request),
+        "{per_request:.1} allocations per request"
+    );
+    let heap = s.metric("sluice_allocated_bytes").await.unwrap();
+    let rss = sluice_tests::procfs::rss_kib(s.pid()) as f64 * 1024.0;
+    assert!(heap > 0.0 && heap < rss, "heap {heap} of resident {rss}");
+}

@@ -2,6 +2,7 @@
 //! line per back-off and per transition, and the store's evidence log
 //! (R-CB2). Derived from the same events, so they cannot disagree.
 
+pub mod allocator;
 pub mod format;
 pub mod history;
 pub mod metrics;

@@ -190,6 +190,14 @@ fn metrics(app: &App) -> Response<ResBody> {
     app.metrics
         .upstream_idle_closed
         .inc_by(closed.saturating_sub(counted));
+    if let Some(a) = crate::observe::allocator::read() {
+        // The allocator counts; the counter catches up to it.
+        let counted = app.metrics.allocations.get();
+        app.metrics
+            .allocations
+            .inc_by(a.requests.saturating_sub(counted));
+        app.metrics.allocated.set(a.allocated as i64);
+    }
     app.runs.export();
     text(
         StatusCode::OK,

@@ -53,18 +53,69 @@ const FAST: &str =
     [defaults]\nceiling_rps = 1000000.0\nstart_rps = 999999.0\nburst = 1000\n\
     max_in_flight = 10000\nmax_queue_len = 10000\n";
 
-/// One measured run: the load's figures and the proxy's CPU per request.
+/// One measured run: the load's figures, the proxy's CPU per request and,
+/// where it counts them, its allocations per request.
 struct Measured {
     run: Run,
     cpu_us: f64,
+    allocs: Option<f64>,
 }
 
-fn measure(pid: u32, f: impl FnOnce() -> Run) -> Measured {
+/// Where a proxy's allocator count is read (jemalloc's, in both): sluice's
+/// `sluice_allocations_total` on its admin listener, the floor's
+/// `/allocations`. Reading allocates too (a few thousand, once before and
+/// once after tens of thousands of requests: under 0.1 a request).
+#[derive(Clone, Copy)]
+enum Counted {
+    Sluice(SocketAddr),
+    Floor(SocketAddr),
+    Not,
+}
+
+impl Counted {
+    fn read(self) -> Option<u64> {
+        let (addr, path) = match self {
+            Counted::Sluice(admin) => (admin, "/metrics"),
+            Counted::Floor(addr) => (addr, "/allocations"),
+            Counted::Not => return None,
+        };
+        let body = http_get(addr, path)?;
+        match self {
+            Counted::Sluice(_) => body
+                .lines()
+                .find_map(|l| l.strip_prefix("sluice_allocations_total "))?
+                .trim()
+                .parse()
+                .ok(),
+            _ => body.trim().parse().ok(),
+        }
+    }
+}
+
+/// A plain `GET` over HTTP/1.0: the answer's body.
+fn http_get(addr: SocketAddr, path: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .ok()?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    Some(text.split_once("\r\n\r\n")?.1.to_string())
+}
+
+fn measure(pid: u32, counted: Counted, f: impl FnOnce() -> Run) -> Measured {
+    let allocs = counted.read();
     let before = cpu_seconds(pid);
     let run = f();
     let cpu = cpu_seconds(pid) - before;
+    let requests = run.requests.max(1) as f64;
+    let allocs = allocs
+        .zip(counted.read())
+        .map(|(a, b)| b.saturating_sub(a) as f64 / requests);
     Measured {
-        cpu_us: cpu / run.requests.max(1) as f64 * 1e6,
+        cpu_us: cpu / requests * 1e6,
+        allocs,
         run,
     }
 }
@@ -76,11 +127,14 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 fn row(name: &str, m: &Measured) {
     println!(
-        "  {name:<22} {:>8.0} req/s   p50 {:>8.1} µs   p99 {:>8.1} µs   CPU {:>6.1} µs/request",
+        "  {name:<22} {:>8.0} req/s   p50 {:>8.1} µs   p99 {:>8.1} µs   CPU {:>6.1} µs/request{}",
         m.run.rps,
         m.run.p50.as_secs_f64() * 1e6,
         m.run.p99.as_secs_f64() * 1e6,
-        m.cpu_us
+        m.cpu_us,
+        m.allocs.map_or(String::new(), |a| format!(
+            "   {a:>5.1} allocations/request"
+        ))
     );
 }
 
@@ -117,6 +171,7 @@ async fn main() {
     };
     let sluice_ca =
         std::fs::read_to_string(sluice.dir.join("state").join("ca.crt")).expect("sluice's CA");
+    let (sluice_count, floor_count) = (Counted::Sluice(sluice.admin), Counted::Floor(floor_addr));
     let squid_addr: SocketAddr = format!("127.0.0.1:{}", squid.port).parse().unwrap();
     let bump_addr: SocketAddr = format!("127.0.0.1:{}", bump.port).parse().unwrap();
 
@@ -144,12 +199,16 @@ async fn main() {
             d.p50.as_secs_f64() * 1e6
         );
         direct.push(d.rps);
-        let f = measure(floor.pid(), || wrk(floor_addr, Some(&url), CONNS, 2, SECS));
+        let f = measure(floor.pid(), floor_count, || {
+            wrk(floor_addr, Some(&url), CONNS, 2, SECS)
+        });
         row("hyper floor", &f);
         fl.push(f);
-        let q = measure(squid.pid(), || wrk(squid_addr, Some(&url), CONNS, 2, SECS));
+        let q = measure(squid.pid(), Counted::Not, || {
+            wrk(squid_addr, Some(&url), CONNS, 2, SECS)
+        });
         row("squid", &q);
-        let s = measure(sluice.pid(), || {
+        let s = measure(sluice.pid(), sluice_count, || {
             wrk(sluice.proxy, Some(&url), CONNS, 2, SECS)
         });
         row("sluice", &s);
@@ -158,11 +217,19 @@ async fn main() {
     }
     let rps = |v: &[Measured]| median(v.iter().map(|m| m.run.rps).collect());
     let cpu = |v: &[Measured]| median(v.iter().map(|m| m.cpu_us).collect());
+    let allocs = |v: &[Measured]| {
+        let a: Vec<f64> = v.iter().filter_map(|m| m.allocs).collect();
+        if a.is_empty() {
+            "not counted".to_string()
+        } else {
+            format!("{:.1}", median(a))
+        }
+    };
     let plain_cpu = cpu(&sl);
     println!(
         "  medians: direct {:.0} req/s; squid {:.0} req/s, {:.1} µs/request; sluice {:.0} req/s, {:.1} µs/request\n  \
          sluice: {:.2}× squid's requests per second, {:.2}× its CPU per request\n  \
-         hyper floor {:.0} req/s, {:.1} µs/request: sluice adds {:.1} µs/request to its HTTP stack's floor\n",
+         hyper floor {:.0} req/s, {:.1} µs/request: sluice adds {:.1} µs/request to its HTTP stack's floor",
         median(direct),
         rps(&sq),
         cpu(&sq),
@@ -174,15 +241,25 @@ async fn main() {
         cpu(&fl),
         plain_cpu - cpu(&fl)
     );
+    println!(
+        "  allocations per request: sluice {}, hyper floor {}\n",
+        allocs(&sl),
+        allocs(&fl)
+    );
 
     println!("2. one connection (wrk, 1 thread)");
     let (mut d50, mut f50, mut q50, mut s50) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let (mut fcpu, mut scpu) = (Vec::new(), Vec::new());
+    let (mut fone, mut sone) = (Vec::new(), Vec::new());
     for _ in 0..rounds {
         let d = wrk(target, None, 1, 1, SECS);
-        let f = measure(floor.pid(), || wrk(floor_addr, Some(&url), 1, 1, SECS));
+        let f = measure(floor.pid(), floor_count, || {
+            wrk(floor_addr, Some(&url), 1, 1, SECS)
+        });
         let q = wrk(squid_addr, Some(&url), 1, 1, SECS);
-        let s = measure(sluice.pid(), || wrk(sluice.proxy, Some(&url), 1, 1, SECS));
+        let s = measure(sluice.pid(), sluice_count, || {
+            wrk(sluice.proxy, Some(&url), 1, 1, SECS)
+        });
         println!(
             "  p50 direct {:>6.1} µs   hyper floor {:>6.1} µs   squid {:>6.1} µs   sluice {:>6.1} µs   \
              CPU per request: floor {:.1} µs, sluice {:.1} µs",
@@ -199,22 +276,27 @@ async fn main() {
         s50.push(s.run.p50.as_secs_f64() * 1e6);
         fcpu.push(f.cpu_us);
         scpu.push(s.cpu_us);
+        fone.push(f);
+        sone.push(s);
     }
     let (d50, f50, q50, s50) = (median(d50), median(f50), median(q50), median(s50));
     println!(
         "  medians: sluice = direct + {:.1} µs; hyper floor = direct + {:.1} µs; squid = direct + {:.1} µs\n  \
-         CPU per request on one connection: sluice {:.1} µs, hyper floor {:.1} µs\n",
+         CPU per request on one connection: sluice {:.1} µs, hyper floor {:.1} µs\n  \
+         allocations per request on one connection: sluice {}, hyper floor {}\n",
         s50 - d50,
         f50 - d50,
         q50 - d50,
         median(scpu),
-        median(fcpu)
+        median(fcpu),
+        allocs(&sone),
+        allocs(&fone)
     );
 
     println!("3. intercepted HTTPS, {CONNS} kept-alive connections (CONNECT, TLS 1.3 to the proxy's CA, HTTP/1.1)");
     let (mut bq, mut bs) = (Vec::new(), Vec::new());
     for _ in 0..rounds {
-        let q = measure(bump.pid(), || {
+        let q = measure(bump.pid(), Counted::Not, || {
             block(load_tunnelled(
                 bump_addr,
                 &authority,
@@ -226,7 +308,7 @@ async fn main() {
             ))
         });
         row("squid ssl-bump", &q);
-        let s = measure(sluice.pid(), || {
+        let s = measure(sluice.pid(), sluice_count, || {
             block(load_tunnelled(
                 sluice.proxy,
                 &authority,
@@ -243,13 +325,15 @@ async fn main() {
     }
     println!(
         "  medians: squid ssl-bump {:.0} req/s, {:.1} µs/request; sluice {:.0} req/s, {:.1} µs/request\n  \
-         sluice: {:.2}× squid ssl-bump's requests per second; its HTTPS costs {:.2}× its plain HTTP per request\n",
+         sluice: {:.2}× squid ssl-bump's requests per second; its HTTPS costs {:.2}× its plain HTTP per request, \
+         {} allocations\n",
         rps(&bq),
         cpu(&bq),
         rps(&bs),
         cpu(&bs),
         rps(&bs) / rps(&bq),
-        cpu(&bs) / plain_cpu
+        cpu(&bs) / plain_cpu,
+        allocs(&bs)
     );
 
     // Memory per host: sluice alone on the machine (the others stopped).

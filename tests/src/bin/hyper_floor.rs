@@ -5,20 +5,26 @@
 //! squid so that sluice's own cost reads as the difference from this
 //! floor (issue 24).
 //!
-//! `hyper_floor ADDR` listens on `ADDR` (absolute-form requests only) and
-//! runs until killed.
+//! `hyper_floor ADDR` listens on `ADDR` and runs until killed: it
+//! forwards absolute-form requests, and answers `GET /allocations` (origin
+//! form) with its allocator's count of allocation requests since start —
+//! jemalloc with its statistics, as in the `sluice` binary, so that
+//! `bench_squid` counts allocations per request alike on both.
 
 use std::convert::Infallible;
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
-use http_body_util::{combinators::BoxBody, BodyExt, Empty};
+use http_body_util::{combinators::BoxBody, BodyExt, Empty, Full};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 
 type Body = BoxBody<Bytes, hyper::Error>;
+
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 fn main() {
     let Some(addr) = std::env::args().nth(1) else {
@@ -62,6 +68,14 @@ async fn forward(
     client: &Client<HttpConnector, Incoming>,
     req: Request<Incoming>,
 ) -> Response<Body> {
+    if req.uri().authority().is_none() && req.uri().path() == "/allocations" {
+        let count = allocations().map_or(String::new(), |n| n.to_string());
+        return Response::new(
+            Full::new(Bytes::from(count))
+                .map_err(|e| match e {})
+                .boxed(),
+        );
+    }
     match client.request(req).await {
         Ok(resp) => resp.map(BodyExt::boxed),
         Err(_) => {
@@ -70,4 +84,20 @@ async fn forward(
             resp
         }
     }
+}
+
+/// jemalloc's allocation requests since start (small and large, every
+/// arena), this thread's cache emptied first: what
+/// `sluice_allocations_total` counts (`sluice::observe::allocator`).
+fn allocations() -> Option<u64> {
+    use tikv_jemalloc_ctl::{epoch, Access, AsName};
+    let tcache = b"thread.tcache.enabled\0".name();
+    if Access::<bool>::read(tcache).unwrap_or(false) {
+        let _ = tcache.write(false);
+        let _ = tcache.write(true);
+    }
+    epoch::advance().ok()?;
+    let small: u64 = b"stats.arenas.4096.small.nrequests\0".name().read().ok()?;
+    let large: u64 = b"stats.arenas.4096.large.nrequests\0".name().read().ok()?;
+    Some(small + large)
 }

@@ -124,6 +124,20 @@ impl Metrics {
         .expect("valid metric");
         r.register(Box::new(tasks_alive.clone()))
             .expect("unique metric");
+        let allocations = IntCounter::new(
+            "allocations_total",
+            "Allocation requests since start (the allocator's count; read at each scrape)",
+        )
+        .expect("valid metric");
+        r.register(Box::new(allocations.clone()))
+            .expect("unique metric");
+        let allocated = IntGauge::new(
+            "allocated_bytes",
+            "Bytes the allocator holds allocated now (the heap, beside the resident set)",
+        )
+        .expect("valid metric");
+        r.register(Box::new(allocated.clone()))
+            .expect("unique metric");
         let providers_tracked =
             IntGauge::new("providers_tracked", "Providers in the table").expect("valid metric");
         r.register(Box::new(providers_tracked.clone()))
@@ -423,6 +437,8 @@ impl Metrics {
             upstream_connections,
             upstream_idle_closed,
             tasks_alive,
+            allocations,
+            allocated,
             store_cold_starts: counter(
                 &r,
                 "store_cold_starts_total",

@@ -108,6 +108,10 @@ pub struct Metrics {
     /// Tasks alive in the runtime (connections, tunnels, writers…): flat
     /// at rest, back to it after load — a stuck waiter shows here.
     pub tasks_alive: IntGauge,
+    /// Allocation requests since start (see [`crate::observe::allocator`]).
+    pub allocations: IntCounter,
+    /// Bytes allocated now.
+    pub allocated: IntGauge,
     /// Stores that could not be opened and were moved aside, by reason.
     pub store_cold_starts: IntCounterVec,
     /// Store reads or writes that failed.
