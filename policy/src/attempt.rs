@@ -14,7 +14,7 @@
 //!   request timeout), its run and class (set by the proxy), its price in
 //!   units and the instant it may not wait past (set by the run gate), its
 //!   departure mark (set for each attempt), whether it is a probe of
-//!   parked requests;
+//!   parked requests, the provider's dialect (set by the bulkhead);
 //! * [`Report`] — what one attempt learned, stamped on its response by the
 //!   innermost measuring layer (the bulkhead: time to first byte from the
 //!   permit, the outcome classified once); the pacer adds the units the
@@ -61,6 +61,11 @@ pub struct Attempt {
     /// It is the probe of requests parked through an outage: the breaker
     /// lets it through while open, and its success closes it.
     pub parked_probe: bool,
+    /// The provider's dialect, named by the bulkhead for the upstream (it
+    /// reads the first bytes of the answers the dialect classifies by
+    /// their body). Here rather than an extension of its own: one
+    /// allocation less per request, and one less in each retry's copy.
+    pub dialect: Option<Dialect>,
 }
 
 impl Attempt {

@@ -100,7 +100,7 @@ where
             // The upstream reads the first bytes of the answers the
             // dialect classifies by their body.
             let dialect = shared.dialect();
-            req.extensions_mut().insert(dialect);
+            Attempt::of_mut(&mut req).dialect = Some(dialect);
             let lane = req.extensions().get::<Resource>().cloned();
             let start = Instant::now();
             let mut resp = inner.oneshot(req).await.map_err(Into::into)?;

@@ -293,12 +293,12 @@ async fn own_admin(admin: std::net::SocketAddr, req: Request<Incoming>) -> Respo
 /// anything is sent: a scheme other than http(s), no host, an IP literal
 /// the destination guard refuses, a host outside the collector's
 /// allowlist.
-fn refused_target(
+fn refused_target<'t>(
     app: &App,
     config: &Config,
-    target: &Target,
+    target: &'t Target,
     identity: &Identity,
-) -> Result<String, Refusal> {
+) -> Result<std::borrow::Cow<'t, str>, Refusal> {
     let refuse = |status, error, details: &'static str| Err(Refusal::new(status, error, details));
     if target.scheme != Scheme::HTTP && target.scheme != Scheme::HTTPS {
         return refuse(
@@ -322,7 +322,7 @@ fn refused_target(
         app.metrics.destination_refused("collector_allow");
         return Err(refused);
     }
-    Ok(host.into_owned())
+    Ok(host)
 }
 
 /// The guard refused `host` before any connection or pacing slot: logged

@@ -23,8 +23,9 @@ use http::{Request, Response};
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use sluice_policy::attempt::Attempt;
 use sluice_policy::classify::dialect::ERROR_BODY_MAX;
-use sluice_policy::classify::{Dialect, ErrorBody};
+use sluice_policy::classify::ErrorBody;
 use sluice_policy::error::{Cause, Upstream as UpstreamError, UpstreamKind};
 use sluice_policy::BoxError;
 use tower::Service;
@@ -141,7 +142,7 @@ impl Service<Request<ProxyBody>> for Upstream {
         // The provider's dialect (the bulkhead names it) may classify
         // this answer by its body: its first bytes are read ahead, within
         // the attempt's timeout, and sent on first (R-PD3).
-        let dialect = req.extensions().get::<Dialect>().copied();
+        let dialect = Attempt::of(&req).and_then(|a| a.dialect);
         let this = Arc::clone(&self.0);
         Box::pin(async move {
             let (resp, checkin) = if req.headers().contains_key(http::header::UPGRADE) {
