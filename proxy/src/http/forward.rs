@@ -100,12 +100,14 @@ pub async fn tunnelled(
     if let Some(resp) = oversize_head(req.headers(), config.limits.max_header_bytes) {
         return resp;
     }
-    forward(app, &config, req, target, identity).await
+    forward(app, &config, req, target, identity, false).await
 }
 
 /// Forwards `req` to `target` through the provider's stack and returns
 /// the answer — the provider's, or sluice's own refusal. `config` is the
-/// snapshot the request started with; `identity`, who sent it.
+/// snapshot the request started with; `identity`, who sent it; `local`,
+/// whether its client connected from this machine (a plain request's
+/// listener says; a tunnel's requests are never taken as local).
 ///
 /// About 90 lines: it is the request's steps in order (refused target,
 /// address, body, the attempt's facts, the stack, the run's record of the
@@ -118,6 +120,7 @@ pub async fn forward(
     mut req: Request<Incoming>,
     target: Target,
     identity: Identity,
+    local: bool,
 ) -> Response<ResBody> {
     let started = Instant::now();
     if let Some(refusal) = malformed(&app, &target) {
@@ -125,10 +128,6 @@ pub async fn forward(
     }
     // Only for a client on this machine: the admin listener takes its
     // calls as loopback ones, which need no collector's token.
-    let local = req
-        .extensions()
-        .get::<crate::serve::identity::ClientPeer>()
-        .is_some_and(|p| p.0.ip().to_canonical().is_loopback());
     if local && is_own_admin(app.admin, &target) {
         return own_admin(app.admin, req).await;
     }

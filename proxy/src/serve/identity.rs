@@ -5,11 +5,6 @@
 
 use crate::runs::records::Mode;
 
-/// The address a proxy client connected from, carried in its request's
-/// extensions.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ClientPeer(pub std::net::SocketAddr);
-
 /// Who sent a request: the proxy user, if credentials are in use, and the
 /// run mode its credentials name (`NAME+catchup`, `NAME+steady`), if any.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -57,11 +57,12 @@ async fn serve_http(app: Arc<App>, stream: TcpStream, peer: SocketAddr, mut trac
     let limits = app.config().limits.clone();
     let handler = app.clone();
     let (stream, verdicts) = framing::watch(stream);
-    let service = service_fn(move |req| {
+    // Only a client on this machine may reach the admin listener through
+    // the proxy without a collector's token (see `forward`).
+    let local = peer.ip().to_canonical().is_loopback();
+    let service = service_fn(move |req: Request<Incoming>| {
         let (app, verdicts) = (handler.clone(), verdicts.clone());
-        let mut req: Request<Incoming> = req;
-        req.extensions_mut().insert(identity::ClientPeer(peer));
-        async move { Ok::<_, std::convert::Infallible>(handle(app, req, &verdicts).await) }
+        async move { Ok::<_, std::convert::Infallible>(handle(app, req, local, &verdicts).await) }
     });
     let conn = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
@@ -79,7 +80,12 @@ async fn serve_http(app: Arc<App>, stream: TcpStream, peer: SocketAddr, mut trac
 }
 
 /// One request from a client: authenticate, then CONNECT or forward.
-async fn handle(app: Arc<App>, req: Request<Incoming>, verdicts: &Verdicts) -> Response<ResBody> {
+async fn handle(
+    app: Arc<App>,
+    req: Request<Incoming>,
+    local: bool,
+    verdicts: &Verdicts,
+) -> Response<ResBody> {
     if verdicts.next_is_ambiguous() {
         return ambiguous_length(&app);
     }
@@ -109,7 +115,7 @@ async fn handle(app: Arc<App>, req: Request<Incoming>, verdicts: &Verdicts) -> R
         return tunnel::connect(app, &config, req, identity).await;
     }
     match Target::of(req.uri()) {
-        Some(target) => forward(app, &config, req, target, identity).await,
+        Some(target) => forward(app, &config, req, target, identity, local).await,
         None => Refusal::new(
             StatusCode::BAD_REQUEST,
             ErrorType::HttpRequestError,
