@@ -3,7 +3,7 @@
 //! Two trees in `<state_dir>/store`:
 //! * `learned`: per provider, the learned rate, where throttling began,
 //!   the latency baseline and the breaker state, with the wall-clock time
-//!   it was saved. Written every `save_interval` and on shutdown; read at
+//!   it was saved (a binary record of 20–76 bytes; JSON before, still read). Written every `save_interval` and on shutdown; read at
 //!   start, where records older than `state_max_age` are discarded (the
 //!   provider starts cold, R-AI3).
 //! * `evidence`: per provider, a bounded log of breaker transitions,
@@ -236,8 +236,7 @@ impl Store {
 
     /// Saves a provider's learned state.
     pub fn save_learned(&self, provider: &str, record: &LearnedRecord) -> Result<(), StoreError> {
-        let value = serde_json::to_vec(record)?;
-        self.learned.insert(provider.as_bytes(), value)?;
+        self.learned.insert(provider.as_bytes(), record.encode())?;
         Ok(())
     }
 
@@ -249,8 +248,8 @@ impl Store {
             .filter_map(|item| {
                 let (k, v) = item.ok()?;
                 let name = String::from_utf8(k.to_vec()).ok()?;
-                match serde_json::from_slice::<LearnedRecord>(&v) {
-                    Ok(r) if r.v == VERSION => Some((name, r)),
+                match LearnedRecord::decode(&v) {
+                    Some(r) if r.v == VERSION => Some((name, r)),
                     _ => {
                         tracing::warn!(provider = %name, "skipping an unreadable learned-state record");
                         None
@@ -550,6 +549,55 @@ mod tests {
             assert_eq!(store.scan(RunTree::Gaps, b"c\0", &[]).count(), 2_000);
         });
         assert_eq!(m.1.get(), 0, "no store errors");
+    }
+
+    /// A learned state's record is binary: every figure back as it was,
+    /// 20 bytes with none of the optional ones and 76 with all (its JSON
+    /// took about 300); a JSON record of an earlier version still reads,
+    /// and a truncated or foreign value reads as nothing (skipped, R-PS2).
+    #[test]
+    fn a_learned_record_is_a_few_dozen_bytes_and_reads_back() {
+        let full = LearnedRecord {
+            v: VERSION,
+            saved_at_unix_ms: 1_764_000_000_123,
+            rate_rps: 19.4,
+            limit_rps: Some(20.25),
+            baseline_ms: Some(3.5),
+            breaker: StoredBreaker::Open,
+            open_remaining_ms: Some(4_000),
+            allowance_began_unix_ms: Some(1_763_999_000_000),
+            allowance_spent: Some(1234.5),
+            hold_ms: Some(1_500),
+            limit_fitted: true,
+            limit_sharp: false,
+            limit_steady: true,
+            config: Some(u64::MAX - 7),
+        };
+        let bytes = full.encode();
+        assert_eq!(bytes.len(), 76);
+        assert_eq!(LearnedRecord::decode(&bytes), Some(full.clone()));
+        let bare = LearnedRecord {
+            limit_rps: None,
+            baseline_ms: None,
+            breaker: StoredBreaker::HalfOpen,
+            open_remaining_ms: None,
+            allowance_began_unix_ms: None,
+            allowance_spent: None,
+            hold_ms: None,
+            limit_fitted: false,
+            limit_steady: false,
+            config: None,
+            ..full.clone()
+        };
+        assert_eq!(bare.encode().len(), 20);
+        assert_eq!(LearnedRecord::decode(&bare.encode()), Some(bare));
+        let json = serde_json::to_vec(&full).unwrap();
+        assert!(json.len() > 250, "{} bytes of JSON", json.len());
+        assert_eq!(LearnedRecord::decode(&json), Some(full));
+        assert_eq!(LearnedRecord::decode(&bytes[..bytes.len() - 1]), None);
+        assert_eq!(LearnedRecord::decode(&bytes[..3]), None);
+        assert_eq!(LearnedRecord::decode(b""), None);
+        assert_eq!(LearnedRecord::decode(b"\xb1garbage"), None);
     }
 
     /// A record written before how the limit is known was kept reads as

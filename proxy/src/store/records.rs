@@ -1,6 +1,6 @@
-//! What the store keeps per provider: the learned state and the breaker
-//! evidence, as they are written (JSON; provider names, numbers and fixed
-//! labels only, R-SF4).
+//! What the store keeps per provider: the learned state (a binary record
+//! of a few dozen bytes; JSON before, still read) and the breaker evidence
+//! (JSON) — provider names, numbers and fixed labels only (R-SF4).
 
 use super::*;
 
@@ -40,6 +40,9 @@ impl From<StoredBreaker> for State {
         }
     }
 }
+
+/// The first byte of a binary learned-state record (a JSON one's is `{`).
+const BINARY: u8 = 0xB1;
 
 /// A provider's learned state as stored.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -108,6 +111,95 @@ impl LearnedRecord {
             limit_steady: state.known.steady,
             config,
         }
+    }
+
+    /// The record as stored: 20 bytes and 8 per figure it has (at most
+    /// 76), where its JSON took about 300 — a broad crawl keeps one per
+    /// host (issue 38, R-PF1). Its first byte tells it from a JSON record
+    /// (`{`), which [`LearnedRecord::decode`] still reads.
+    pub fn encode(&self) -> Vec<u8> {
+        let figures = [
+            self.limit_rps.map(f64::to_bits),
+            self.baseline_ms.map(f64::to_bits),
+            self.open_remaining_ms,
+            self.allowance_began_unix_ms,
+            self.allowance_spent.map(f64::to_bits),
+            self.hold_ms,
+            self.config,
+        ];
+        let mut out = Vec::with_capacity(20 + 8 * figures.len());
+        out.push(BINARY);
+        out.push(match self.breaker {
+            StoredBreaker::Closed => 0,
+            StoredBreaker::Open => 1,
+            StoredBreaker::HalfOpen => 2,
+            StoredBreaker::Unknown => 255,
+        });
+        out.push(
+            u8::from(self.limit_fitted)
+                | u8::from(self.limit_sharp) << 1
+                | u8::from(self.limit_steady) << 2,
+        );
+        let present = figures
+            .iter()
+            .enumerate()
+            .fold(0u8, |bits, (i, f)| bits | u8::from(f.is_some()) << i);
+        out.push(present);
+        out.extend_from_slice(&self.saved_at_unix_ms.to_le_bytes());
+        out.extend_from_slice(&self.rate_rps.to_bits().to_le_bytes());
+        for f in figures.into_iter().flatten() {
+            out.extend_from_slice(&f.to_le_bytes());
+        }
+        out
+    }
+
+    /// A stored record: the binary form, or the JSON an earlier version
+    /// wrote. `None` for anything else (a truncated or foreign value).
+    pub fn decode(bytes: &[u8]) -> Option<LearnedRecord> {
+        let (&first, rest) = bytes.split_first()?;
+        if first != BINARY {
+            return serde_json::from_slice(bytes).ok();
+        }
+        let (&[breaker, known, present], rest) = rest.split_first_chunk::<3>()?;
+        let mut words = rest.chunks_exact(8).map(|c| {
+            let mut b = [0; 8];
+            b.copy_from_slice(c);
+            u64::from_le_bytes(b)
+        });
+        if rest.len() != 8 * (2 + present.count_ones() as usize) || present >> 7 != 0 {
+            return None;
+        }
+        let saved_at_unix_ms = words.next()?;
+        let rate_rps = f64::from_bits(words.next()?);
+        let mut figure = |i: u8| (present >> i & 1 == 1).then(|| words.next()).flatten();
+        let limit_rps = figure(0).map(f64::from_bits);
+        let baseline_ms = figure(1).map(f64::from_bits);
+        let open_remaining_ms = figure(2);
+        let allowance_began_unix_ms = figure(3);
+        let allowance_spent = figure(4).map(f64::from_bits);
+        let hold_ms = figure(5);
+        let config = figure(6);
+        Some(LearnedRecord {
+            v: VERSION,
+            saved_at_unix_ms,
+            rate_rps,
+            limit_rps,
+            baseline_ms,
+            breaker: match breaker {
+                0 => StoredBreaker::Closed,
+                1 => StoredBreaker::Open,
+                2 => StoredBreaker::HalfOpen,
+                _ => StoredBreaker::Unknown,
+            },
+            open_remaining_ms,
+            allowance_began_unix_ms,
+            allowance_spent,
+            hold_ms,
+            limit_fitted: known & 1 != 0,
+            limit_sharp: known & 2 != 0,
+            limit_steady: known & 4 != 0,
+            config,
+        })
     }
 
     /// How old it is now.
