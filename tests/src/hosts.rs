@@ -19,6 +19,9 @@ pub struct HostsRun {
     pub before_kib: u64,
     pub after_kib: u64,
     pub settled_kib: u64,
+    /// Bytes of sled's files (`state/store`) 15 s later, every provider
+    /// saved.
+    pub store_bytes: u64,
     /// Pooled upstream connections open 15 s after, and closed for the
     /// idle bound (`/metrics`).
     pub upstream_open: f64,
@@ -35,14 +38,16 @@ impl HostsRun {
     pub fn line(&self) -> String {
         format!(
             "resident {:.1} → {:.1} MiB for {} providers added: {:.0} bytes per host; \
-             15 s later {:.1} MiB, {:.0} bytes per host; upstream connections open {}, \
-             closed for the idle bound {}",
+             15 s later {:.1} MiB, {:.0} bytes per host; store {:.1} MiB, {:.0} bytes per host; \
+             upstream connections open {}, closed for the idle bound {}",
             self.before_kib as f64 / 1024.0,
             self.after_kib as f64 / 1024.0,
             self.added,
             self.per_host(self.after_kib),
             self.settled_kib as f64 / 1024.0,
             self.per_host(self.settled_kib),
+            self.store_bytes as f64 / f64::from(1 << 20),
+            self.store_bytes as f64 / self.added.max(1) as f64,
             self.upstream_open,
             self.idle_closed,
         )
@@ -69,6 +74,7 @@ pub async fn one_post_each(
         before_kib,
         after_kib,
         settled_kib: rss_kib(sluice.pid()),
+        store_bytes: bytes_under(&sluice.dir.join("state").join("store")),
         upstream_open: sluice
             .metric("sluice_upstream_connections")
             .await
@@ -78,6 +84,19 @@ pub async fn one_post_each(
             .await
             .unwrap_or(0.0),
     }
+}
+
+/// Bytes of the files under `dir`, however deep.
+fn bytes_under(dir: &std::path::Path) -> u64 {
+    std::fs::read_dir(dir).map_or(0, |entries| {
+        entries
+            .filter_map(Result::ok)
+            .map(|e| match e.file_type() {
+                Ok(t) if t.is_dir() => bytes_under(&e.path()),
+                _ => e.metadata().map_or(0, |m| m.len()),
+            })
+            .sum()
+    })
 }
 
 /// Providers the admin API lists.
