@@ -74,10 +74,8 @@ impl PacerCore {
                         .last_refused
                         .is_none_or(|at| q.answers >= at + EDGE_ANSWERS);
                     if q.trusted && !(q.rolling() && jitter) {
-                        q.doubts = q.doubts.saturating_add(1);
-                    }
-                    if !(q.rolling() && q.trusted && jitter) {
                         q.trusted = false;
+                        q.doubts = q.doubts.saturating_add(1);
                     }
                     q.last_refused = Some(q.answers);
                     q.delivery.1 = q.delivery.1.saturating_sub(1);
