@@ -618,18 +618,32 @@ mod tests {
         secs: u64,
         edge: impl Fn(u32) -> bool,
     ) -> (f64, u32, Option<f64>) {
-        flask_limiter_allowing(moving, secs, 20, edge)
+        flask_limiter_allowing(moving, secs, 20, false, edge)
     }
 
-    /// [`flask_limiter`] allowing `allows` a second though it says 20.
+    /// [`flask_limiter`] allowing `allows` a second though it says 20;
+    /// `fleet`: paced as a replica of a fleet whose shared rate is 20.
     fn flask_limiter_allowing(
         moving: bool,
         secs: u64,
         allows: usize,
+        fleet: bool,
         edge: impl Fn(u32) -> bool,
     ) -> (f64, u32, Option<f64>) {
         let mut core = PacerCore::new(&ProviderSettings::with_ceiling(50.0));
         let t0 = Instant::now();
+        if fleet {
+            let view = SharedView {
+                rate: 20.0,
+                limit: None,
+                hold: None,
+                admitted: 0,
+                allowance: None,
+                refusal: None,
+                held: None,
+            };
+            core.adopt_shared(&view, t0, Duration::from_secs(1));
+        }
         let wall = |t: Instant| (t - t0).as_secs_f64() + 0.37;
         let second = Duration::from_secs(1);
         let rtt = Duration::from_millis(5);
@@ -751,6 +765,18 @@ mod tests {
         assert_eq!(refused, 0, "refused only before the judged span");
     }
 
+    /// A replica of a fleet keeps a doubted quota doubted (see
+    /// `TRUSTED_AGAIN`): its refusals are a sample of the fleet's, its
+    /// neighbours' timing among them. (Refused twice about 20 s in, once
+    /// the quota is known to roll.)
+    #[test]
+    fn a_fleets_replica_keeps_a_doubted_quota_doubted() {
+        let (_, _, pace) = flask_limiter_allowing(true, 120, 20, true, |n| n == 400 || n == 450);
+        assert_eq!(pace, None, "not taken at its word again alone");
+        let (_, _, pace) = flask_limiter_allowing(true, 120, 20, false, |n| n == 400 || n == 450);
+        assert!(pace.is_some(), "alone, it is");
+    }
+
     /// A moving window that says 20 a second but allows 18 is doubted each
     /// time its word is taken again and refused at once, each doubt
     /// doubling the clean answers asked before the next: its refusals stay
@@ -759,7 +785,7 @@ mod tests {
     /// doubt was for good; re-trusted every 600 answers, 0.82 and 6).
     #[test]
     fn a_rolling_quota_that_allows_less_than_it_says_stays_doubted_enough() {
-        let (used, refused, _) = flask_limiter_allowing(true, 120, 18, |_| false);
+        let (used, refused, _) = flask_limiter_allowing(true, 120, 18, false, |_| false);
         let served = used * 20.0 * 105.0;
         let share = f64::from(refused) / served;
         assert!(
