@@ -65,19 +65,18 @@ impl PacerCore {
                 // less than it advertises; AIMD learns the rest — except a
                 // rolling quota's refusal that none came shortly before, the
                 // network's jitter at a window's edge (it is paced under its
-                // rate already; see `EDGE_ANSWERS`; a doubted one is trusted
-                // again after `TRUSTED_AGAIN` answers without one). Nor
+                // rate already; see `EDGE_ANSWERS`). Nor
                 // was it delivered: its quota headers, read next, are not
                 // counted as a delivery (see `Quota::delivery`).
                 if let Some(q) = self.quota.as_mut() {
                     let jitter = q
-                        .last_refused
+                        .edge_refused
                         .is_none_or(|at| q.answers >= at + EDGE_ANSWERS);
-                    if q.trusted && !(q.rolling() && jitter) {
+                    if q.rolling() && q.trusted && jitter {
+                        q.edge_refused = Some(q.answers);
+                    } else {
                         q.trusted = false;
-                        q.doubts = q.doubts.saturating_add(1);
                     }
-                    q.last_refused = Some(q.answers);
                     q.delivery.1 = q.delivery.1.saturating_sub(1);
                 }
                 fb.backoff = self.aimd.on_throttle(sent_at, now, reason);

@@ -61,12 +61,9 @@ pub(super) struct Quota {
     pub(super) delivery: (Instant, u64, u32),
     /// Answers that carried the quota.
     pub(super) answers: u64,
-    /// [`Quota::answers`] at its last refusal (see [`EDGE_ANSWERS`] and
-    /// [`TRUSTED_AGAIN`]).
-    pub(super) last_refused: Option<u64>,
-    /// Times its word was doubted: each doubles the clean answers
-    /// [`TRUSTED_AGAIN`] asks before it is taken again.
-    pub(super) doubts: u8,
+    /// [`Quota::answers`] at the last refusal that left a rolling quota's
+    /// word trusted (see [`EDGE_ANSWERS`]).
+    pub(super) edge_refused: Option<u64>,
 }
 
 /// A rolling quota's refusal is the network's jitter at a window's edge —
@@ -77,22 +74,6 @@ pub(super) struct Quota {
 /// before: over a minute at 20 a second, jitter met it twice in some runs
 /// and AIMD's settle point took the pace to 0.89–0.92 of it.)
 pub(super) const EDGE_ANSWERS: u64 = 200;
-
-/// A rolling quota whose word was doubted (refused twice within
-/// [`EDGE_ANSWERS`]) is taken at its word again after this many answers
-/// without a refusal: the doubt came from a burst of jitter (the first
-/// seconds of a run, a restart, a neighbour's spike), not from a provider
-/// that allows less than it says. (Doubted for good, a moving window of
-/// 20 a second was paced at AIMD's settle point, 18.6, and used at 0.87.)
-/// One that does allow less is refused again at once and doubted again,
-/// and each doubt doubles the answers asked (`Quota::doubts`): a moving
-/// window that says 20 a second and allows 18 met 3 refusals in 2 minutes
-/// (0.14 %), as when a doubt was for good; without the doubling, 6.
-/// Not in a fleet: a replica reads the quota on its own sample of the
-/// answers, refusals its neighbours' timing brought among them, and taken
-/// at its word again alone it pushed the fleet's refusals of a moving
-/// window to 0.52–1.03 % (0.17–0.51 % when doubted for good).
-pub(super) const TRUSTED_AGAIN: u64 = 3 * EDGE_ANSWERS;
 
 /// Spent at least [`SPENT_TIMES`] times over at least [`SPENT_WINDOWS`]
 /// windows — demand more than the quota — yet delivered under this share
@@ -231,8 +212,7 @@ impl Quota {
             refills: 0,
             delivery: (sent_at, 0, 0),
             answers: 0,
-            last_refused: None,
-            doubts: 0,
+            edge_refused: None,
         }
     }
 
@@ -354,15 +334,6 @@ impl PacerCore {
             q.low_sent = sent_at;
         }
         q.answers += 1;
-        if !q.trusted
-            && q.rolling()
-            && self.shared_rate.is_none()
-            && q.last_refused.is_some_and(|at| {
-                q.answers >= at + (TRUSTED_AGAIN << q.doubts.saturating_sub(1).min(8))
-            })
-        {
-            q.trusted = true;
-        }
         if refilled && q.refills + 1 == ROLLING_AFTER {
             // Now known to roll: a refusal met while it was read as a
             // fixed window (paced to a reset it does not keep) was the
@@ -454,8 +425,7 @@ impl PacerCore {
             refills: 0,
             delivery: (sent_at, 0, 0),
             answers: 0,
-            last_refused: None,
-            doubts: 0,
+            edge_refused: None,
         };
         if adv.remaining == 0 {
             let one = refill.map_or(adv.reset, |r| Duration::from_secs_f64(1.0 / r));
