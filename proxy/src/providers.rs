@@ -8,7 +8,9 @@
 //! `state_max_age`, so a provider that comes back resumes its rate), and at
 //! most `max_providers` are tracked: beyond that, unknown hosts share one
 //! `_overflow` provider (linkerd's idle cache, hyper-util's pool keys).
-//! The same kept-state map is filled from the store at start (R-PS1).
+//! An evicted provider's state stays in memory only until it is saved: a
+//! provider that comes back, after an eviction or a restart, reads its
+//! record from the store (R-PS1).
 //!
 //! One concern in one file (about 600 lines with its tests): the table —
 //! look-up, building a provider's stack, eviction, the kept state and
@@ -32,6 +34,7 @@ use tokio::time::Instant;
 use crate::config::{normalise_host, Config, Limits, NamedProvider};
 use crate::http::body::{ProxyBody, UpstreamBody};
 use crate::shared::{ProviderBudget, SharedStore};
+use crate::store::Store;
 use crate::upstream::Upstream;
 
 /// What identifies a provider's saved record: its learned state and when
@@ -91,6 +94,25 @@ pub struct Learned {
     /// The [`config_print`] it learned it under (none from a record older
     /// than the print).
     pub config: Option<u64>,
+}
+
+/// Where a provider no longer in memory finds what it learned when it
+/// comes back: the store (R-PS1). A crawl's store may hold a million
+/// hosts' records; memory holds only those not saved yet (issue 38).
+pub type Recall = Box<dyn Fn(&str) -> Option<Learned> + Send + Sync>;
+
+/// Reads a provider's record from the store, for a provider that is not
+/// in memory (R-PS1).
+pub fn recall(store: Arc<Store>) -> Recall {
+    Box::new(move |name| {
+        let record = store.learned_of(name)?;
+        Some(Learned {
+            name: name.to_string(),
+            state: record.state(),
+            age: record.age(),
+            config: record.config,
+        })
+    })
 }
 
 /// The provider every unknown host shares once the table is full.
@@ -228,6 +250,8 @@ pub struct Providers {
     observer: Option<Arc<dyn Observer>>,
     /// Where shared budgets live, when `[shared]` is configured.
     shared: Option<Arc<SharedStore>>,
+    /// The store's records, when there is a store.
+    recall: Option<Recall>,
 }
 
 impl std::fmt::Debug for Providers {
@@ -252,7 +276,15 @@ impl Providers {
             upstream,
             observer,
             shared: None,
+            recall: None,
         }
+    }
+
+    /// Reads what a provider learned from `recall` (the store) when it is
+    /// not in memory; kept states are then let go once saved.
+    pub fn with_recall(mut self, recall: Option<Recall>) -> Self {
+        self.recall = recall;
+        self
     }
 
     /// Shares the budgets of providers with `shared = true` through this
@@ -419,13 +451,7 @@ impl Providers {
                 jitter: None,
             },
         );
-        let max_age = self.rules().limits.state_max_age;
-        let kept = self
-            .kept
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(name)
-            .filter(|k| now.saturating_duration_since(k.at) < max_age);
+        let kept = self.take_kept(name, now);
         if let Some(k) = &kept {
             let changed = k.config.is_some_and(|c| c != config);
             if policy.restore(&k.state, changed) {
@@ -458,9 +484,39 @@ impl Providers {
         p
     }
 
-    /// Keeps learned state for providers not live yet (from the store at
-    /// start): each is restored when its provider is first used, if it is
-    /// still younger than `state_max_age`. `age` is how old it already is.
+    /// What `name` learned before, if younger than `state_max_age`: kept
+    /// in memory since its eviction, else its record in the store.
+    fn take_kept(&self, name: &str, now: Instant) -> Option<Kept> {
+        let max_age = self.rules().limits.state_max_age;
+        let kept = self
+            .kept
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(name);
+        match kept {
+            Some(k) => Some(k).filter(|k| now.saturating_duration_since(k.at) < max_age),
+            None => {
+                let l = self.recalled(name, max_age)?;
+                tracing::debug!(provider = %name, age_ms = l.age.as_millis() as u64, "learned state restored from the store");
+                Some(Kept {
+                    state: l.state,
+                    at: now.checked_sub(l.age).unwrap_or(now),
+                    config: l.config,
+                    saved: true,
+                })
+            }
+        }
+    }
+
+    /// `name`'s record in the store, if younger than `max_age`.
+    fn recalled(&self, name: &str, max_age: Duration) -> Option<Learned> {
+        let recall = self.recall.as_ref()?;
+        recall(name).filter(|l| l.age < max_age)
+    }
+
+    /// Keeps learned state for providers not live yet: each is restored
+    /// when its provider is first used, if it is still younger than
+    /// `state_max_age`. `age` is how old it already is.
     pub fn keep(&self, name: &str, state: LearnedState, age: Duration, config: Option<u64>) {
         let at = Instant::now().checked_sub(age).unwrap_or_else(Instant::now);
         let mut kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
@@ -477,27 +533,32 @@ impl Providers {
     }
 
     /// Kept states are bounded too (4 × `max_providers`): a crawl over many
-    /// hosts must not grow memory for the staleness window. The oldest go.
+    /// hosts must not grow memory for the staleness window. Past the bound
+    /// the oldest eighth goes at once — one pass, not one per eviction (a
+    /// scan of 400,000 states for each host a crawl evicted, before).
     fn bound_kept(&self, kept: &mut HashMap<String, Kept>) {
         let max = self.rules().limits.max_providers.saturating_mul(4);
-        while kept.len() > max {
-            let oldest = kept
-                .iter()
-                .min_by_key(|(_, k)| k.at)
-                .map(|(n, _)| n.clone());
-            match oldest {
-                Some(n) => kept.remove(&n),
-                None => break,
-            };
+        if kept.len() <= max {
+            return;
         }
+        let mut ats: Vec<Instant> = kept.values().map(|k| k.at).collect();
+        let keep = max - max / 8;
+        // Newest first: what stands at `keep` and after it goes.
+        let (_, &mut cut, _) = ats.select_nth_unstable_by(keep, |a, b| b.cmp(a));
+        kept.retain(|_, k| k.at > cut);
     }
 
-    /// What a provider that is not live has learned, kept from the store
-    /// or from its eviction, if any: the state and how old it is.
+    /// What a provider that is not live has learned, kept since its
+    /// eviction or saved in the store, if any: the state and how old it is.
     pub fn kept(&self, name: &str) -> Option<(LearnedState, Duration)> {
+        let now = Instant::now();
         let kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
-        kept.get(name)
-            .map(|k| (k.state, Instant::now().saturating_duration_since(k.at)))
+        if let Some(k) = kept.get(name) {
+            return Some((k.state, now.saturating_duration_since(k.at)));
+        }
+        drop(kept);
+        let max_age = self.rules().limits.state_max_age;
+        self.recalled(name, max_age).map(|l| (l.state, l.age))
     }
 
     /// Evicts providers idle for `provider_idle`, keeping what they learned.
@@ -583,6 +644,11 @@ impl Providers {
             })
             .collect();
         let mut kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
+        if changed_only && self.recall.is_some() {
+            // Handed to the store by an earlier save, which has finished
+            // (saves run one after another): the store keeps them now.
+            kept.retain(|_, k| !k.saved);
+        }
         out.extend(kept.iter_mut().filter_map(|(n, k)| {
             if changed_only && std::mem::replace(&mut k.saved, true) {
                 return None;
@@ -811,6 +877,64 @@ mod tests {
         let kept = t.kept.lock().unwrap();
         assert_eq!(kept.len(), 4);
         assert!(kept.contains_key("h9.test") && !kept.contains_key("h0.test"));
+    }
+
+    /// R-PS1, issue 38: an evicted provider's state leaves memory once the
+    /// store has it, and the provider resumes it from the store when it
+    /// comes back — also past the bound on states kept in memory (4 ×
+    /// `max_providers`), where it came back cold before.
+    #[tokio::test(start_paused = true)]
+    async fn evicted_state_leaves_memory_once_saved_and_comes_back_from_the_store() {
+        let dir = std::env::temp_dir().join(format!("sluice-recall-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let (cold, errors) = (
+            prometheus::IntCounterVec::new(prometheus::Opts::new("c", "c"), &["reason"]).unwrap(),
+            prometheus::IntCounter::new("e", "e").unwrap(),
+        );
+        let store = Arc::new(Store::open(&dir, &cold, &errors).unwrap());
+        let t = table("[limits]\nmax_providers = 2\nprovider_idle = \"60s\"\n")
+            .with_recall(Some(recall(store.clone())));
+        let save = |t: &Providers| {
+            for l in t.learned_changed() {
+                let record = crate::store::LearnedRecord::of(&l.state, l.age, l.config);
+                store.save_learned(&l.name, &record).unwrap();
+            }
+        };
+        // Twelve hosts, each with a rate of its own, evicted in pairs: more
+        // than the 8 states memory may keep.
+        for i in 0..12u32 {
+            let p = t.get(&format!("h{i}.test"));
+            p.policy
+                .pacer
+                .lock()
+                .restore(1.0 + f64::from(i), None, None);
+            drop(p);
+            if i % 2 == 1 {
+                tokio::time::advance(Duration::from_secs(61)).await;
+                t.sweep();
+                save(&t);
+            }
+        }
+        save(&t);
+        assert!(
+            t.kept.lock().unwrap().is_empty(),
+            "saved states left memory"
+        );
+        for i in [0u32, 5, 11] {
+            let back = t.get(&format!("h{i}.test"));
+            assert!(back.restored, "h{i} restored");
+            let rate = back.policy.pacer.snapshot(Instant::now()).rate_rps;
+            assert_eq!(rate, 1.0 + f64::from(i), "h{i}'s rate from the store");
+            drop(back);
+            // Room for the next (the table holds two).
+            tokio::time::advance(Duration::from_secs(61)).await;
+            t.sweep();
+        }
+        // The admin page reads a provider not in memory from the store too.
+        assert_eq!(t.kept("h3.test").map(|(k, _)| k.rate_rps), Some(4.0));
+        drop(t);
+        drop(store);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[tokio::test(start_paused = true)]

@@ -19,6 +19,10 @@ pub struct HostsRun {
     pub before_kib: u64,
     pub after_kib: u64,
     pub settled_kib: u64,
+    /// Bytes the allocator holds for the heap (`sluice_allocated_bytes`)
+    /// before and 15 s after: live state, without the allocator's slack.
+    pub heap_before: f64,
+    pub heap_settled: f64,
     /// Bytes of sled's files (`state/store`) 15 s later, every provider
     /// saved.
     pub store_bytes: u64,
@@ -38,7 +42,7 @@ impl HostsRun {
     pub fn line(&self) -> String {
         format!(
             "resident {:.1} → {:.1} MiB for {} providers added: {:.0} bytes per host; \
-             15 s later {:.1} MiB, {:.0} bytes per host; store {:.1} MiB, {:.0} bytes per host; \
+             15 s later {:.1} MiB, {:.0} bytes per host (heap {:.0}); store {:.1} MiB, {:.0} bytes per host; \
              upstream connections open {}, closed for the idle bound {}",
             self.before_kib as f64 / 1024.0,
             self.after_kib as f64 / 1024.0,
@@ -46,6 +50,7 @@ impl HostsRun {
             self.per_host(self.after_kib),
             self.settled_kib as f64 / 1024.0,
             self.per_host(self.settled_kib),
+            (self.heap_settled - self.heap_before) / self.added.max(1) as f64,
             self.store_bytes as f64 / f64::from(1 << 20),
             self.store_bytes as f64 / self.added.max(1) as f64,
             self.upstream_open,
@@ -64,6 +69,7 @@ pub async fn one_post_each(
     expect: u16,
 ) -> HostsRun {
     let before_kib = rss_kib(sluice.pid());
+    let heap_before = heap(sluice).await;
     let tracked_before = tracked(sluice).await;
     one_post_to_each(sluice.proxy, first, port, n, 16, expect).await;
     let after_kib = rss_kib(sluice.pid());
@@ -74,6 +80,8 @@ pub async fn one_post_each(
         before_kib,
         after_kib,
         settled_kib: rss_kib(sluice.pid()),
+        heap_before,
+        heap_settled: heap(sluice).await,
         store_bytes: bytes_under(&sluice.dir.join("state").join("store")),
         upstream_open: sluice
             .metric("sluice_upstream_connections")
@@ -84,6 +92,11 @@ pub async fn one_post_each(
             .await
             .unwrap_or(0.0),
     }
+}
+
+/// Bytes the allocator holds now.
+async fn heap(sluice: &Sluice) -> f64 {
+    sluice.metric("sluice_allocated_bytes").await.unwrap_or(0.0)
 }
 
 /// Bytes of the files under `dir`, however deep.

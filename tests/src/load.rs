@@ -235,6 +235,18 @@ pub async fn one_post_to_each(
     conns: u32,
     expect: u16,
 ) {
+    one_post_to_each_at(proxy, (first, port, "/ok"), n, conns, expect).await
+}
+
+/// [`one_post_to_each`] to `path`: one POST to `path` on `port` of each of
+/// `n` loopback addresses from `first` on.
+pub async fn one_post_to_each_at(
+    proxy: SocketAddr,
+    (first, port, path): (std::net::Ipv4Addr, u16, &'static str),
+    n: u32,
+    conns: u32,
+    expect: u16,
+) {
     let per = n.div_ceil(conns);
     let mut tasks = Vec::new();
     for c in 0..conns {
@@ -246,7 +258,7 @@ pub async fn one_post_to_each(
             tokio::spawn(conn);
             for i in (c * per)..((c + 1) * per).min(n) {
                 let ip = std::net::Ipv4Addr::from(u32::from(first) + i);
-                let req = Request::post(format!("http://{ip}:{port}/ok"))
+                let req = Request::post(format!("http://{ip}:{port}{path}"))
                     .body(Empty::<Bytes>::new())
                     .unwrap();
                 let resp = tokio::time::timeout(Duration::from_secs(20), send.send_request(req))

@@ -6,7 +6,7 @@ use std::time::Duration;
 use serde_json::Value;
 use sluice_tests::clients::{curl, naive_clients, python};
 use sluice_tests::harness::{walk, Sluice};
-use sluice_tests::load::one_request_to_each;
+use sluice_tests::load::{one_post_to_each_at, one_request_to_each};
 use sluice_tests::sim::Sim;
 use tokio::time::Instant;
 
@@ -473,4 +473,50 @@ async fn a_config_change_clears_a_restored_breaker() {
     }
     let r = curl(&s.proxy_url(), &[], &ok, T).await;
     assert_eq!(r.status, 200, "{r:?}\n{}", s.log());
+}
+
+/// R-PS1, issue 38: a crawl's evicted hosts resume what they learned when
+/// they come back — read from the store, as memory lets a state go once
+/// saved. 200 hosts, each refused once with a `429` (its rate cut below the
+/// cold start), through a table of 20 evicting hosts idle for 1 s: far more
+/// than the 80 states memory would keep. Before, the oldest came back cold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn evicted_hosts_come_back_with_what_they_learned_from_the_store() {
+    const HOSTS: u32 = 200;
+    const TABLE: u32 = 20;
+    let origin = Sim::start("0.0.0.0").await;
+    let port = origin.addr.port();
+    let first: std::net::Ipv4Addr = "127.5.0.0".parse().unwrap();
+    let cfg = format!(
+        "[destinations]\nallow = [\"127.0.0.0/8\"]\n[limits]\nmax_providers = {TABLE}\n\
+         provider_idle = \"1s\"\nsave_interval = \"200ms\"\n"
+    );
+    let s = Sluice::start(&cfg);
+    for batch in 0..HOSTS / TABLE {
+        let from = std::net::Ipv4Addr::from(u32::from(first) + batch * TABLE);
+        one_post_to_each_at(s.proxy, (from, port, "/status/429"), TABLE, 4, 429).await;
+        // Idle past `provider_idle`: the next batch evicts this one.
+        tokio::time::sleep(Duration::from_millis(1200)).await;
+    }
+    // Two save rounds: saved, then let go from memory.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let mut sampled = 0;
+    for i in (0..HOSTS).step_by(23) {
+        let host = std::net::Ipv4Addr::from(u32::from(first) + i);
+        let url = format!("http://{host}:{port}/ok");
+        assert_eq!(curl(&s.proxy_url(), &[], &url, T).await.status, 200);
+        let p = provider(&s, &host.to_string()).await;
+        assert_eq!(p["restored"], true, "{host} came back cold: {p}");
+        let rate = p["rate_rps"].as_f64().unwrap();
+        assert!(rate < 5.0, "{host} at {rate} req/s, the cold start's: {p}");
+        sampled += 1;
+        // Idle past `provider_idle` again: the table has room for the next.
+        if sampled % TABLE == 0 {
+            tokio::time::sleep(Duration::from_millis(1200)).await;
+        }
+    }
+    assert_eq!(sampled, 9);
+    println!(
+        "{sampled} of {HOSTS} evicted hosts sampled: each resumed its cut rate from the store"
+    );
 }

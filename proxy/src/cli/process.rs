@@ -143,9 +143,11 @@ pub async fn run(
         writer: writer.clone(),
     });
     let shared = shared_store(&config)?;
-    let providers = Providers::new(&config, upstream, Some(observer)).with_shared(shared);
+    let providers = Providers::new(&config, upstream, Some(observer))
+        .with_shared(shared)
+        .with_recall(store.clone().map(crate::providers::recall));
     if let Some(store) = &store {
-        restore(&providers, store, &metrics, config.limits.state_max_age);
+        restore(store, &metrics, config.limits.state_max_age);
     }
     let runs = Runs::new(
         &config,
@@ -276,19 +278,31 @@ async fn drain(app: &Arc<App>) {
     save(app).await;
 }
 
-/// Loads learned state from the store into the table (R-PS1): records
-/// younger than `max_age` are restored when their provider is first used;
-/// older ones are discarded and that provider starts cold.
-fn restore(providers: &Providers, store: &Store, metrics: &Metrics, max_age: Duration) {
-    for (name, record) in store.load_learned() {
+/// Counts the learned states in the store (R-PS1): those younger than
+/// `max_age` are restored when their provider is first used, read from
+/// the store then ([`crate::providers::recall`]) — not held in memory meanwhile: a crawl's
+/// store may hold a million hosts (issue 38). Older ones are discarded:
+/// that provider starts cold.
+fn restore(store: &Store, metrics: &Metrics, max_age: Duration) {
+    let (mut fresh, mut stale) = (0u64, 0u64);
+    store.each_learned(|name, record| {
         let age = record.age();
         if age < max_age {
-            providers.keep(&name, record.state(), age, record.config);
-            metrics.state_restored.inc();
-            tracing::info!(provider = %name, age_ms = age.as_millis() as u64, rate_rps = record.rate_rps, "learned state restored");
+            fresh += 1;
+            tracing::debug!(provider = %name, age_ms = age.as_millis() as u64, rate_rps = record.rate_rps, "learned state in the store");
         } else {
-            tracing::info!(provider = %name, age_ms = age.as_millis() as u64, "learned state older than state_max_age: discarded, cold start");
+            stale += 1;
+            tracing::debug!(provider = %name, age_ms = age.as_millis() as u64, "learned state older than state_max_age: discarded");
         }
+    });
+    metrics.state_restored.inc_by(fresh);
+    if fresh + stale > 0 {
+        tracing::info!(
+            restored = fresh,
+            discarded = stale,
+            "learned state in the store: restored when each provider is first used; \
+             what is older than state_max_age is discarded (a cold start)"
+        );
     }
 }
 

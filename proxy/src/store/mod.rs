@@ -49,6 +49,17 @@ fn unix_ms(t: SystemTime) -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
+/// A learned-state record of this version, or `None` with a log line.
+fn readable(provider: &str, bytes: &[u8]) -> Option<LearnedRecord> {
+    match LearnedRecord::decode(bytes) {
+        Some(r) if r.v == VERSION => Some(r),
+        _ => {
+            tracing::warn!(provider = %provider, "skipping an unreadable learned-state record");
+            None
+        }
+    }
+}
+
 /// Why a store read or write failed.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -248,29 +259,47 @@ impl Store {
             .filter_map(|item| {
                 let (k, v) = item.ok()?;
                 let name = String::from_utf8(k.to_vec()).ok()?;
-                match LearnedRecord::decode(&v) {
-                    Some(r) if r.v == VERSION => Some((name, r)),
-                    _ => {
-                        tracing::warn!(provider = %name, "skipping an unreadable learned-state record");
-                        None
-                    }
-                }
+                let record = readable(&name, &v)?;
+                Some((name, record))
             })
             .collect()
+    }
+
+    /// Calls `f` with each saved provider state that can be read, one at a
+    /// time: a store of a million hosts is not copied into memory.
+    pub fn each_learned(&self, mut f: impl FnMut(&str, &LearnedRecord)) {
+        for (k, v) in self.learned.iter().filter_map(Result::ok) {
+            let Ok(name) = std::str::from_utf8(&k) else {
+                continue;
+            };
+            if let Some(record) = readable(name, &v) {
+                f(name, &record);
+            }
+        }
+    }
+
+    /// One provider's saved state, if there is a readable one: what a
+    /// provider evicted from memory starts from when it comes back (R-PS1,
+    /// issue 38).
+    pub fn learned_of(&self, provider: &str) -> Option<LearnedRecord> {
+        let bytes = self.learned.get(provider.as_bytes()).ok()??;
+        readable(provider, &bytes)
     }
 
     /// Deletes learned states older than `max_age`: they would be
     /// discarded at start anyway, and the tree must not grow with every
     /// host ever seen.
     pub fn prune_learned(&self, max_age: Duration) -> Result<usize, StoreError> {
-        let mut removed = 0;
-        for (name, record) in self.load_learned() {
+        let mut old = Vec::new();
+        self.each_learned(|name, record| {
             if record.age() >= max_age {
-                self.learned.remove(name.as_bytes())?;
-                removed += 1;
+                old.push(name.to_string());
             }
+        });
+        for name in &old {
+            self.learned.remove(name.as_bytes())?;
         }
-        Ok(removed)
+        Ok(old.len())
     }
 
     /// Appends a transition to a provider's evidence log, keeps the log
