@@ -192,6 +192,29 @@ impl ProviderPolicy {
         }
     }
 
+    /// Whether, at `now`, it holds nothing a provider made anew would not
+    /// start from (R-PF1, issue 38): its pacer, breaker and outage watch
+    /// untaught, nothing in flight or waiting for a permit. Once
+    /// [`ProviderPolicy::quiet`] has passed since its last use — its
+    /// windows' evidence gone — such a provider can be let go and made
+    /// again on its next request, with no difference to that request.
+    pub fn learned_nothing(&self, now: Instant) -> bool {
+        self.bulkhead.in_flight() == 0
+            && self.bulkhead.waiting() == 0
+            && self.pacer.lock().untaught(now)
+            && self.breaker.lock().untaught()
+            && self.park.untaught()
+    }
+
+    /// How long after its last use every window's evidence has passed: the
+    /// breaker's window, the retry budget's and the controller's.
+    pub fn quiet(&self) -> Duration {
+        let s = self.settings();
+        s.breaker_window
+            .max(s.retry_budget_ttl)
+            .max(s.increase_window)
+    }
+
     /// Restores learned state (R-PS1): the rate and limit are clamped to
     /// the ceiling; an open breaker stays open for the time it had left —
     /// unless it was learned under another config (`config_changed`): then
@@ -312,5 +335,44 @@ impl TunnelAdmission {
     /// The tunnel's upstream connection was made (`true`) or failed.
     pub fn connected(self, ok: bool) {
         self.permit.finish(Some(!ok));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::classify::Outcome;
+
+    /// R-PF1: a provider answered as asked has learned nothing a new one
+    /// would not start from; one refused has.
+    #[tokio::test(start_paused = true)]
+    async fn a_provider_learns_nothing_until_something_pushes_back() {
+        let settings = ValidSettings::default();
+        let p = ProviderPolicy::new("a.test", settings, PolicyOptions::default());
+        assert!(p.learned_nothing(Instant::now()), "new");
+        assert_eq!(p.quiet(), Duration::from_secs(10), "the defaults' windows");
+        let sent = Instant::now();
+        tokio::time::advance(Duration::from_millis(80)).await;
+        p.pacer.feedback(
+            Some(Outcome::Success),
+            sent,
+            Some(Duration::from_millis(80)),
+        );
+        assert!(p.learned_nothing(Instant::now()), "answered");
+        p.pacer.feedback(
+            Some(Outcome::Throttled {
+                status: 429,
+                retry_after: None,
+            }),
+            Instant::now(),
+            None,
+        );
+        assert!(!p.learned_nothing(Instant::now()), "refused: a cut");
+
+        let q = ProviderPolicy::new("b.test", ValidSettings::default(), PolicyOptions::default());
+        q.breaker
+            .lock()
+            .restore(State::Open, Some(Duration::from_secs(5)), Instant::now());
+        assert!(!q.learned_nothing(Instant::now()), "its breaker open");
     }
 }

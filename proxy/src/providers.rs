@@ -561,11 +561,14 @@ impl Providers {
         self.recalled(name, max_age).map(|l| (l.state, l.age))
     }
 
-    /// Evicts providers idle for `provider_idle`, keeping what they learned.
+    /// Evicts providers idle for `provider_idle`, keeping what they
+    /// learned, and lets go those that learned nothing once their windows
+    /// have passed.
     pub fn sweep(&self) {
         let now = Instant::now();
         let mut entries = self.entries();
         self.evict_idle(&mut entries, now);
+        self.let_go_untaught(&mut entries, now);
         let max_age = self.rules().limits.state_max_age;
         self.kept
             .lock()
@@ -595,6 +598,25 @@ impl Providers {
             } else {
                 true
             }
+        });
+    }
+
+    /// Lets go the hosts' own providers (not a configured one, a lane of
+    /// one, the overflow or one whose budget is shared) that learned
+    /// nothing and have been idle past their windows (R-PF1, issue 38): a
+    /// broad crawl's host answered as asked would otherwise hold its
+    /// state — a few KB — for `provider_idle`, with nothing in it a new
+    /// provider would not start from. Its next request makes it again.
+    fn let_go_untaught(&self, entries: &mut HashMap<String, Arc<Provider>>, now: Instant) {
+        let rules = self.rules();
+        let configured = |name: &str| rules.named.iter().any(|n| n.name == name);
+        entries.retain(|name, p| {
+            let quiet = now.saturating_duration_since(p.last_used(self.epoch)) >= p.policy.quiet();
+            let own = !configured(p.lane_of.as_deref().unwrap_or(name)) && name != OVERFLOW;
+            let plain = p.visible() && p.budget().is_none();
+            let gone =
+                quiet && own && plain && Arc::strong_count(p) == 1 && p.policy.learned_nothing(now);
+            !gone
         });
     }
 

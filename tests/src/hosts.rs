@@ -30,6 +30,9 @@ pub struct HostsRun {
     /// idle bound (`/metrics`).
     pub upstream_open: f64,
     pub idle_closed: f64,
+    /// Providers still tracked 15 s later (those that learned nothing are
+    /// let go once their windows pass).
+    pub tracked_settled: usize,
 }
 
 impl HostsRun {
@@ -43,7 +46,7 @@ impl HostsRun {
         format!(
             "resident {:.1} → {:.1} MiB for {} providers added: {:.0} bytes per host; \
              15 s later {:.1} MiB, {:.0} bytes per host (heap {:.0}); store {:.1} MiB, {:.0} bytes per host; \
-             upstream connections open {}, closed for the idle bound {}",
+             upstream connections open {}, closed for the idle bound {}; {} providers tracked 15 s later",
             self.before_kib as f64 / 1024.0,
             self.after_kib as f64 / 1024.0,
             self.added,
@@ -55,6 +58,7 @@ impl HostsRun {
             self.store_bytes as f64 / self.added.max(1) as f64,
             self.upstream_open,
             self.idle_closed,
+            self.tracked_settled,
         )
     }
 }
@@ -82,6 +86,7 @@ pub async fn one_post_each(
         settled_kib: rss_kib(sluice.pid()),
         heap_before,
         heap_settled: heap(sluice).await,
+        tracked_settled: tracked(sluice).await,
         store_bytes: bytes_under(&sluice.dir.join("state").join("store")),
         upstream_open: sluice
             .metric("sluice_upstream_connections")

@@ -194,6 +194,12 @@ impl Breaker {
         }
     }
 
+    /// Whether it has never opened and has no failures in a row: what a
+    /// new breaker is, once its window has passed (R-PF1).
+    pub fn untaught(&self) -> bool {
+        self.state == State::Closed && self.opens == 0 && self.streak.is_none()
+    }
+
     /// Whether the breaker last opened for throttles (see
     /// [`Breaker::record`]).
     pub fn opened_for_throttles(&self) -> bool {

@@ -451,6 +451,17 @@ impl ParkShared {
         self.limits().extra_methods
     }
 
+    /// Whether it has seen nothing a new one would not start from: no
+    /// outage or failure met, no one parked or on the way (R-PF1).
+    pub fn untaught(&self) -> bool {
+        let s = self.lock();
+        s.watch.untaught()
+            && s.waiters.is_empty()
+            && s.resumed == 0
+            && s.gave_up == 0
+            && self.on_the_way.load(std::sync::atomic::Ordering::Relaxed) == 0
+    }
+
     /// A readout at `now`.
     pub fn snapshot(&self, now: Instant) -> ParkSnapshot {
         let s = self.lock();

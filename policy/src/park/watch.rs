@@ -179,6 +179,16 @@ impl Watch {
         self.down.is_some()
     }
 
+    /// Whether it has seen nothing a new watch would not start from: no
+    /// outage, probe or failures in a row, and noise at its floor (R-PF1).
+    pub fn untaught(&self) -> bool {
+        self.streak.is_none()
+            && self.down.is_none()
+            && self.episodes == 0
+            && self.probes == 0
+            && self.noise <= NOISE_FLOOR
+    }
+
     /// Whether anything is amiss: down, or failures in a row so far.
     pub fn unsettled(&self) -> bool {
         self.down.is_some() || self.streak.is_some()

@@ -48,3 +48,26 @@ pub fn read() -> Option<Allocations> {
         allocated,
     })
 }
+
+/// How long pages freed to the allocator stay with it before they go back
+/// to the system. jemalloc's default is 10 s: a crawl's hosts let go (R-PF1)
+/// or a flood's buffers freed still count in the resident set for most of
+/// that — a sidecar's memory limit meets what it held, not what it holds.
+/// A second costs a fault per page when a burst comes back soon after.
+pub const DECAY_MS: isize = 1000;
+
+/// Makes every arena, and any made later, give freed pages back after
+/// [`DECAY_MS`] (jemalloc's `dirty_decay_ms`; its `muzzy_decay_ms` is 0
+/// already). Whether jemalloc took it: for arenas to come, and for the
+/// first (arenas counted but not made yet refuse it, and need not).
+pub fn give_back_sooner() -> bool {
+    let arenas = tikv_jemalloc_ctl::arenas::narenas::read().unwrap_or(0);
+    let to_come = b"arenas.dirty_decay_ms\0".name().write(DECAY_MS).is_ok();
+    let made: Vec<bool> = (0..arenas)
+        .map(|i| {
+            let name = format!("arena.{i}.dirty_decay_ms\0");
+            name.as_bytes().name().write(DECAY_MS).is_ok()
+        })
+        .collect();
+    to_come && made.first() == Some(&true)
+}

@@ -443,6 +443,26 @@ impl Aimd {
         }
     }
 
+    /// Whether it has learned nothing a cold controller would not start
+    /// from: the rate never moved, no limit or baseline (of latency or of
+    /// errors), no outage, throttle or failure streak met, nothing on
+    /// trial or probe, no fleet's rate taken (R-PF1).
+    pub fn untaught(&self) -> bool {
+        self.changes.is_empty()
+            && self.limit.is_none()
+            && self.last_decrease.is_none()
+            && self.latency.baseline().is_none()
+            && !self.errors.established()
+            && self.outages == 0
+            && self.named_throttle.is_none()
+            && self.hold_end.is_none()
+            && self.trial.is_none()
+            && self.probe.is_none()
+            && self.streak.is_none()
+            && self.unconfirmed.is_none()
+            && !self.shared
+    }
+
     /// The rate that was in force at `sent_at`.
     /// (Scanned from the newest change: almost every answer is to a
     /// request sent after the last one, and stops at the first look.)

@@ -227,6 +227,24 @@ impl PacerCore {
         }
     }
 
+    /// Whether, at `now`, it has learned and holds nothing a cold pacer
+    /// would not start from (R-PF1): its controller untaught, no hold, no
+    /// one waiting, no quota, tokens budget, allowance, learned window or
+    /// shared budget heard of.
+    pub fn untaught(&self, now: Instant) -> bool {
+        self.aimd.untaught()
+            && self.hold_until.is_none_or(|h| h <= now)
+            && self.waiting.is_empty()
+            && self.last_backoff.is_none()
+            && self.quota.is_none()
+            && self.tokens.is_none()
+            && self.allowance.is_none()
+            && self.window.learned.is_none()
+            && self.window.boundary.is_none()
+            && self.shared_rate.is_none()
+            && self.alone.is_none()
+    }
+
     /// Applies new settings (config reload) and keeps what was learned; the
     /// rate is clamped to the new ceiling.
     pub fn update_settings(&mut self, settings: &ProviderSettings) {

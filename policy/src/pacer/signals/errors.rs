@@ -116,6 +116,11 @@ impl ErrorTally {
         self.recent = [self.recent[1], Count::default()];
     }
 
+    /// Whether a trial (or a restore) established the baseline.
+    pub fn established(&self) -> bool {
+        self.established
+    }
+
     /// The learned share of errors unrelated to load, once enough answers
     /// were seen.
     pub fn baseline(&self) -> Option<f64> {
