@@ -2,7 +2,6 @@
 //! errors at a rate rise above those at the rates below it or above the
 //! learned baseline (see the module above).
 
-use std::collections::BTreeMap;
 
 use super::stats::{poisson_tail, rate_test, Count, SIGNIFICANCE};
 
@@ -45,7 +44,49 @@ pub struct ErrorTally {
     recent: [Count; 2],
     /// Decaying answers and errors per rate band (the rate in force when
     /// the answer came), baseline answers only.
-    by_rate: BTreeMap<i32, Count>,
+    by_rate: Bands,
+}
+
+/// Counts per rate band, in band order: a sorted vector, grown by one band
+/// at a time — a provider meets a handful of bands, and a `BTreeMap`'s
+/// first node was 232 bytes of every provider that was ever answered
+/// (issue 38, R-PF1).
+#[derive(Debug, Clone, Default)]
+struct Bands(Vec<(i32, Count)>);
+
+impl Bands {
+    /// The count of `band`, made at zero if new.
+    fn entry(&mut self, band: i32) -> &mut Count {
+        let i = match self.0.binary_search_by_key(&band, |(b, _)| *b) {
+            Ok(i) => i,
+            Err(i) => {
+                self.0.reserve_exact(1);
+                self.0.insert(i, (band, Count::default()));
+                i
+            }
+        };
+        &mut self.0[i].1
+    }
+
+    /// The counts of the bands from `lo` to `hi`.
+    fn range(&self, lo: i32, hi: i32) -> impl Iterator<Item = &Count> {
+        self.0
+            .iter()
+            .filter(move |(b, _)| (lo..=hi).contains(b))
+            .map(|(_, c)| c)
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &(i32, Count)> {
+        self.0.iter()
+    }
+
+    fn retain(&mut self, mut keep: impl FnMut(&mut Count) -> bool) {
+        self.0.retain_mut(|(_, c)| keep(c));
+    }
+
+    fn clear(&mut self) {
+        self.0 = Vec::new();
+    }
 }
 
 fn band(rate: f64) -> i32 {
@@ -58,7 +99,7 @@ impl ErrorTally {
     pub fn record(&mut self, error: bool, kind: Attribution, rate: f64) {
         self.all.add(error);
         self.recent[1].add(error);
-        let by_rate = self.by_rate.entry(band(rate)).or_default();
+        let by_rate = self.by_rate.entry(band(rate));
         match kind {
             Attribution::Noise => {
                 self.cur.add(error);
@@ -107,7 +148,7 @@ impl ErrorTally {
         self.long.errors = self.long.errors * keep + self.cur.errors;
         self.all.answers *= keep;
         self.all.errors *= keep;
-        self.by_rate.retain(|_, c| {
+        self.by_rate.retain(|c| {
             c.answers *= keep;
             c.errors *= keep;
             c.answers >= 0.5
@@ -143,7 +184,7 @@ impl ErrorTally {
     pub fn share_near(&self, rate: f64) -> Option<f64> {
         let (lo, hi) = (band(rate * RATE_BELOW), band(rate / RATE_BELOW));
         let mut near = Count::default();
-        for (_, c) in self.by_rate.range(lo..=hi) {
+        for c in self.by_rate.range(lo, hi) {
             near.answers += c.answers;
             near.errors += c.errors;
         }
@@ -162,7 +203,7 @@ impl ErrorTally {
             answers: 1.0,
             errors: 1.0,
         };
-        for (b, c) in &self.by_rate {
+        for (b, c) in self.by_rate.iter() {
             let side = if *b < below {
                 &mut low
             } else if *b >= at {
