@@ -59,6 +59,21 @@ fn fingerprint(state: &LearnedState, used: Duration, now: Instant, epoch: Instan
     h.finish()
 }
 
+/// Whether `p` is a host's own provider — not a configured one, a lane of
+/// one, the overflow, one whose budget is shared or one seen only through
+/// raw tunnels — holding, at `now`, nothing a new one would not start
+/// from (R-PF1): there is nothing of it to save, and nothing lost when it
+/// is let go.
+fn untaught(rules: &Rules, name: &str, p: &Provider, now: Instant) -> bool {
+    let base = p.lane_of.as_deref().unwrap_or(name);
+    let configured = rules.named.iter().any(|n| n.name == base);
+    !configured
+        && name != OVERFLOW
+        && p.visible()
+        && p.budget().is_none()
+        && p.policy.learned_nothing(now)
+}
+
 /// What identifies the config a provider runs under: its settings, whether
 /// it is intercepted, and how sluice reaches any provider (`reach`: the
 /// destination guard, the upstream CA and connect timeout). Stored beside
@@ -609,13 +624,9 @@ impl Providers {
     /// provider would not start from. Its next request makes it again.
     fn let_go_untaught(&self, entries: &mut HashMap<String, Arc<Provider>>, now: Instant) {
         let rules = self.rules();
-        let configured = |name: &str| rules.named.iter().any(|n| n.name == name);
         entries.retain(|name, p| {
             let quiet = now.saturating_duration_since(p.last_used(self.epoch)) >= p.policy.quiet();
-            let own = !configured(p.lane_of.as_deref().unwrap_or(name)) && name != OVERFLOW;
-            let plain = p.visible() && p.budget().is_none();
-            let gone =
-                quiet && own && plain && Arc::strong_count(p) == 1 && p.policy.learned_nothing(now);
+            let gone = quiet && Arc::strong_count(p) == 1 && untaught(&rules, name, p, now);
             !gone
         });
     }
@@ -645,9 +656,14 @@ impl Providers {
 
     fn learned_where(&self, changed_only: bool) -> Vec<Learned> {
         let now = Instant::now();
-        let mut out: Vec<_> = self
-            .all()
+        let all = self.all();
+        // Nothing to save of a provider that learned nothing (R-PF1). (The
+        // table's lock is not held: the rules are taken after it, as
+        // everywhere, and let go before the kept states'.)
+        let rules = self.rules();
+        let mut out: Vec<_> = all
             .iter()
+            .filter(|p| !untaught(&rules, &p.name, p, now))
             .filter_map(|p| {
                 let used = p.last_used(self.epoch);
                 let state = p.policy.learned(now);
@@ -665,6 +681,7 @@ impl Providers {
                 })
             })
             .collect();
+        drop(rules);
         let mut kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
         if changed_only && self.recall.is_some() {
             // Handed to the store by an earlier save, which has finished
@@ -860,8 +877,11 @@ mod tests {
             n.sort();
             n
         };
+        // Each taught something (a rate of its own): a provider that
+        // learned nothing has nothing to save.
         let a = t.get("a.test");
-        t.get("b.test");
+        a.policy.pacer.lock().restore(3.0, None, None);
+        t.get("b.test").policy.pacer.lock().restore(4.0, None, None);
         assert_eq!(names(t.learned_changed()), ["a.test", "b.test"]);
         assert!(t.learned_changed().is_empty(), "nothing changed");
         tokio::time::advance(Duration::from_secs(5)).await;
@@ -882,6 +902,40 @@ mod tests {
         assert_eq!(names(t.learned_changed()), ["gone.test"]);
         assert!(t.learned_changed().is_empty());
         assert_eq!(names(t.learned()), ["a.test", "b.test", "gone.test"]);
+    }
+
+    /// R-PF1, issue 38: a host's provider that learned nothing is not
+    /// saved, and is let go once its windows have passed; one that learned
+    /// something, a configured one and one in use stay.
+    #[tokio::test(start_paused = true)]
+    async fn providers_that_learned_nothing_are_let_go_once_quiet() {
+        let t = table("[providers.named]\nhosts = [\"named.test\"]\n");
+        t.get("quiet.test");
+        t.get("named.test");
+        t.get("taught.test")
+            .policy
+            .pacer
+            .lock()
+            .restore(3.0, None, None);
+        let in_use = t.get("in-use.test");
+        let saved: Vec<String> = t.learned_changed().into_iter().map(|l| l.name).collect();
+        assert_eq!(
+            saved,
+            ["named", "taught.test"],
+            "nothing to save of the rest"
+        );
+        tokio::time::advance(Duration::from_secs(9)).await;
+        t.sweep();
+        assert_eq!(t.all().len(), 4, "within the windows: all stay");
+        tokio::time::advance(Duration::from_secs(2)).await;
+        t.sweep();
+        let mut live: Vec<String> = t.all().iter().map(|p| p.name.clone()).collect();
+        live.sort();
+        assert_eq!(live, ["in-use.test", "named", "taught.test"]);
+        drop(in_use);
+        t.sweep();
+        assert_eq!(t.all().len(), 2, "let go once no request holds it");
+        assert!(!t.get("quiet.test").restored, "made again, cold");
     }
 
     #[tokio::test(start_paused = true)]

@@ -233,6 +233,8 @@ impl PacerCore {
     /// shared budget heard of.
     pub fn untaught(&self, now: Instant) -> bool {
         self.aimd.untaught()
+            // A rate restored from the store moved without a change.
+            && self.aimd.rate() == self.start_rps
             && self.hold_until.is_none_or(|h| h <= now)
             && self.waiting.is_empty()
             && self.last_backoff.is_none()

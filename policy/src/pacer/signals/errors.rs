@@ -2,7 +2,6 @@
 //! errors at a rate rise above those at the rates below it or above the
 //! learned baseline (see the module above).
 
-
 use super::stats::{poisson_tail, rate_test, Count, SIGNIFICANCE};
 
 /// Windows of memory of the error baseline (a decaying average).
