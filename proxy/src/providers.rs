@@ -258,6 +258,8 @@ impl Rules {
 /// The table.
 pub struct Providers {
     epoch: Instant,
+    /// When a full table last looked for room (ms since `epoch`).
+    room_sought: AtomicU64,
     rules: RwLock<Rules>,
     entries: Mutex<HashMap<String, Arc<Provider>>>,
     kept: Mutex<HashMap<String, Kept>>,
@@ -285,6 +287,7 @@ impl Providers {
     pub fn new(config: &Config, upstream: Upstream, observer: Option<Arc<dyn Observer>>) -> Self {
         Providers {
             epoch: Instant::now(),
+            room_sought: AtomicU64::new(0),
             rules: RwLock::new(Rules::of(config)),
             entries: Mutex::new(HashMap::new()),
             kept: Mutex::new(HashMap::new()),
@@ -358,7 +361,7 @@ impl Providers {
         let (name, settings, intercept) = self.lookup(host);
         let max = self.rules().limits.max_providers;
         if entries.len() >= max {
-            self.evict_idle(&mut entries, now);
+            self.make_room(&mut entries, now);
         }
         let name = if entries.len() >= max && !self.is_named(&name) {
             // Full: unknown hosts share one provider rather than grow memory.
@@ -404,7 +407,7 @@ impl Providers {
         }
         let max = self.rules().limits.max_providers;
         if entries.len() >= max {
-            self.evict_idle(&mut entries, now);
+            self.make_room(&mut entries, now);
         }
         let lanes = entries
             .values()
@@ -589,6 +592,21 @@ impl Providers {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .retain(|_, k| now.saturating_duration_since(k.at) < max_age);
+    }
+
+    /// A full table looks for room — evicts idle providers, lets go those
+    /// that learned nothing — at most every 100 ms: each look is a pass
+    /// over the table, and a crawl past `max_providers` asks for room with
+    /// every new host (a pass over 100,000 providers for each, before).
+    fn make_room(&self, entries: &mut HashMap<String, Arc<Provider>>, now: Instant) {
+        let ms = now.saturating_duration_since(self.epoch).as_millis() as u64;
+        let last = self.room_sought.load(Ordering::Relaxed);
+        if last != 0 && ms.saturating_sub(last) < 100 {
+            return;
+        }
+        self.room_sought.store(ms.max(1), Ordering::Relaxed);
+        self.evict_idle(entries, now);
+        self.let_go_untaught(entries, now);
     }
 
     fn evict_idle(&self, entries: &mut HashMap<String, Arc<Provider>>, now: Instant) {

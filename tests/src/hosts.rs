@@ -142,6 +142,9 @@ pub fn crawl_config(hosts: u32, extra: &str) -> String {
 /// their bound), and the same with the bound lifted — the difference is
 /// one idle upstream connection's cost. Uses `127.1/16`–`127.3/16`.
 pub async fn report(hosts: u32, first: u32) {
+    if hosts == 0 {
+        return;
+    }
     let origin = Sim::start("0.0.0.0").await;
     let port = origin.addr.port();
     let start = |extra: &str| {
@@ -176,4 +179,199 @@ pub async fn report(hosts: u32, first: u32) {
         "  one idle upstream connection: {:.0} bytes resident ({conns} more open than under the bound)\n",
         (unbounded.settled_kib as f64 - bounded.settled_kib as f64) * 1024.0 / conns.max(1.0),
     );
+}
+
+/// A crawl's `provider_idle`: a taught host is evicted (saved, and let go
+/// from memory) this long after its request.
+pub const CRAWL_IDLE_S: u32 = 30;
+
+/// Every this-many-th host of a crawl is refused once (`429`): it learns
+/// something and is saved; the rest are answered `200` and learn nothing.
+pub const TAUGHT_EVERY: u32 = 50;
+
+/// What a broad crawl cost: resident memory as it went, and what came
+/// back from the store.
+#[derive(Debug, Clone)]
+pub struct CrawlRun {
+    /// Hosts crawled and how long it took.
+    pub hosts: u32,
+    pub secs: f64,
+    /// (hosts done, resident KiB), sampled every second.
+    pub samples: Vec<(u32, u64)>,
+    /// Resident KiB before the crawl.
+    pub before_kib: u64,
+    /// Providers tracked when the last host was answered.
+    pub tracked_at_end: usize,
+    /// Bytes of sled's files at the end.
+    pub store_bytes: u64,
+    /// Taught hosts of the crawl's first half sampled on their return, and
+    /// how many of them resumed their cut rate from the store.
+    pub sampled: u32,
+    pub restored: u32,
+}
+
+impl CrawlRun {
+    /// The most resident memory, in MiB.
+    pub fn peak_mib(&self) -> f64 {
+        let peak = self.samples.iter().map(|s| s.1).max().unwrap_or(0);
+        peak as f64 / 1024.0
+    }
+
+    /// The lowest and highest resident MiB over the crawl's second half.
+    pub fn second_half_mib(&self) -> (f64, f64) {
+        let half: Vec<u64> = self
+            .samples
+            .iter()
+            .filter(|s| s.0 >= self.hosts / 2)
+            .map(|s| s.1)
+            .collect();
+        let lo = half.iter().min().copied().unwrap_or(0) as f64 / 1024.0;
+        let hi = half.iter().max().copied().unwrap_or(0) as f64 / 1024.0;
+        (lo, hi)
+    }
+
+    /// Lines for a bench's output.
+    pub fn lines(&self) -> String {
+        let (lo, hi) = self.second_half_mib();
+        let tenths: Vec<String> = (1..=10)
+            .filter_map(|k| {
+                let at = self.hosts / 10 * k;
+                self.samples
+                    .iter()
+                    .find(|s| s.0 >= at)
+                    .map(|s| format!("{:.0}", s.1 as f64 / 1024.0))
+            })
+            .collect();
+        format!(
+            "{} hosts in {:.0} s ({:.0} hosts/s): resident {:.1} MiB before, peak {:.1} MiB; \
+             second half {lo:.1}–{hi:.1} MiB; at each tenth: {} MiB\n  \
+             samples (hosts done, MiB): {}\n  \
+             {} providers tracked at the end; store {:.1} MiB ({:.0} bytes per taught host); \
+             {} of {} taught hosts sampled on return resumed their rate from the store",
+            self.hosts,
+            self.secs,
+            f64::from(self.hosts) / self.secs.max(1e-9),
+            self.before_kib as f64 / 1024.0,
+            self.peak_mib(),
+            tenths.join(" "),
+            self.samples
+                .iter()
+                .map(|(n, kib)| format!("{n}:{:.0}", *kib as f64 / 1024.0))
+                .collect::<Vec<_>>()
+                .join(" "),
+            self.tracked_at_end,
+            self.store_bytes as f64 / f64::from(1 << 20),
+            self.store_bytes as f64 / f64::from((self.hosts / TAUGHT_EVERY).max(1)),
+            self.restored,
+            self.sampled,
+        )
+    }
+}
+
+/// A broad crawl (R-PF1, issue 38): one POST each to `hosts` loopback
+/// hosts from `127.16.0.0` on (up to 2^20 of them), against one origin on
+/// `0.0.0.0`, over 16 connections, through sluice on its defaults but
+/// `max_providers`; every [`TAUGHT_EVERY`]-th host is refused once. Then
+/// 20 taught hosts of the first half come back, each looked up in the
+/// admin API: restored, and slower than the cold start.
+pub async fn crawl(hosts: u32, max_providers: u32) -> CrawlRun {
+    use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+    use std::sync::Arc;
+    assert!(hosts <= 1 << 20, "127.16.0.0/12 holds 2^20 hosts");
+    let origin = Sim::start("0.0.0.0").await;
+    let port = origin.addr.port();
+    let config = format!(
+        "[destinations]\nallow = [\"127.0.0.0/8\"]\n[limits]\nmax_providers = {max_providers}\n\
+         provider_idle = \"{CRAWL_IDLE_S}s\"\n"
+    );
+    let s = Sluice::start_as_deployed(TempDir::new("bench-crawl"), &config);
+    let first = u32::from(Ipv4Addr::new(127, 16, 0, 0));
+    let before_kib = rss_kib(s.pid());
+    let done = Arc::new(AtomicU32::new(0));
+    let over = Arc::new(AtomicBool::new(false));
+    let sampler = {
+        let (done, over, pid) = (done.clone(), over.clone(), s.pid());
+        tokio::spawn(async move {
+            let mut samples = Vec::new();
+            while !over.load(Ordering::Relaxed) {
+                samples.push((done.load(Ordering::Relaxed), rss_kib(pid)));
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            samples.push((done.load(Ordering::Relaxed), rss_kib(pid)));
+            samples
+        })
+    };
+    let started = tokio::time::Instant::now();
+    let conns = 16;
+    let per = hosts.div_ceil(conns);
+    let mut tasks = Vec::new();
+    for c in 0..conns {
+        let (proxy, done) = (s.proxy, done.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut send = crate::load::proxy_sender(proxy).await;
+            for i in (c * per)..((c + 1) * per).min(hosts) {
+                let ip = Ipv4Addr::from(first + i);
+                let (path, expect) = match i % TAUGHT_EVERY {
+                    0 => ("/status/429", 429),
+                    _ => ("/ok", 200),
+                };
+                let status =
+                    crate::load::post(&mut send, &format!("http://{ip}:{port}{path}")).await;
+                assert_eq!(status, expect, "{ip}");
+                done.fetch_add(1, Ordering::Relaxed);
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let secs = started.elapsed().as_secs_f64();
+    // The metric, not the admin API's list: the list of 100,000
+    // providers is a sizeable answer of its own.
+    let tracked_at_end = s.metric("sluice_providers_tracked").await.unwrap_or(0.0) as usize;
+    over.store(true, Ordering::Relaxed);
+    let samples = sampler.await.unwrap();
+    // Past `provider_idle` and a save: the first half's taught hosts are
+    // evicted, saved and let go from memory. Then 20 of them come back.
+    tokio::time::sleep(Duration::from_secs(u64::from(CRAWL_IDLE_S) + 5)).await;
+    let mut send = crate::load::proxy_sender(s.proxy).await;
+    let (mut sampled, mut restored) = (0, 0);
+    let step = (hosts / 2 / TAUGHT_EVERY / 20).max(1) * TAUGHT_EVERY;
+    for i in (0..hosts / 2).step_by(step as usize).take(20) {
+        let ip = Ipv4Addr::from(first + i);
+        let status = crate::load::post(&mut send, &format!("http://{ip}:{port}/ok")).await;
+        assert_eq!(status, 200, "{ip} on its return");
+        let (code, body) = s.admin_get(&format!("/v1/providers/{ip}")).await;
+        assert_eq!(code, 200, "{body}");
+        let p: serde_json::Value = serde_json::from_str(&body).unwrap();
+        sampled += 1;
+        if p["restored"] == true && p["rate_rps"].as_f64().is_some_and(|r| r < 5.0) {
+            restored += 1;
+        }
+    }
+    CrawlRun {
+        hosts,
+        secs,
+        samples,
+        before_kib,
+        tracked_at_end,
+        store_bytes: bytes_under(&s.dir.join("state").join("store")),
+        sampled,
+        restored,
+    }
+}
+
+/// Prints a broad crawl's figures as section `n` (see [`crawl`]); none for
+/// `hosts = 0`.
+pub async fn report_crawl(hosts: u32, n: u32) {
+    if hosts == 0 {
+        return;
+    }
+    const MAX_PROVIDERS: u32 = 100_000;
+    println!(
+        "{n}. a broad crawl: {hosts} hosts, one POST each (every {TAUGHT_EVERY}th refused once), \
+         max_providers = {MAX_PROVIDERS}, provider_idle = {CRAWL_IDLE_S} s"
+    );
+    let run = crawl(hosts, MAX_PROVIDERS).await;
+    println!("  {}\n", run.lines());
 }

@@ -217,6 +217,34 @@ fn parse_wrk_duration(s: &str) -> Option<Duration> {
     Some(Duration::from_secs_f64(n.parse::<f64>().ok()? * scale))
 }
 
+/// A kept-alive HTTP/1.1 connection to the proxy at `proxy`.
+pub async fn proxy_sender(
+    proxy: SocketAddr,
+) -> hyper::client::conn::http1::SendRequest<Empty<Bytes>> {
+    let stream = TcpStream::connect(proxy).await.unwrap();
+    let (send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    send
+}
+
+/// POSTs to `url` (absolute: a proxy request) over `send`; the status,
+/// the body read to its end, within 20 s.
+pub async fn post(
+    send: &mut hyper::client::conn::http1::SendRequest<Empty<Bytes>>,
+    url: &str,
+) -> u16 {
+    let req = Request::post(url).body(Empty::<Bytes>::new()).unwrap();
+    let resp = tokio::time::timeout(Duration::from_secs(20), send.send_request(req))
+        .await
+        .expect("an answer within 20 s")
+        .unwrap();
+    let status = resp.status().as_u16();
+    resp.into_body().collect().await.unwrap();
+    status
+}
+
 /// One POST to each of `n` loopback addresses from `first` on, port 9
 /// (nothing listens: each is a refused connect, a `502`, and a POST is not
 /// retried), over `conns` kept-alive connections — `n` providers tracked.

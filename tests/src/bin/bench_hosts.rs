@@ -2,7 +2,7 @@
 //! release binary on its defaults but `max_providers`:
 //!
 //! `cargo build --release -p sluice && SLUICE_BIN=target/release/sluice
-//! cargo run --release -p sluice-tests --bin bench_hosts [HOSTS]`
+//! cargo run --release -p sluice-tests --bin bench_hosts [HOSTS] [CRAWL]`
 //!
 //! 1. one POST to each of `HOSTS` (default 10,000) loopback addresses
 //!    where nothing listens (a refused connect, a `502`): the providers'
@@ -12,15 +12,21 @@
 //!    leaves a pooled upstream connection behind, bounded by
 //!    `upstream.max_idle_connections` (default);
 //! 3. the same with the bound lifted: the difference is what the idle
-//!    connections cost, printed per connection.
+//!    connections cost, printed per connection;
+//! 4. a broad crawl over `CRAWL` hosts (default 1,000,000; 0 skips it)
+//!    with `max_providers = 100000`: resident memory as it goes, the
+//!    store, and taught hosts coming back (`sluice_tests::hosts::crawl`).
 //!
 //! `bench_squid` prints the same after its per-request figures.
 
 #[tokio::main]
 async fn main() {
-    let hosts: u32 = std::env::args()
-        .nth(1)
-        .and_then(|a| a.parse().ok())
-        .unwrap_or(10_000);
-    sluice_tests::hosts::report(hosts, 1).await;
+    let arg = |n: usize, default: u32| {
+        std::env::args()
+            .nth(n)
+            .and_then(|a| a.parse().ok())
+            .unwrap_or(default)
+    };
+    sluice_tests::hosts::report(arg(1, 10_000), 1).await;
+    sluice_tests::hosts::report_crawl(arg(2, 1_000_000), 4).await;
 }

@@ -2,7 +2,7 @@
 //! request on the same origin, load generator and machine.
 //!
 //! `cargo build --release -p sluice && SLUICE_BIN=target/release/sluice
-//! cargo run --release -p sluice-tests --bin bench_squid [ROUNDS] [HOSTS]`
+//! cargo run --release -p sluice-tests --bin bench_squid [ROUNDS] [HOSTS] [CRAWL]`
 //!
 //! Needs Debian's `nginx`, `wrk` and `squid-openssl`. Every proxy runs
 //! with its defaults except what the comparison needs: sluice's pacing
@@ -32,7 +32,8 @@
 //!    its defaults: memory per host with the idle upstream connections
 //!    they leave (bounded), and 6. with the bound lifted: one idle
 //!    connection's cost (`sluice_tests::hosts::report`, also
-//!    `bench_hosts`).
+//!    `bench_hosts`); 7. a broad crawl over `CRAWL` hosts (default
+//!    1,000,000; 0 skips it), `max_providers = 100000`.
 
 use std::net::SocketAddr;
 use std::process::{Child, Command};
@@ -144,6 +145,10 @@ async fn main() {
     let mut args = std::env::args().skip(1);
     let rounds: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(3);
     let hosts: u32 = args.next().and_then(|a| a.parse().ok()).unwrap_or(10_000);
+    let crawl: u32 = args
+        .next()
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(1_000_000);
 
     // The same origin for everyone.
     let origin = Nginx::origin("127.0.0.80", None);
@@ -339,6 +344,7 @@ async fn main() {
     // Memory per host: sluice alone on the machine (the others stopped).
     drop((sluice, squid, bump, floor, origin, tls_origin));
     sluice_tests::hosts::report(hosts, 4).await;
+    sluice_tests::hosts::report_crawl(crawl, 7).await;
 }
 
 /// Runs a future to completion from inside `measure`'s closure.
