@@ -24,15 +24,17 @@ impl PacerCore {
             // is the provider working normally: a clean answer for the rate,
             // like a success (but never retried, never a breaker failure).
             Signal::Clean => {
-                if self.window.boundary.is_some_and(|b| sent_at >= b) {
-                    self.window.since += 1;
-                }
-                if let Some((_, w, start, used)) = self.window.learned.as_mut() {
-                    while now >= *start + *w {
-                        *start += *w;
-                        *used = 0;
+                if let Some(learner) = self.window.as_deref_mut() {
+                    if learner.boundary.is_some_and(|b| sent_at >= b) {
+                        learner.since += 1;
                     }
-                    *used += 1;
+                    if let Some((_, w, start, used)) = learner.learned.as_mut() {
+                        while now >= *start + *w {
+                            *start += *w;
+                            *used = 0;
+                        }
+                        *used += 1;
+                    }
                 }
                 let change = self.aimd.on_clean(sent_at, now, ttfb);
                 fb.increased = change.increased;

@@ -81,8 +81,9 @@ pub struct PacerCore {
     /// instant, while the other replicas may still pace alone.
     rejoining: Option<Instant>,
     /// A windowed quota learned from where the provider's `Retry-After`s
-    /// point, when it advertises none.
-    window: WindowLearner,
+    /// point, when it advertises none: made by the first `Retry-After`
+    /// that names a window's end (most providers never send one).
+    window: Option<Box<WindowLearner>>,
     /// What requests cost, by method and path (R-FS2).
     costs: Costs,
     /// Where the provider says what a request cost.
@@ -220,7 +221,7 @@ impl PacerCore {
             shared_count: None,
             alone: None,
             rejoining: None,
-            window: WindowLearner::default(),
+            window: None,
             costs: settings.costs.clone(),
             cost_header: settings.cost_header.clone(),
             allowance: settings.allowance.map(|a| Box::new(AllowanceState::new(a))),
@@ -241,8 +242,7 @@ impl PacerCore {
             && self.quota.is_none()
             && self.tokens.is_none()
             && self.allowance.is_none()
-            && self.window.learned.is_none()
-            && self.window.boundary.is_none()
+            && self.window.is_none()
             && self.shared_rate.is_none()
             && self.alone.is_none()
     }

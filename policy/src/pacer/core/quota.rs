@@ -462,7 +462,7 @@ impl PacerCore {
     /// in between the quota; learned, it is paced like an advertised one
     /// (a fresh trust: a provider whose window changed is learned anew).
     pub(super) fn learn_window(&mut self, end: Instant, wait: Duration) {
-        let w = &mut self.window;
+        let w = &mut **self.window.get_or_insert_with(Box::default);
         if let Some(prev) = w.boundary {
             let window = round_window(end.saturating_duration_since(prev));
             // A fixed window's 429 sends us to its end, a large part of the
@@ -483,7 +483,7 @@ impl PacerCore {
 
     /// The quota a learned window stands for now, as if advertised.
     pub(super) fn learned_advert(&self, now: Instant) -> Option<Advertised> {
-        let (limit, window, mut start, mut used) = self.window.learned?;
+        let (limit, window, mut start, mut used) = self.window.as_ref()?.learned?;
         while now >= start + window {
             start += window;
             used = 0;
