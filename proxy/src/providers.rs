@@ -649,6 +649,20 @@ impl Providers {
         });
     }
 
+    /// The `n` live providers used last, by name; and how many are live.
+    pub fn recent(&self, n: usize) -> (Vec<Arc<Provider>>, usize) {
+        let mut all: Vec<_> = self.entries().values().cloned().collect();
+        let total = all.len();
+        if n < total {
+            all.select_nth_unstable_by_key(n, |p| {
+                std::cmp::Reverse(p.last_used.load(Ordering::Relaxed))
+            });
+            all.truncate(n);
+        }
+        all.sort_by(|a, b| a.name.cmp(&b.name));
+        (all, total)
+    }
+
     /// Every live provider, by name.
     pub fn all(&self) -> Vec<Arc<Provider>> {
         let mut all: Vec<_> = self.entries().values().cloned().collect();

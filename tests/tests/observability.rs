@@ -199,6 +199,27 @@ async fn providers_readout_is_live_and_honest() {
     let all: Value = serde_json::from_str(&body).unwrap();
     let list = all["providers"].as_array().unwrap();
     let find = |name: &str| list.iter().find(|p| p["name"] == name).cloned().unwrap();
+    let live = list.iter().filter(|p| p["live"] == true).count();
+    assert_eq!(all["total"], live, "total: the live providers");
+    // Issue 38: `?limit=` keeps the providers used last (the page asks
+    // for a few hundred of a crawl's thousands); a bad one names the field.
+    let (code, body) = b.sluice.admin_get("/v1/providers?limit=1").await;
+    assert_eq!(code, 200, "{body}");
+    let one: Value = serde_json::from_str(&body).unwrap();
+    let shown = one["providers"].as_array().unwrap();
+    assert_eq!(
+        shown.iter().filter(|p| p["live"] == true).count(),
+        1,
+        "{one}"
+    );
+    assert_eq!(one["total"], live);
+    assert!(
+        shown.iter().any(|p| p["name"] == "unused"),
+        "configured ones stay"
+    );
+    let (code, body) = b.sluice.admin_get("/v1/providers?limit=many").await;
+    assert_eq!(code, 400, "{body}");
+    assert!(body.contains("\"field\":\"limit\""), "{body}");
     let unused = find("unused");
     assert_eq!(unused["live"], false);
     assert_eq!(unused["rate_rps"], "unknown");

@@ -498,8 +498,9 @@ async fn evicted_hosts_come_back_with_what_they_learned_from_the_store() {
         // Idle past `provider_idle`: the next batch evicts this one.
         tokio::time::sleep(Duration::from_millis(1200)).await;
     }
-    // Two save rounds: saved, then let go from memory.
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    // Past `provider_idle` and the next sweep (every 2 s): every host
+    // evicted; then two save rounds: saved, and let go from memory.
+    tokio::time::sleep(Duration::from_millis(3500)).await;
     let mut sampled = 0;
     for i in (0..HOSTS).step_by(23) {
         let host = std::net::Ipv4Addr::from(u32::from(first) + i);

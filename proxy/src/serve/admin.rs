@@ -53,7 +53,7 @@ pub const ENDPOINTS: &[Endpoint] = &[
     Endpoint { method: "GET", path: "/healthz", what: "`ok` (text) while the process serves." },
     Endpoint { method: "GET", path: "/readyz", what: "`ready` (text) once the listeners are up and the store is open; `503` naming what is missing before." },
     Endpoint { method: "GET", path: "/metrics", what: "Prometheus text exposition: see the [metrics reference](metrics.md)." },
-    Endpoint { method: "GET", path: "/v1/providers", what: "`{\"providers\": [...]}`: every live provider's readout — rate, ceiling, what sets the pace, throttle point and its evidence, breaker, budgets, parking, shared budget." },
+    Endpoint { method: "GET", path: "/v1/providers", what: "`{\"total\": N, \"providers\": [...]}`: every live provider's readout — rate, ceiling, what sets the pace, throttle point and its evidence, breaker, budgets, parking, shared budget; `?limit=N`: only the `N` used last (configured providers not yet used are listed too)." },
     Endpoint { method: "GET", path: "/v1/providers/{name}", what: "One provider's readout, with its breaker's evidence (from the store, across restarts); a provider not live shows what is kept for it." },
     Endpoint { method: "GET", path: "/v1/history", what: "The last minutes of each provider's rate, answers and refusals, for the page's charts." },
     Endpoint { method: "GET", path: "/v1/collectors", what: "`{\"collectors\": [...]}`: each collector, its active runs and fair share." },
@@ -138,7 +138,13 @@ fn route(app: &App, req: Request<Incoming>) -> Response<ResBody> {
         "/healthz" => text(StatusCode::OK, "ok\n", "text/plain"),
         "/readyz" => readyz(app),
         "/metrics" => metrics(app),
-        "/v1/providers" => providers(app),
+        "/v1/providers" => match limit(req.uri().query()) {
+            Ok(limit) => providers(app, limit),
+            Err(bad) => json_response(
+                StatusCode::BAD_REQUEST,
+                &json!({ "error": "limit must be a whole number", "field": "limit", "got": bad }),
+            ),
+        },
         _ => match path.strip_prefix("/v1/providers/") {
             Some(name) if !name.is_empty() => provider(app, name),
             _ => text(StatusCode::NOT_FOUND, "not found\n", "text/plain"),
@@ -211,10 +217,13 @@ fn metrics(app: &App) -> Response<ResBody> {
 ///
 /// Written out one provider at a time: a broad crawl tracks up to
 /// `max_providers` of them, and the whole list as one JSON tree took 15 KB
-/// a provider — a gigabyte for 52,000 (issue 38, measured).
-fn providers(app: &App) -> Response<ResBody> {
+/// a provider — a gigabyte for 52,000 (issue 38, measured). `?limit=N`
+/// keeps the `N` used last (the page asks for a few hundred); `total`
+/// says how many are live.
+fn providers(app: &App, limit: Option<usize>) -> Response<ResBody> {
     let counts = app.metrics.attempt_counts();
-    let mut out = String::from("{\"providers\":[");
+    let (live, total) = app.providers.recent(limit.unwrap_or(usize::MAX));
+    let mut out = format!("{{\"total\":{total},\"providers\":[");
     let mut first = true;
     let mut add = |v: Value| {
         if !std::mem::take(&mut first) {
@@ -222,7 +231,7 @@ fn providers(app: &App) -> Response<ResBody> {
         }
         out.push_str(&v.to_string());
     };
-    for p in app.providers.all() {
+    for p in live {
         add(provider_json(app, &p, false, &counts));
     }
     for name in app.providers.named() {
@@ -232,6 +241,18 @@ fn providers(app: &App) -> Response<ResBody> {
     }
     out.push_str("]}");
     text(StatusCode::OK, out, "application/json")
+}
+
+/// The `limit` of a query string, if it names one.
+fn limit(query: Option<&str>) -> Result<Option<usize>, String> {
+    let Some(v) = query
+        .unwrap_or("")
+        .split('&')
+        .find_map(|kv| kv.strip_prefix("limit="))
+    else {
+        return Ok(None);
+    };
+    v.parse().map(Some).map_err(|_| v.to_string())
 }
 
 /// `/v1/providers/{name}`: one provider with its evidence; a named or
