@@ -640,8 +640,17 @@ impl Providers {
     /// broad crawl's host answered as asked would otherwise hold its
     /// state — a few KB — for `provider_idle`, with nothing in it a new
     /// provider would not start from. Its next request makes it again.
+    ///
+    /// Only once the table holds more providers than get metric series of
+    /// their own (`limits.max_metric_providers`, 256): below that it is a
+    /// sidecar's few providers, each watched on the admin page and in
+    /// `sluice status`, and one polled every 30 s would flicker out of
+    /// sight between polls.
     fn let_go_untaught(&self, entries: &mut HashMap<String, Arc<Provider>>, now: Instant) {
         let rules = self.rules();
+        if entries.len() <= rules.limits.max_metric_providers {
+            return;
+        }
         entries.retain(|name, p| {
             let quiet = now.saturating_duration_since(p.last_used(self.epoch)) >= p.policy.quiet();
             let gone = quiet && Arc::strong_count(p) == 1 && untaught(&rules, name, p, now);
@@ -941,7 +950,10 @@ mod tests {
     /// something, a configured one and one in use stay.
     #[tokio::test(start_paused = true)]
     async fn providers_that_learned_nothing_are_let_go_once_quiet() {
-        let t = table("[providers.named]\nhosts = [\"named.test\"]\n");
+        // A table past its metric series' cap (a crawl, not a sidecar).
+        let t = table(
+            "[limits]\nmax_metric_providers = 1\n[providers.named]\nhosts = [\"named.test\"]\n",
+        );
         t.get("quiet.test");
         t.get("named.test");
         t.get("taught.test")
@@ -968,6 +980,14 @@ mod tests {
         t.sweep();
         assert_eq!(t.all().len(), 2, "let go once no request holds it");
         assert!(!t.get("quiet.test").restored, "made again, cold");
+
+        // A sidecar's few providers (no more than get series of their own)
+        // stay for `provider_idle`, watched.
+        let few = table("");
+        few.get("quiet.test");
+        tokio::time::advance(Duration::from_secs(11)).await;
+        few.sweep();
+        assert_eq!(few.all().len(), 1, "below the cap: kept");
     }
 
     #[tokio::test(start_paused = true)]
