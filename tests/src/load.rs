@@ -279,22 +279,11 @@ pub async fn one_post_to_each_at(
     let mut tasks = Vec::new();
     for c in 0..conns {
         tasks.push(tokio::spawn(async move {
-            let stream = TcpStream::connect(proxy).await.unwrap();
-            let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-                .await
-                .unwrap();
-            tokio::spawn(conn);
+            let mut send = proxy_sender(proxy).await;
             for i in (c * per)..((c + 1) * per).min(n) {
                 let ip = std::net::Ipv4Addr::from(u32::from(first) + i);
-                let req = Request::post(format!("http://{ip}:{port}{path}"))
-                    .body(Empty::<Bytes>::new())
-                    .unwrap();
-                let resp = tokio::time::timeout(Duration::from_secs(20), send.send_request(req))
-                    .await
-                    .expect("an answer within 20 s")
-                    .unwrap();
-                assert_eq!(resp.status(), expect, "{ip}:{port}");
-                resp.into_body().collect().await.unwrap();
+                let status = post(&mut send, &format!("http://{ip}:{port}{path}")).await;
+                assert_eq!(status, expect, "{ip}:{port}");
             }
         }));
     }
