@@ -28,6 +28,7 @@ use std::time::{Duration, SystemTime};
 
 use http::{Method, Request};
 
+use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 
 use crate::classify::{Dialect, ErrorBody, Outcome, Resource};
@@ -70,15 +71,35 @@ pub struct Attempt {
 
 impl Attempt {
     /// The attempt of `req`, if any layer or the proxy set one.
-    pub fn of<B>(req: &http::Request<B>) -> Option<&Attempt> {
+    pub fn of<B: CarriesAttempt>(req: &http::Request<B>) -> Option<&Attempt> {
+        B::attempt(req)
+    }
+
+    /// The attempt of `req`, set to the default first if there is none.
+    pub fn of_mut<B: CarriesAttempt>(req: &mut http::Request<B>) -> &mut Attempt {
+        B::attempt_mut(req)
+    }
+}
+
+/// Where a request's [`Attempt`] rides: in its extensions, unless its
+/// body has a place for it. The proxy's body has one: setting the attempt
+/// then allocates nothing, and the retry policy's copy of each request
+/// clones no extension map — six allocations a request (issue 38).
+pub trait CarriesAttempt: Sized {
+    /// The attempt of `req`, if one was set.
+    fn attempt(req: &http::Request<Self>) -> Option<&Attempt> {
         req.extensions().get::<Attempt>()
     }
 
     /// The attempt of `req`, set to the default first if there is none.
-    pub fn of_mut<B>(req: &mut http::Request<B>) -> &mut Attempt {
+    fn attempt_mut(req: &mut http::Request<Self>) -> &mut Attempt {
         req.extensions_mut().get_or_insert_default::<Attempt>()
     }
 }
+
+impl CarriesAttempt for () {}
+
+impl CarriesAttempt for String {}
 
 /// What one attempt learned, in its response's extensions.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -103,8 +124,13 @@ pub struct Report {
 
 impl Report {
     /// The report of `resp`, if a measuring layer stamped one.
-    pub fn of<R>(resp: &http::Response<R>) -> Option<&Report> {
-        resp.extensions().get::<Report>()
+    pub fn of<R: CarriesReport>(resp: &http::Response<R>) -> Option<&Report> {
+        R::report(resp)
+    }
+
+    /// The report of `resp`, to add to, if a measuring layer stamped one.
+    pub fn of_mut<R: CarriesReport>(resp: &mut http::Response<R>) -> Option<&mut Report> {
+        R::report_mut(resp)
     }
 
     /// Stamps `resp` with its report: `ttfb`, and the outcome classified by
@@ -112,7 +138,7 @@ impl Report {
     /// it), from its head and the first bytes of its body where the dialect
     /// reads them ([`ErrorBody`], put there by whoever read them); `lane`
     /// is the budget its request drew on, when not the provider's main one.
-    pub fn stamp<R>(
+    pub fn stamp<R: CarriesReport>(
         resp: &mut http::Response<R>,
         ttfb: Duration,
         now_wall: SystemTime,
@@ -126,16 +152,60 @@ impl Report {
         let tokens = own
             .then(|| crate::quota::tokens_by(dialect, resp.headers(), now_wall))
             .flatten();
-        resp.extensions_mut().insert(Report {
+        let report = Report {
             ttfb,
             outcome,
             charged: 0,
             quota,
             tokens,
-        });
+        };
+        R::set_report(resp, report);
         outcome
     }
 }
+
+/// An attempt's bulkhead permit, in its answer's extensions where its body
+/// has no place for it ([`CarriesReport::hold`]). It is released when the
+/// last clone is dropped: move it into the response body to keep the
+/// attempt in flight while the body streams.
+#[derive(Debug, Clone)]
+pub struct InFlight {
+    _permit: Arc<OwnedSemaphorePermit>,
+}
+
+/// Where an answer's [`Report`] and its attempt's bulkhead permit ride: in
+/// its extensions, unless its body has a place for them. The proxy's
+/// upstream body has: stamping an answer then allocates nothing (the
+/// extension map, its table, the report, the permit and its `Arc` were
+/// five allocations an answer), and the permit lives as long as the body
+/// (R-BH1).
+pub trait CarriesReport: Sized {
+    /// The report of `resp`, if one was stamped.
+    fn report(resp: &http::Response<Self>) -> Option<&Report> {
+        resp.extensions().get::<Report>()
+    }
+
+    /// The report of `resp`, to add to.
+    fn report_mut(resp: &mut http::Response<Self>) -> Option<&mut Report> {
+        resp.extensions_mut().get_mut::<Report>()
+    }
+
+    /// Stamps `resp` with `report`.
+    fn set_report(resp: &mut http::Response<Self>, report: Report) {
+        resp.extensions_mut().insert(report);
+    }
+
+    /// Holds the attempt's bulkhead permit with `resp`.
+    fn hold(resp: &mut http::Response<Self>, permit: OwnedSemaphorePermit) {
+        resp.extensions_mut().insert(InFlight {
+            _permit: Arc::new(permit),
+        });
+    }
+}
+
+impl CarriesReport for () {}
+
+impl CarriesReport for String {}
 
 /// One request's clock, shared by its attempts (a retry's copy of the
 /// request carries the same clock): when its bound runs out, and how many
@@ -305,7 +375,7 @@ impl Default for Class {
 /// A request body that can be copied for a replay. `try_clone` returns
 /// `None` for a body that was too large to keep (or is still streaming),
 /// and such a request is sent once.
-pub trait ReplayBody: Sized {
+pub trait ReplayBody: CarriesAttempt {
     /// A copy to resend, if one was kept.
     fn try_clone(&self) -> Option<Self>;
 }

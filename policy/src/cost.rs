@@ -8,10 +8,6 @@
 //! after the answer. The pacer then spaces units, not requests: a request
 //! of ten units takes ten slots. Without a table every request costs one.
 
-/// Prices a request of a method to a path in units (the provider's cost
-/// table, [`crate::ProviderPolicy::pricing`]).
-pub type Pricing = std::sync::Arc<dyn Fn(&http::Method, &str) -> u32 + Send + Sync>;
-
 /// One price: requests of `method` (any, if `None`) whose path starts with
 /// `prefix` cost `units`.
 #[derive(Debug, Clone, PartialEq, Eq)]

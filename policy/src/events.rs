@@ -53,12 +53,27 @@ pub enum Event {
     Outage(bool),
 }
 
+/// What takes a provider's events: a closure, or a value that takes its
+/// breaker's transitions too ([`crate::breaker::TransitionObserver`]) —
+/// one allocation a provider, where two closures each kept a copy of its
+/// names (R-PF1, issue 38).
+pub trait EventObserver: Send + Sync {
+    /// Takes one event.
+    fn event(&self, event: &Event);
+}
+
+impl<F: Fn(&Event) + Send + Sync> EventObserver for F {
+    fn event(&self, event: &Event) {
+        self(event);
+    }
+}
+
 /// Where a provider's events go.
-pub type EventSink = Arc<dyn Fn(&Event) + Send + Sync>;
+pub type EventSink = Arc<dyn EventObserver>;
 
 /// Sends `event` to `sink`, if there is one.
 pub(crate) fn emit(sink: &Option<EventSink>, event: Event) {
     if let Some(sink) = sink {
-        sink(&event);
+        sink.event(&event);
     }
 }

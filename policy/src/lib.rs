@@ -40,6 +40,7 @@ pub mod classify;
 pub mod cost;
 pub mod error;
 pub mod events;
+pub mod future;
 pub mod pacer;
 pub mod park;
 pub mod provider;

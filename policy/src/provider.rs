@@ -18,9 +18,9 @@ use crate::events::EventSink;
 use crate::pacer::{PacerShared, PacerSnapshot};
 use crate::park::{Neighbours, ParkShared, ParkSnapshot};
 use crate::retry::{Jitter, RetryShared};
-use crate::run::{Cooldown, Cycle, Pressure, StopReason};
+use crate::run::{Cooldown, Cycle, RunSignals, StopReason};
 use crate::settings::{ProviderSettings, ValidSettings};
-use crate::timeout::SharedDuration;
+use crate::timeout::{AttemptBound, RequestBound, SharedDuration};
 
 /// What a provider's policy is built with besides its settings.
 #[derive(Default)]
@@ -46,7 +46,7 @@ impl std::fmt::Debug for PolicyOptions {
 /// The shared state of one provider's stack.
 #[derive(Debug)]
 pub struct ProviderPolicy {
-    name: String,
+    pub(crate) name: Arc<str>,
     settings: Mutex<Arc<ValidSettings>>,
     /// GCRA + AIMD + hold + waiting room.
     pub pacer: Arc<PacerShared>,
@@ -59,9 +59,9 @@ pub struct ProviderPolicy {
     /// The outage watch and the requests parked through an outage.
     pub park: Arc<ParkShared>,
     /// The per-attempt timeout, read on every attempt.
-    pub attempt_timeout: Arc<SharedDuration>,
+    attempt_timeout: SharedDuration,
     /// The whole request's timeout, read on every request.
-    pub request_timeout: Arc<SharedDuration>,
+    request_timeout: SharedDuration,
 }
 
 /// What a provider has learned, in the shape the store keeps (R-PS1).
@@ -105,7 +105,7 @@ pub struct ProviderSnapshot {
 impl ProviderPolicy {
     /// Cold state for a provider.
     pub fn new(
-        name: impl Into<String>,
+        name: impl Into<Arc<str>>,
         settings: impl Into<Arc<ValidSettings>>,
         options: PolicyOptions,
     ) -> Arc<Self> {
@@ -118,16 +118,11 @@ impl ProviderPolicy {
             options.events.clone(),
         ));
         let pacer = PacerShared::with_events(&settings, options.events);
-        let budget = retry.clone();
-        let breaker = BreakerShared::new(
-            &settings,
-            Arc::new(move |at| budget.budget_left(at)),
-            options.sink,
-        );
+        let breaker = BreakerShared::new(&settings, retry.clone(), options.sink);
         let policy = Arc::new(ProviderPolicy {
             name: name.into(),
-            attempt_timeout: Arc::new(SharedDuration::new(settings.attempt_timeout)),
-            request_timeout: Arc::new(SharedDuration::new(settings.request_timeout)),
+            attempt_timeout: SharedDuration::new(settings.attempt_timeout),
+            request_timeout: SharedDuration::new(settings.request_timeout),
             park: ParkShared::new(&settings, neighbours(&breaker, &pacer)),
             pacer,
             breaker,
@@ -206,6 +201,20 @@ impl ProviderPolicy {
             && self.park.untaught()
     }
 
+    /// Whether, at `now`, [`ProviderPolicy::learned`] holds all a
+    /// provider made again from it would need (R-PF1, issue 38): nothing
+    /// in flight, waiting or parked, no hold ahead, no quota or shared
+    /// budget followed, no probe of the limit, of a half-open breaker or
+    /// of an outage under way. Its windows' evidence — failures in a row
+    /// among it — passes with [`ProviderPolicy::quiet`].
+    pub fn settled(&self, now: Instant) -> bool {
+        self.bulkhead.in_flight() == 0
+            && self.bulkhead.waiting() == 0
+            && self.breaker.state() != State::HalfOpen
+            && self.park.settled()
+            && self.pacer.lock().settled(now)
+    }
+
     /// How long after its last use every window's evidence has passed: the
     /// breaker's window, the retry budget's and the controller's.
     pub fn quiet(&self) -> Duration {
@@ -260,49 +269,10 @@ impl ProviderPolicy {
         Ok(TunnelAdmission { permit })
     }
 
-    /// What a run's request would meet at this provider at a given
-    /// instant, when it is source pressure a run waits out before sending
-    /// (R-RN8): a `Retry-After` hold longer than `max_retry_after_wait`.
-    /// How long, the reason the provider's part of the run would stop
-    /// with, and which cool-down cycle it is. (An outage — the breaker
-    /// open among its signs — is waited out parked, [`crate::park`].)
-    pub fn pressure(&self) -> Pressure {
-        let (pacer, retry) = (self.pacer.clone(), self.retry.clone());
-        let breaker = self.breaker.clone();
-        Arc::new(move |now| {
-            // A breaker the provider's throttles opened is a hold of its
-            // own: a run's request waits it out rather than be answered
-            // `429` (R-RN8, R-PD3).
-            if breaker.opened_for_throttles() {
-                let snap = breaker.snapshot(now);
-                if let Some(left) = snap.open_remaining.filter(|l| !l.is_zero()) {
-                    return Some(Cooldown {
-                        wait: left,
-                        reason: StopReason::CircuitOpen,
-                        cycle: Cycle::Breaker(breaker.cycle()),
-                    });
-                }
-            }
-            let (hold, cycle) = pacer.lock().hold_left(now)?;
-            (hold > retry.settings().max_retry_after_wait).then_some(Cooldown {
-                wait: hold,
-                reason: StopReason::RetryAfter,
-                cycle: Cycle::Hold(cycle),
-            })
-        })
-    }
-
-    /// What a request costs in units (R-FS2): the provider's cost table,
-    /// for the run gate, which counts units against a run's cap.
-    pub fn pricing(&self) -> crate::cost::Pricing {
-        let pacer = self.pacer.clone();
-        Arc::new(move |method, path| pacer.lock().cost_of(method, path))
-    }
-
     /// A readout at `now`.
     pub fn snapshot(&self, now: Instant) -> ProviderSnapshot {
         ProviderSnapshot {
-            name: self.name.clone(),
+            name: self.name.to_string(),
             pacer: self.pacer.snapshot(now),
             breaker: self.breaker.snapshot(now),
             retry_budget_left: self.retry.budget_left(now),
@@ -313,14 +283,80 @@ impl ProviderPolicy {
     }
 }
 
+/// The per-attempt timeout, kept here: the layer reads the policy itself.
+impl AttemptBound for ProviderPolicy {
+    fn attempt_timeout(&self) -> Duration {
+        self.attempt_timeout.get()
+    }
+}
+
+/// The whole request's timeout, kept here too.
+impl RequestBound for ProviderPolicy {
+    fn request_timeout(&self) -> Duration {
+        self.request_timeout.get()
+    }
+}
+
+/// What a run's attempt meets here, for the run gate (R-RN8, R-FS2).
+impl RunSignals for ProviderPolicy {
+    /// A `Retry-After` hold longer than `max_retry_after_wait`, or a
+    /// breaker this provider's throttles opened. (An outage — the breaker
+    /// open among its signs — is waited out parked, [`crate::park`].)
+    fn pressure(&self, now: Instant) -> Option<Cooldown> {
+        // A breaker the provider's throttles opened is a hold of its
+        // own: a run's request waits it out rather than be answered
+        // `429` (R-RN8, R-PD3).
+        if self.breaker.opened_for_throttles() {
+            let snap = self.breaker.snapshot(now);
+            if let Some(left) = snap.open_remaining.filter(|l| !l.is_zero()) {
+                return Some(Cooldown {
+                    wait: left,
+                    reason: StopReason::CircuitOpen,
+                    cycle: Cycle::Breaker(self.breaker.cycle()),
+                });
+            }
+        }
+        let (hold, cycle) = self.pacer.lock().hold_left(now)?;
+        (hold > self.retry.settings().max_retry_after_wait).then_some(Cooldown {
+            wait: hold,
+            reason: StopReason::RetryAfter,
+            cycle: Cycle::Hold(cycle),
+        })
+    }
+
+    /// The provider's cost table.
+    fn price(&self, method: &http::Method, path: &str) -> u32 {
+        self.pacer.lock().cost_of(method, path)
+    }
+}
+
 /// What parking reads of the breaker and the pacer: composed here, so
 /// that no layer imports another.
-fn neighbours(breaker: &Arc<BreakerShared>, pacer: &Arc<PacerShared>) -> Neighbours {
-    let (b, p, q) = (breaker.clone(), pacer.clone(), pacer.clone());
-    Neighbours {
-        breaker_closed: Arc::new(move || b.state() == State::Closed || b.opened_for_throttles()),
-        controller_outage: Arc::new(move || p.lock().in_outage()),
-        outage_found: Arc::new(move |now| q.outage_found(now)),
+fn neighbours(breaker: &Arc<BreakerShared>, pacer: &Arc<PacerShared>) -> Box<dyn Neighbours> {
+    Box::new(PolicyNeighbours {
+        breaker: breaker.clone(),
+        pacer: pacer.clone(),
+    })
+}
+
+/// What a provider's parking reads of its breaker and pacer.
+#[derive(Debug)]
+struct PolicyNeighbours {
+    breaker: Arc<BreakerShared>,
+    pacer: Arc<PacerShared>,
+}
+
+impl Neighbours for PolicyNeighbours {
+    fn breaker_closed(&self) -> bool {
+        self.breaker.state() == State::Closed || self.breaker.opened_for_throttles()
+    }
+
+    fn controller_outage(&self) -> bool {
+        self.pacer.lock().in_outage()
+    }
+
+    fn outage_found(&self, now: Instant) {
+        self.pacer.outage_found(now);
     }
 }
 

@@ -213,6 +213,12 @@ impl std::ops::Deref for ValidSettings {
 }
 
 impl ValidSettings {
+    /// Settings as given, for a part built alone (a pacer in its own
+    /// tests): a provider's parts share the validated settings it holds.
+    pub(crate) fn as_given(settings: &ProviderSettings) -> std::sync::Arc<ValidSettings> {
+        std::sync::Arc::new(ValidSettings(settings.clone()))
+    }
+
     /// The settings, to change (and validate again).
     pub fn into_inner(self) -> ProviderSettings {
         self.0

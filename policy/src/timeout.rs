@@ -9,17 +9,20 @@
 //! count as a timeout; a request past its bound fails with
 //! [`Cause::RequestTimeout`], which the client gets as a `504`.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use http::Request;
+use pin_project_lite::pin_project;
 use tokio::time::Instant;
-use tower::{Layer, Service, ServiceExt};
+use tower::{Layer, Service};
 
-use crate::attempt::{Attempt, RequestClock};
-use crate::error::{BoxFuture, Cause, RequestTimeout};
+use crate::attempt::{Attempt, CarriesAttempt, RequestClock};
+use crate::error::{Cause, RequestTimeout};
 
 /// A duration that can be changed while services read it.
 #[derive(Debug, Default)]
@@ -43,16 +46,54 @@ impl SharedDuration {
     }
 }
 
+/// Where the per-attempt timeout layer reads its bound on each call: a
+/// shared duration of its own, or a provider's policy, which keeps it
+/// inline (R-PF1, issue 38: no allocation a provider for it).
+pub trait AttemptBound: Send + Sync + std::fmt::Debug {
+    /// The bound now.
+    fn attempt_timeout(&self) -> Duration;
+}
+
+/// Where the whole-request timeout layer reads its bound on each call.
+pub trait RequestBound: Send + Sync + std::fmt::Debug {
+    /// The bound now.
+    fn request_timeout(&self) -> Duration;
+}
+
+impl AttemptBound for SharedDuration {
+    fn attempt_timeout(&self) -> Duration {
+        self.get()
+    }
+}
+
+impl RequestBound for SharedDuration {
+    fn request_timeout(&self) -> Duration {
+        self.get()
+    }
+}
+
 /// Applies the per-attempt timeout.
 #[derive(Debug, Clone)]
 pub struct AttemptTimeoutLayer {
-    limit: Arc<SharedDuration>,
+    limit: Arc<dyn AttemptBound>,
 }
 
 impl AttemptTimeoutLayer {
     /// A layer reading `limit` on each call.
-    pub fn new(limit: Arc<SharedDuration>) -> Self {
+    pub fn new(limit: Arc<dyn AttemptBound>) -> Self {
         AttemptTimeoutLayer { limit }
+    }
+}
+
+impl AttemptTimeoutLayer {
+    /// [`Layer::layer`] taking the layer: its handles move into the
+    /// service rather than being counted again (a provider's stack is
+    /// composed for each request, R-PF1).
+    pub fn wrap<S>(self, inner: S) -> AttemptTimeout<S> {
+        AttemptTimeout {
+            inner,
+            limit: self.limit,
+        }
     }
 }
 
@@ -71,7 +112,7 @@ impl<S> Layer<S> for AttemptTimeoutLayer {
 #[derive(Debug, Clone)]
 pub struct AttemptTimeout<S> {
     inner: S,
-    limit: Arc<SharedDuration>,
+    limit: Arc<dyn AttemptBound>,
 }
 
 impl<S, Req> Service<Req> for AttemptTimeout<S>
@@ -83,20 +124,39 @@ where
 {
     type Response = S::Response;
     type Error = Cause;
-    type Future = BoxFuture<S::Response>;
+    type Future = AttemptTimeoutFuture<S::Future>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Cause>> {
         self.inner.poll_ready(cx).map_err(Into::into)
     }
 
     fn call(&mut self, req: Req) -> Self::Future {
-        let fut = self.inner.call(req);
-        let limit = self.limit.get();
-        Box::pin(async move {
-            match tokio::time::timeout(limit, fut).await {
-                Ok(r) => r.map_err(Into::into),
-                Err(_) => Err(Cause::AttemptTimeout),
-            }
+        AttemptTimeoutFuture {
+            call: tokio::time::timeout(self.limit.attempt_timeout(), self.inner.call(req)),
+        }
+    }
+}
+
+pin_project! {
+    /// An attempt within its timeout.
+    #[derive(Debug)]
+    pub struct AttemptTimeoutFuture<F> {
+        #[pin]
+        call: tokio::time::Timeout<F>,
+    }
+}
+
+impl<F, T, E> Future for AttemptTimeoutFuture<F>
+where
+    F: Future<Output = Result<T, E>>,
+    E: Into<Cause>,
+{
+    type Output = Result<T, Cause>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        Poll::Ready(match ready!(self.project().call.poll(cx)) {
+            Ok(r) => r.map_err(Into::into),
+            Err(_) => Err(Cause::AttemptTimeout),
         })
     }
 }
@@ -106,13 +166,25 @@ where
 /// (the body streams unbounded, as a long export must).
 #[derive(Debug, Clone)]
 pub struct RequestTimeoutLayer {
-    limit: Arc<SharedDuration>,
+    limit: Arc<dyn RequestBound>,
 }
 
 impl RequestTimeoutLayer {
     /// A layer reading `limit` on each call.
-    pub fn new(limit: Arc<SharedDuration>) -> Self {
+    pub fn new(limit: Arc<dyn RequestBound>) -> Self {
         RequestTimeoutLayer { limit }
+    }
+}
+
+impl RequestTimeoutLayer {
+    /// [`Layer::layer`] taking the layer: its handles move into the
+    /// service rather than being counted again (a provider's stack is
+    /// composed for each request, R-PF1).
+    pub fn wrap<S>(self, inner: S) -> RequestTimeoutService<S> {
+        RequestTimeoutService {
+            inner,
+            limit: self.limit,
+        }
     }
 }
 
@@ -131,7 +203,7 @@ impl<S> Layer<S> for RequestTimeoutLayer {
 #[derive(Debug, Clone)]
 pub struct RequestTimeoutService<S> {
     inner: S,
-    limit: Arc<SharedDuration>,
+    limit: Arc<dyn RequestBound>,
 }
 
 impl<S, B> Service<Request<B>> for RequestTimeoutService<S>
@@ -140,41 +212,66 @@ where
     S::Error: Into<Cause>,
     S::Future: Send + 'static,
     S::Response: Send + 'static,
-    B: Send + 'static,
+    B: CarriesAttempt + Send + 'static,
 {
     type Response = S::Response;
     type Error = Cause;
-    type Future = BoxFuture<S::Response>;
+    type Future = RequestTimeoutFuture<S::Future>;
 
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Cause>> {
-        Poll::Ready(Ok(()))
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Cause>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
     }
 
     fn call(&mut self, mut req: Request<B>) -> Self::Future {
-        let inner = self.inner.clone();
-        let limit = self.limit.get();
-        Box::pin(async move {
-            let started = Instant::now();
-            let clock = RequestClock::new(started + limit);
-            Attempt::of_mut(&mut req).clock = Some(clock.clone());
-            let call = inner.oneshot(req);
-            tokio::pin!(call);
-            loop {
-                let deadline = clock.deadline();
-                tokio::select! {
-                    biased;
-                    result = &mut call => return result.map_err(Into::into),
-                    () = tokio::time::sleep_until(deadline) => {
-                        // A run's wait may have moved the bound on meanwhile.
-                        if clock.deadline() <= Instant::now() {
-                            return Err(Cause::RequestTimeout(RequestTimeout {
-                                after: started.elapsed(),
-                                attempts: clock.attempts(),
-                            }));
-                        }
-                    }
-                }
+        let started = Instant::now();
+        let deadline = started + self.limit.request_timeout();
+        let clock = RequestClock::new(deadline);
+        Attempt::of_mut(&mut req).clock = Some(clock.clone());
+        RequestTimeoutFuture {
+            sleep: tokio::time::sleep_until(deadline),
+            call: self.inner.call(req),
+            clock,
+            started,
+        }
+    }
+}
+
+pin_project! {
+    /// A request within its bound, which a run's wait may move on.
+    #[derive(Debug)]
+    pub struct RequestTimeoutFuture<F> {
+        #[pin]
+        call: F,
+        #[pin]
+        sleep: tokio::time::Sleep,
+        clock: RequestClock,
+        started: Instant,
+    }
+}
+
+impl<F, T, E> Future for RequestTimeoutFuture<F>
+where
+    F: Future<Output = Result<T, E>>,
+    E: Into<Cause>,
+{
+    type Output = Result<T, Cause>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        if let Poll::Ready(result) = this.call.poll(cx) {
+            return Poll::Ready(result.map_err(Into::into));
+        }
+        loop {
+            ready!(this.sleep.as_mut().poll(cx));
+            // A run's wait may have moved the bound on meanwhile.
+            let deadline = this.clock.deadline();
+            if deadline <= Instant::now() {
+                return Poll::Ready(Err(Cause::RequestTimeout(RequestTimeout {
+                    after: this.started.elapsed(),
+                    attempts: this.clock.attempts(),
+                })));
             }
-        })
+            this.sleep.as_mut().reset(deadline);
+        }
     }
 }

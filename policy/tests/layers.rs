@@ -137,7 +137,7 @@ fn policy(settings: ProviderSettings) -> (Arc<ProviderPolicy>, Evidence) {
     (policy, evidence)
 }
 
-fn stack(policy: &ProviderPolicy, provider: &Provider) -> ProviderService<String, ()> {
+fn stack(policy: &Arc<ProviderPolicy>, provider: &Provider) -> ProviderService<String, ()> {
     provider_stack(policy, provider.clone())
 }
 

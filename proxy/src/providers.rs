@@ -59,19 +59,31 @@ fn fingerprint(state: &LearnedState, used: Duration, now: Instant, epoch: Instan
     h.finish()
 }
 
+/// Gives back a map's room once it holds under a quarter of it: a crawl's
+/// table and its kept states grow to tens of thousands and empty again,
+/// and a map keeps its largest size otherwise (R-PF1, issue 38: 0.3 KB a
+/// host 15 s after 10,000 hosts, none of them live).
+fn shrink<K: Eq + std::hash::Hash, V>(map: &mut HashMap<K, V>) {
+    if map.capacity() > 4 * map.len().max(64) {
+        map.shrink_to(2 * map.len());
+    }
+}
+
 /// Whether `p` is a host's own provider — not a configured one, a lane of
 /// one, the overflow, one whose budget is shared or one seen only through
 /// raw tunnels — holding, at `now`, nothing a new one would not start
 /// from (R-PF1): there is nothing of it to save, and nothing lost when it
 /// is let go.
 fn untaught(rules: &Rules, name: &str, p: &Provider, now: Instant) -> bool {
+    own(rules, name, p) && p.policy.learned_nothing(now)
+}
+
+/// Whether `p` is a host's own provider: not a configured one or a lane of
+/// one, not the overflow, seeing each request, its budget not shared.
+fn own(rules: &Rules, name: &str, p: &Provider) -> bool {
     let base = p.lane_of.as_deref().unwrap_or(name);
     let configured = rules.named.iter().any(|n| n.name == base);
-    !configured
-        && name != OVERFLOW
-        && p.visible()
-        && p.budget().is_none()
-        && p.policy.learned_nothing(now)
+    !configured && name != OVERFLOW && p.visible() && p.budget().is_none()
 }
 
 /// What identifies the config a provider runs under: its settings, whether
@@ -151,18 +163,28 @@ pub const MAX_LANES: usize = 32;
 /// Makes the event and transition sinks of a new provider (metrics, logs,
 /// the store).
 pub trait Observer: Send + Sync {
-    /// Sinks for the provider `name`.
-    fn sinks(&self, name: &str) -> (EventSink, TransitionSink);
-    /// The provider's label in metrics.
-    fn label(&self, name: &str) -> String;
+    /// Sinks for the provider `name`, and its label in metrics.
+    fn sinks(&self, name: &Arc<str>) -> Sinks;
+}
+
+/// Where a new provider's events and breaker transitions go, and its
+/// label in metrics: its name, or the one every provider beyond the label
+/// cap shares.
+pub struct Sinks {
+    /// Its events.
+    pub events: EventSink,
+    /// Its breaker's transitions.
+    pub transitions: TransitionSink,
+    /// Its label.
+    pub label: Arc<str>,
 }
 
 /// One provider: its policy state and its stack.
 pub struct Provider {
     /// Its name.
-    pub name: String,
+    pub name: Arc<str>,
     /// Its label in metrics (its name, or `_other` beyond the label cap).
-    pub label: String,
+    pub label: Arc<str>,
     /// Its shared policy state.
     pub policy: Arc<ProviderPolicy>,
     /// Its stack, cheap to clone per request.
@@ -185,7 +207,7 @@ pub struct Provider {
     budget: Mutex<Option<Arc<ProviderBudget>>>,
     /// The provider this is a lane of (`{resource}@{provider}`, R-PD1): a
     /// budget of its own on the same hosts, with the same settings.
-    pub lane_of: Option<String>,
+    pub lane_of: Option<Box<str>>,
     /// The dialect its hosts speak (R-PD2), for settings that name none.
     spoken: Dialect,
     /// The [`config_print`] of the config it runs under.
@@ -261,7 +283,7 @@ pub struct Providers {
     /// When a full table last looked for room (ms since `epoch`).
     room_sought: AtomicU64,
     rules: RwLock<Rules>,
-    entries: Mutex<HashMap<String, Arc<Provider>>>,
+    entries: Mutex<HashMap<Arc<str>, Arc<Provider>>>,
     kept: Mutex<HashMap<String, Kept>>,
     upstream: Upstream,
     observer: Option<Arc<dyn Observer>>,
@@ -316,7 +338,7 @@ impl Providers {
         self.rules.read().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn entries(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Provider>>> {
+    fn entries(&self) -> std::sync::MutexGuard<'_, HashMap<Arc<str>, Arc<Provider>>> {
         self.entries.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -324,7 +346,7 @@ impl Providers {
     /// the host's own — found without copying a name.
     fn find_live(
         &self,
-        entries: &HashMap<String, Arc<Provider>>,
+        entries: &HashMap<Arc<str>, Arc<Provider>>,
         host: &str,
     ) -> Option<Arc<Provider>> {
         let host = normalise_host(host);
@@ -377,6 +399,7 @@ impl Providers {
             OVERFLOW => Dialect::Generic,
             _ => Dialect::for_host(&normalise_host(host)),
         };
+        let name: Arc<str> = name.into();
         let provider = Arc::new(self.build(&name, settings, intercept, now, None, spoken));
         entries.insert(name, provider.clone());
         provider
@@ -401,7 +424,7 @@ impl Providers {
         let name = format!("{}@{}", resource.name(), base.name);
         let now = Instant::now();
         let mut entries = self.entries();
-        if let Some(p) = entries.get(&name) {
+        if let Some(p) = entries.get(name.as_str()) {
             p.touch(self.epoch, now);
             return (p.clone(), Some(resource));
         }
@@ -411,17 +434,18 @@ impl Providers {
         }
         let lanes = entries
             .values()
-            .filter(|p| p.lane_of.as_deref() == Some(&base.name))
+            .filter(|p| p.lane_of.as_deref() == Some(&*base.name))
             .count();
         if entries.len() >= max || lanes >= MAX_LANES {
             return (base.clone(), None);
         }
+        let name: Arc<str> = name.into();
         let lane = Arc::new(self.build(
             &name,
             base.policy.settings(),
             base.intercept(),
             now,
-            Some(base.name.clone()),
+            Some((*base.name).into()),
             base.spoken,
         ));
         entries.insert(name, lane.clone());
@@ -444,24 +468,24 @@ impl Providers {
 
     fn build(
         &self,
-        name: &str,
+        name: &Arc<str>,
         settings: Arc<ValidSettings>,
         intercept: bool,
         now: Instant,
-        lane_of: Option<String>,
+        lane_of: Option<Box<str>>,
         spoken: Dialect,
     ) -> Provider {
         let settings = speaking(settings, spoken);
         let config = self.rules().print(&settings, intercept);
-        let (events, sink) = match &self.observer {
+        let (events, sink, label) = match &self.observer {
             Some(o) => {
-                let (e, t) = o.sinks(name);
-                (Some(e), Some(t))
+                let s = o.sinks(name);
+                (Some(s.events), Some(s.transitions), s.label)
             }
-            None => (None, None),
+            None => (None, None, name.clone()),
         };
         let policy = ProviderPolicy::new(
-            name,
+            name.clone(),
             settings,
             PolicyOptions {
                 sink,
@@ -477,12 +501,8 @@ impl Providers {
             }
         }
         let service = provider_stack(&policy, self.upstream.clone());
-        let label = self
-            .observer
-            .as_ref()
-            .map_or_else(|| name.to_string(), |o| o.label(name));
         let p = Provider {
-            name: name.to_string(),
+            name: name.clone(),
             label,
             policy,
             service,
@@ -586,19 +606,19 @@ impl Providers {
         let now = Instant::now();
         let mut entries = self.entries();
         self.evict_idle(&mut entries, now);
-        self.let_go_untaught(&mut entries, now);
+        self.let_go_quiet(&mut entries, now);
+        shrink(&mut entries);
         let max_age = self.rules().limits.state_max_age;
-        self.kept
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .retain(|_, k| now.saturating_duration_since(k.at) < max_age);
+        let mut kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
+        kept.retain(|_, k| now.saturating_duration_since(k.at) < max_age);
+        shrink(&mut kept);
     }
 
     /// A full table looks for room — evicts idle providers, lets go those
     /// that learned nothing — at most every 100 ms: each look is a pass
     /// over the table, and a crawl past `max_providers` asks for room with
     /// every new host (a pass over 100,000 providers for each, before).
-    fn make_room(&self, entries: &mut HashMap<String, Arc<Provider>>, now: Instant) {
+    fn make_room(&self, entries: &mut HashMap<Arc<str>, Arc<Provider>>, now: Instant) {
         let ms = now.saturating_duration_since(self.epoch).as_millis() as u64;
         let last = self.room_sought.load(Ordering::Relaxed);
         if last != 0 && ms.saturating_sub(last) < 100 {
@@ -606,26 +626,28 @@ impl Providers {
         }
         self.room_sought.store(ms.max(1), Ordering::Relaxed);
         self.evict_idle(entries, now);
-        self.let_go_untaught(entries, now);
+        self.let_go_quiet(entries, now);
     }
 
-    fn evict_idle(&self, entries: &mut HashMap<String, Arc<Provider>>, now: Instant) {
+    /// What `p` learned, as kept once it leaves the table: its age counts
+    /// from its last use, not from its leaving.
+    fn fold(&self, p: &Provider, now: Instant) -> Kept {
+        Kept {
+            state: p.policy.learned(now),
+            at: p.last_used(self.epoch),
+            config: Some(p.config.load(Ordering::Relaxed)),
+            saved: false,
+        }
+    }
+
+    fn evict_idle(&self, entries: &mut HashMap<Arc<str>, Arc<Provider>>, now: Instant) {
         let idle = self.rules().limits.provider_idle;
         let mut kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
         entries.retain(|name, p| {
             let unused = now.saturating_duration_since(p.last_used(self.epoch)) >= idle;
             let busy = Arc::strong_count(p) > 1 || p.policy.bulkhead.in_flight() > 0;
             if unused && !busy {
-                kept.insert(
-                    name.clone(),
-                    Kept {
-                        state: p.policy.learned(now),
-                        // Its age counts from its last use, not its eviction.
-                        at: p.last_used(self.epoch),
-                        config: Some(p.config.load(Ordering::Relaxed)),
-                        saved: false,
-                    },
-                );
+                kept.insert(name.to_string(), self.fold(p, now));
                 self.bound_kept(&mut kept);
                 false
             } else {
@@ -635,27 +657,41 @@ impl Providers {
     }
 
     /// Lets go the hosts' own providers (not a configured one, a lane of
-    /// one, the overflow or one whose budget is shared) that learned
-    /// nothing and have been idle past their windows (R-PF1, issue 38): a
-    /// broad crawl's host answered as asked would otherwise hold its
-    /// state — a few KB — for `provider_idle`, with nothing in it a new
-    /// provider would not start from. Its next request makes it again.
+    /// one, the overflow or one whose budget is shared) once their windows
+    /// have passed (R-PF1, issue 38): one that learned nothing is dropped,
+    /// one that learned something is folded into what it learned — kept
+    /// until the store has it, then read back from the store on its next
+    /// request, as an evicted one is. A broad crawl's host would otherwise
+    /// hold its state — a few KB — for `provider_idle`. A provider with
+    /// anything under way (a hold ahead, a quota followed, a probe, an
+    /// outage, a request) stays, as does one a request holds.
     ///
     /// Only once the table holds more providers than get metric series of
     /// their own (`limits.max_metric_providers`, 256): below that it is a
     /// sidecar's few providers, each watched on the admin page and in
     /// `sluice status`, and one polled every 30 s would flicker out of
     /// sight between polls.
-    fn let_go_untaught(&self, entries: &mut HashMap<String, Arc<Provider>>, now: Instant) {
+    fn let_go_quiet(&self, entries: &mut HashMap<Arc<str>, Arc<Provider>>, now: Instant) {
         let rules = self.rules();
         if entries.len() <= rules.limits.max_metric_providers {
             return;
         }
+        let mut kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
         entries.retain(|name, p| {
             let quiet = now.saturating_duration_since(p.last_used(self.epoch)) >= p.policy.quiet();
-            let gone = quiet && Arc::strong_count(p) == 1 && untaught(&rules, name, p, now);
-            !gone
+            if !quiet || Arc::strong_count(p) > 1 || !own(&rules, name, p) {
+                return true;
+            }
+            if p.policy.learned_nothing(now) {
+                return false;
+            }
+            if !p.policy.settled(now) {
+                return true;
+            }
+            kept.insert(name.to_string(), self.fold(p, now));
+            false
         });
+        self.bound_kept(&mut kept);
     }
 
     /// The `n` live providers used last, by name; and how many are live.
@@ -715,7 +751,7 @@ impl Providers {
                     return None;
                 }
                 Some(Learned {
-                    name: p.name.clone(),
+                    name: p.name.to_string(),
                     state,
                     age: now.saturating_duration_since(used),
                     config: Some(p.config.load(Ordering::Relaxed)),
@@ -728,6 +764,7 @@ impl Providers {
             // Handed to the store by an earlier save, which has finished
             // (saves run one after another): the store keeps them now.
             kept.retain(|_, k| !k.saved);
+            shrink(&mut kept);
         }
         out.extend(kept.iter_mut().filter_map(|(n, k)| {
             if changed_only && std::mem::replace(&mut k.saved, true) {
@@ -845,14 +882,14 @@ mod tests {
             "[limits]\nmax_providers = 2\n[providers.named]\nhosts = [\"*.named.test\"]\nceiling_rps = 7.0\n",
         );
         let named = t.get("API.Named.Test.");
-        assert_eq!(named.name, "named");
+        assert_eq!(named.name.as_ref(), "named");
         assert_eq!(named.policy.settings().ceiling_rps, 7.0);
-        assert_eq!(t.get("a.test").name, "a.test");
+        assert_eq!(t.get("a.test").name.as_ref(), "a.test");
         // Full (and nothing idle yet): an unknown host shares one provider.
-        assert_eq!(t.get("b.test").name, OVERFLOW);
-        assert_eq!(t.get("c.test").name, OVERFLOW);
+        assert_eq!(t.get("b.test").name.as_ref(), OVERFLOW);
+        assert_eq!(t.get("c.test").name.as_ref(), OVERFLOW);
         // Named providers are never folded.
-        assert_eq!(t.get("x.named.test").name, "named");
+        assert_eq!(t.get("x.named.test").name.as_ref(), "named");
     }
 
     /// R-PD1, R-PD2: a named provider speaks its hosts' dialect (and
@@ -869,13 +906,13 @@ mod tests {
         let (core, r) = t.lane(&gh, &Method::GET, "/repos/o/r/issues");
         assert!(Arc::ptr_eq(&core, &gh) && r.is_none());
         let (search, r) = t.lane(&gh, &Method::GET, "/search/issues?q=x");
-        assert_eq!(search.name, "search@gh");
+        assert_eq!(search.name.as_ref(), "search@gh");
         assert_eq!(r.unwrap().name(), "search");
         assert_eq!(search.lane_of.as_deref(), Some("gh"));
         assert_eq!(search.policy.bulkhead.dialect(), Dialect::GitHub);
         assert_eq!(search.policy.settings().ceiling_rps, 7.0);
         let (again, _) = t.lane(&gh, &Method::GET, "/search/code");
-        assert_eq!(again.name, "code_search@gh");
+        assert_eq!(again.name.as_ref(), "code_search@gh");
         assert!(Arc::ptr_eq(
             &t.lane(&gh, &Method::GET, "/search/users").0,
             &search
@@ -947,9 +984,10 @@ mod tests {
 
     /// R-PF1, issue 38: a host's provider that learned nothing is not
     /// saved, and is let go once its windows have passed; one that learned
-    /// something, a configured one and one in use stay.
+    /// something is folded into what it learned then, and made again from
+    /// it; a configured one, one in use and one with a hold ahead stay.
     #[tokio::test(start_paused = true)]
-    async fn providers_that_learned_nothing_are_let_go_once_quiet() {
+    async fn providers_are_let_go_once_quiet_and_folded_if_taught() {
         // A table past its metric series' cap (a crawl, not a sidecar).
         let t = table(
             "[limits]\nmax_metric_providers = 1\n[providers.named]\nhosts = [\"named.test\"]\n",
@@ -961,25 +999,43 @@ mod tests {
             .pacer
             .lock()
             .restore(3.0, None, None);
+        // Told to wait a minute: a hold ahead is under way.
+        let held = t.get("held.test");
+        held.policy.pacer.feedback(
+            Some(sluice_policy::classify::Outcome::Throttled {
+                status: 429,
+                retry_after: Some(Duration::from_secs(60)),
+            }),
+            Instant::now(),
+            None,
+        );
+        drop(held);
         let in_use = t.get("in-use.test");
         let saved: Vec<String> = t.learned_changed().into_iter().map(|l| l.name).collect();
         assert_eq!(
             saved,
-            ["named", "taught.test"],
+            ["held.test", "named", "taught.test"],
             "nothing to save of the rest"
         );
         tokio::time::advance(Duration::from_secs(9)).await;
         t.sweep();
-        assert_eq!(t.all().len(), 4, "within the windows: all stay");
+        assert_eq!(t.all().len(), 5, "within the windows: all stay");
         tokio::time::advance(Duration::from_secs(2)).await;
         t.sweep();
-        let mut live: Vec<String> = t.all().iter().map(|p| p.name.clone()).collect();
+        let mut live: Vec<String> = t.all().iter().map(|p| p.name.to_string()).collect();
         live.sort();
-        assert_eq!(live, ["in-use.test", "named", "taught.test"]);
+        assert_eq!(live, ["held.test", "in-use.test", "named"]);
+        let folded = t.learned_changed();
+        let names: Vec<&str> = folded.iter().map(|l| l.name.as_str()).collect();
+        assert_eq!(names, ["taught.test"], "folded: to be saved");
+        assert_eq!(folded[0].state.rate_rps, 3.0);
         drop(in_use);
         t.sweep();
         assert_eq!(t.all().len(), 2, "let go once no request holds it");
         assert!(!t.get("quiet.test").restored, "made again, cold");
+        let back = t.get("taught.test");
+        assert!(back.restored, "made again from what it learned");
+        assert_eq!(back.policy.pacer.snapshot(Instant::now()).rate_rps, 3.0);
 
         // A sidecar's few providers (no more than get series of their own)
         // stay for `provider_idle`, watched.

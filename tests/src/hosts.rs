@@ -176,7 +176,7 @@ pub async fn report(hosts: u32, first: u32) {
     println!("  {}", unbounded.line());
     let conns = unbounded.upstream_open - bounded.upstream_open;
     println!(
-        "  one idle upstream connection: {:.0} bytes resident ({conns} more open than under the bound)\n",
+        "  one idle upstream connection: {:.0} bytes resident ({conns} more open than under the bound; all but the 32 most recent resting)\n",
         (unbounded.settled_kib as f64 - bounded.settled_kib as f64) * 1024.0 / conns.max(1.0),
     );
 }

@@ -914,3 +914,68 @@ async fn only_bodies_within_the_replay_limit_are_retried() {
     );
     assert_eq!(sim.hits("/fail503/1/big").len(), 1);
 }
+
+/// R-BH1, issue 38: an attempt's bulkhead permit rides in its answer's
+/// body, and every way an answer ends gives it back — a body read to its
+/// end, a `HEAD`, a body the client walks away from mid-stream, a client
+/// that gives up before the head, a `503` (retried where the budget
+/// allows), a provider that resets (another provider, taken for down by
+/// it) — eight clients of each at once; the providers then still answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_way_an_answer_ends_gives_its_permit_back() {
+    let (sim, resetting) = (
+        Sim::start("127.0.0.62").await,
+        Sim::start("127.0.0.63").await,
+    );
+    let sluice = Sluice::start(&allow_loopback(
+        "[providers.ends]\nhosts = [\"127.0.0.62\"]\nceiling_rps = 500.0\nstart_rps = 400.0\nburst = 100\n\
+         [providers.resets]\nhosts = [\"127.0.0.63\"]\n",
+    ));
+    let proxy = sluice.proxy_url();
+    let second = Duration::from_secs(1);
+    let mut clients = Vec::new();
+    for i in 0..8 {
+        let fail = sim.url("http", &format!("/fail503/1/ends-{i}"));
+        for (url, args, max_time, want) in [
+            (sim.url("http", "/ok"), vec![], T, &[200][..]),
+            (sim.url("http", "/ok"), vec!["-I"], T, &[200]),
+            (sim.url("http", "/stall"), vec![], second, &[200]),
+            (sim.url("http", "/hang"), vec![], second, &[0]),
+            (fail, vec![], T, &[200, 503]),
+            // Refused, or the provider taken for down by then.
+            (resetting.url("http", "/reset"), vec![], T, &[502, 503]),
+        ] {
+            let proxy = proxy.clone();
+            clients.push(tokio::spawn(async move {
+                let r = curl(&proxy, &args, &url, max_time).await;
+                (url, r.status, want)
+            }));
+        }
+    }
+    for c in clients {
+        let (url, status, want) = c.await.unwrap();
+        assert!(want.contains(&status), "{url}: {status}");
+    }
+    let in_flight = |name: &'static str| {
+        let sluice = &sluice;
+        async move {
+            let (_, body) = sluice.admin_get(&format!("/v1/providers/{name}")).await;
+            let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+            v["queue"]["in_flight"].as_u64()
+        }
+    };
+    for name in ["ends", "resets"] {
+        // A client's going away reaches sluice as its connection closes.
+        let started = Instant::now();
+        let mut left = in_flight(name).await;
+        while left != Some(0) && started.elapsed() < Duration::from_secs(10) {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            left = in_flight(name).await;
+        }
+        assert_eq!(left, Some(0), "{name}: every permit given back");
+    }
+    assert_eq!(
+        curl(&proxy, &[], &sim.url("http", "/ok"), T).await.status,
+        200
+    );
+}

@@ -197,7 +197,19 @@ async fn readout(sluice: &Sluice, sim: &Sim) -> Value {
         .iter()
         .find(|p| p["name"].as_str() == Some(host.as_str()))
         .cloned()
-        .unwrap_or_else(|| panic!("no readout for {host}: {all}"))
+        .unwrap_or_else(|| {
+            // What sluice said of that host, for the reader of the failure.
+            let log = sluice.log();
+            let said: Vec<&str> = log.lines().filter(|l| l.contains(&host)).collect();
+            let tail = &said[said.len().saturating_sub(40)..];
+            panic!(
+                "no readout for {host}: {all}\nits last {} log lines of {}:\n{}\nlog tail:\n{}",
+                tail.len(),
+                said.len(),
+                tail.join("\n"),
+                log.lines().rev().take(40).collect::<Vec<_>>().join("\n")
+            )
+        })
 }
 
 /// What the provider's readout says it learned, for comparing the sides.

@@ -475,6 +475,17 @@ async fn a_config_change_clears_a_restored_breaker() {
     assert_eq!(r.status, 200, "{r:?}\n{}", s.log());
 }
 
+/// A request to `host` is answered, and its provider came back from what
+/// it learned — its rate cut below the cold start's — not cold.
+async fn comes_back_cut(s: &Sluice, host: std::net::Ipv4Addr, port: u16) {
+    let url = format!("http://{host}:{port}/ok");
+    assert_eq!(curl(&s.proxy_url(), &[], &url, T).await.status, 200);
+    let p = provider(s, &host.to_string()).await;
+    assert_eq!(p["restored"], true, "{host} came back cold: {p}");
+    let rate = p["rate_rps"].as_f64().unwrap();
+    assert!(rate < 5.0, "{host} at {rate} req/s, the cold start's: {p}");
+}
+
 /// R-PS1, issue 38: a crawl's evicted hosts resume what they learned when
 /// they come back — read from the store, as memory lets a state go once
 /// saved. 200 hosts, each refused once with a `429` (its rate cut below the
@@ -504,12 +515,7 @@ async fn evicted_hosts_come_back_with_what_they_learned_from_the_store() {
     let mut sampled = 0;
     for i in (0..HOSTS).step_by(23) {
         let host = std::net::Ipv4Addr::from(u32::from(first) + i);
-        let url = format!("http://{host}:{port}/ok");
-        assert_eq!(curl(&s.proxy_url(), &[], &url, T).await.status, 200);
-        let p = provider(&s, &host.to_string()).await;
-        assert_eq!(p["restored"], true, "{host} came back cold: {p}");
-        let rate = p["rate_rps"].as_f64().unwrap();
-        assert!(rate < 5.0, "{host} at {rate} req/s, the cold start's: {p}");
+        comes_back_cut(&s, host, port).await;
         sampled += 1;
         // Idle past `provider_idle` again: the table has room for the next.
         if sampled % TABLE == 0 {
@@ -520,4 +526,47 @@ async fn evicted_hosts_come_back_with_what_they_learned_from_the_store() {
     println!(
         "{sampled} of {HOSTS} evicted hosts sampled: each resumed its cut rate from the store"
     );
+}
+
+/// R-PF1, R-PS1, issue 38: in a table of more providers than get metric
+/// series of their own, a host's provider that learned something is folded
+/// into what it learned once its windows have passed — out of memory, into
+/// the store — and made again from it on its next request. 30 hosts each
+/// refused once with a `429` (its rate cut below the cold start), with
+/// `provider_idle` at its default (10 minutes): none is live 14 s later,
+/// and each sampled comes back at its cut rate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quiet_taught_hosts_of_a_big_table_are_folded_into_the_store_and_come_back() {
+    const HOSTS: u32 = 30;
+    let origin = Sim::start("0.0.0.0").await;
+    let port = origin.addr.port();
+    let first: std::net::Ipv4Addr = "127.5.1.0".parse().unwrap();
+    let cfg = "[destinations]\nallow = [\"127.0.0.0/8\"]\n[limits]\nmax_metric_providers = 4\n\
+               save_interval = \"200ms\"\n";
+    let s = Sluice::start(cfg);
+    one_post_to_each_at(s.proxy, (first, port, "/status/429"), HOSTS, 4, 429).await;
+    let (_, live) = s.api("GET", "/v1/providers", None).await;
+    assert_eq!(live["total"], HOSTS, "{live}");
+    // The windows (10 s), the next sweep (every 2 s), two save rounds.
+    let started = tokio::time::Instant::now();
+    let mut total = live["total"].clone();
+    while total != 0 && started.elapsed() < Duration::from_secs(30) {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        total = s.api("GET", "/v1/providers", None).await.1["total"].clone();
+    }
+    assert_eq!(
+        total,
+        0,
+        "taught hosts still live after {:?}",
+        started.elapsed()
+    );
+    assert!(
+        started.elapsed() >= Duration::from_secs(9),
+        "folded within its windows: {:?}",
+        started.elapsed()
+    );
+    for i in (0..HOSTS).step_by(7) {
+        let host = std::net::Ipv4Addr::from(u32::from(first) + i);
+        comes_back_cut(&s, host, port).await;
+    }
 }

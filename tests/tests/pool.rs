@@ -6,8 +6,9 @@
 
 use std::time::Duration;
 
-use sluice_tests::clients::python;
-use sluice_tests::harness::Sluice;
+use sluice_tests::clients::{python, python_env};
+use sluice_tests::harness::{Sluice, TempDir};
+use sluice_tests::pki::TestCa;
 use sluice_tests::sim::Sim;
 use tokio::time::Instant;
 
@@ -143,4 +144,181 @@ async fn an_answer_sluice_retries_gives_its_connection_back() {
         2,
         "one connection for that host's three"
     );
+}
+
+/// Idle connections past the most recently used 32 rest: hyper lets go
+/// of them and sluice keeps the socket alone (issue 38's "buffers given
+/// back when idle"). Under the default bound, one GET to each of 40 hosts
+/// leaves all 40 open at the provider, 8 of them resting; a request to
+/// the first host (the oldest, resting) is sent on its connection — no
+/// new one accepted — and so is one to the last (ready). When the
+/// provider restarts, closing every connection, a request meeting a
+/// resting connection the server closed is answered `200` on a new one,
+/// never an error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_past_the_recent_few_rest_as_sockets_and_serve_again() {
+    let mut sim = Sim::start("0.0.0.0").await;
+    let sluice = Sluice::start("[destinations]\nallow = [\"127.0.0.0/8\"]\n");
+    let urls: Vec<String> = (1..=40).map(|n| host_url(&sim, n, "/ok")).collect();
+    assert_eq!(crawl(&sluice, &urls).await, vec![200; 40]);
+    let (accepted, open) = sim.connections();
+    assert_eq!((accepted, open), (40, 40), "every connection kept open");
+    // Resting is the connection task's last step: it lists the socket
+    // again a moment after the 33rd idle one pushed it out.
+    let until = Instant::now() + Duration::from_secs(10);
+    while sluice.metric("sluice_upstream_connections_resting").await != Some(8.0)
+        && Instant::now() < until
+    {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        sluice.metric("sluice_upstream_connections_resting").await,
+        Some(8.0),
+        "all but the 32 most recently used rest"
+    );
+    assert_eq!(
+        sluice.metric("sluice_upstream_connections").await,
+        Some(40.0)
+    );
+    // The oldest, resting: taken again, a new dispatcher on its socket.
+    assert_eq!(crawl(&sluice, &[host_url(&sim, 1, "/ok")]).await, vec![200]);
+    assert_eq!(
+        sim.connections().0,
+        40,
+        "host 1's resting connection reused"
+    );
+    assert_eq!(
+        crawl(&sluice, &[host_url(&sim, 40, "/ok")]).await,
+        vec![200]
+    );
+    assert_eq!(sim.connections().0, 40, "host 40's ready connection reused");
+    // The provider restarts: every connection closed under sluice.
+    sim.stop();
+    settle_to(&sim, 0).await;
+    sim.restart().await;
+    let again = [host_url(&sim, 2, "/ok"), host_url(&sim, 39, "/ok")];
+    assert_eq!(crawl(&sluice, &again).await, vec![200, 200]);
+    assert_eq!(sim.connections().0, 42, "two new connections, no errors");
+}
+
+/// 40 HTTPS hosts (`127.3.5.1`–`.40`) on one TLS simulator on `0.0.0.0`
+/// offering `alpn`, and a sluice intercepting them.
+struct TlsHosts {
+    sim: Sim,
+    sluice: Sluice,
+    port: u16,
+    _dir: TempDir,
+}
+
+impl TlsHosts {
+    async fn start(alpn: &[&[u8]]) -> TlsHosts {
+        let ca = TestCa::new("provider CA");
+        let dir = TempDir::new("pool-tls");
+        std::fs::write(dir.join("provider-ca.pem"), &ca.pem).unwrap();
+        let ips: Vec<String> = (1..=40).map(|n| format!("127.3.5.{n}")).collect();
+        let names: Vec<&str> = ips.iter().map(String::as_str).collect();
+        let mut tls = (*ca.server_config(&names)).clone();
+        tls.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+        let sim = Sim::start_tls("0.0.0.0", std::sync::Arc::new(tls)).await;
+        let port = sim.addr.port();
+        let sluice = Sluice::start(&format!(
+            "[destinations]\nallow = [\"127.0.0.0/8\"]\nconnect_ports = [{port}]\n\
+             [upstream]\nextra_ca = \"{}\"\n",
+            dir.join("provider-ca.pem").display()
+        ));
+        TlsHosts {
+            sim,
+            sluice,
+            port,
+            _dir: dir,
+        }
+    }
+
+    fn url(&self, n: u32) -> String {
+        format!("https://127.3.5.{n}:{}/ok", self.port)
+    }
+
+    /// GETs each host through `CONNECT`, Python requests trusting
+    /// sluice's CA: each status.
+    async fn get(&self, hosts: impl IntoIterator<Item = u32>) -> Vec<u16> {
+        let urls: Vec<String> = hosts.into_iter().map(|n| self.url(n)).collect();
+        let args: Vec<&str> = urls.iter().map(String::as_str).collect();
+        let bundle = self.sluice.dir.join("state").join("ca.crt");
+        let bundle = bundle.display().to_string();
+        python_env(
+            &self.sluice.proxy_url(),
+            CRAWL,
+            &args,
+            &[("REQUESTS_CA_BUNDLE", &bundle)],
+        )
+        .await
+        .lines()
+        .map(|l| l.trim().parse().unwrap())
+        .collect()
+    }
+
+    /// Waits (up to 10 s) for a metric to read `want`; what it read.
+    async fn metric_reaches(&self, name: &str, want: f64) -> Option<f64> {
+        let until = Instant::now() + Duration::from_secs(10);
+        loop {
+            let v = self.sluice.metric(name).await;
+            if v == Some(want) || Instant::now() > until {
+                return v;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+/// The same over TLS, as an intercepted HTTPS crawl meets it: one GET to
+/// each of 40 HTTPS hosts speaking HTTP/1.1 through `CONNECT` leaves 8
+/// upstream TLS connections resting, and a request to the first host is
+/// answered on its resting connection — its TLS session kept, no new
+/// connection accepted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resting_tls_connections_keep_their_session_and_serve_again() {
+    let h = TlsHosts::start(&[b"http/1.1"]).await;
+    assert_eq!(h.get(1..=40).await, vec![200; 40]);
+    assert_eq!(h.sim.connections(), (40, 40), "every connection kept open");
+    assert_eq!(
+        h.metric_reaches("sluice_upstream_connections_resting", 8.0)
+            .await,
+        Some(8.0)
+    );
+    assert_eq!(h.get([1]).await, vec![200]);
+    assert_eq!(
+        h.sim.connections().0,
+        40,
+        "host 1's resting TLS connection reused"
+    );
+}
+
+/// An HTTP/2 connection cannot rest (its server's PINGs and SETTINGS want
+/// answers): past the 32 most recently used, one is closed once its
+/// streams end. 40 HTTPS hosts speaking HTTP/2: 32 connections left open
+/// at the provider, 8 closed and counted, none resting; the last host's
+/// kept (reused), the first's made again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_http2_connections_past_the_recent_few_are_closed() {
+    let h = TlsHosts::start(&[b"h2", b"http/1.1"]).await;
+    assert_eq!(h.get(1..=40).await, vec![200; 40]);
+    let (accepted, open) = settle_to(&h.sim, 32).await;
+    assert_eq!((accepted, open), (40, 32), "8 closed at the provider");
+    assert_eq!(
+        h.metric_reaches("sluice_upstream_idle_closed_total", 8.0)
+            .await,
+        Some(8.0)
+    );
+    assert_eq!(
+        h.sluice.metric("sluice_upstream_connections").await,
+        Some(32.0)
+    );
+    assert_eq!(
+        h.sluice.metric("sluice_upstream_connections_resting").await,
+        Some(0.0)
+    );
+    assert_eq!(h.get([40]).await, vec![200]);
+    assert_eq!(h.sim.connections().0, 40, "host 40's connection reused");
+    assert_eq!(h.get([1]).await, vec![200]);
+    assert_eq!(h.sim.connections().0, 41, "host 1 connects again");
 }

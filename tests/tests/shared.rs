@@ -816,12 +816,37 @@ async fn a_fleet_uses_a_stated_quota_like_one_sluice() {
                 most * 100.0
             ));
         }
-        assert!(
-            clients
-                .iter()
-                .all(|c| c.split_whitespace().all(|w| w.starts_with("200="))),
-            "every request answered 200: {clients:?}"
-        );
+        if !clients
+            .iter()
+            .all(|c| c.split_whitespace().all(|w| w.starts_with("200=")))
+        {
+            // Why a refusal reached a client: each replica's final outcomes
+            // and retries for this provider, and what it logged of them.
+            let mut why = Vec::new();
+            for s in &fleet {
+                let (_, body) = s.admin_get("/metrics").await;
+                why.extend(
+                    body.lines()
+                        .filter(|l| {
+                            l.contains(&format!("provider=\"{}\"", names[i]))
+                                && (l.starts_with("sluice_requests_total")
+                                    || l.starts_with("sluice_retries_total"))
+                        })
+                        .map(String::from),
+                );
+                why.extend(
+                    s.log()
+                        .lines()
+                        .filter(|l| l.contains("WARN") || l.contains("ERROR"))
+                        .take(20)
+                        .map(String::from),
+                );
+            }
+            panic!(
+                "every request answered 200: {clients:?}\n{}",
+                why.join("\n")
+            );
+        }
     }
     assert!(failed.is_empty(), "{failed:?}");
 }

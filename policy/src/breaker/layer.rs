@@ -18,6 +18,18 @@ impl BreakerLayer {
     }
 }
 
+impl BreakerLayer {
+    /// [`Layer::layer`] taking the layer: its handles move into the
+    /// service rather than being counted again (a provider's stack is
+    /// composed for each request, R-PF1).
+    pub fn wrap<S>(self, inner: S) -> Breaker<S> {
+        Breaker {
+            inner,
+            shared: self.shared,
+        }
+    }
+}
+
 impl<S> Layer<S> for BreakerLayer {
     type Service = Breaker<S>;
 

@@ -22,8 +22,8 @@ mod layer;
 mod service;
 pub mod state;
 
-use std::collections::VecDeque;
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::time::Instant;
@@ -35,11 +35,37 @@ pub use self::state::{Breaker, BreakerSnapshot, Permit, Reason, State, Transitio
 use crate::classify::{Outcome, Signal};
 use crate::settings::ProviderSettings;
 
-/// The retry budget left at an instant, for the evidence (R-CB2).
-pub type BudgetLeft = Arc<dyn Fn(Instant) -> u32 + Send + Sync>;
+/// Reads the retry budget left at an instant, for the evidence (R-CB2):
+/// the provider's retry budget itself, or a closure.
+pub trait RetryBudgetLeft: Send + Sync {
+    /// Whole retries left at `at`.
+    fn budget_left(&self, at: Instant) -> u32;
+}
+
+impl<F: Fn(Instant) -> u32 + Send + Sync> RetryBudgetLeft for F {
+    fn budget_left(&self, at: Instant) -> u32 {
+        self(at)
+    }
+}
+
+/// Where the breaker reads the retry budget left.
+pub type BudgetLeft = Arc<dyn RetryBudgetLeft>;
+
+/// What takes a breaker's transitions: a closure, or a value that takes
+/// the provider's events too ([`crate::events::EventObserver`]).
+pub trait TransitionObserver: Send + Sync {
+    /// Takes one transition.
+    fn transition(&self, transition: &Transition);
+}
+
+impl<F: Fn(&Transition) + Send + Sync> TransitionObserver for F {
+    fn transition(&self, transition: &Transition) {
+        self(transition);
+    }
+}
 
 /// Where transitions are published (metrics, log, admin API, store).
-pub type TransitionSink = Arc<dyn Fn(&Transition) + Send + Sync>;
+pub type TransitionSink = Arc<dyn TransitionObserver>;
 
 /// How many recent transitions are kept in memory for the readout.
 pub const RECENT_TRANSITIONS: usize = 32;
@@ -51,8 +77,23 @@ pub struct BreakerShared {
     /// budget's state, composed in by the provider (`crate::provider`).
     budget_left: BudgetLeft,
     sink: Option<TransitionSink>,
-    recent: Mutex<VecDeque<Transition>>,
-    wait_for_probe: Mutex<Option<std::time::Duration>>,
+    recent: Mutex<Vec<Transition>>,
+    /// How long a request may wait for the half-open probe's verdict, in
+    /// nanoseconds ([`NO_WAIT`]: it may not).
+    wait_for_probe: AtomicU64,
+}
+
+/// `wait_for_probe` when requests do not wait for a probe.
+const NO_WAIT: u64 = u64::MAX;
+
+/// The wait for a probe `settings` allow, as `wait_for_probe` keeps it.
+fn wait_for_probe(settings: &ProviderSettings) -> u64 {
+    if settings.breaker_wait_for_probe {
+        u64::try_from(settings.max_queue_wait.as_nanos())
+            .map_or(NO_WAIT - 1, |n| n.min(NO_WAIT - 1))
+    } else {
+        NO_WAIT
+    }
 }
 
 impl fmt::Debug for BreakerShared {
@@ -78,12 +119,8 @@ impl BreakerShared {
             // Grown with the first transition: most providers never have
             // one, and 32 kept in advance were 1.5 KB of every tracked
             // provider (issue 24).
-            recent: Mutex::new(VecDeque::new()),
-            wait_for_probe: Mutex::new(
-                settings
-                    .breaker_wait_for_probe
-                    .then_some(settings.max_queue_wait),
-            ),
+            recent: Mutex::new(Vec::new()),
+            wait_for_probe: AtomicU64::new(wait_for_probe(settings)),
         })
     }
 
@@ -95,19 +132,13 @@ impl BreakerShared {
     /// Applies new settings; state is kept.
     pub fn update_settings(&self, settings: &ProviderSettings) {
         self.lock().update_settings(settings);
-        *self
-            .wait_for_probe
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()) = settings
-            .breaker_wait_for_probe
-            .then_some(settings.max_queue_wait);
+        self.wait_for_probe
+            .store(wait_for_probe(settings), Ordering::Relaxed);
     }
 
     pub(crate) fn wait_for_probe(&self) -> Option<std::time::Duration> {
-        *self
-            .wait_for_probe
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+        let nanos = self.wait_for_probe.load(Ordering::Relaxed);
+        (nanos != NO_WAIT).then(|| std::time::Duration::from_nanos(nanos))
     }
 
     /// Closes the breaker because the provider's config changed (see
@@ -124,15 +155,15 @@ impl BreakerShared {
 
     /// Completes a transition's evidence and publishes it.
     pub fn publish(&self, mut t: Transition) {
-        t.retry_budget_left = Some((self.budget_left)(t.at));
+        t.retry_budget_left = Some(self.budget_left.budget_left(t.at));
         if let Some(sink) = &self.sink {
-            sink(&t);
+            sink.transition(&t);
         }
         let mut recent = self.recent.lock().unwrap_or_else(|p| p.into_inner());
         if recent.len() == RECENT_TRANSITIONS {
-            recent.pop_front();
+            recent.remove(0);
         }
-        recent.push_back(t);
+        recent.push(t);
     }
 
     /// The most recent transitions, oldest first.
@@ -140,9 +171,7 @@ impl BreakerShared {
         self.recent
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .cloned()
-            .collect()
+            .clone()
     }
 
     /// Asks for a permit now, publishing the Open → HalfOpen transition if

@@ -1,14 +1,14 @@
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::SystemTime;
 
 use http::{Request, Response};
 use tower::{Service, ServiceExt};
 
-use super::BreakerShared;
-use crate::attempt::Attempt;
+use super::{BreakerShared, CallPermit};
+use crate::attempt::{Attempt, CarriesAttempt, CarriesReport};
 use crate::classify::Outcome;
-use crate::error::{BoxFuture, Cause};
+use crate::error::Cause;
+use crate::future::{take_readied, LayerFuture, OnAnswer};
 
 /// Fails fast while the provider's circuit is open; counts outcomes.
 #[derive(Debug, Clone)]
@@ -22,43 +22,53 @@ where
     S: Service<Request<B>, Response = Response<R>> + Clone + Send + 'static,
     S::Error: Into<Cause>,
     S::Future: Send + 'static,
-    B: Send + 'static,
-    R: Send + 'static,
+    B: CarriesAttempt + Send + 'static,
+    R: CarriesReport + Send + 'static,
 {
     type Response = Response<R>;
     type Error = Cause;
-    type Future = BoxFuture<Response<R>>;
+    type Future = LayerFuture<S::Future, Finish, R>;
 
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Cause>> {
-        Poll::Ready(Ok(()))
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Cause>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
     }
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
-        let inner = self.inner.clone();
-        let shared = self.shared.clone();
-        Box::pin(async move {
-            let parked_probe = Attempt::of(&req).is_some_and(|a| a.parked_probe);
-            let acquired = if parked_probe {
-                Ok(shared.acquire_parked())
-            } else {
-                shared.acquire()
-            };
-            let permit = match acquired {
-                Ok(p) => p,
-                Err(open) => match shared.wait_for_probe() {
-                    // Opted in: wait for the half-open probe, within the
-                    // queue wait, then ask once more.
-                    Some(max) if open.retry_after <= max => {
-                        tokio::time::sleep(open.retry_after).await;
-                        shared.acquire()?
-                    }
-                    _ => return Err(open.into()),
-                },
-            };
-            let result = inner.oneshot(req).await.map_err(Into::into);
-            let outcome = Outcome::of_result(&result, SystemTime::now());
-            permit.finish_outcome(outcome);
-            result
-        })
+        let parked_probe = Attempt::of(&req).is_some_and(|a| a.parked_probe);
+        let acquired = if parked_probe {
+            Ok(self.shared.acquire_parked())
+        } else {
+            self.shared.acquire()
+        };
+        let open = match acquired {
+            Ok(permit) => return LayerFuture::sent(self.inner.call(req), Finish(permit)),
+            Err(open) => open,
+        };
+        match self.shared.wait_for_probe() {
+            // Opted in: wait for the half-open probe, within the queue
+            // wait, then ask once more.
+            Some(max) if open.retry_after <= max => {
+                let inner = take_readied(&mut self.inner);
+                let shared = self.shared.clone();
+                LayerFuture::waits(async move {
+                    tokio::time::sleep(open.retry_after).await;
+                    let permit = shared.acquire()?;
+                    Finish(permit).on_answer(inner.oneshot(req).await.map_err(Into::into))
+                })
+            }
+            _ => LayerFuture::refused(open),
+        }
+    }
+}
+
+/// Records the attempt's outcome on the breaker.
+#[derive(Debug)]
+pub struct Finish(CallPermit);
+
+impl<R: CarriesReport> OnAnswer<R> for Finish {
+    fn on_answer(self, result: Result<Response<R>, Cause>) -> Result<Response<R>, Cause> {
+        let outcome = Outcome::of_result_now(&result);
+        self.0.finish_outcome(outcome);
+        result
     }
 }

@@ -17,6 +17,15 @@ impl BulkheadLayer {
     }
 }
 
+impl BulkheadLayer {
+    /// [`Layer::layer`] taking the layer: its handles move into the
+    /// service rather than being counted again (a provider's stack is
+    /// composed for each request, R-PF1).
+    pub fn wrap<S>(self, inner: S) -> Bulkhead<S> {
+        Bulkhead::new(inner, self.shared)
+    }
+}
+
 impl<S> Layer<S> for BulkheadLayer {
     type Service = Bulkhead<S>;
 

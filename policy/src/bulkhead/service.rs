@@ -4,22 +4,15 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use http::{Request, Response};
+use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 use tower::{Service, ServiceExt};
 
 use super::{BulkheadFull, BulkheadShared};
-use crate::attempt::Attempt;
-use crate::attempt::Report;
-use crate::classify::Resource;
-use crate::error::{BoxFuture, Cause};
-
-/// An attempt's bulkhead permit, carried in the response's extensions.
-/// It is released when the last clone is dropped: move it into the
-/// response body to keep the attempt in flight while the body streams.
-#[derive(Debug, Clone)]
-pub struct InFlight {
-    _permit: Arc<tokio::sync::OwnedSemaphorePermit>,
-}
+use crate::attempt::{Attempt, CarriesAttempt, CarriesReport, Report};
+use crate::classify::{Dialect, Resource};
+use crate::error::Cause;
+use crate::future::{take_readied, LayerFuture, OnAnswer};
 
 /// The service of [`BulkheadLayer`](super::BulkheadLayer).
 #[derive(Debug, Clone)]
@@ -48,23 +41,31 @@ where
     S: Service<Request<B>, Response = Response<R>> + Clone + Send + 'static,
     S::Error: Into<Cause>,
     S::Future: Send + 'static,
-    B: Send + 'static,
-    R: Send + 'static,
+    B: CarriesAttempt + Send + 'static,
+    R: CarriesReport + Send + 'static,
 {
     type Response = Response<R>;
     type Error = Cause;
-    type Future = BoxFuture<Response<R>>;
+    type Future = LayerFuture<S::Future, Stamp, R>;
 
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Cause>> {
-        Poll::Ready(Ok(()))
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Cause>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
     }
 
     fn call(&mut self, mut req: Request<B>) -> Self::Future {
-        let inner = self.inner.clone();
+        let departs = Attempt::of(&req).is_some_and(|a| a.departure.is_some());
+        let acquired = match self.shared.permits.clone().try_acquire_owned() {
+            Ok(permit) if !departs => {
+                let then = Stamp::start(&mut req, &self.shared, permit);
+                return LayerFuture::sent(self.inner.call(req), then);
+            }
+            acquired => acquired,
+        };
+        let inner = take_readied(&mut self.inner);
         let shared = self.shared.clone();
-        Box::pin(async move {
-            let (max_waiting, max_wait) = *shared.limits.lock().unwrap_or_else(|p| p.into_inner());
-            let permit = match shared.permits.clone().try_acquire_owned() {
+        LayerFuture::waits(async move {
+            let (max_waiting, max_wait) = shared.limits();
+            let permit = match acquired {
                 Ok(p) => p,
                 Err(_) => {
                     if shared.waiting.fetch_add(1, Ordering::Relaxed) >= max_waiting {
@@ -88,33 +89,61 @@ where
                     }
                 }
             };
-            if let Some(attempt) = Attempt::of(&req) {
-                if let Some(departure) = &attempt.departure {
-                    // A run's attempt leaves within its durable reservation.
-                    departure.leave().await;
-                }
-                if let Some(clock) = &attempt.clock {
-                    clock.attempt();
-                }
+            if let Some(departure) = Attempt::of(&req).and_then(|a| a.departure.clone()) {
+                // A run's attempt leaves within its durable reservation.
+                departure.leave().await;
             }
-            // The upstream reads the first bytes of the answers the
-            // dialect classifies by their body.
-            let dialect = shared.dialect();
-            Attempt::of_mut(&mut req).dialect = Some(dialect);
-            let lane = req.extensions().get::<Resource>().cloned();
-            let start = Instant::now();
-            let mut resp = inner.oneshot(req).await.map_err(Into::into)?;
-            Report::stamp(
-                &mut resp,
-                start.elapsed(),
-                std::time::SystemTime::now(),
-                dialect,
-                lane.as_ref(),
-            );
-            resp.extensions_mut().insert(InFlight {
-                _permit: Arc::new(permit),
-            });
-            Ok(resp)
+            let then = Stamp::start(&mut req, &shared, permit);
+            then.on_answer(inner.oneshot(req).await.map_err(Into::into))
         })
+    }
+}
+
+/// An attempt holding its permit: stamps its answer's [`Report`] (time to
+/// first byte from the permit) and hands the permit to the response.
+#[derive(Debug)]
+pub struct Stamp {
+    permit: OwnedSemaphorePermit,
+    start: Instant,
+    dialect: Dialect,
+    lane: Option<Resource>,
+}
+
+impl Stamp {
+    /// The attempt starts: counted on its request's clock, told the
+    /// provider's dialect (the upstream reads the first bytes of the
+    /// answers the dialect classifies by their body).
+    fn start<B: CarriesAttempt>(
+        req: &mut Request<B>,
+        shared: &BulkheadShared,
+        permit: OwnedSemaphorePermit,
+    ) -> Stamp {
+        let dialect = shared.dialect();
+        let attempt = Attempt::of_mut(req);
+        if let Some(clock) = &attempt.clock {
+            clock.attempt();
+        }
+        attempt.dialect = Some(dialect);
+        Stamp {
+            permit,
+            start: Instant::now(),
+            dialect,
+            lane: req.extensions().get::<Resource>().cloned(),
+        }
+    }
+}
+
+impl<R: CarriesReport> OnAnswer<R> for Stamp {
+    fn on_answer(self, result: Result<Response<R>, Cause>) -> Result<Response<R>, Cause> {
+        let mut resp = result?;
+        Report::stamp(
+            &mut resp,
+            self.start.elapsed(),
+            std::time::SystemTime::now(),
+            self.dialect,
+            self.lane.as_ref(),
+        );
+        R::hold(&mut resp, self.permit);
+        Ok(resp)
     }
 }

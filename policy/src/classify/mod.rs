@@ -39,23 +39,22 @@ pub use self::dialect::{Dialect, ErrorBody};
 pub use self::outcome::Outcome;
 pub use self::resource::Resource;
 pub use self::signal::Signal;
-use crate::attempt::Report;
+use crate::attempt::{CarriesReport, Report};
 use crate::error::Cause;
 
 /// The outcome of a response: classified once by the innermost layer that
 /// measures it ([`Report`]), so that every layer above
 /// reads the same verdict.
-pub fn of_response<R>(resp: &http::Response<R>, now_wall: SystemTime) -> Outcome {
-    resp.extensions()
-        .get::<Report>()
+pub fn of_response<R: CarriesReport>(resp: &http::Response<R>, now_wall: SystemTime) -> Outcome {
+    Report::of(resp)
         .map(|r| r.outcome)
         .unwrap_or_else(|| Outcome::of(resp.status(), resp.headers(), now_wall))
 }
 
 /// [`of_response`], reading the wall clock only for a response that was
 /// never stamped (a `Retry-After` date needs it).
-pub fn of_response_now<R>(resp: &http::Response<R>) -> Outcome {
-    match resp.extensions().get::<Report>() {
+pub fn of_response_now<R: CarriesReport>(resp: &http::Response<R>) -> Outcome {
+    match Report::of(resp) {
         Some(r) => r.outcome,
         None => Outcome::of(resp.status(), resp.headers(), SystemTime::now()),
     }
@@ -73,12 +72,24 @@ impl Outcome {
     /// What an attempt came back with — a response or a failure — as every
     /// layer sees it; `None` when it never reached the provider (see
     /// [`Outcome::of_error`]). The one place a result becomes an outcome.
-    pub fn of_result<R>(
+    pub fn of_result<R: CarriesReport>(
         result: &Result<http::Response<R>, Cause>,
         now_wall: SystemTime,
     ) -> Option<Self> {
         match result {
             Ok(resp) => Some(of_response(resp, now_wall)),
+            Err(e) => Outcome::of_error(e),
+        }
+    }
+
+    /// [`Outcome::of_result`], reading the wall clock only for a response
+    /// no layer stamped (a `Retry-After` date needs it): a stamped answer
+    /// costs each layer that reads it no clock read.
+    pub fn of_result_now<R: CarriesReport>(
+        result: &Result<http::Response<R>, Cause>,
+    ) -> Option<Self> {
+        match result {
+            Ok(resp) => Some(of_response_now(resp)),
             Err(e) => Outcome::of_error(e),
         }
     }

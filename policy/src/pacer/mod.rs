@@ -51,7 +51,7 @@ use crate::classify::Outcome;
 use crate::error::Cause;
 use crate::events::{emit, Event, EventSink};
 use crate::quota::{Advertised, Malformed};
-use crate::settings::ProviderSettings;
+use crate::settings::{ProviderSettings, ValidSettings};
 
 /// How late a replica may take a shared slot without the schedule losing
 /// it (and never more than half an interval): the next slot is spaced from
@@ -69,44 +69,45 @@ const SHARED_SPREAD: Duration = Duration::from_millis(2);
 pub struct PacerShared {
     /// The decision state; held only for short, non-blocking sections.
     core: Mutex<PacerCore>,
+    /// Where waiting requests are woken from. Made by the first request
+    /// that has to wait (most providers' never do: issues 24 and 38).
+    room: std::sync::OnceLock<Box<Room>>,
+    /// Where pacing events go.
+    events: Option<EventSink>,
+    /// What a shared budget needs (the budget, the turn its requests
+    /// take, the spread of their wake-ups), made when one is first set or
+    /// seeded (R-DS1; most providers never have one: issue 38).
+    fleet: std::sync::OnceLock<Box<Fleet>>,
+}
+
+/// Where a provider's waiting requests are woken from.
+struct Room {
     /// Bumped when a hold or a rate change may move every waiter's slot.
-    /// Made by the first request that has to wait (most providers' never
-    /// do: it is about 350 bytes of every tracked provider, issue 24).
-    changed: std::sync::OnceLock<watch::Sender<()>>,
+    changed: watch::Sender<()>,
     /// One wake-up per waiter: when the head leaves, only the new head is
     /// woken (not the whole queue — no thundering herd on each admission).
     waiters: Mutex<HashMap<Ticket, Arc<Notify>>>,
-    /// Where pacing events go.
-    events: Option<EventSink>,
-    /// With a shared budget, this replica's requests ask the store one at
-    /// a time, in arrival order. Made by the first request of a shared
-    /// budget (48 bytes of every provider otherwise, issue 38).
-    turn: std::sync::OnceLock<Box<Turn>>,
-    /// The budget shared with other replicas, when the provider's is
-    /// (R-DS1).
-    budget: Mutex<Option<Arc<dyn SharedBudget>>>,
-    /// Where the spread of shared wake-ups comes from: the operating
-    /// system's generator (0), or a counter each draw seeds from, for a
-    /// repeatable run ([`PacerShared::seed_spread`]).
-    spread_seed: AtomicU64,
+}
+
+impl Room {
+    fn waiters(&self) -> MutexGuard<'_, HashMap<Ticket, Arc<Notify>>> {
+        self.waiters.lock().unwrap_or_else(|p| p.into_inner())
+    }
 }
 
 impl PacerShared {
     /// A cold pacer for these settings.
     pub fn new(settings: &ProviderSettings) -> Arc<Self> {
-        PacerShared::with_events(settings, None)
+        PacerShared::with_events(&ValidSettings::as_given(settings), None)
     }
 
-    /// A cold pacer reporting to `events`.
-    pub fn with_events(settings: &ProviderSettings, events: Option<EventSink>) -> Arc<Self> {
+    /// A cold pacer for a provider's settings, reporting to `events`.
+    pub fn with_events(settings: &Arc<ValidSettings>, events: Option<EventSink>) -> Arc<Self> {
         Arc::new(PacerShared {
-            core: Mutex::new(PacerCore::new(settings)),
-            changed: std::sync::OnceLock::new(),
-            waiters: Mutex::new(HashMap::new()),
+            core: Mutex::new(PacerCore::with_settings(settings.clone())),
+            room: std::sync::OnceLock::new(),
             events,
-            turn: std::sync::OnceLock::new(),
-            budget: Mutex::new(None),
-            spread_seed: AtomicU64::new(0),
+            fleet: std::sync::OnceLock::new(),
         })
     }
 
@@ -114,15 +115,21 @@ impl PacerShared {
     /// not from the operating system: a simulated fleet then gives the
     /// same figures on every run.
     pub fn seed_spread(&self, seed: u64) {
-        self.spread_seed.store(seed.max(1), Ordering::Relaxed);
+        self.fleet()
+            .spread_seed
+            .store(seed.max(1), Ordering::Relaxed);
     }
 
     /// A share in `[0, 1)` of [`SHARED_SPREAD`].
     fn spread_share(&self) -> f64 {
-        if self.spread_seed.load(Ordering::Relaxed) == 0 {
+        let Some(fleet) = self
+            .fleet
+            .get()
+            .filter(|f| f.spread_seed.load(Ordering::Relaxed) != 0)
+        else {
             return rand::rng().random_range(0.0..1.0);
-        }
-        let seed = self.spread_seed.fetch_add(1, Ordering::Relaxed);
+        };
+        let seed = fleet.spread_seed.fetch_add(1, Ordering::Relaxed);
         SmallRng::seed_from_u64(seed).random_range(0.0..1.0)
     }
 
@@ -136,11 +143,20 @@ impl PacerShared {
     /// Shares the budget with other replicas through `budget` (R-DS1), or
     /// stops sharing it (`None`).
     pub fn set_budget(&self, budget: Option<Arc<dyn SharedBudget>>) {
-        *self.budget.lock().unwrap_or_else(|p| p.into_inner()) = budget;
+        if budget.is_none() && self.fleet.get().is_none() {
+            return;
+        }
+        *self
+            .fleet()
+            .budget
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = budget;
     }
 
     fn budget(&self) -> Option<Arc<dyn SharedBudget>> {
-        self.budget
+        self.fleet
+            .get()?
+            .budget
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
@@ -249,9 +265,14 @@ impl PacerShared {
         }
     }
 
+    /// What a shared budget needs, made on first use.
+    fn fleet(&self) -> &Fleet {
+        self.fleet.get_or_init(Box::default)
+    }
+
     /// The turn a shared budget's requests take, one at a time.
     fn turn(&self) -> &Turn {
-        self.turn.get_or_init(Box::default)
+        &self.fleet().turn
     }
 
     /// Locks the decision state. A poisoned lock is recovered: the state is
@@ -265,19 +286,25 @@ impl PacerShared {
     pub fn notify(&self) {
         // No sender: nobody has ever waited, so nobody is waiting now; one
         // who starts to reads the state after subscribing.
-        if let Some(changed) = self.changed.get() {
-            changed.send_replace(());
+        if let Some(room) = self.room.get() {
+            room.changed.send_replace(());
         }
     }
 
-    fn waiters(&self) -> MutexGuard<'_, HashMap<Ticket, Arc<Notify>>> {
-        self.waiters.lock().unwrap_or_else(|p| p.into_inner())
+    /// The waiting room, made on first use.
+    fn room(&self) -> &Room {
+        self.room.get_or_init(|| {
+            Box::new(Room {
+                changed: watch::Sender::new(()),
+                waiters: Mutex::new(HashMap::new()),
+            })
+        })
     }
 
     /// `ticket` left the queue: forget its wake-up and wake the new head.
     fn left(&self, ticket: Ticket) {
         let head = self.lock().head();
-        let mut waiters = self.waiters();
+        let mut waiters = self.room().waiters();
         waiters.remove(&ticket);
         if let Some(n) = head.and_then(|h| waiters.get(&h)) {
             // Stored if the head is not waiting right now: never lost.
@@ -350,6 +377,28 @@ impl PacerShared {
             // slots the shared schedule gave.
             None => self.acquire_here(arrived, class, units, stop_at).await,
         }
+    }
+
+    /// A slot now, when one is free and no request waits before this one
+    /// (and the budget is this replica's own): the pacer's fast path, with
+    /// no future to wait in. `None`: wait for it with
+    /// [`PacerShared::acquire_as`], which also refuses what must be
+    /// refused.
+    pub fn try_acquire_now(
+        &self,
+        class: &Class,
+        units: u32,
+        stop_at: Option<Instant>,
+    ) -> Option<Instant> {
+        let now = Instant::now();
+        if stop_at.is_some_and(|d| now >= d) || self.budget().is_some() {
+            return None;
+        }
+        if !self.lock().try_admit_units(now, units) {
+            return None;
+        }
+        self.admitted(class, units, Duration::ZERO);
+        Some(now)
     }
 
     /// The shared slot (R-DS1): this replica's requests ask in turn (FIFO,
@@ -460,17 +509,15 @@ impl PacerShared {
             return Ok(now);
         };
         let wake = Arc::new(Notify::new());
-        self.waiters().insert(ticket, wake.clone());
+        let room = self.room();
+        room.waiters().insert(ticket, wake.clone());
         // If this future is dropped while waiting, leave the queue so that
         // those behind are not stuck behind a ghost.
         let mut guard = TicketGuard {
             shared: self,
             ticket: Some(ticket),
         };
-        let mut changed = self
-            .changed
-            .get_or_init(|| watch::Sender::new(()))
-            .subscribe();
+        let mut changed = room.changed.subscribe();
         loop {
             changed.borrow_and_update();
             let now = Instant::now();
@@ -527,6 +574,21 @@ impl std::fmt::Debug for PacerShared {
 }
 
 /// One request counted among those waiting for their turn, until dropped.
+/// What a pacer keeps for a shared budget.
+#[derive(Default)]
+struct Fleet {
+    /// The budget shared with other replicas, while the provider's is
+    /// (R-DS1).
+    budget: Mutex<Option<Arc<dyn SharedBudget>>>,
+    /// This replica's requests ask the store one at a time, in arrival
+    /// order.
+    turn: Turn,
+    /// Where the spread of shared wake-ups comes from: the operating
+    /// system's generator (0), or a counter each draw seeds from, for a
+    /// repeatable run ([`PacerShared::seed_spread`]).
+    spread_seed: AtomicU64,
+}
+
 /// A shared budget's requests' turn (see [`PacerShared::turn`]).
 #[derive(Debug, Default)]
 struct Turn {

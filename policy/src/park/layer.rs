@@ -15,10 +15,23 @@ pub struct ParkLayer {
 impl ParkLayer {
     /// The parking of `provider` (the name a run's cycle guard counts
     /// under).
-    pub fn new(provider: &str, shared: Arc<ParkShared>) -> Self {
+    pub fn new(provider: impl Into<Arc<str>>, shared: Arc<ParkShared>) -> Self {
         ParkLayer {
             provider: provider.into(),
             shared,
+        }
+    }
+}
+
+impl ParkLayer {
+    /// [`Layer::layer`] taking the layer: its handles move into the
+    /// service rather than being counted again (a provider's stack is
+    /// composed for each request, R-PF1).
+    pub fn wrap<S>(self, inner: S) -> Park<S> {
+        Park {
+            inner,
+            provider: self.provider,
+            shared: self.shared,
         }
     }
 }

@@ -61,29 +61,22 @@ pub use self::layer::ParkLayer;
 pub use self::service::Park;
 pub use self::watch::{Answer, Change, DownReason, Watch, WatchSnapshot};
 use crate::classify::Outcome;
-use crate::settings::ProviderSettings;
+use crate::settings::ValidSettings;
 
 /// What parking asks of the provider's other parts, composed in by the
 /// provider (`crate::provider`): parking imports neither the breaker nor
 /// the pacer.
-#[derive(Clone)]
-pub struct Neighbours {
+pub trait Neighbours: Send + Sync + std::fmt::Debug {
     /// Whether the breaker is closed now, as an outage goes: open, it is an
     /// outage's — unless the provider's throttles opened it (a provider
     /// asking to slow down is alive, R-PD3).
-    pub breaker_closed: Arc<dyn Fn() -> bool + Send + Sync>,
+    fn breaker_closed(&self) -> bool;
     /// Whether the rate controller takes the recent failures for an
     /// outage (R-SG4).
-    pub controller_outage: Arc<dyn Fn() -> bool + Send + Sync>,
+    fn controller_outage(&self) -> bool;
     /// Tells the rate controller that the failures in progress are an
     /// outage (it gives back their cuts at the return).
-    pub outage_found: Arc<dyn Fn(Instant) + Send + Sync>,
-}
-
-impl std::fmt::Debug for Neighbours {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Neighbours").finish_non_exhaustive()
-    }
+    fn outage_found(&self, now: Instant);
 }
 
 /// [`ParkShared::flags`]: the provider is down.
@@ -154,37 +147,22 @@ pub struct ParkShared {
     /// The watch's verdict as last written ([`DOWN`], [`UNSETTLED`]): what
     /// every request asks first, read without the lock.
     flags: AtomicU8,
-    neighbours: Neighbours,
-    limits: Mutex<Limits>,
-}
-
-#[derive(Debug, Clone)]
-struct Limits {
-    max_outage_wait: Duration,
-    cycle: Duration,
-    extra_methods: Vec<http::Method>,
-}
-
-impl Limits {
-    fn of(settings: &ProviderSettings) -> Limits {
-        Limits {
-            max_outage_wait: settings.max_outage_wait,
-            cycle: settings.breaker_open_for,
-            extra_methods: settings.retry_methods.clone(),
-        }
-    }
+    /// One value a provider, not a closure each (R-PF1, issue 38).
+    neighbours: Box<dyn Neighbours>,
+    /// The provider's settings, shared, not copied (R-PF1, issue 38).
+    settings: Mutex<Arc<ValidSettings>>,
 }
 
 impl ParkShared {
     /// Parking for a provider whose other parts `neighbours` reads.
-    pub fn new(settings: &ProviderSettings, neighbours: Neighbours) -> Arc<Self> {
+    pub fn new(settings: &Arc<ValidSettings>, neighbours: Box<dyn Neighbours>) -> Arc<Self> {
         Arc::new(ParkShared {
             state: Mutex::new(ParkState::default()),
             downs: std::sync::OnceLock::new(),
             on_the_way: Default::default(),
             flags: AtomicU8::new(0),
             neighbours,
-            limits: Mutex::new(Limits::of(settings)),
+            settings: Mutex::new(settings.clone()),
         })
     }
 
@@ -205,16 +183,16 @@ impl ParkShared {
         self.flags.store(f, Ordering::Release);
     }
 
-    fn limits(&self) -> Limits {
-        self.limits
+    fn settings(&self) -> Arc<ValidSettings> {
+        self.settings
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
     }
 
     /// Applies new settings; the watch is kept.
-    pub fn update_settings(&self, settings: &ProviderSettings) {
-        *self.limits.lock().unwrap_or_else(|p| p.into_inner()) = Limits::of(settings);
+    pub fn update_settings(&self, settings: &Arc<ValidSettings>) {
+        *self.settings.lock().unwrap_or_else(|p| p.into_inner()) = settings.clone();
     }
 
     /// Whether anything is amiss (down, or failures in a row): a request
@@ -245,7 +223,7 @@ impl ParkShared {
     /// Whether the breaker is closed (the reason a run's part stops with
     /// differs).
     pub(crate) fn breaker_closed(&self) -> bool {
-        (self.neighbours.breaker_closed)()
+        self.neighbours.breaker_closed()
     }
 
     /// Takes a place among the parked: a ticket (kept across re-parks, so
@@ -342,8 +320,8 @@ impl ParkShared {
         // breaker is asked only where it can matter: an answer that may
         // have opened it, or anything while the provider is unsettled.
         let may_open = outcome.is_some_and(|o| o.is_breaker_failure()) || self.unsettled();
-        let breaker_open = answer.is_some() && may_open && !(self.neighbours.breaker_closed)();
-        let controller = answer == Some(Answer::Failed) && (self.neighbours.controller_outage)();
+        let breaker_open = answer.is_some() && may_open && !self.neighbours.breaker_closed();
+        let controller = answer == Some(Answer::Failed) && self.neighbours.controller_outage();
         let (change, wake) = {
             let mut s = self.lock();
             let unsettled = s.watch.unsettled();
@@ -391,7 +369,7 @@ impl ParkShared {
                 downs.send_modify(|n| *n += 1);
             }
             if reason != DownReason::Controller {
-                (self.neighbours.outage_found)(now);
+                self.neighbours.outage_found(now);
             }
         }
     }
@@ -441,14 +419,14 @@ impl ParkShared {
     /// The longest a request outside a run waits parked, and the length
     /// of one cool-down cycle for a run's cycle guard.
     pub(crate) fn bounds(&self) -> (Duration, Duration) {
-        let l = self.limits();
-        (l.max_outage_wait, l.cycle)
+        let s = self.settings();
+        (s.max_outage_wait, s.breaker_open_for)
     }
 
     /// Methods retried besides the idempotent ones: a failed attempt of
     /// these is parked as an idempotent one is.
     pub(crate) fn extra_methods(&self) -> Vec<http::Method> {
-        self.limits().extra_methods
+        self.settings().retry_methods.clone()
     }
 
     /// Whether it has seen nothing a new one would not start from: no
@@ -459,6 +437,16 @@ impl ParkShared {
             && s.waiters.is_empty()
             && s.resumed == 0
             && s.gave_up == 0
+            && self.on_the_way.load(std::sync::atomic::Ordering::Relaxed) == 0
+    }
+
+    /// Whether nothing is under way: not down, no one parked or on the
+    /// way (R-PF1). A failure streak is not under way: it is evidence,
+    /// which passes with the windows.
+    pub fn settled(&self) -> bool {
+        let s = self.lock();
+        !s.watch.is_down()
+            && s.waiters.is_empty()
             && self.on_the_way.load(std::sync::atomic::Ordering::Relaxed) == 0
     }
 

@@ -1,6 +1,6 @@
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use http::{Request, Response};
 use tokio::sync::Notify;
@@ -9,10 +9,12 @@ use tower::{Service, ServiceExt};
 
 use super::{ParkShared, ProviderDown, Turn, Verdict};
 use crate::attempt::{
-    clone_request, retryable_method, Attempt, Departure, ReplayBody, RequestClock,
+    clone_request, retryable_method, Attempt, CarriesAttempt, CarriesReport, Departure, ReplayBody,
+    RequestClock,
 };
 use crate::classify::Outcome;
-use crate::error::{BoxFuture, Cause, UpstreamKind};
+use crate::error::{Cause, UpstreamKind};
+use crate::future::{take_readied, LayerFuture, OnAnswer};
 
 /// The service of [`ParkLayer`](super::ParkLayer): parks a provider's
 /// requests while it is down, sends its probes, resumes them when it is
@@ -30,14 +32,14 @@ where
     S::Error: Into<Cause>,
     S::Future: Send + 'static,
     B: ReplayBody + Send + 'static,
-    R: Send + 'static,
+    R: CarriesReport + Send + 'static,
 {
     type Response = Response<R>;
     type Error = Cause;
-    type Future = BoxFuture<Response<R>>;
+    type Future = LayerFuture<S::Future, Watched, R>;
 
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Cause>> {
-        Poll::Ready(Ok(()))
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Cause>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
     }
 
     /// About 100 lines: one loop over a parked request's turns — wait for
@@ -47,13 +49,31 @@ where
     /// what stays is the state carried from turn to turn (the copy, the
     /// probe guard, the departure mark), which would otherwise be threaded
     /// through each.
-    fn call(&mut self, req: Request<B>) -> Self::Future {
-        let inner = self.inner.clone();
+    fn call(&mut self, mut req: Request<B>) -> Self::Future {
+        let run = Attempt::of(&req).and_then(|a| a.run.clone());
+        let (max_wait, cycle) = self.shared.bounds();
+        // No run, and parking off or nothing amiss: the request goes at
+        // once, with no copy to park (the loop below would do the same, in
+        // a box); the answer still tells the watch what the provider is
+        // doing.
+        let parking = !max_wait.is_zero();
+        if run.is_none() && !(parking && (self.shared.is_down() || self.shared.unsettled())) {
+            let request = request_id(&req);
+            let attempt = Attempt::of_mut(&mut req);
+            attempt.parked_probe = false;
+            attempt.departure = None;
+            let then = Watched {
+                shared: self.shared.clone(),
+                on_the_way: parking.then(|| OnTheWay::new(&self.shared)),
+                request,
+                sent: Instant::now(),
+            };
+            return LayerFuture::sent(self.inner.call(req), then);
+        }
+        let inner = take_readied(&mut self.inner);
         let shared = self.shared.clone();
         let provider = self.provider.clone();
-        Box::pin(async move {
-            let run = Attempt::of(&req).and_then(|a| a.run.clone());
-            let (max_wait, cycle) = shared.bounds();
+        LayerFuture::waits(async move {
             // A run that would refuse the attempt anyway (R-RN3: a budget
             // stop touches no provider state, not even a probe's turn).
             if run
@@ -61,9 +81,6 @@ where
                 .is_some_and(|r| r.would_refuse(&provider, Instant::now()))
             {
                 return inner.oneshot(req).await.map_err(Into::into);
-            }
-            if run.is_none() && max_wait.is_zero() {
-                return unparked(inner, req, &shared).await;
             }
             let request = request_id(&req);
             let mut parking = Parking {
@@ -124,7 +141,7 @@ where
                         continue;
                     }
                 };
-                let outcome = Outcome::of_result(&result, SystemTime::now());
+                let outcome = Outcome::of_result_now(&result);
                 parking.shared.answered(request, outcome, sent, probe);
                 if let Some(g) = guard.as_mut() {
                     g.armed = false;
@@ -150,27 +167,29 @@ where
     }
 }
 
-/// A request sent where parking is off (proxy users of a provider with
-/// `max_outage_wait = 0`): the answers still tell the watch what the
-/// provider is doing.
-async fn unparked<S, B, R>(
-    inner: S,
-    req: Request<B>,
-    shared: &ParkShared,
-) -> Result<Response<R>, Cause>
-where
-    S: Service<Request<B>, Response = Response<R>>,
-    S::Error: Into<Cause>,
-{
-    let request = request_id(&req);
-    let sent = Instant::now();
-    let result = inner.oneshot(req).await.map_err(Into::into);
-    if open_for_failures(&result) {
-        shared.breaker_opened(Instant::now());
+/// An attempt sent at once — nothing amiss, or parking off (proxy users
+/// of a provider with `max_outage_wait = 0`): tells the watch what the
+/// provider answered.
+#[derive(Debug)]
+pub struct Watched {
+    shared: Arc<ParkShared>,
+    /// Counted on its way while parking is on.
+    on_the_way: Option<OnTheWay>,
+    request: u64,
+    sent: Instant,
+}
+
+impl<R: CarriesReport> OnAnswer<R> for Watched {
+    fn on_answer(self, result: Result<Response<R>, Cause>) -> Result<Response<R>, Cause> {
+        drop(self.on_the_way);
+        let outcome = Outcome::of_result_now(&result);
+        self.shared
+            .answered(self.request, outcome, self.sent, false);
+        if open_for_failures(&result) {
+            self.shared.breaker_opened(Instant::now());
+        }
+        result
     }
-    let outcome = Outcome::of_result(&result, SystemTime::now());
-    shared.answered(request, outcome, sent, false);
-    result
 }
 
 /// Sends one attempt; `Err` with the copy when it is called back: the
@@ -248,7 +267,7 @@ fn unprocessed<R>(result: &Result<Response<R>, Cause>, idempotent: bool) -> bool
 /// A number naming the client's request, the same for every attempt of
 /// it: retries carry the request's clock, which has a number; a request
 /// without one gets a number of its own.
-fn request_id<B>(req: &Request<B>) -> u64 {
+fn request_id<B: CarriesAttempt>(req: &Request<B>) -> u64 {
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1 << 63);
     match Attempt::of(req).and_then(|a| a.clock.as_ref()) {
         Some(clock) => clock.id(),
@@ -257,6 +276,7 @@ fn request_id<B>(req: &Request<B>) -> u64 {
 }
 
 /// Counts an attempt as on its way while it lives.
+#[derive(Debug)]
 struct OnTheWay(Arc<ParkShared>);
 
 impl OnTheWay {

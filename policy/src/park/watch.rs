@@ -152,8 +152,10 @@ pub struct WatchSnapshot {
 /// One provider's outage watch.
 #[derive(Debug, Clone)]
 pub struct Watch {
-    streak: Option<Streak>,
-    down: Option<Down>,
+    /// Boxed, as `down`: most providers never fail twice in a row.
+    streak: Option<Box<Streak>>,
+    /// Boxed: most providers are never down (R-PF1, issue 38).
+    down: Option<Box<Down>>,
     episodes: u64,
     probes: u64,
     /// Share of failures among answers while up: what noise looks like at
@@ -196,24 +198,24 @@ impl Watch {
 
     /// The outage in progress: its number and when it began.
     pub fn episode(&self) -> Option<(u64, Instant)> {
-        self.down.map(|d| (d.episode, d.since))
+        self.down.as_deref().map(|d| (d.episode, d.since))
     }
 
     /// Failures in a row so far.
     pub fn streak(&self) -> u32 {
-        self.streak.map_or(0, |s| s.failures)
+        self.streak.as_deref().map_or(0, |s| s.failures)
     }
 
     /// Whether the failures in a row so far came from more than one
     /// request.
     pub fn streak_of_many(&self) -> bool {
-        self.streak.is_some_and(|s| s.others)
+        self.streak.as_deref().is_some_and(|s| s.others)
     }
 
     /// When a streak that has not yet been called an outage will be, if
     /// no answer comes meanwhile: the instant the slow verdict is due.
     pub fn verdict_due(&self) -> Option<Instant> {
-        match (self.down, self.streak) {
+        match (self.down.as_deref(), self.streak.as_deref()) {
             (None, Some(s)) => Some(s.first_at + RECOGNISE),
             _ => None,
         }
@@ -221,7 +223,7 @@ impl Watch {
 
     /// Whether the streak is an outage at `now`.
     fn recognised(&self, now: Instant) -> bool {
-        let Some(s) = self.streak else {
+        let Some(s) = self.streak.as_deref() else {
             return false;
         };
         let p = s.noise.clamp(NOISE_FLOOR, 0.99);
@@ -238,8 +240,8 @@ impl Watch {
             return None;
         }
         self.episodes += 1;
-        let sent_after = self.streak.map_or(now, |s| s.first_sent);
-        self.down = Some(Down {
+        let sent_after = self.streak.as_deref().map_or(now, |s| s.first_sent);
+        self.down = Some(Box::new(Down {
             since: now,
             sent_after,
             episode: self.episodes,
@@ -247,7 +249,7 @@ impl Watch {
             probe_out: false,
             next_probe: now + PROBE_FIRST_WAIT,
             failed_probes: 0,
-        });
+        }));
         Some(Change::Down(reason))
     }
 
@@ -266,10 +268,10 @@ impl Watch {
                 if self.down.is_none() {
                     self.noise *= 1.0 - NOISE_WEIGHT;
                 }
-                if self.streak.is_some_and(|s| sent >= s.first_sent) {
+                if self.streak.as_deref().is_some_and(|s| sent >= s.first_sent) {
                     self.streak = None;
                 }
-                match self.down {
+                match self.down.as_deref() {
                     Some(d) if sent >= d.sent_after => {
                         self.down = None;
                         self.streak = None;
@@ -283,13 +285,15 @@ impl Watch {
                 if self.down.is_none() {
                     self.noise += (1.0 - self.noise) * NOISE_WEIGHT;
                 }
-                let s = self.streak.get_or_insert(Streak {
-                    first_sent: sent,
-                    first_at: now,
-                    failures: 0,
-                    first_request: request,
-                    others: false,
-                    noise,
+                let s = self.streak.get_or_insert_with(|| {
+                    Box::new(Streak {
+                        first_sent: sent,
+                        first_at: now,
+                        failures: 0,
+                        first_request: request,
+                        others: false,
+                        noise,
+                    })
                 });
                 s.failures = s.failures.saturating_add(1);
                 s.others |= request != s.first_request;
@@ -304,7 +308,7 @@ impl Watch {
     /// An answer from a live provider that does not end an outage (the
     /// breaker is still open): it ends the streak, not the outage.
     pub fn alive_but_held(&mut self, sent: Instant) {
-        if self.streak.is_some_and(|s| sent >= s.first_sent) {
+        if self.streak.as_deref().is_some_and(|s| sent >= s.first_sent) {
             self.streak = None;
         }
     }
@@ -368,7 +372,10 @@ impl Watch {
 
     /// When the next probe may go, while down and none is out.
     pub fn next_probe(&self) -> Option<Instant> {
-        self.down.filter(|d| !d.probe_out).map(|d| d.next_probe)
+        self.down
+            .as_deref()
+            .filter(|d| !d.probe_out)
+            .map(|d| d.next_probe)
     }
 
     /// A readout at `now`.
@@ -376,6 +383,7 @@ impl Watch {
         WatchSnapshot {
             down: self
                 .down
+                .as_deref()
                 .map(|d| (now.saturating_duration_since(d.since), d.reason)),
             streak: self.streak(),
             episodes: self.episodes,

@@ -14,8 +14,11 @@ use rand::{RngExt, SeedableRng};
 /// Where the jitter comes from.
 #[derive(Debug)]
 pub enum Jitter {
-    /// A pseudo-random generator (seeded from the OS, or fixed in tests).
-    Random(Mutex<SmallRng>),
+    /// The thread's generator, seeded from the operating system: nothing
+    /// kept per provider (R-PF1, issue 38).
+    Thread,
+    /// A pseudo-random generator with a fixed seed (tests, simulations).
+    Random(Box<Mutex<SmallRng>>),
     /// Always this share of the bound (0 = no wait, 1 = the whole bound).
     Fixed(f64),
 }
@@ -23,17 +26,18 @@ pub enum Jitter {
 impl Jitter {
     /// Random jitter seeded from the operating system.
     pub fn random() -> Self {
-        Jitter::Random(Mutex::new(rand::make_rng()))
+        Jitter::Thread
     }
 
     /// Random jitter with a fixed seed: repeatable.
     pub fn seeded(seed: u64) -> Self {
-        Jitter::Random(Mutex::new(SmallRng::seed_from_u64(seed)))
+        Jitter::Random(Box::new(Mutex::new(SmallRng::seed_from_u64(seed))))
     }
 
     /// A share in `[0, 1)`.
     fn share(&self) -> f64 {
         match self {
+            Jitter::Thread => rand::rng().random_range(0.0..1.0),
             Jitter::Random(rng) => rng
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())

@@ -32,7 +32,7 @@ pub use self::budget::RatioBudget;
 pub use self::policy::RetryPolicy;
 pub use crate::attempt::retryable_method;
 use crate::events::EventSink;
-use crate::settings::ProviderSettings;
+use crate::settings::{ProviderSettings, ValidSettings};
 
 pub use crate::attempt::ReplayBody;
 
@@ -49,7 +49,8 @@ impl std::fmt::Debug for RetryShared {
 /// requests.
 pub struct RetryShared {
     budget: Mutex<RatioBudget>,
-    settings: Mutex<RetrySettings>,
+    /// The provider's settings, shared, not copied (R-PF1, issue 38).
+    settings: Mutex<std::sync::Arc<ValidSettings>>,
     jitter: Jitter,
     events: Option<EventSink>,
 }
@@ -77,13 +78,13 @@ impl RetrySettings {
 
 impl RetryShared {
     /// A fresh budget for these settings, with the given jitter source.
-    pub fn new(settings: &ProviderSettings, jitter: Jitter) -> Self {
+    pub fn new(settings: &std::sync::Arc<ValidSettings>, jitter: Jitter) -> Self {
         RetryShared::with_events(settings, jitter, None)
     }
 
     /// [`RetryShared::new`] reporting retries to `events`.
     pub fn with_events(
-        settings: &ProviderSettings,
+        settings: &std::sync::Arc<ValidSettings>,
         jitter: Jitter,
         events: Option<EventSink>,
     ) -> Self {
@@ -95,21 +96,21 @@ impl RetryShared {
                 settings.retry_budget_ttl,
                 Instant::now(),
             )),
-            settings: Mutex::new(RetrySettings::of(settings)),
+            settings: Mutex::new(settings.clone()),
             jitter,
         }
     }
 
     /// Applies new settings. The budget restarts with the new ratio (its
     /// deposits are only seconds old).
-    pub fn update_settings(&self, settings: &ProviderSettings) {
+    pub fn update_settings(&self, settings: &std::sync::Arc<ValidSettings>) {
         *self.budget() = RatioBudget::new(
             settings.retry_ratio,
             settings.retry_min_per_sec,
             settings.retry_budget_ttl,
             Instant::now(),
         );
-        *self.settings.lock().unwrap_or_else(|p| p.into_inner()) = RetrySettings::of(settings);
+        *self.settings.lock().unwrap_or_else(|p| p.into_inner()) = settings.clone();
     }
 
     pub(crate) fn budget(&self) -> MutexGuard<'_, RatioBudget> {
@@ -117,10 +118,7 @@ impl RetryShared {
     }
 
     pub(crate) fn settings(&self) -> RetrySettings {
-        self.settings
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        RetrySettings::of(&self.settings.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
     pub(crate) fn retried(&self, after: crate::classify::Outcome) {
@@ -134,5 +132,11 @@ impl RetryShared {
     /// Whole retries left in the budget at `now`.
     pub fn budget_left(&self, now: Instant) -> u32 {
         self.budget().balance(now).floor().min(f64::from(u32::MAX)) as u32
+    }
+}
+
+impl crate::breaker::RetryBudgetLeft for RetryShared {
+    fn budget_left(&self, at: Instant) -> u32 {
+        RetryShared::budget_left(self, at)
     }
 }

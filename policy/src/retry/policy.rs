@@ -1,12 +1,11 @@
 use std::sync::Arc;
-use std::time::SystemTime;
 
 use http::{Request, Response};
 use tokio::time::{Instant, Sleep};
 
 use super::RetryShared;
 use crate::attempt::Attempt;
-use crate::attempt::{clone_request, retryable_method, ReplayBody};
+use crate::attempt::{clone_request, retryable_method, CarriesReport, ReplayBody};
 use crate::classify::Outcome;
 use crate::error::Cause;
 
@@ -32,6 +31,7 @@ impl RetryPolicy {
 impl<B, R> tower::retry::Policy<Request<B>, Response<R>, Cause> for RetryPolicy
 where
     B: ReplayBody,
+    R: CarriesReport,
 {
     type Future = Sleep;
 
@@ -44,7 +44,7 @@ where
         // What reached the provider, if anything did: sluice's own refusals
         // (breaker open, queue full, run stopped) did not, so they neither
         // deposit into nor draw from the provider's budget (R-RN3).
-        let outcome = Outcome::of_result(result, SystemTime::now())?;
+        let outcome = Outcome::of_result_now(result)?;
         let retryable = outcome.is_retryable();
         if self.answered == 0 {
             self.shared.budget().deposit(now);

@@ -1,21 +1,28 @@
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::SystemTime;
 
 use http::{Request, Response};
 use tokio::time::Instant;
 use tower::{Layer, Service, ServiceExt};
 
 use super::{Cooldown, RunHandle, RunStopped, StopReason};
-use crate::attempt::{Attempt, Departure, ReplayBody, Report, RequestClock};
+use crate::attempt::{Attempt, CarriesReport, Departure, ReplayBody, Report, RequestClock};
 use crate::classify::Outcome;
-use crate::cost::Pricing;
-use crate::error::{BoxFuture, Cause};
+use crate::error::Cause;
+use crate::future::{take_readied, LayerFuture, PassOn};
 
-/// What a run's request would meet at the provider at an instant, when it
-/// is source pressure worth waiting out
-/// ([`crate::ProviderPolicy::pressure`]).
-pub type Pressure = Arc<dyn Fn(Instant) -> Option<Cooldown> + Send + Sync>;
+/// What a run's attempt meets at its provider, composed in by the
+/// provider ([`crate::ProviderPolicy`], one reference to it, R-PF1): the
+/// gate imports neither the pacer nor the breaker.
+pub trait RunSignals: Send + Sync {
+    /// Source pressure worth waiting out at `now`, if any: how long, the
+    /// reason the provider's part of the run would stop with, and which
+    /// cool-down cycle it is (R-RN8).
+    fn pressure(&self, now: Instant) -> Option<Cooldown>;
+    /// What a request of `method` to `path` costs, in the provider's units
+    /// (R-FS2).
+    fn price(&self, method: &http::Method, path: &str) -> u32;
+}
 
 /// Checks the run envelope of each attempt (first or retry) before it
 /// starts, and makes a run's request wait out a long `Retry-After` hold
@@ -24,18 +31,16 @@ pub type Pressure = Arc<dyn Fn(Instant) -> Option<Cooldown> + Send + Sync>;
 #[derive(Clone, Default)]
 pub struct RunLayer {
     provider: Arc<str>,
-    pressure: Option<Pressure>,
-    pricing: Option<Pricing>,
+    signals: Option<Arc<dyn RunSignals>>,
 }
 
 impl RunLayer {
-    /// The gate of `provider`, waiting out what `pressure` reports and
-    /// counting each attempt at the units `pricing` gives it (R-FS2).
-    pub fn new(provider: &str, pressure: Pressure, pricing: Pricing) -> Self {
+    /// The gate of `provider`, waiting out the pressure `signals` report
+    /// and counting each attempt at the units they price it at (R-FS2).
+    pub fn new(provider: impl Into<Arc<str>>, signals: Arc<dyn RunSignals>) -> Self {
         RunLayer {
             provider: provider.into(),
-            pressure: Some(pressure),
-            pricing: Some(pricing),
+            signals: Some(signals),
         }
     }
 }
@@ -46,6 +51,19 @@ impl std::fmt::Debug for RunLayer {
     }
 }
 
+impl RunLayer {
+    /// [`Layer::layer`] taking the layer: its handles move into the
+    /// service rather than being counted again (a provider's stack is
+    /// composed for each request, R-PF1).
+    pub fn wrap<S>(self, inner: S) -> RunGate<S> {
+        RunGate {
+            inner,
+            provider: self.provider,
+            signals: self.signals,
+        }
+    }
+}
+
 impl<S> Layer<S> for RunLayer {
     type Service = RunGate<S>;
 
@@ -53,8 +71,7 @@ impl<S> Layer<S> for RunLayer {
         RunGate {
             inner,
             provider: self.provider.clone(),
-            pressure: self.pressure.clone(),
-            pricing: self.pricing.clone(),
+            signals: self.signals.clone(),
         }
     }
 }
@@ -64,8 +81,7 @@ impl<S> Layer<S> for RunLayer {
 pub struct RunGate<S> {
     inner: S,
     provider: Arc<str>,
-    pressure: Option<Pressure>,
-    pricing: Option<Pricing>,
+    signals: Option<Arc<dyn RunSignals>>,
 }
 
 impl<S> std::fmt::Debug for RunGate<S> {
@@ -80,29 +96,28 @@ where
     S::Error: Into<Cause>,
     S::Future: Send + 'static,
     B: ReplayBody + Send + 'static,
-    R: Send + 'static,
+    R: CarriesReport + Send + 'static,
 {
     type Response = Response<R>;
     type Error = Cause;
-    type Future = BoxFuture<Response<R>>;
+    type Future = LayerFuture<S::Future, PassOn, R>;
 
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Cause>> {
-        Poll::Ready(Ok(()))
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Cause>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
     }
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
-        let inner = self.inner.clone();
         let Some(run) = Attempt::of(&req).and_then(|a| a.run.clone()) else {
-            return Box::pin(async move { inner.oneshot(req).await.map_err(Into::into) });
+            return LayerFuture::sent(self.inner.call(req), PassOn);
         };
-        let pressure = self.pressure.clone();
+        let inner = take_readied(&mut self.inner);
+        let signals = self.signals.clone();
         let provider = self.provider.clone();
         let clock = Attempt::of(&req).and_then(|a| a.clock.clone());
-        let units = self
-            .pricing
+        let units = signals
             .as_ref()
-            .map_or(1, |price| price(req.method(), req.uri().path()));
-        Box::pin(async move {
+            .map_or(1, |s| s.price(req.method(), req.uri().path()));
+        LayerFuture::waits(async move {
             let mut req = req;
             {
                 // Priced once here; the pacer below waits for as many
@@ -125,7 +140,7 @@ where
                     Box::pin(async move { run.departing(units).await })
                 }));
                 // Known source pressure: wait it out before sending.
-                if let Some(cooldown) = pressure.as_ref().and_then(|p| p(now)) {
+                if let Some(cooldown) = signals.as_ref().and_then(|s| s.pressure(now)) {
                     reserved.give_back();
                     wait_out(&run, &provider, &cooldown, clock.as_ref()).await?;
                     continue;
@@ -143,7 +158,7 @@ where
 /// that reached the provider keeps its reservation and is charged what
 /// the provider charged beyond its price; one sluice refused (or that
 /// could not be sent) gives what it met back.
-fn account<R>(
+fn account<R: CarriesReport>(
     run: &RunHandle,
     provider: &str,
     reserved: Reserved,
@@ -156,7 +171,7 @@ fn account<R>(
         }
         other => other,
     };
-    match Outcome::of_result(&result, SystemTime::now()) {
+    match Outcome::of_result_now(&result) {
         // Only an answer that is not a failure says the provider
         // recovered: a probe that fails again does not restart the run's
         // count of cycles.

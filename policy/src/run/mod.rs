@@ -35,7 +35,7 @@ mod state;
 
 pub use self::error::RunStopped;
 pub use self::handle::{reservation_block, Reserve, RunHandle};
-pub use self::layer::{Pressure, RunGate, RunLayer};
+pub use self::layer::{RunGate, RunLayer, RunSignals};
 pub use self::state::{Cooldown, Cycle, ProviderWaits, RunState};
 
 use tokio::time::Instant;

@@ -143,10 +143,7 @@ pub async fn run(
         .clone()
         .map(|s| StoreWriter::spawn(s, metrics.store_errors.clone()));
     let ca = interception_ca(&config)?;
-    let observer = Arc::new(Observe {
-        metrics: metrics.clone(),
-        writer: writer.clone(),
-    });
+    let observer = Arc::new(Observe::new(metrics.clone(), writer.clone()));
     let shared = shared_store(&config)?;
     let providers = Providers::new(&config, upstream, Some(observer))
         .with_shared(shared)
@@ -427,7 +424,7 @@ async fn sample_history(app: Arc<App>) {
         let providers = app.providers.all();
         for p in &providers {
             let s = p.policy.snapshot(now);
-            let c = counts.get(&p.label).copied().unwrap_or_default();
+            let c = counts.get(&*p.label).copied().unwrap_or_default();
             app.history.record(
                 &p.name,
                 crate::store::unix_ms_now(),
@@ -437,7 +434,7 @@ async fn sample_history(app: Arc<App>) {
             );
         }
         app.history
-            .retain(|name| providers.iter().any(|p| p.name == name));
+            .retain(|name| providers.iter().any(|p| &*p.name == name));
     }
 }
 

@@ -7,13 +7,15 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
+use http::{Request, Response};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use sluice_policy::bulkhead::InFlight;
+use sluice_policy::attempt::{Attempt, CarriesAttempt, CarriesReport, Report};
 use sluice_policy::retry::ReplayBody;
 use sluice_policy::BoxError;
+use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Sleep;
 
 use crate::upstream::pool::Checkin;
@@ -35,9 +37,17 @@ pub struct ClientBodyError(#[source] pub hyper::Error);
 
 /// A request body on its way upstream (R-PX1): streamed as it comes, or —
 /// only when a retry may need it and it fits the replay limit — kept whole
-/// so that it can be sent again.
+/// so that it can be sent again. It carries the request's [`Attempt`] for
+/// the provider's stack (no extension map to allocate and to copy for each
+/// retry's copy).
 #[derive(Debug)]
-pub enum ProxyBody {
+pub struct ProxyBody {
+    content: Content,
+    attempt: Attempt,
+}
+
+#[derive(Debug)]
+enum Content {
     /// No body.
     Empty,
     /// A body kept whole; replayable.
@@ -46,13 +56,51 @@ pub enum ProxyBody {
     Stream(Incoming),
 }
 
+impl ProxyBody {
+    /// No body.
+    pub fn empty() -> Self {
+        ProxyBody::of(Content::Empty)
+    }
+
+    /// A body kept whole; replayable.
+    pub fn whole(bytes: Bytes) -> Self {
+        ProxyBody::of(Content::Whole(Some(bytes)))
+    }
+
+    /// A body streamed from the client; sent once.
+    pub fn stream(body: Incoming) -> Self {
+        ProxyBody::of(Content::Stream(body))
+    }
+
+    fn of(content: Content) -> Self {
+        ProxyBody {
+            content,
+            attempt: Attempt::default(),
+        }
+    }
+}
+
+impl CarriesAttempt for ProxyBody {
+    fn attempt(req: &Request<Self>) -> Option<&Attempt> {
+        Some(&req.body().attempt)
+    }
+
+    fn attempt_mut(req: &mut Request<Self>) -> &mut Attempt {
+        &mut req.body_mut().attempt
+    }
+}
+
 impl ReplayBody for ProxyBody {
     fn try_clone(&self) -> Option<Self> {
-        match self {
-            ProxyBody::Empty => Some(ProxyBody::Empty),
-            ProxyBody::Whole(b) => Some(ProxyBody::Whole(b.clone())),
-            ProxyBody::Stream(_) => None,
-        }
+        let content = match &self.content {
+            Content::Empty => Content::Empty,
+            Content::Whole(b) => Content::Whole(b.clone()),
+            Content::Stream(_) => return None,
+        };
+        Some(ProxyBody {
+            content,
+            attempt: self.attempt.clone(),
+        })
     }
 }
 
@@ -64,28 +112,28 @@ impl Body for ProxyBody {
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        match self.get_mut() {
-            ProxyBody::Empty => Poll::Ready(None),
-            ProxyBody::Whole(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
-            ProxyBody::Stream(s) => Pin::new(s)
+        match &mut self.get_mut().content {
+            Content::Empty => Poll::Ready(None),
+            Content::Whole(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
+            Content::Stream(s) => Pin::new(s)
                 .poll_frame(cx)
                 .map_err(|e| ClientBodyError(e).into()),
         }
     }
 
     fn is_end_stream(&self) -> bool {
-        match self {
-            ProxyBody::Empty => true,
-            ProxyBody::Whole(b) => b.is_none(),
-            ProxyBody::Stream(s) => s.is_end_stream(),
+        match &self.content {
+            Content::Empty => true,
+            Content::Whole(b) => b.is_none(),
+            Content::Stream(s) => s.is_end_stream(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
-        match self {
-            ProxyBody::Empty => SizeHint::with_exact(0),
-            ProxyBody::Whole(b) => SizeHint::with_exact(b.as_ref().map_or(0, |b| b.len() as u64)),
-            ProxyBody::Stream(s) => s.size_hint(),
+        match &self.content {
+            Content::Empty => SizeHint::with_exact(0),
+            Content::Whole(b) => SizeHint::with_exact(b.as_ref().map_or(0, |b| b.len() as u64)),
+            Content::Stream(s) => s.size_hint(),
         }
     }
 }
@@ -97,9 +145,6 @@ pub struct BodyIdle(pub Duration);
 
 /// Cuts a body that sends nothing for `idle` (R-TO1's idle-body timeout),
 /// so a provider that stalls mid-body cannot hold a client forever.
-///
-/// It also holds the attempt's bulkhead permit, so the attempt counts as in
-/// flight until its body is done (R-BH1).
 #[derive(Debug)]
 pub struct IdleTimeout<B> {
     inner: B,
@@ -108,18 +153,16 @@ pub struct IdleTimeout<B> {
     sleep: Option<Pin<Box<Sleep>>>,
     /// A frame came since the timer was last set.
     progressed: bool,
-    _in_flight: Option<InFlight>,
 }
 
 impl<B> IdleTimeout<B> {
-    /// Wraps `inner`, holding `in_flight` until the body is dropped.
-    pub fn new(inner: B, idle: Duration, in_flight: Option<InFlight>) -> Self {
+    /// Wraps `inner`.
+    pub fn new(inner: B, idle: Duration) -> Self {
         IdleTimeout {
             inner,
             idle,
             sleep: None,
             progressed: false,
-            _in_flight: in_flight,
         }
     }
 }
@@ -203,6 +246,29 @@ pub struct UpstreamBody {
     /// Its HTTP/1.1 connection, given back to the pool when this body is
     /// dropped having ended cleanly (R-PF1).
     checkin: Option<Checkin<ProxyBody>>,
+    /// What its attempt learned, for the provider's stack.
+    report: Option<Report>,
+    /// Its attempt's bulkhead permit: the attempt is in flight until this
+    /// body is done (R-BH1).
+    _in_flight: Option<OwnedSemaphorePermit>,
+}
+
+impl CarriesReport for UpstreamBody {
+    fn report(resp: &Response<Self>) -> Option<&Report> {
+        resp.body().report.as_ref()
+    }
+
+    fn report_mut(resp: &mut Response<Self>) -> Option<&mut Report> {
+        resp.body_mut().report.as_mut()
+    }
+
+    fn set_report(resp: &mut Response<Self>, report: Report) {
+        resp.body_mut().report = Some(report);
+    }
+
+    fn hold(resp: &mut Response<Self>, permit: OwnedSemaphorePermit) {
+        resp.body_mut()._in_flight = Some(permit);
+    }
 }
 
 impl Drop for UpstreamBody {
@@ -229,6 +295,8 @@ impl UpstreamBody {
             failed: false,
             ended: false,
             checkin: None,
+            report: None,
+            _in_flight: None,
         }
     }
 
@@ -280,6 +348,8 @@ impl UpstreamBody {
                 error,
                 rest: rest.map(|()| body),
                 checkin: None,
+                report: None,
+                _in_flight: None,
             },
         )
     }
@@ -349,10 +419,18 @@ mod tests {
 
     #[test]
     fn only_kept_bodies_replay() {
-        assert!(ProxyBody::Empty.try_clone().is_some());
-        let whole = ProxyBody::Whole(Some(Bytes::from_static(b"abc")));
+        assert!(ProxyBody::empty().try_clone().is_some());
+        let mut whole = ProxyBody::whole(Bytes::from_static(b"abc"));
+        whole.attempt.units = Some(3);
         match whole.try_clone() {
-            Some(ProxyBody::Whole(Some(b))) => assert_eq!(&b[..], b"abc"),
+            // The copy carries the request's attempt with its bytes.
+            Some(ProxyBody {
+                content: Content::Whole(Some(b)),
+                attempt,
+            }) => {
+                assert_eq!(&b[..], b"abc");
+                assert_eq!(attempt.units, Some(3));
+            }
             other => panic!("{other:?}"),
         }
         assert_eq!(whole.size_hint().exact(), Some(3));

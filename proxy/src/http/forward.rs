@@ -10,7 +10,6 @@ use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use sluice_policy::attempt::{Attempt, Class, Lane};
-use sluice_policy::bulkhead::InFlight;
 use sluice_policy::classify as outcome;
 use sluice_policy::error::Cause;
 use sluice_policy::retry::retryable_method;
@@ -19,7 +18,7 @@ use tower::ServiceExt;
 
 use crate::app::App;
 use crate::config::{normalise_host, Config};
-use crate::http::body::{collect_limited, IdleTimeout, ProxyBody, ResBody};
+use crate::http::body::{collect_limited, IdleTimeout, ProxyBody, ResBody, UpstreamBody};
 use crate::http::edge::{self, ErrorType, Refusal};
 use crate::http::framing::Verdicts;
 pub use crate::http::headers::oversize_head;
@@ -169,10 +168,10 @@ pub async fn forward(
     let method = parts.method.clone();
     let Identity { user, mode } = identity;
     let (attempt, run) = attempt_of(&app, config, user.as_deref(), mode).await;
+    let mut req = Request::from_parts(parts, body);
     if let Some(attempt) = attempt {
-        parts.extensions.insert(attempt);
+        *Attempt::of_mut(&mut req) = attempt;
     }
-    let req = Request::from_parts(parts, body);
     let result = provider.service.clone().oneshot(req).await;
     if let (Some(user), Some(run)) = (&user, &run) {
         let answer = match &result {
@@ -197,8 +196,8 @@ pub async fn forward(
             // The client's connection is HTTP/1.1 whatever the upstream spoke.
             parts.version = http::Version::HTTP_11;
             tracing::debug!(provider = %provider.name, %method, status = parts.status.as_u16(), elapsed_ms, "forwarded");
-            let in_flight = parts.extensions.remove::<InFlight>();
-            let body = IdleTimeout::new(body, config.limits.body_idle_timeout, in_flight).boxed();
+            // The body holds its attempt's bulkhead permit until it is done.
+            let body = IdleTimeout::new(body, config.limits.body_idle_timeout).boxed();
             Response::from_parts(parts, body)
         }
         Err(e) => {
@@ -355,7 +354,7 @@ async fn request_body(
     body: Incoming,
 ) -> Result<ProxyBody, Refusal> {
     if http_body::Body::is_end_stream(&body) {
-        return Ok(ProxyBody::Empty);
+        return Ok(ProxyBody::empty());
     }
     let settings = provider.policy.settings();
     let declared = parts
@@ -367,7 +366,7 @@ async fn request_body(
     match declared {
         Some(len) if may_retry && len <= settings.replay_limit => {
             match collect_limited(body, settings.replay_limit).await {
-                Ok(bytes) => Ok(ProxyBody::Whole(Some(bytes))),
+                Ok(bytes) => Ok(ProxyBody::whole(bytes)),
                 Err(_) => Err(Refusal::new(
                     StatusCode::BAD_REQUEST,
                     ErrorType::HttpRequestError,
@@ -375,7 +374,7 @@ async fn request_body(
                 )),
             }
         }
-        _ => Ok(ProxyBody::Stream(body)),
+        _ => Ok(ProxyBody::stream(body)),
     }
 }
 
@@ -456,7 +455,7 @@ fn run_remaining(run: &RunHandle) -> HeaderValue {
 }
 
 /// The label of a client request's final outcome (R-OP1).
-fn final_outcome<R>(result: &Result<Response<R>, Cause>) -> &'static str {
+fn final_outcome(result: &Result<Response<UpstreamBody>, Cause>) -> &'static str {
     match result {
         // The bulkhead stamped it: no clock read in the usual case.
         Ok(resp) => outcome::of_response_now(resp).label(),

@@ -6,7 +6,6 @@ use http::header::{self, HeaderValue};
 use http::{Request, Response};
 use http_body_util::BodyExt;
 use hyper_util::rt::TokioIo;
-use sluice_policy::bulkhead::InFlight;
 
 use crate::app::App;
 use crate::http::body::{ResBody, UpstreamBody};
@@ -71,7 +70,6 @@ pub(super) fn switch(
         .headers
         .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
     parts.version = http::Version::HTTP_11;
-    parts.extensions.remove::<InFlight>();
     Response::from_parts(
         parts,
         http_body_util::Empty::new().map_err(|e| match e {}).boxed(),

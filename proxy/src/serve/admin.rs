@@ -189,13 +189,16 @@ fn metrics(app: &App) -> Response<ResBody> {
             .metrics()
             .num_alive_tasks() as i64,
     );
-    let (open, closed) = app.providers.upstream().connections();
-    app.metrics.upstream_connections.set(open as i64);
+    let pool = app.providers.upstream().connections();
+    app.metrics.upstream_connections.set(pool.open as i64);
+    app.metrics
+        .upstream_connections_resting
+        .set(pool.resting as i64);
     // The pool counts; the counter catches up to it at each scrape.
     let counted = app.metrics.upstream_idle_closed.get();
     app.metrics
         .upstream_idle_closed
-        .inc_by(closed.saturating_sub(counted));
+        .inc_by(pool.idle_closed.saturating_sub(counted));
     if let Some(a) = crate::observe::allocator::read() {
         // The allocator counts; the counter catches up to it.
         let counted = app.metrics.allocations.get();
@@ -412,7 +415,7 @@ fn provider_json(
 ) -> Value {
     // Attempts since start (sent, refused as throttled): the readout's
     // refusal share before the history has a sample of them.
-    let (sent, throttled) = counts.get(&p.label).copied().unwrap_or_default();
+    let (sent, throttled) = counts.get(&*p.label).copied().unwrap_or_default();
     let now = Instant::now();
     let s = p.policy.snapshot(now);
     let unknown = || json!("unknown");
@@ -427,7 +430,7 @@ fn provider_json(
         breaker["evidence"] = json!(evidence(app, &p.name, &p.policy.breaker.recent()));
     }
     json!({
-        "name": p.name,
+        "name": &*p.name,
         "live": true,
         "restored": p.restored,
         "rate_rps": s.pacer.rate_rps,

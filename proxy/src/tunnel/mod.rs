@@ -275,7 +275,7 @@ async fn tunnel<T>(
         }
         (Sniffed::Tls, Some(ca), None) => {
             app.metrics.tunnel(&label, "intercepted");
-            let (ca, name) = (ca.clone(), provider.name.clone());
+            let (ca, name) = (ca.clone(), provider.name.to_string());
             drop(provider);
             intercept(app, ca, Prefixed::new(first, io), authority, identity, name).await;
         }

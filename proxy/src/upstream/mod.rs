@@ -122,9 +122,8 @@ impl Upstream {
         Upstream(Arc::new(Clients { pool, http1 }))
     }
 
-    /// Open pooled connections now, and idle ones closed for the bound
-    /// since start.
-    pub fn connections(&self) -> (usize, u64) {
+    /// Pooled connections open now, resting, and closed for the bound.
+    pub fn connections(&self) -> pool::Connections {
         self.0.pool.connections()
     }
 }

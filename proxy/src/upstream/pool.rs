@@ -13,16 +13,30 @@
 //! * at most `max_idle` idle connections are kept, across destinations:
 //!   beyond, the one idle longest is dropped — and with it its socket,
 //!   buffers and channel, at once;
+//! * the [`READY_IDLE`] most recently used idle HTTP/1.1 connections stay
+//!   ready, hyper's dispatcher running; older ones *rest*: hyper lets go
+//!   of the socket (`poll_without_shutdown`), and its buffers, channel
+//!   and task go — the socket (with its TLS session) waits alone, and the
+//!   request that takes it again starts a new dispatcher on it. 10,000
+//!   idle connections held ~26 KiB each ready, ~1 KiB resting;
+//! * HTTP/2 connections count among the ready ones: one pushed past the
+//!   [`READY_IDLE`] most recently used is closed once its streams end
+//!   (~60 KiB each open; a bare socket cannot answer the server's PINGs
+//!   and SETTINGS, so none rests);
 //! * one idle past `idle_timeout`, or closed by the server, is dropped
-//!   when the pool is next touched;
+//!   when the pool is next touched (a resting one when it is taken);
 //! * a request that met a reused connection closing before it was sent
 //!   is sent again on another (what every client does when a server
 //!   closes an idle connection).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::error::Error as StdError;
+use std::future::poll_fn;
+use std::mem::MaybeUninit;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::task::{Context, Waker};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -32,7 +46,7 @@ use http::{HeaderValue, Request, Response, Uri};
 use http_body::Body;
 use hyper::body::Incoming;
 use hyper::client::conn::{http1, http2};
-use hyper::rt::{Read, Write};
+use hyper::rt::{Read, ReadBuf, Write};
 use hyper_util::client::legacy::connect::Connection;
 use hyper_util::rt::TokioExecutor;
 use sluice_policy::BoxError;
@@ -43,11 +57,30 @@ use tower::{Service, ServiceExt};
 /// hosts are cut to it.
 pub const DEFAULT_MAX_IDLE: usize = 256;
 
+/// Connections kept ready (hyper's dispatcher running, its buffers and
+/// channel held): the most recently used ones, what a busy provider's
+/// next requests take. Beyond, an idle HTTP/1.1 one rests as its bare
+/// socket; an HTTP/2 one is closed once its streams end.
+pub const READY_IDLE: usize = 32;
+
 /// What a pooled connection is reached by: scheme and authority.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct Key {
     scheme: Scheme,
     authority: Authority,
+}
+
+impl Key {
+    /// The key with its own bytes: a request's authority shares the
+    /// buffer its head was read into (8 KiB), which a connection's key
+    /// would keep for as long as the connection is pooled.
+    fn owned(&self) -> Key {
+        Key {
+            scheme: self.scheme.clone(),
+            authority: Authority::try_from(self.authority.as_str().as_bytes())
+                .unwrap_or_else(|_| self.authority.clone()),
+        }
+    }
 }
 
 /// A connect that failed: the connector's error, named as a connect's
@@ -61,23 +94,83 @@ pub struct ConnectError(#[source] pub BoxError);
 #[error("an upstream request needs an absolute URI")]
 pub struct NotAbsolute;
 
+/// An open connection's handle for requests.
 enum Sender<B> {
-    H1(http1::SendRequest<B>),
+    H1(H1<B>),
     H2(http2::SendRequest<B>),
 }
 
 impl<B> Sender<B> {
     fn is_closed(&self) -> bool {
         match self {
-            Sender::H1(s) => s.is_closed(),
+            Sender::H1(s) => s.send.is_closed(),
             Sender::H2(s) => s.is_closed(),
+        }
+    }
+}
+
+/// An HTTP/1.1 connection with its dispatcher running: hyper's handle, and
+/// where the connection's task learns, once the handle is dropped, that
+/// it is to rest (its place in the idle list and since when) rather than
+/// close.
+struct H1<B> {
+    /// Its destination, with its own bytes ([`Key::owned`]).
+    key: Key,
+    send: http1::SendRequest<B>,
+    rest: Arc<OnceLock<(u64, Instant)>>,
+}
+
+/// What a resting connection keeps: the socket (and TLS session) alone.
+pub trait Io: Read + Write + Unpin + Send + 'static {}
+
+impl<T: Read + Write + Unpin + Send + 'static> Io for T {}
+
+/// A connector's connection, set to rest: boxed as the least that
+/// carries it.
+pub trait Rest: Io + Sized {
+    /// The connection as a resting one keeps it.
+    fn rest(self) -> Box<dyn Io> {
+        Box::new(self)
+    }
+}
+
+/// hyper-rustls' connection is an enum as large as its TLS variant
+/// (~1.1 KB): a plain one rests as its socket alone.
+impl<T: Io> Rest for hyper_rustls::MaybeHttpsStream<T> {
+    fn rest(self) -> Box<dyn Io> {
+        match self {
+            hyper_rustls::MaybeHttpsStream::Http(io) => Box::new(io),
+            hyper_rustls::MaybeHttpsStream::Https(tls) => Box::new(tls),
+        }
+    }
+}
+
+/// An idle HTTP/1.1 connection at rest: no dispatcher, no buffers.
+struct Resting {
+    io: Box<dyn Io>,
+    open: Open,
+}
+
+/// A listed connection: ready to send on, or resting.
+enum Entry<B> {
+    Ready(Sender<B>),
+    Resting(Resting),
+}
+
+impl<B> Entry<B> {
+    /// Closed as far as can be seen without reading: a resting one is
+    /// looked at when taken.
+    fn is_closed(&self) -> bool {
+        match self {
+            Entry::Ready(s) => s.is_closed(),
+            Entry::Resting(_) => false,
         }
     }
 }
 
 struct Idle<B> {
     key: Key,
-    sender: Sender<B>,
+    entry: Entry<B>,
     since: Instant,
 }
 
@@ -87,6 +180,11 @@ struct State<B> {
     idle: BTreeMap<u64, Idle<B>>,
     /// Each destination's entries in `idle`, most recent last.
     by_key: HashMap<Key, Vec<u64>>,
+    /// The ready entries of `idle`, oldest first: beyond [`READY_IDLE`],
+    /// the oldest rests (HTTP/1.1) or is closed (HTTP/2).
+    ready: VecDeque<u64>,
+    /// Resting entries in `idle`.
+    resting: usize,
     seq: u64,
 }
 
@@ -110,6 +208,17 @@ impl<C, B> std::fmt::Debug for Pool<C, B> {
     }
 }
 
+/// What the pool holds, for metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Connections {
+    /// Open now: in use, idle or resting.
+    pub open: usize,
+    /// Idle HTTP/1.1 ones resting (their socket alone).
+    pub resting: usize,
+    /// Idle ones dropped for the bound, since start.
+    pub idle_closed: u64,
+}
+
 /// The idle connections, bounded.
 struct IdleList<B> {
     max_idle: usize,
@@ -122,7 +231,7 @@ struct IdleList<B> {
 impl<C, B> Pool<C, B>
 where
     C: Service<Uri> + Clone + Send + Sync + 'static,
-    C::Response: Read + Write + Connection + Unpin + Send + 'static,
+    C::Response: Rest + Connection,
     C::Future: Send + 'static,
     C::Error: Into<BoxError>,
     B: Body + Send + Unpin + 'static,
@@ -142,6 +251,8 @@ where
                 state: Mutex::new(State {
                     idle: BTreeMap::new(),
                     by_key: HashMap::new(),
+                    ready: VecDeque::new(),
+                    resting: 0,
                     seq: 0,
                 }),
                 closed: AtomicU64::new(0),
@@ -150,13 +261,13 @@ where
         })
     }
 
-    /// Connections open now (idle or in use), and idle ones dropped for
-    /// the bound since start.
-    pub fn connections(&self) -> (usize, u64) {
-        (
-            self.open.load(Ordering::Relaxed),
-            self.list.closed.load(Ordering::Relaxed),
-        )
+    /// Connections open now, resting, and dropped for the bound.
+    pub fn connections(&self) -> Connections {
+        Connections {
+            open: self.open.load(Ordering::Relaxed),
+            resting: self.list.lock().resting,
+            idle_closed: self.list.closed.load(Ordering::Relaxed),
+        }
     }
 
     /// Sends `req` (absolute-form) on an idle connection to its
@@ -176,7 +287,11 @@ where
         };
         loop {
             let (sender, reused) = match self.list.checkout(&key) {
-                Some(sender) => (sender, true),
+                Some((_, Entry::Ready(sender))) => (sender, true),
+                Some((key, Entry::Resting(resting))) => match self.wake(key, resting).await {
+                    Some(sender) => (sender, true),
+                    None => continue, // closed while resting: another
+                },
                 None => (self.connect(&key).await?, false),
             };
             match sender {
@@ -196,18 +311,18 @@ where
                     }
                 }
                 Sender::H1(mut s) => {
-                    if let Err(e) = s.ready().await {
+                    if let Err(e) = s.send.ready().await {
                         if reused {
                             continue;
                         }
                         return Err(e.into());
                     }
                     origin_form(&mut req, &uri);
-                    match s.try_send_request(req).await {
+                    match s.send.try_send_request(req).await {
                         Ok(resp) => {
                             let checkin = Checkin {
                                 list: Arc::clone(&self.list),
-                                back: Some((key, s)),
+                                back: Some(s),
                             };
                             return Ok((resp, Some(checkin)));
                         }
@@ -227,6 +342,7 @@ where
     /// A new connection to `key`: connected, TLS done where the scheme
     /// asks, HTTP/2 where ALPN chose it; its task spawned.
     async fn connect(&self, key: &Key) -> Result<Sender<B>, BoxError> {
+        let key = &key.owned();
         let dst = Uri::builder()
             .scheme(key.scheme.clone())
             .authority(key.authority.clone())
@@ -254,14 +370,80 @@ where
             }
             Ok(Sender::H2(sender))
         } else {
-            let (sender, conn) = self.h1.handshake(io).await?;
-            tokio::spawn(async move {
-                let _open = open;
-                let _ = conn.await;
-            });
-            Ok(Sender::H1(sender))
+            let (send, conn) = self.h1.handshake(io).await?;
+            Ok(Sender::H1(self.run_h1(
+                key.clone(),
+                send,
+                conn,
+                open,
+                Rest::rest,
+            )))
         }
     }
+
+    /// A resting connection taken again: a new dispatcher on its socket —
+    /// unless the server closed it meanwhile (or sent what nobody asked
+    /// for), when it is dropped.
+    async fn wake(&self, key: Key, mut resting: Resting) -> Option<Sender<B>> {
+        if !still_open(&mut resting.io) {
+            return None;
+        }
+        let (send, conn) = self.h1.handshake(resting.io).await.ok()?;
+        Some(Sender::H1(self.run_h1(
+            key,
+            send,
+            conn,
+            resting.open,
+            |io| io,
+        )))
+    }
+
+    /// Spawns an HTTP/1.1 connection's task: it runs hyper's dispatcher
+    /// until the connection closes or its handle is dropped; a handle
+    /// dropped to rest ([`IdleList::rest_oldest`]) has its socket listed
+    /// again, resting, in the place it had — once a look at it (with a
+    /// waker that does nothing, so that the socket no longer holds this
+    /// ended task's) finds it open.
+    fn run_h1<T: Read + Write + Unpin + Send + 'static>(
+        &self,
+        key: Key,
+        send: http1::SendRequest<B>,
+        mut conn: http1::Connection<T, B>,
+        open: Open,
+        boxed: fn(T) -> Box<dyn Io>,
+    ) -> H1<B> {
+        let rest = Arc::new(OnceLock::new());
+        let (list, told) = (Arc::downgrade(&self.list), Arc::clone(&rest));
+        let listed = key.clone();
+        tokio::spawn(async move {
+            if poll_fn(|cx| conn.poll_without_shutdown(cx)).await.is_err() {
+                return;
+            }
+            let parts = conn.into_parts();
+            let mut io = boxed(parts.io);
+            match (told.get(), list.upgrade()) {
+                (Some(&(at, since)), Some(list))
+                    if parts.read_buf.is_empty() && still_open(&mut io) =>
+                {
+                    list.lay_down(listed, at, since, Resting { io, open });
+                }
+                _ => {
+                    let _ = poll_fn(|cx| Pin::new(&mut io).poll_shutdown(cx)).await;
+                }
+            }
+        });
+        H1 { key, send, rest }
+    }
+}
+
+/// Whether a resting socket is still open: nothing to read yet. The
+/// server's close (or bytes an idle HTTP/1.1 connection should never
+/// get) makes it unusable.
+fn still_open(io: &mut Box<dyn Io>) -> bool {
+    let mut byte = [MaybeUninit::uninit(); 1];
+    let mut buf = ReadBuf::uninit(&mut byte);
+    let mut cx = Context::from_waker(Waker::noop());
+    Pin::new(io).poll_read(&mut cx, buf.unfilled()).is_pending()
 }
 
 impl<B> IdleList<B> {
@@ -275,57 +457,54 @@ impl<B> IdleList<B> {
         let s = self.lock();
         s.by_key.get(key).is_some_and(|seqs| {
             seqs.iter().any(|at| {
-                s.idle
-                    .get(at)
-                    .is_some_and(|e| matches!(e.sender, Sender::H2(_)) && !e.sender.is_closed())
+                s.idle.get(at).is_some_and(|e| {
+                    matches!(e.entry, Entry::Ready(Sender::H2(_))) && !e.entry.is_closed()
+                })
             })
         })
     }
 
     /// The most recently used open connection to `key`, if any: an
-    /// HTTP/1.1 one leaves the list; an HTTP/2 one stays, moved to the
-    /// back.
-    fn checkout(&self, key: &Key) -> Option<Sender<B>> {
+    /// HTTP/1.1 one (ready or resting) leaves the list; an HTTP/2 one
+    /// stays, moved to the back.
+    fn checkout(&self, key: &Key) -> Option<(Key, Entry<B>)> {
         let mut s = self.lock();
         let now = Instant::now();
         self.expire(&mut s, now);
-        let State { idle, by_key, seq } = &mut *s;
-        let seqs = by_key.get_mut(key)?;
-        let mut found = None;
-        while let Some(at) = seqs.pop() {
-            let Some(entry) = idle.remove(&at) else {
+        loop {
+            let at = *s.by_key.get(key)?.last()?;
+            let Some(idle) = s.take(at) else {
+                forget(&mut s.by_key, key, at);
                 continue;
             };
-            if entry.sender.is_closed() {
+            if idle.entry.is_closed() {
                 continue;
             }
-            match entry.sender {
-                Sender::H2(h2) => {
-                    *seq += 1;
-                    seqs.push(*seq);
+            return match idle.entry {
+                Entry::Ready(Sender::H2(h2)) => {
                     let again = h2.clone();
-                    idle.insert(
-                        *seq,
+                    s.seq += 1;
+                    let at = s.seq;
+                    let entry = Entry::Ready(Sender::H2(h2));
+                    let key = idle.key.clone();
+                    s.put(
+                        at,
                         Idle {
-                            key: entry.key,
-                            sender: Sender::H2(h2),
+                            key: idle.key,
+                            entry,
                             since: now,
                         },
                     );
-                    found = Some(Sender::H2(again));
+                    Some((key, Entry::Ready(Sender::H2(again))))
                 }
-                h1 => found = Some(h1),
-            }
-            break;
+                entry => Some((idle.key, entry)),
+            };
         }
-        if seqs.is_empty() {
-            by_key.remove(key);
-        }
-        found
     }
 
     /// Lists a connection as idle (an HTTP/1.1 one whose answer ended, a
-    /// new HTTP/2 one), then trims the list to `max_idle`.
+    /// new HTTP/2 one), then trims the list to `max_idle` and the ready
+    /// ones to [`READY_IDLE`].
     fn checkin(&self, key: Key, sender: Sender<B>) {
         if sender.is_closed() {
             return;
@@ -334,21 +513,63 @@ impl<B> IdleList<B> {
         let now = Instant::now();
         s.seq += 1;
         let at = s.seq;
-        s.by_key.entry(key.clone()).or_default().push(at);
-        s.idle.insert(
+        let entry = Entry::Ready(sender);
+        s.put(
             at,
             Idle {
                 key,
-                sender,
+                entry,
                 since: now,
             },
         );
         self.expire(&mut s, now);
-        while s.idle.len() > self.max_idle {
-            let Some((at, entry)) = s.idle.pop_first() else {
-                break;
+        self.trim(&mut s);
+        self.rest_oldest(&mut s);
+    }
+
+    /// Beyond [`READY_IDLE`] ready connections, the oldest rest: each
+    /// leaves the list with its place and age told to its task, and its
+    /// handle dropped — hyper's dispatcher ends, and the task lists the
+    /// socket again ([`IdleList::lay_down`]). An HTTP/2 one cannot rest:
+    /// the list's handle dropped, it closes once the requests still on it
+    /// end (counted as closed for the bound).
+    fn rest_oldest(&self, s: &mut State<B>) {
+        while s.ready.len() > READY_IDLE {
+            let Some(at) = s.ready.pop_front() else {
+                return;
             };
-            forget(&mut s.by_key, &entry.key, at);
+            if let Some(idle) = s.idle.remove(&at) {
+                forget(&mut s.by_key, &idle.key, at);
+                match idle.entry {
+                    Entry::Ready(Sender::H1(h1)) => {
+                        let _ = h1.rest.set((at, idle.since));
+                    }
+                    Entry::Ready(Sender::H2(_)) => {
+                        self.closed.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Entry::Resting(_) => {}
+                }
+            }
+        }
+    }
+
+    /// A connection sent to rest comes back as its socket alone, in the
+    /// place (and with the age) it had.
+    fn lay_down(&self, key: Key, at: u64, since: Instant, resting: Resting) {
+        let mut s = self.lock();
+        let entry = Entry::Resting(resting);
+        s.put(at, Idle { key, entry, since });
+        self.expire(&mut s, Instant::now());
+        self.trim(&mut s);
+    }
+
+    /// Beyond `max_idle`, the one idle longest is dropped.
+    fn trim(&self, s: &mut State<B>) {
+        while s.idle.len() > self.max_idle {
+            let Some(&at) = s.idle.keys().next() else {
+                return;
+            };
+            s.take(at);
             self.closed.fetch_add(1, Ordering::Relaxed);
         }
     }
@@ -356,21 +577,54 @@ impl<B> IdleList<B> {
     /// Drops the idle connections past `idle_timeout` (the oldest come
     /// first) and closed ones met on the way.
     fn expire(&self, s: &mut State<B>, now: Instant) {
-        while let Some(entry) = s.idle.first_entry() {
-            let stale = now.saturating_duration_since(entry.get().since) > self.idle_timeout;
-            if !stale && !entry.get().sender.is_closed() {
+        while let Some((&at, first)) = s.idle.first_key_value() {
+            let stale = now.saturating_duration_since(first.since) > self.idle_timeout;
+            if !stale && !first.entry.is_closed() {
                 return;
             }
-            let (at, entry) = entry.remove_entry();
-            forget(&mut s.by_key, &entry.key, at);
+            s.take(at);
         }
     }
 }
 
-/// Removes `at` from `key`'s list.
+impl<B> State<B> {
+    /// Lists `idle` at `at`, in order among its destination's entries
+    /// (and the ready ones).
+    fn put(&mut self, at: u64, idle: Idle<B>) {
+        let seqs = self.by_key.entry(idle.key.clone()).or_default();
+        seqs.insert(seqs.partition_point(|s| *s < at), at);
+        match idle.entry {
+            Entry::Ready(_) => {
+                let ready = &mut self.ready;
+                ready.insert(ready.partition_point(|s| *s < at), at);
+            }
+            Entry::Resting(_) => self.resting += 1,
+        }
+        self.idle.insert(at, idle);
+    }
+
+    /// Takes the entry at `at` out of the list.
+    fn take(&mut self, at: u64) -> Option<Idle<B>> {
+        let idle = self.idle.remove(&at)?;
+        forget(&mut self.by_key, &idle.key, at);
+        match idle.entry {
+            Entry::Ready(_) => {
+                if let Ok(i) = self.ready.binary_search(&at) {
+                    self.ready.remove(i);
+                }
+            }
+            Entry::Resting(_) => self.resting -= 1,
+        }
+        Some(idle)
+    }
+}
+
+/// Removes `at` from `key`'s list (in order, most recent last).
 fn forget(by_key: &mut HashMap<Key, Vec<u64>>, key: &Key, at: u64) {
     if let Some(seqs) = by_key.get_mut(key) {
-        seqs.retain(|s| *s != at);
+        if let Ok(i) = seqs.binary_search(&at) {
+            seqs.remove(i);
+        }
         if seqs.is_empty() {
             by_key.remove(key);
         }
@@ -416,13 +670,13 @@ fn authority_for_host<'a>(a: &'a Authority, uri: &Uri) -> &'a str {
 /// hyper-util's pool does.
 pub struct Checkin<B: Send + 'static> {
     list: Arc<IdleList<B>>,
-    back: Option<(Key, http1::SendRequest<B>)>,
+    back: Option<H1<B>>,
 }
 
 impl<B: Send + 'static> std::fmt::Debug for Checkin<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Checkin")
-            .field("key", &self.back.as_ref().map(|(k, _)| k))
+            .field("key", &self.back.as_ref().map(|h1| &h1.key))
             .finish()
     }
 }
@@ -438,17 +692,17 @@ impl<B: Send + 'static> Drop for Checkin<B> {
     /// is (a request body still being sent after an early answer, the rest
     /// of a dropped answer being drained); never if it closes meanwhile.
     fn drop(&mut self) {
-        let Some((key, mut sender)) = self.back.take() else {
+        let Some(mut h1) = self.back.take() else {
             return;
         };
-        if sender.is_ready() {
-            self.list.checkin(key, Sender::H1(sender));
-        } else if let (false, Ok(rt)) = (sender.is_closed(), tokio::runtime::Handle::try_current())
+        if h1.send.is_ready() {
+            self.list.checkin(h1.key.clone(), Sender::H1(h1));
+        } else if let (false, Ok(rt)) = (h1.send.is_closed(), tokio::runtime::Handle::try_current())
         {
             let list = Arc::clone(&self.list);
             rt.spawn(async move {
-                if sender.ready().await.is_ok() {
-                    list.checkin(key, Sender::H1(sender));
+                if h1.send.ready().await.is_ok() {
+                    list.checkin(h1.key.clone(), Sender::H1(h1));
                 }
             });
         }

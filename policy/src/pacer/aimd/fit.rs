@@ -96,19 +96,20 @@ impl Aimd {
         now: Instant,
         reason: BackoffReason,
     ) {
-        let Some(end) = self.hold_end else { return };
+        let Some(end) = self.k().hold_end else { return };
         let steady = self.changes.back().is_none_or(|(at, _)| *at <= end);
-        if reason.ambiguous() || self.hold_cost.is_zero() || sent_at <= end || !steady {
+        if reason.ambiguous() || self.k().hold_cost.is_zero() || sent_at <= end || !steady {
             return;
         }
-        if self.limit.is_none() || self.probe.is_some() {
+        if self.k().limit.is_none() || self.probe.is_some() {
             return;
         }
         // Shared, the hold's end is the fleet's and the rate too: the
         // fleet's sends are counted as one sluice's until the store's
         // count of them comes (see `Aimd::on_fleet_refusal`).
         let secs = (sent_at - end).as_secs_f64();
-        self.descent.push(now, secs, self.rate * secs);
+        let sent = self.rate * secs;
+        self.k_mut().descent.push(now, secs, sent);
     }
 
     /// The fleet's last refusal after a hold, as the shared store counted
@@ -117,10 +118,10 @@ impl Aimd {
     /// end. Every replica reads the same points, so every replica's fit
     /// says what the refused replica's did.
     pub fn on_fleet_refusal(&mut self, now: Instant, refusal: FleetRefusal) {
-        if self.fleet_refusal == Some(refusal.id) {
+        if self.k().fleet_refusal == Some(refusal.id) {
             return;
         }
-        self.fleet_refusal = Some(refusal.id);
+        self.k_mut().fleet_refusal = Some(refusal.id);
         let Some(at) = now.checked_sub(refusal.ago) else {
             return;
         };
@@ -132,18 +133,19 @@ impl Aimd {
             || self.changes.front().is_some_and(|(t, _)| *t <= start);
         let steady = !self.changes.iter().any(|(t, _)| *t > start && *t < at);
         let old = refusal.after >= DESCENT_MAX_AGE;
-        if self.hold_cost.is_zero() || self.limit.is_none() || !known || !steady || old {
+        if self.k().hold_cost.is_zero() || self.k().limit.is_none() || !known || !steady || old {
             return;
         }
-        self.descent
+        self.k_mut()
+            .descent
             .push(at, refusal.after.as_secs_f64(), refusal.sent as f64);
     }
 
     /// The provider holds every request off until `now` + its `Retry-After`.
     pub(super) fn extend_hold(&mut self, now: Instant) {
-        if !self.hold_cost.is_zero() {
-            let end = now + self.hold_cost;
-            self.hold_end = Some(self.hold_end.map_or(end, |e| e.max(end)));
+        if !self.k().hold_cost.is_zero() {
+            let end = now + self.k().hold_cost;
+            self.k_mut().hold_end = Some(self.k().hold_end.map_or(end, |e| e.max(end)));
         }
     }
 }
@@ -206,7 +208,7 @@ mod tests {
         };
         a.on_fleet_refusal(t, first);
         a.on_fleet_refusal(t, first);
-        assert_eq!(a.descent.points.len(), 1, "read once");
+        assert_eq!(a.k().descent.points.len(), 1, "read once");
         a.adopt(t, 21.0, Some(21.5));
         a.on_shared_hold(t, second);
         t += second * 11;
@@ -219,7 +221,7 @@ mod tests {
                 sent: 210,
             },
         );
-        let (fit, margin) = a.descent.limit().expect("two points fit");
+        let (fit, margin) = a.k().descent.limit().expect("two points fit");
         assert!((20.0..=20.0 * (1.0 + FIT_TIGHT)).contains(&fit), "{fit}");
         assert!(margin <= fit * FIT_TIGHT, "{margin}");
         a.adopt(t, fit * SETTLE_SHARP, Some(fit));
@@ -239,6 +241,6 @@ mod tests {
                 sent: 80,
             },
         );
-        assert_eq!(a.descent.points.len(), 2, "{:?}", a.descent.points);
+        assert_eq!(a.k().descent.points.len(), 2, "{:?}", a.k().descent.points);
     }
 }

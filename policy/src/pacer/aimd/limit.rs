@@ -429,7 +429,7 @@ impl Aimd {
     /// that counts its refusals too, whose echo lasts most of a window
     /// (see [`ECHO_GOES_ON`]).
     pub(super) fn refusals_go_on(&self) -> bool {
-        f64::from(self.echo) >= ECHO_GOES_ON * self.rate * self.window.as_secs_f64()
+        f64::from(self.k().echo) >= ECHO_GOES_ON * self.rate * self.window.as_secs_f64()
     }
 
     /// Cuts the rate now and moves the remembered limit (see [`place`]).
@@ -439,15 +439,15 @@ impl Aimd {
         reason: BackoffReason,
         sent_at: Option<Instant>,
     ) -> Backoff {
-        if self.last_decrease.is_some() && !reason.ambiguous() {
+        if self.k().last_decrease.is_some() && !reason.ambiguous() {
             // The last cut's echo is over: was its limit sharp?
-            self.sharp = self.echo >= SHARP_ECHO;
+            self.k_mut().sharp = self.k().echo >= SHARP_ECHO;
         }
         if self.refusals_go_on() {
             // No bisecting such a limit (see `Aimd::increase`).
-            self.bisect_fooled = true;
+            self.k_mut().bisect_fooled = true;
         }
-        self.echo = 0;
+        self.reset(|k| k.echo = 0);
         self.dwell_refused(now);
         let from = self.rate;
         let p = place(&Evidence {
@@ -459,26 +459,26 @@ impl Aimd {
                 .back()
                 .map_or(Duration::MAX, |(at, _)| now.saturating_duration_since(*at)),
             decrease: self.decrease,
-            limit: self.limit,
+            limit: self.k().limit,
             probe: self.probe.as_deref().copied(),
             delivered: self.delivered,
             settle: self.settle_share(),
-            fitted: self.fitted,
-            sharp: self.sharp,
-            steady: self.steady,
-            refused_settle: self.refused_settle,
-            moved_from: self.moved_from,
-            too_high_at: self.too_high_at,
-            holds: !self.hold_cost.is_zero(),
-            unconfirmed: self.unconfirmed.is_some(),
+            fitted: self.k().fitted,
+            sharp: self.k().sharp,
+            steady: self.k().steady,
+            refused_settle: self.k().refused_settle,
+            moved_from: self.k().moved_from,
+            too_high_at: self.k().too_high_at,
+            holds: !self.k().hold_cost.is_zero(),
+            unconfirmed: self.k().unconfirmed.is_some(),
             shared: self.shared,
-            fit: self.descent.limit(),
-            bisecting: self.bracket.is_some(),
+            fit: self.k().descent.limit(),
+            bisecting: self.k().bracket.is_some(),
             window: self.window,
             now,
         });
         if p.confirmed {
-            self.limit_weak = false;
+            self.reset(|k| k.limit_weak = false);
         }
         // Slow start's one refusal is a guess at the limit where it landed
         // under the rate met, or came before any window was measured (a
@@ -488,73 +488,75 @@ impl Aimd {
         // fleet held 5 req/s on a 20 req/s bucket for a minute). Another
         // replica's cut confirms it (see `Aimd::fleet_refused`).
         let guess = (p.limit < from && !self.shared) || self.delivered.is_none();
-        self.unconfirmed =
-            (self.limit.is_none() && !self.hold_cost.is_zero() && guess).then_some(from);
-        self.steady = p.steady;
+        self.k_mut().unconfirmed =
+            (self.k().limit.is_none() && !self.k().hold_cost.is_zero() && guess).then_some(from);
+        self.k_mut().steady = p.steady;
         if p.too_high && p.steady {
             // The lowest since the limit last moved past one.
-            self.refused_settle = Some(match self.refused_settle {
+            self.k_mut().refused_settle = Some(match self.k().refused_settle {
                 Some(r) if r > p.limit => r.min(from),
                 _ => from,
             });
         }
         match p.probe_wait {
             ProbeWait::Keep => {}
-            ProbeWait::Reset => self.probe_backoff = 0,
-            ProbeWait::Longer => self.probe_backoff = (self.probe_backoff + 1).min(2),
+            ProbeWait::Reset => self.k_mut().probe_backoff = 0,
+            ProbeWait::Longer => self.k_mut().probe_backoff = (self.k().probe_backoff + 1).min(2),
         }
         if let Some(before) = p.moved_from {
-            self.moved_from = Some((before, now));
+            self.k_mut().moved_from = Some((before, now));
         }
         if p.clear_descent {
-            self.descent.clear();
+            self.reset(|k| k.descent.clear());
         }
         if p.undid_move {
             self.dwell_fooled();
         }
         if p.too_high {
-            self.too_high_at = Some(now);
+            self.k_mut().too_high_at = Some(now);
         }
         // A bracket stands while probes are refused under it; any other
         // placement moved the limit past what it bounded. A bisection's
         // move undone was a burst's doing: the provider is no sharp limit
         // to bisect.
         let soon = |at: Instant| now.saturating_duration_since(at) < self.window * PROBE_AFTER;
-        if p.too_high && self.bisect_at.is_some_and(soon) {
-            self.bisect_fooled = true;
+        if p.too_high && self.k().bisect_at.is_some_and(soon) {
+            self.k_mut().bisect_fooled = true;
         }
         // Brackets begin at slow start's refusal only: once closed or let
         // go, a probe refused above the limit is the one overshoot a probe
         // costs, not the start of another bisection (whose probes would
         // each cost one, and cap the probe that finds a raised limit).
-        let opens = self.limit.is_none() || self.bracket.is_some();
-        self.bracket = p.bracket.filter(|_| opens && !self.bisect_fooled).map(|b| {
-            self.bracket
+        let opens = self.k().limit.is_none() || self.k().bracket.is_some();
+        let (old_bracket, fooled) = (self.k().bracket, self.k().bisect_fooled);
+        self.k_mut().bracket = p.bracket.filter(|_| opens && !fooled).map(|b| {
+            old_bracket
                 .filter(|old| *old > p.limit)
                 .map_or(b, |old| old.min(b))
         });
         // One that close over the limit knows it as closely as a fit.
         let closed = self
+            .k()
             .bracket
             .is_some_and(|b| b <= p.limit * (1.0 + super::settle::BRACKET_TIGHT));
         if closed {
-            self.bracket = None;
+            self.reset(|k| k.bracket = None);
         }
         let (limit, tight) = (p.limit, p.tight || closed);
-        if self.limit != Some(limit) && self.moved_from.is_none_or(|(_, at)| at != now) {
-            self.moved_from = None;
+        if self.k().limit != Some(limit) && self.k().moved_from.is_none_or(|(_, at)| at != now) {
+            self.reset(|k| k.moved_from = None);
         }
-        self.fitted = tight;
+        self.k_mut().fitted = tight;
         // Known that closely, the limit is settled under as a sharp one is.
         let to = if tight { limit * SETTLE_SHARP } else { p.to };
-        self.limit = Some(limit);
+        self.k_mut().limit = Some(limit);
         if let Some(streak) = self.streak.as_mut() {
             streak.cuts += 1;
             streak.last_cut = now;
         }
         self.reset_plateau();
-        self.recover_to = None;
-        self.last_decrease = Some(now);
+        self.reset(|k| k.recover_to = None);
+        self.k_mut().last_decrease = Some(now);
         self.window_cut = true;
         self.latency.clear();
         self.set_rate(now, to.max(self.floor).min(from));
@@ -743,7 +745,7 @@ mod tests {
             let ok = accepted.iter().filter(|t| **t >= 45.0).count() as f64;
             let no = refused.iter().filter(|t| **t >= 45.0).count() as f64;
             let goodput = ok / (45.0 * 20.0);
-            assert!(a.steady, "from {first}: a probe met the limit twice");
+            assert!(a.k().steady, "from {first}: a probe met the limit twice");
             assert!(
                 goodput >= 0.97,
                 "from {first}: goodput {:.1} %",

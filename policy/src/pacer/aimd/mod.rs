@@ -108,6 +108,7 @@ use super::signals::{
     poisson_below, poisson_tail, Attribution, ErrorTally, LatencyVerdict, LatencyWatch, NOISE_MAX,
 };
 use std::collections::VecDeque;
+use std::sync::LazyLock;
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -228,14 +229,6 @@ pub struct Aimd {
     window: Duration,
     /// Time-to-first-byte over its baseline × this is a latency shift.
     latency_factor: f64,
-    /// The rate at which the provider last throttled us.
-    limit: Option<f64>,
-    /// `limit` rests on one ambiguous signal only: probe it sooner.
-    limit_weak: bool,
-    /// In slow start, a first ambiguous error has cut (R-AI1) without
-    /// setting a limit, since one error on a cold provider cannot tell a
-    /// throttle from noise; later ones wait for evidence.
-    cold_error_cut: bool,
     /// When the current window began (at its first event).
     window_start: Option<Instant>,
     /// Admissions in the current window.
@@ -261,35 +254,60 @@ pub struct Aimd {
     window_pressed: bool,
     /// Clean answers per second over the last closed window.
     delivered: Option<f64>,
-    /// Clean, saturated windows spent at or above the settle point.
-    plateau: u32,
-    /// Requests admitted during those windows.
-    plateau_admitted: u64,
-    /// When the first of those windows began.
-    plateau_since: Option<Instant>,
     /// A probe in progress.
     probe: Option<Box<Probe>>,
-    /// A rate to return to at the next clean window (a cut undone).
-    recover_to: Option<f64>,
-    /// When the rate was last cut; answers to earlier sends are ignored.
-    last_decrease: Option<Instant>,
     /// Ambiguous errors and their baseline.
     errors: ErrorTally,
     /// Time-to-first-byte and its baseline.
     latency: LatencyWatch,
     /// A cut on ambiguous evidence awaiting its verdict.
     trial: Option<Box<Trial>>,
+    /// Recent rate changes (when, the rate before), oldest first: an answer
+    /// is evidence about the rate its request was *sent* at.
+    changes: VecDeque<(Instant, f64)>,
+    /// Failures in a row, if the last answers were failures.
+    streak: Option<Box<Streak>>,
+    /// The rate is a fleet's, shared through a budget (see `adopt`).
+    shared: bool,
+    /// The fleet's budget is unreachable and this replica paces at a
+    /// fraction of the rate: its windows say nothing of whether the rate
+    /// could grow (see `set_alone`).
+    alone: bool,
+    /// What pushback taught it — a limit and how it is known, holds,
+    /// probes' bookkeeping, outages — made at its first use (R-PF1, issue
+    /// 38): a provider that only ever met clean answers, as most of a
+    /// broad crawl's hosts do, carries none of it (about 330 bytes).
+    known: Option<Box<Known>>,
+}
+
+/// The part of [`Aimd`]'s state that pushback teaches (see `Aimd::known`):
+/// read as its defaults until first written.
+#[derive(Debug, Clone)]
+struct Known {
+    /// The rate at which the provider last throttled us.
+    limit: Option<f64>,
+    /// `limit` rests on one ambiguous signal only: probe it sooner.
+    limit_weak: bool,
+    /// In slow start, a first ambiguous error has cut (R-AI1) without
+    /// setting a limit, since one error on a cold provider cannot tell a
+    /// throttle from noise; later ones wait for evidence.
+    cold_error_cut: bool,
+    /// Clean, saturated windows spent at or above the settle point.
+    plateau: u32,
+    /// Requests admitted during those windows.
+    plateau_admitted: u64,
+    /// When the first of those windows began.
+    plateau_since: Option<Instant>,
+    /// A rate to return to at the next clean window (a cut undone).
+    recover_to: Option<f64>,
+    /// When the rate was last cut; answers to earlier sends are ignored.
+    last_decrease: Option<Instant>,
     /// A trial confirmed that this provider's bare 503s are throttles
     /// (they stopped when the rate came down), and none found them to be
     /// noise: its next few 503s are taken as it means them, like 429s,
     /// without a trial each; this counts them down, and at zero the next
     /// cut is tried again, so that a wrong verdict cannot stick.
     unavailable_throttles: u8,
-    /// Recent rate changes (when, the rate before), oldest first: an answer
-    /// is evidence about the rate its request was *sent* at.
-    changes: VecDeque<(Instant, f64)>,
-    /// Failures in a row, if the last answers were failures.
-    streak: Option<Box<Streak>>,
     /// When the last outage ended (its rate given back), and when the
     /// clean answer that ended it was sent: failures to requests sent
     /// before that are the outage's last echoes.
@@ -326,12 +344,6 @@ pub struct Aimd {
     /// The limit is a token bucket's refill rate fitted to within
     /// [`FIT_TIGHT`] of itself: known as closely as a sharp one's.
     fitted: bool,
-    /// The rate is a fleet's, shared through a budget (see `adopt`).
-    shared: bool,
-    /// The fleet's budget is unreachable and this replica paces at a
-    /// fraction of the rate: its windows say nothing of whether the rate
-    /// could grow (see `set_alone`).
-    alone: bool,
     /// The limit before a probe last moved it, and when: a throttle at the
     /// new settle point soon after undoes the move.
     moved_from: Option<(f64, Instant)>,
@@ -369,6 +381,66 @@ pub struct Aimd {
     probe_backoff: u32,
 }
 
+impl Default for Known {
+    fn default() -> Self {
+        Known {
+            limit: None,
+            limit_weak: false,
+            cold_error_cut: false,
+            plateau: 0,
+            plateau_admitted: 0,
+            plateau_since: None,
+            recover_to: None,
+            last_decrease: None,
+            unavailable_throttles: 0,
+            outage_ended: None,
+            outages: 0,
+            named_throttle: None,
+            hold_cost: Duration::ZERO,
+            unconfirmed: None,
+            hold_end: None,
+            descent: Descent::default(),
+            fleet_refusal: None,
+            own_raise: None,
+            fitted: false,
+            moved_from: None,
+            too_high_at: None,
+            echo: 0,
+            sharp: false,
+            steady: false,
+            refused_settle: None,
+            bracket: None,
+            bisect_fooled: false,
+            bisect_at: None,
+            dwell_windows: PROBE_DWELL_FIRST,
+            probe_backoff: 0,
+        }
+    }
+}
+
+/// What pushback teaches, as a provider untaught reads it.
+static UNTAUGHT: LazyLock<Known> = LazyLock::new(Known::default);
+
+impl Aimd {
+    /// What pushback taught it, or the defaults.
+    fn k(&self) -> &Known {
+        self.known.as_deref().unwrap_or(&UNTAUGHT)
+    }
+
+    /// What pushback taught it, made on first write.
+    fn k_mut(&mut self) -> &mut Known {
+        self.known.get_or_insert_with(Box::default)
+    }
+
+    /// Sets back what pushback taught, if it taught anything: an untaught
+    /// one holds the defaults already, and makes nothing for them.
+    fn reset(&mut self, back: impl FnOnce(&mut Known)) {
+        if let Some(k) = self.known.as_deref_mut() {
+            back(k);
+        }
+    }
+}
+
 /// Two rates the same but for rounding (one come back through the store).
 fn same_rate(a: f64, b: f64) -> bool {
     (a - b).abs() <= b * 1e-9
@@ -392,9 +464,6 @@ impl Aimd {
             decrease,
             window,
             latency_factor: 3.0,
-            limit: None,
-            limit_weak: false,
-            cold_error_cut: false,
             window_start: None,
             window_admitted: 0,
             window_pressed: false,
@@ -405,41 +474,15 @@ impl Aimd {
             window_span: Duration::ZERO,
             window_cut: false,
             delivered: None,
-            plateau: 0,
-            plateau_admitted: 0,
-            plateau_since: None,
             probe: None,
-            recover_to: None,
-            last_decrease: None,
             errors: ErrorTally::default(),
             latency: LatencyWatch::default(),
             trial: None,
             changes: VecDeque::new(),
-            unavailable_throttles: 0,
             streak: None,
-            outage_ended: None,
-            outages: 0,
-            named_throttle: None,
-            hold_cost: Duration::ZERO,
-            hold_end: None,
-            unconfirmed: None,
-            descent: Descent::default(),
-            fleet_refusal: None,
-            own_raise: None,
-            fitted: false,
             shared: false,
             alone: false,
-            moved_from: None,
-            too_high_at: None,
-            echo: 0,
-            sharp: false,
-            steady: false,
-            refused_settle: None,
-            probe_backoff: 0,
-            bracket: None,
-            bisect_fooled: false,
-            bisect_at: None,
-            dwell_windows: PROBE_DWELL_FIRST,
+            known: None,
         }
     }
 
@@ -449,18 +492,24 @@ impl Aimd {
     /// trial or probe, no fleet's rate taken (R-PF1).
     pub fn untaught(&self) -> bool {
         self.changes.is_empty()
-            && self.limit.is_none()
-            && self.last_decrease.is_none()
+            && self.k().limit.is_none()
+            && self.k().last_decrease.is_none()
             && self.latency.baseline().is_none()
             && !self.errors.established()
-            && self.outages == 0
-            && self.named_throttle.is_none()
-            && self.hold_end.is_none()
+            && self.k().outages == 0
+            && self.k().named_throttle.is_none()
+            && self.k().hold_end.is_none()
             && self.trial.is_none()
             && self.probe.is_none()
             && self.streak.is_none()
-            && self.unconfirmed.is_none()
+            && self.k().unconfirmed.is_none()
             && !self.shared
+    }
+
+    /// Whether nothing is under way that its rate, limit and how the
+    /// limit is known do not say: no probe, trial or recovery (R-PF1).
+    pub fn settled(&self) -> bool {
+        self.probe.is_none() && self.trial.is_none() && self.k().recover_to.is_none()
     }
 
     /// The rate that was in force at `sent_at`.
@@ -508,7 +557,7 @@ impl Aimd {
 
     /// The rate at which throttling last began, if it ever did.
     pub fn limit(&self) -> Option<f64> {
-        self.limit
+        self.k().limit
     }
 
     /// The learned share of errors unrelated to load.
@@ -541,8 +590,11 @@ impl Aimd {
         if rate.is_finite() && rate > 0.0 {
             self.rate = rate.clamp(self.floor, self.ceiling);
         }
-        self.limit = limit.filter(|l| l.is_finite() && *l > 0.0);
-        self.fitted = false;
+        match limit.filter(|l| l.is_finite() && *l > 0.0) {
+            Some(l) => self.k_mut().limit = Some(l),
+            None => self.reset(|k| k.limit = None),
+        }
+        self.reset(|k| k.fitted = false);
         if let Some(b) = latency {
             self.latency.restore(b);
         }
@@ -551,23 +603,23 @@ impl Aimd {
     /// How the limit is known (see [`LimitKnown`]).
     pub fn known(&self) -> LimitKnown {
         LimitKnown {
-            hold: (!self.hold_cost.is_zero()).then_some(self.hold_cost),
-            fitted: self.fitted,
-            sharp: self.sharp,
-            steady: self.steady,
+            hold: (!self.k().hold_cost.is_zero()).then_some(self.k().hold_cost),
+            fitted: self.k().fitted,
+            sharp: self.k().sharp,
+            steady: self.k().steady,
         }
     }
 
     /// Restores how the limit is known, after [`Aimd::restore`]: with no
     /// limit restored, nothing is known of it.
     pub fn restore_known(&mut self, known: LimitKnown) {
-        if self.limit.is_none() {
+        if self.k().limit.is_none() {
             return;
         }
-        self.hold_cost = known.hold.unwrap_or_default();
-        self.fitted = known.fitted;
-        self.sharp = known.sharp;
-        self.steady = known.steady;
+        self.k_mut().hold_cost = known.hold.unwrap_or_default();
+        self.k_mut().fitted = known.fitted;
+        self.k_mut().sharp = known.sharp;
+        self.k_mut().steady = known.steady;
     }
 
     /// Takes the rate a provider advertised (its quota, spent evenly):
@@ -579,7 +631,7 @@ impl Aimd {
             return;
         }
         self.probe = None;
-        self.recover_to = None;
+        self.reset(|k| k.recover_to = None);
         self.set_rate(now, rate.clamp(self.floor, self.ceiling));
     }
 
@@ -594,7 +646,7 @@ impl Aimd {
         let rate = rate.clamp(self.floor, self.ceiling);
         self.shared = true;
         // This replica's own raise, as the store took it or not.
-        if let Some((from, to)) = self.own_raise {
+        if let Some((from, to)) = self.k().own_raise {
             if same_rate(rate, to) || (rate >= from && rate < to) {
                 if !same_rate(rate, to) {
                     // Not taken (another replica raised within the window):
@@ -609,27 +661,27 @@ impl Aimd {
                         self.probe = None;
                     }
                 } else {
-                    self.own_raise = None;
+                    self.reset(|k| k.own_raise = None);
                 }
                 self.set_rate(now, rate);
                 self.adopt_limit(limit);
                 return;
             }
-            self.own_raise = None;
+            self.reset(|k| k.own_raise = None);
         }
         // The same rate, as it came back through the store: nothing new.
         if !same_rate(rate, self.rate) {
-            if rate < self.rate && self.limit.is_none() && limit.is_some() {
+            if rate < self.rate && self.k().limit.is_none() && limit.is_some() {
                 // The fleet's slow start refused before a window was
                 // measured (its replicas' first requests at once): the
                 // limit is a guess, here as at the refused replica, and
                 // probed soon (measured: a fleet held 5 req/s on a 20 req/s
                 // bucket for half a minute).
-                if self.delivered.is_none() && !self.hold_cost.is_zero() {
-                    self.unconfirmed = Some(self.rate);
+                if self.delivered.is_none() && !self.k().hold_cost.is_zero() {
+                    self.k_mut().unconfirmed = Some(self.rate);
                 }
                 self.reset_plateau();
-                self.recover_to = None;
+                self.reset(|k| k.recover_to = None);
             } else if rate < self.rate {
                 // Another replica's cut: the wait at the settle point
                 // starts over here too (a replica that had waited its
@@ -638,7 +690,7 @@ impl Aimd {
                 // as long as it would have had this replica been refused.
                 self.fleet_refused(now);
                 self.reset_plateau();
-                self.recover_to = None;
+                self.reset(|k| k.recover_to = None);
             } else if self
                 .probe
                 .as_deref()
@@ -652,14 +704,15 @@ impl Aimd {
                 // Another replica's step of the probe: it found a whole
                 // window clean at the rate before it, as this one would.
                 probe.window_clean(self.rate);
-            } else if self.probe.is_none() && self.limit.is_some_and(|l| rate > l * SETTLE * 1.001)
+            } else if self.probe.is_none()
+                && self.k().limit.is_some_and(|l| rate > l * SETTLE * 1.001)
             {
                 // Raised past the settle point: another replica is probing,
                 // and a throttle now is that probe's — judged as one. Where
                 // the provider holds, it is that replica's dwell, which
                 // this one follows (the replica that began it ends it).
                 self.probe = Some(Box::new(if self.dwells() {
-                    Probe::following(self.rate, now, self.dwell_windows)
+                    Probe::following(self.rate, now, self.k().dwell_windows)
                 } else {
                     Probe::new(self.rate)
                 }));
@@ -672,23 +725,23 @@ impl Aimd {
     /// The throttle point the shared budget holds, if any.
     fn adopt_limit(&mut self, limit: Option<f64>) {
         if let Some(l) = limit.filter(|l| l.is_finite() && *l > 0.0) {
-            if self.limit.is_none_or(|old| !same_rate(old, l)) {
-                if self.limit.is_some() {
+            if self.k().limit.is_none_or(|old| !same_rate(old, l)) {
+                if self.k().limit.is_some() {
                     // Placed anew by another replica: slow start's guess is
                     // met, by the fleet — no replica judges the fleet's
                     // probes by a guess only it made (measured: the replica
                     // refused first judged a dwell it followed as its own
                     // clean windows, and moved the limit past the bucket's).
-                    self.unconfirmed = None;
+                    self.reset(|k| k.unconfirmed = None);
                 }
                 // Another replica placed it: known as closely as a fit
                 // where this replica's fit of the fleet's refusals (the
                 // same points) says as much.
-                self.fitted = self.descent.limit().is_some_and(|(at, margin)| {
+                self.k_mut().fitted = self.k().descent.limit().is_some_and(|(at, margin)| {
                     margin <= at * FIT_TIGHT && (l - at).abs() <= at * FIT_TIGHT
                 });
             }
-            self.limit = Some(l);
+            self.k_mut().limit = Some(l);
         }
     }
 
@@ -698,20 +751,23 @@ impl Aimd {
     /// hold is at most its length, so the longer of the two is kept until
     /// this replica's own refusal says the length.
     pub fn on_shared_hold(&mut self, now: Instant, hold: Duration) {
-        self.hold_cost = self.hold_cost.max(hold);
+        self.k_mut().hold_cost = self.k().hold_cost.max(hold);
         let end = now + hold;
-        self.hold_end = Some(self.hold_end.map_or(end, |e| e.max(end)));
+        self.k_mut().hold_end = Some(self.k().hold_end.map_or(end, |e| e.max(end)));
     }
 
     /// The provider's last throttle held every request off for `hold`
     /// (its `Retry-After`): the next probe waits [`PROBE_HOLD_RATIO`] times
     /// that, and dwells. A throttle without a hold sets it back to nothing.
     pub fn on_hold(&mut self, hold: Duration) {
-        self.hold_cost = hold;
+        match hold.is_zero() {
+            true => self.reset(|k| k.hold_cost = Duration::ZERO),
+            false => self.k_mut().hold_cost = hold,
+        }
     }
 
     fn new_epoch(&self, sent_at: Instant) -> bool {
-        self.last_decrease.is_none_or(|cut| sent_at >= cut)
+        self.k().last_decrease.is_none_or(|cut| sent_at >= cut)
     }
 
     /// Whether pushback on a request sent at `sent_at` is news: sent at
@@ -723,7 +779,8 @@ impl Aimd {
     /// Cutting again on those would take the rate far under the limit
     /// (one cut per round trip, as TCP makes).
     fn fresh_pushback(&self, sent_at: Instant) -> bool {
-        self.last_decrease
+        self.k()
+            .last_decrease
             .is_none_or(|cut| sent_at >= cut + self.window.min(ECHO_MAX))
     }
 
@@ -786,10 +843,10 @@ impl Aimd {
             .record(true, Attribution::Throttle, self.rate_at(sent_at));
         // The provider is there and says it is pushing back: no outage.
         self.streak = None;
-        self.named_throttle = Some(now);
+        self.k_mut().named_throttle = Some(now);
         if !fresh {
             if self.new_epoch(sent_at) {
-                self.echo = self.echo.saturating_add(1);
+                self.k_mut().echo = self.k().echo.saturating_add(1);
             }
             self.extend_hold(now);
             return None;
@@ -798,7 +855,7 @@ impl Aimd {
         self.trial = None;
         self.time_to_refusal(sent_at, now, reason);
         let backoff = self.cut(now, reason, Some(sent_at));
-        self.limit_weak = false;
+        self.reset(|k| k.limit_weak = false);
         self.extend_hold(now);
         Some(backoff)
     }

@@ -55,7 +55,7 @@ pub(super) struct Streak {
 impl Aimd {
     /// Outages seen since start.
     pub fn outages(&self) -> u64 {
-        self.outages
+        self.k().outages
     }
 
     /// Whether the controller believes the provider is down.
@@ -81,9 +81,9 @@ impl Aimd {
             return false;
         }
         streak.outage_at = Some(now);
-        self.outages += 1;
+        self.k_mut().outages += 1;
         self.trial = None;
-        self.recover_to = None;
+        self.reset(|k| k.recover_to = None);
         self.reset_plateau();
         true
     }
@@ -91,7 +91,9 @@ impl Aimd {
     /// Whether a failure to a request sent at `sent_at` is an echo of the
     /// outage that a clean answer to a later request already ended.
     pub(super) fn outage_echo(&self, sent_at: Instant) -> bool {
-        self.outage_ended.is_some_and(|(_, ended)| sent_at < ended)
+        self.k()
+            .outage_ended
+            .is_some_and(|(_, ended)| sent_at < ended)
     }
 
     /// A failure (a bare 503, a timeout, another 5xx, a failed connection)
@@ -100,10 +102,12 @@ impl Aimd {
     /// has cut as often as it may, or it is an outage).
     pub(super) fn streak_failure(&mut self, sent_at: Instant, now: Instant) -> bool {
         let relapse = self
+            .k()
             .outage_ended
             .is_some_and(|(at, _)| now.saturating_duration_since(at) < RELAPSE);
         let persist = OUTAGE_PERSIST.max(self.window * 2);
-        let (rate_before, limit_before, weak_before) = (self.rate, self.limit, self.limit_weak);
+        let (rate_before, limit_before, weak_before) =
+            (self.rate, self.k().limit, self.k().limit_weak);
         let streak = self.streak.get_or_insert_with(|| {
             Box::new(Streak {
                 first_sent: sent_at,
@@ -130,9 +134,9 @@ impl Aimd {
             // Every answer failed, at a rate no cut has changed for a
             // while: not the rate's doing. No trial or probe survives it.
             streak.outage_at = Some(now);
-            self.outages += 1;
+            self.k_mut().outages += 1;
             self.trial = None;
-            self.recover_to = None;
+            self.reset(|k| k.recover_to = None);
             self.reset_plateau();
             return true;
         }
@@ -156,16 +160,16 @@ impl Aimd {
         if streak.outage_at.is_none() {
             return false;
         }
-        self.limit = streak.limit_before;
-        self.limit_weak = streak.weak_before;
+        self.k_mut().limit = streak.limit_before;
+        self.k_mut().limit_weak = streak.weak_before;
         self.trial = None;
-        self.recover_to = None;
+        self.reset(|k| k.recover_to = None);
         self.reset_plateau();
         // The outage's failures are neither noise nor a throttle's: the
         // rate evidence they left would mislead the next judgement.
         self.errors.forget_episode();
         self.latency.clear();
-        self.outage_ended = Some((now, sent_at));
+        self.k_mut().outage_ended = Some((now, sent_at));
         let back = streak.rate_before.clamp(self.floor, self.ceiling);
         if back > self.rate {
             self.set_rate(now, back);

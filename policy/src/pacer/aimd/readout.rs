@@ -78,7 +78,8 @@ impl Aimd {
                 since: t.cut_at,
             });
         }
-        self.named_throttle
+        self.k()
+            .named_throttle
             .filter(|at| now.saturating_duration_since(*at) < TRIAL_MAX_AGE)
             .map(|at| Belief {
                 condition: Condition::Throttle,

@@ -194,34 +194,36 @@ impl Probe {
 impl Aimd {
     pub(super) fn increase(&mut self, admitted: u32, now: Instant) -> bool {
         let before = self.rate;
-        let dwell_windows = self.dwell_windows;
-        if let Some(to) = self.recover_to.take() {
+        let dwell_windows = self.k().dwell_windows;
+        if let Some(to) = self.k().recover_to {
+            self.reset(|k| k.recover_to = None);
             if to > self.rate {
                 self.set_rate(now, to.min(self.ceiling));
                 return true;
             }
         }
-        if self.bracket.is_some() && self.refusals_go_on() {
+        if self.k().bracket.is_some() && self.refusals_go_on() {
             // Refusals went on after the cut: a window that counts them too
             // (HAProxy's), where each probe over the limit costs a window of
             // refusals — not one. No bisecting such a limit.
-            self.bracket = None;
-            self.bisect_fooled = true;
+            self.reset(|k| k.bracket = None);
+            self.k_mut().bisect_fooled = true;
         }
-        let next = match self.limit {
+        let next = match self.k().limit {
             None => self.rate * (1.0 + SLOW_START_GROWTH),
             Some(limit) => {
                 let settle = limit * self.settle_share();
                 if self.rate > limit * PROBE_FOUND {
                     // A whole clean window clearly past the limit: it has
                     // moved. Find the new one as from a cold start.
-                    self.limit = None;
-                    self.fitted = false;
-                    self.steady = false;
-                    self.descent.clear();
+                    self.reset(|k| k.limit = None);
+                    self.reset(|k| k.fitted = false);
+                    self.reset(|k| k.steady = false);
+                    self.reset(|k| k.descent.clear());
                     self.reset_plateau();
                     self.rate * (1.0 + SLOW_START_GROWTH)
                 } else if let Some(probe) = self.probe.as_mut() {
+                    let bracket = self.known.as_ref().and_then(|k| k.bracket);
                     if let Some(dwell) = probe.dwell.as_mut() {
                         if dwell.left > 1 {
                             dwell.left -= 1;
@@ -241,7 +243,7 @@ impl Aimd {
                     let k = probe.windows.min(16);
                     probe.windows += 1;
                     let next = self.rate + limit * PROBE_STEP * f64::from(1u32 << k);
-                    match self.bracket {
+                    match bracket {
                         Some(bracket) => {
                             let half = (limit + bracket) / 2.0;
                             if self.rate >= half * (1.0 - 1e-9) {
@@ -261,26 +263,28 @@ impl Aimd {
                     let step = ((settle - self.rate) * RECOVER_SHARE).max(limit * RECOVER_MIN_STEP);
                     (self.rate + step).min(settle)
                 } else {
-                    self.plateau += 1;
-                    self.plateau_admitted += u64::from(admitted);
+                    self.k_mut().plateau += 1;
+                    self.k_mut().plateau_admitted += u64::from(admitted);
                     // Measured in time: a replica of a fleet closes its
                     // windows on its own few answers, later than the clock.
-                    let since = *self.plateau_since.get_or_insert(now - self.window);
+                    let start = now - self.window;
+                    let since = *self.k_mut().plateau_since.get_or_insert(start);
                     let held_for = now.saturating_duration_since(since);
-                    let k = 1 << self.probe_backoff;
-                    let bisect = self.bracket.is_some() && self.hold_cost.is_zero();
+                    let k = 1 << self.k().probe_backoff;
+                    let bisect = self.k().bracket.is_some() && self.k().hold_cost.is_zero();
                     let (after, admitted) = if bisect {
                         (BRACKET_AFTER, BRACKET_AFTER_ADMITTED)
                     } else {
                         (PROBE_AFTER * k, PROBE_AFTER_ADMITTED * u64::from(k))
                     };
                     if self.trial.is_some()
-                        || self.plateau < after
-                        || (!self.limit_weak
-                            && self.unconfirmed.is_none()
-                            && self.plateau_admitted < admitted)
+                        || self.k().plateau < after
+                        || (!self.k().limit_weak
+                            && self.k().unconfirmed.is_none()
+                            && self.k().plateau_admitted < admitted)
                         || held_for
                             < self
+                                .k()
                                 .hold_cost
                                 .mul_f64(self.holds_before_probe(limit) * f64::from(k))
                     {
@@ -314,11 +318,11 @@ impl Aimd {
         // A burst can carry a probe clean past a bucket's refill rate: a
         // refusal at the new settle point soon after places the limit as
         // any settle point's refusal does, and ends the bisection.
-        self.limit = Some(half);
-        self.bisect_at = Some(now);
+        self.k_mut().limit = Some(half);
+        self.k_mut().bisect_at = Some(now);
         if bracket <= half * (1.0 + BRACKET_TIGHT) {
-            self.fitted = true;
-            self.bracket = None;
+            self.k_mut().fitted = true;
+            self.reset(|k| k.bracket = None);
         }
         self.reset_plateau();
         // Whole windows clean at `half` proved the limit at least there:
@@ -335,7 +339,7 @@ impl Aimd {
     /// refusals, and the limit is not slow start's guess (whose probe is
     /// judged by the rate it went clean at).
     pub(super) fn dwells(&self) -> bool {
-        !self.hold_cost.is_zero() && self.unconfirmed.is_none()
+        !self.k().hold_cost.is_zero() && self.k().unconfirmed.is_none()
     }
 
     /// A dwell refused at `now`: the burst lasted that long, and the next
@@ -345,7 +349,7 @@ impl Aimd {
         if let Some(dwell) = self.probe.as_deref().copied().and_then(|p| p.dwell) {
             let lasted = now.saturating_duration_since(dwell.since).as_secs_f64();
             let windows = (2.0 * lasted / self.window.as_secs_f64()).ceil() as u32;
-            self.dwell_windows = self.dwell_windows.max(windows).min(PROBE_DWELL_MAX);
+            self.k_mut().dwell_windows = self.k().dwell_windows.max(windows).min(PROBE_DWELL_MAX);
         }
     }
 
@@ -359,18 +363,18 @@ impl Aimd {
         match self.probe.as_deref().copied() {
             Some(probe) if probe.dwell.is_some() => {
                 self.dwell_refused(now);
-                self.probe_backoff = if probe.dwelt.is_some() {
+                self.k_mut().probe_backoff = if probe.dwelt.is_some() {
                     0
                 } else {
-                    (self.probe_backoff + 1).min(2)
+                    (self.k().probe_backoff + 1).min(2)
                 };
             }
             Some(_) => {}
             None => {
-                if self.moved_from.is_some_and(|(_, at)| {
+                if self.k().moved_from.is_some_and(|(_, at)| {
                     now.saturating_duration_since(at) < self.window * PROBE_AFTER
                 }) {
-                    self.moved_from = None;
+                    self.reset(|k| k.moved_from = None);
                     self.dwell_fooled();
                 }
             }
@@ -381,10 +385,10 @@ impl Aimd {
     /// shared rate past it: the limit moved to the dwell's rate (the
     /// current one), and the next dwell — the raise — is followed.
     pub(super) fn fleet_dwell_passed(&mut self, now: Instant) {
-        let Some(limit) = self.limit else {
+        let Some(limit) = self.k().limit else {
             return;
         };
-        let dwell_windows = self.dwell_windows;
+        let dwell_windows = self.k().dwell_windows;
         if let Some(probe) = self.probe.as_mut() {
             probe.pass_dwell(self.rate, now, dwell_windows + 1);
         }
@@ -395,23 +399,23 @@ impl Aimd {
     /// to it, known as closely as a fit (a refusal at the next dwell
     /// settles under it; one at the settle point soon after undoes it).
     fn dwell_passed(&mut self, limit: f64, now: Instant) {
-        self.moved_from = Some((limit, now));
-        self.limit = Some(self.rate);
-        self.fitted = true;
-        self.steady = false;
-        self.descent.clear();
+        self.k_mut().moved_from = Some((limit, now));
+        self.k_mut().limit = Some(self.rate);
+        self.k_mut().fitted = true;
+        self.reset(|k| k.steady = false);
+        self.reset(|k| k.descent.clear());
     }
 
     /// The settle point refused soon after a probe moved the limit: the
     /// move was a burst's doing, and a dwell that passed was too short.
     pub(super) fn dwell_fooled(&mut self) {
-        self.dwell_windows = (self.dwell_windows * 2).min(PROBE_DWELL_MAX);
+        self.k_mut().dwell_windows = (self.k().dwell_windows * 2).min(PROBE_DWELL_MAX);
     }
 
     /// How many holds (`Retry-After`) the rate waits at the settle point
     /// before probing above `limit` (see [`PROBE_GAP_COST`]).
     fn holds_before_probe(&self, limit: f64) -> f64 {
-        match self.unconfirmed {
+        match self.k().unconfirmed {
             Some(met) if met > limit => {
                 (PROBE_GAP_COST / (met / limit - 1.0)).min(PROBE_HOLD_RATIO)
             }
@@ -426,7 +430,7 @@ impl Aimd {
     /// The settle point's share of the limit: closer under a sharp limit,
     /// whose probe proved the rate clean.
     pub(super) fn settle_share(&self) -> f64 {
-        if self.sharp || self.fitted || self.steady {
+        if self.k().sharp || self.k().fitted || self.k().steady {
             SETTLE_SHARP
         } else {
             SETTLE
@@ -434,9 +438,9 @@ impl Aimd {
     }
 
     pub(super) fn reset_plateau(&mut self) {
-        self.plateau = 0;
-        self.plateau_admitted = 0;
-        self.plateau_since = None;
+        self.reset(|k| k.plateau = 0);
+        self.reset(|k| k.plateau_admitted = 0);
+        self.reset(|k| k.plateau_since = None);
         self.probe = None;
     }
 }
@@ -793,9 +797,9 @@ mod tests {
             f64::from(windows) < PROBE_HOLD_RATIO,
             "probed after {windows} windows"
         );
-        assert!(a.unconfirmed.is_some());
+        assert!(a.k().unconfirmed.is_some());
         a.adopt(t, a.rate() * 0.9, Some(6.0));
-        assert!(a.unconfirmed.is_none(), "placed anew: no guess");
+        assert!(a.k().unconfirmed.is_none(), "placed anew: no guess");
     }
 
     /// R-DS1, R-SG2: the wait at the settle point is measured in time: a

@@ -147,8 +147,8 @@ impl Aimd {
             Verdict::Confirmed => {
                 // The errors stopped at the lower rate: as good as a 429.
                 self.trial = None;
-                self.limit_weak = false;
-                self.unavailable_throttles = TRUSTED_THROTTLES;
+                self.reset(|k| k.limit_weak = false);
+                self.k_mut().unavailable_throttles = TRUSTED_THROTTLES;
                 None
             }
             Verdict::StillThrottled(share) => {
@@ -157,7 +157,7 @@ impl Aimd {
             }
             // Errors going on under a steady limit, at a rate it met twice:
             // the settle point is over it, not noise.
-            Verdict::Noise if self.steady => {
+            Verdict::Noise if self.k().steady => {
                 self.trial = None;
                 Some(trial.errors / trial.answers.max(1.0))
             }
@@ -166,13 +166,13 @@ impl Aimd {
                 // the old rate at the next clean window (never on this
                 // error — R-AI4).
                 self.trial = None;
-                self.unavailable_throttles = 0;
+                self.reset(|k| k.unavailable_throttles = 0);
                 // A limit that rested on ambiguous errors alone goes too:
                 // they now look like this noise.
-                self.limit = trial.prev_limit.filter(|_| !trial.prev_weak);
-                self.limit_weak = false;
-                self.steady = false;
-                self.recover_to = Some(self.recover_to.unwrap_or(0.0).max(trial.from));
+                self.k_mut().limit = trial.prev_limit.filter(|_| !trial.prev_weak);
+                self.reset(|k| k.limit_weak = false);
+                self.reset(|k| k.steady = false);
+                self.k_mut().recover_to = Some(self.k().recover_to.unwrap_or(0.0).max(trial.from));
                 self.reset_plateau();
                 // The trigger and the errors held out were noise after all.
                 self.errors
@@ -218,19 +218,19 @@ impl Aimd {
                 .record(true, Attribution::Unknown, self.rate_at(sent_at));
             return None;
         }
-        if self.unavailable_throttles > 0
+        if self.k().unavailable_throttles > 0
             && self.trial.is_none()
-            && self.limit.is_some()
+            && self.k().limit.is_some()
             && self.errors.baseline().is_none()
         {
-            self.unavailable_throttles -= 1;
+            self.k_mut().unavailable_throttles -= 1;
             self.errors
                 .record(true, Attribution::Throttle, self.rate_at(sent_at));
             let backoff = self.cut(now, reason, None);
-            self.limit_weak = false;
+            self.reset(|k| k.limit_weak = false);
             return Some(backoff);
         }
-        if self.limit.is_none() && self.trial.is_none() {
+        if self.k().limit.is_none() && self.trial.is_none() {
             if let Some(decided) = self.slow_start_error(sent_at, now, reason) {
                 return decided;
             }
@@ -261,14 +261,14 @@ impl Aimd {
         }
         self.errors
             .record(true, Attribution::Unknown, self.rate_at(sent_at));
-        if self.cold_error_cut {
+        if self.k().cold_error_cut {
             return Some(None);
         }
         let backoff = self.cut(now, reason, None);
-        self.limit = None;
-        self.fitted = false;
-        self.steady = false;
-        self.cold_error_cut = true;
+        self.reset(|k| k.limit = None);
+        self.reset(|k| k.fitted = false);
+        self.reset(|k| k.steady = false);
+        self.k_mut().cold_error_cut = true;
         Some(Some(backoff))
     }
 
@@ -315,13 +315,13 @@ impl Aimd {
         pre_share: f64,
         pre_measured: bool,
     ) -> Backoff {
-        let prev_limit = self.limit;
-        let prev_weak = self.limit_weak;
+        let prev_limit = self.k().limit;
+        let prev_weak = self.k().limit_weak;
         let from = self.rate;
         let backoff = self.cut(now, reason, None);
-        if self.limit != prev_limit {
+        if self.k().limit != prev_limit {
             // A limit moved on ambiguous evidence alone.
-            self.limit_weak = true;
+            self.k_mut().limit_weak = true;
         }
         self.trial = Some(Box::new(Trial {
             from,

@@ -115,7 +115,7 @@ impl Aimd {
             LatencyVerdict::Shift(_) => {
                 let backoff = self.cut(now, BackoffReason::Latency, None);
                 self.trial = None;
-                self.limit_weak = false;
+                self.reset(|k| k.limit_weak = false);
                 return Change {
                     increased: false,
                     backoff: Some(backoff),
@@ -127,11 +127,40 @@ impl Aimd {
         let before = self.rate;
         let increased = clean && saturated && !draining && self.increase(admitted, now);
         if increased && self.shared {
-            self.own_raise = Some((before, self.rate));
+            self.k_mut().own_raise = Some((before, self.rate));
         }
         Change {
             increased,
             backoff: None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::*;
+    use super::*;
+
+    /// R-PF1 (issue 38): what pushback teaches is made on the first
+    /// pushback. Slow start's growth, clean answers, a latency baseline
+    /// and a server error or two (a crawl's host meets no more) leave it
+    /// unmade; a throttle makes it, and a restore without a limit does not.
+    #[test]
+    fn what_pushback_teaches_is_made_by_the_first_pushback() {
+        let mut t = Instant::now();
+        let mut a = Aimd::new(2.0, 0.1, 100.0, 0.7, W);
+        saturate(&mut a, &mut t, 6);
+        assert!(a.rate() > 5.0, "grew: {}", a.rate());
+        a.on_error(t, t);
+        saturate(&mut a, &mut t, 2);
+        a.on_hold(Duration::ZERO);
+        a.restore(a.rate(), None, None);
+        assert!(a.known.is_none(), "made without pushback: {:?}", a.known);
+        assert_eq!(a.limit(), None);
+
+        a.on_throttle(t, t, BackoffReason::Throttled)
+            .expect("a cut");
+        assert!(a.known.is_some());
+        assert!(a.limit().is_some(), "the throttle placed a limit");
     }
 }

@@ -15,7 +15,6 @@ impl PacerCore {
         ttfb: Option<Duration>,
         now: Instant,
     ) -> Feedback {
-        self.last_seen = Some(now);
         let mut fb = Feedback::default();
         let (outages, in_outage) = (self.aimd.outages(), self.aimd.in_outage());
         // What the answer says is decided once, in `classify`.
@@ -91,7 +90,7 @@ impl PacerCore {
             }
         }
         if fb.backoff.is_some() {
-            self.last_backoff = fb.backoff;
+            self.last_backoff = fb.backoff.map(Box::new);
         }
         if self.aimd.outages() > outages {
             fb.outage = Some(true);

@@ -10,7 +10,11 @@ impl PacerCore {
     pub fn proposal(&self, now: Instant) -> Proposal {
         // What it learned alone is not the fleet's: no more than the
         // shared rate it last paced by.
-        let rate = match (self.alone, self.shared_rate) {
+        let fleet = self.fleet.as_deref();
+        let rate = match (
+            fleet.and_then(|f| f.alone),
+            fleet.and_then(|f| f.shared_rate),
+        ) {
             (Some(_), Some(shared)) => self.aimd.rate().min(shared),
             _ => self.aimd.rate(),
         };
@@ -34,18 +38,19 @@ impl PacerCore {
     pub fn adopt_shared(&mut self, view: &SharedView, now: Instant, retry: Duration) -> Feedback {
         let mut fb = Feedback::default();
         let before = self.gcra.interval();
-        if self.alone.is_some() {
-            match self.rejoining {
-                None => self.rejoining = Some(now + retry + self.gcra.interval() * 2),
+        let fleet = self.fleet.get_or_insert_with(Box::default);
+        if fleet.alone.is_some() {
+            match fleet.rejoining {
+                None => fleet.rejoining = Some(now + retry + self.gcra.interval() * 2),
                 Some(until) if now >= until => {
-                    self.alone = None;
-                    self.rejoining = None;
+                    fleet.alone = None;
+                    fleet.rejoining = None;
                     self.aimd.set_alone(false);
                 }
                 Some(_) => {}
             }
         }
-        self.shared_rate = Some(view.rate);
+        fleet.shared_rate = Some(view.rate);
         // The fleet's refusal before the cut it brought: its limit is
         // judged with the point in the fit.
         if let Some(refusal) = view.refusal {
@@ -64,14 +69,15 @@ impl PacerCore {
         // Every replica's admissions since this replica last asked: the
         // window's demand and delivery are the provider's, not this
         // replica's share of them.
-        if let Some((prev, at)) = self.shared_count.filter(|(p, _)| view.admitted > *p) {
+        let fleet = self.fleet.get_or_insert_with(Box::default);
+        if let Some((prev, at)) = fleet.shared_count.filter(|(p, _)| view.admitted > *p) {
             let n = u32::try_from(view.admitted - prev).unwrap_or(u32::MAX);
             let held = self.hold_until.is_some_and(|h| h > at);
             let span = (!held).then(|| now.saturating_duration_since(at));
             self.aimd.on_shared_admitted(now, n, span);
         }
-        if self.shared_count.is_none_or(|(p, _)| view.admitted != p) {
-            self.shared_count = Some((view.admitted, now));
+        if fleet.shared_count.is_none_or(|(p, _)| view.admitted != p) {
+            fleet.shared_count = Some((view.admitted, now));
         }
         if let Some(hold) = hold {
             // The fleet's hold, as the store keeps it (not reported back).
@@ -97,9 +103,10 @@ impl PacerCore {
     /// the slots the shared schedule just gave (R-DS2).
     pub fn pace_alone(&mut self, replicas: u32, now: Instant, phase: f64) -> Feedback {
         let before = self.gcra.interval();
-        let fresh = self.alone.is_none();
-        self.alone = Some(replicas.max(1));
-        self.rejoining = None;
+        let fleet = self.fleet.get_or_insert_with(Box::default);
+        let fresh = fleet.alone.is_none();
+        fleet.alone = Some(replicas.max(1));
+        fleet.rejoining = None;
         self.aimd.set_alone(true);
         self.sync_interval();
         if fresh {
@@ -120,7 +127,7 @@ impl PacerCore {
     /// Whether this replica paces alone because its shared budget is
     /// unreachable.
     pub fn alone(&self) -> bool {
-        self.alone.is_some()
+        self.fleet.as_deref().is_some_and(|f| f.alone.is_some())
     }
 
     /// This replica took a slot of the shared budget.

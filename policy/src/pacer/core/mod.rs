@@ -16,7 +16,8 @@ use super::shared::{Proposal, SharedView, ALONE_SHARE};
 use crate::classify::{Outcome, Signal};
 use crate::cost::Costs;
 use crate::quota::Advertised;
-use crate::settings::ProviderSettings;
+use crate::settings::{ProviderSettings, ValidSettings};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -43,7 +44,6 @@ pub enum Refusal {
 pub struct PacerCore {
     gcra: Gcra,
     aimd: Aimd,
-    start_rps: f64,
     /// Nothing is admitted before this instant (a provider's `Retry-After`).
     hold_until: Option<Instant>,
     /// The end of the last refusal's hold (this replica's or the fleet's):
@@ -57,20 +57,36 @@ pub struct PacerCore {
     /// collectors, steady before catch-up (FIFO for one class).
     waiting: FairQueue,
     next_ticket: u64,
-    max_queue_len: usize,
-    max_queue_wait: Duration,
-    max_hold_wait: Duration,
-    last_backoff: Option<Backoff>,
-    /// When anything last happened, for idle eviction.
-    last_seen: Option<Instant>,
+    /// The provider's settings (the queue's bounds, the cold start),
+    /// shared, not copied (R-PF1, issue 38).
+    settings: Arc<ValidSettings>,
+    /// The last cut, boxed: most providers never have one.
+    last_backoff: Option<Box<Backoff>>,
     /// The quota the provider advertises, while it does (R-SG1). Boxed,
     /// as the other parts most providers never use: a tracked host keeps
     /// a pointer, not their room (issue 38, R-PF1).
     quota: Option<Box<Quota>>,
     /// Its tokens budget, beside the requests one (R-PD1, R-PD5).
     tokens: Option<Box<TokenBudget>>,
-    /// The shared budget's rate as last seen, when the budget is shared
-    /// (R-DS1).
+    /// What pacing by a shared budget keeps, made when one first answers
+    /// or is first found unreachable (most providers have none).
+    fleet: Option<Box<Fleet>>,
+    /// A windowed quota learned from where the provider's `Retry-After`s
+    /// point, when it advertises none: made by the first `Retry-After`
+    /// that names a window's end (most providers never send one).
+    window: Option<Box<WindowLearner>>,
+    /// What requests cost, by method and path, and where the provider
+    /// says what one cost (R-FS2), when the settings say either (most
+    /// providers' do not).
+    pricing: Option<Box<(Costs, Option<http::HeaderName>)>>,
+    /// A long-horizon allowance, paced to last its period.
+    allowance: Option<Box<AllowanceState>>,
+}
+
+/// What a replica pacing by a shared budget keeps (R-DS1, R-DS2).
+#[derive(Debug, Default)]
+struct Fleet {
+    /// The shared budget's rate as last seen.
     shared_rate: Option<f64>,
     /// The shared budget's admission count as last seen, and when.
     shared_count: Option<(u64, Instant)>,
@@ -80,16 +96,12 @@ pub struct PacerCore {
     /// Answered again after pacing alone: the share is kept until this
     /// instant, while the other replicas may still pace alone.
     rejoining: Option<Instant>,
-    /// A windowed quota learned from where the provider's `Retry-After`s
-    /// point, when it advertises none: made by the first `Retry-After`
-    /// that names a window's end (most providers never send one).
-    window: Option<Box<WindowLearner>>,
-    /// What requests cost, by method and path (R-FS2).
-    costs: Costs,
-    /// Where the provider says what a request cost.
-    cost_header: Option<http::HeaderName>,
-    /// A long-horizon allowance, paced to last its period.
-    allowance: Option<Box<AllowanceState>>,
+}
+
+/// The cost table and cost header `settings` name, if either.
+fn pricing(settings: &ProviderSettings) -> Option<Box<(Costs, Option<http::HeaderName>)>> {
+    (!settings.costs.is_empty() || settings.cost_header.is_some())
+        .then(|| Box::new((settings.costs.clone(), settings.cost_header.clone())))
 }
 
 /// Puts `value` in `slot`, reusing its box: a quota or tokens budget is
@@ -190,8 +202,13 @@ impl Feedback {
 }
 
 impl PacerCore {
-    /// A cold pacer for these settings (validated by the caller).
+    /// A cold pacer for these settings, as given (a pacer alone).
     pub fn new(settings: &ProviderSettings) -> Self {
+        PacerCore::with_settings(ValidSettings::as_given(settings))
+    }
+
+    /// A cold pacer for a provider's settings.
+    pub fn with_settings(settings: Arc<ValidSettings>) -> Self {
         let start = settings.start_rate();
         let mut aimd = Aimd::new(
             start,
@@ -204,27 +221,19 @@ impl PacerCore {
         PacerCore {
             gcra: Gcra::new(interval_of(start), settings.burst),
             aimd,
-            start_rps: start,
             hold_until: None,
             fleet_hold: None,
             holds: 0,
             waiting: FairQueue::default(),
             next_ticket: 0,
-            max_queue_len: settings.max_queue_len,
-            max_queue_wait: settings.max_queue_wait,
-            max_hold_wait: settings.max_hold_wait,
             last_backoff: None,
-            last_seen: None,
             quota: None,
             tokens: None,
-            shared_rate: None,
-            shared_count: None,
-            alone: None,
-            rejoining: None,
+            fleet: None,
             window: None,
-            costs: settings.costs.clone(),
-            cost_header: settings.cost_header.clone(),
+            pricing: pricing(&settings),
             allowance: settings.allowance.map(|a| Box::new(AllowanceState::new(a))),
+            settings,
         }
     }
 
@@ -235,40 +244,52 @@ impl PacerCore {
     pub fn untaught(&self, now: Instant) -> bool {
         self.aimd.untaught()
             // A rate restored from the store moved without a change.
-            && self.aimd.rate() == self.start_rps
-            && self.hold_until.is_none_or(|h| h <= now)
-            && self.waiting.is_empty()
+            && self.aimd.rate() == self.settings.start_rate()
             && self.last_backoff.is_none()
+            && self.allowance.is_none()
+            && self.nothing_followed(now)
+    }
+
+    /// Whether what it learned is all in [`PacerCore::learned`], the
+    /// allowance's use and how the limit is known, at `now` (R-PF1): see
+    /// [`PacerCore::nothing_followed`]; no probe, trial or recovery under
+    /// way either.
+    pub fn settled(&self, now: Instant) -> bool {
+        self.nothing_followed(now) && self.aimd.settled()
+    }
+
+    /// No hold ahead, no one waiting, no advertised quota, tokens budget,
+    /// learned window or shared budget followed.
+    fn nothing_followed(&self, now: Instant) -> bool {
+        self.hold_until.is_none_or(|h| h <= now)
+            && self.waiting.is_empty()
             && self.quota.is_none()
             && self.tokens.is_none()
-            && self.allowance.is_none()
             && self.window.is_none()
-            && self.shared_rate.is_none()
-            && self.alone.is_none()
+            && self
+                .fleet
+                .as_deref()
+                .is_none_or(|f| f.shared_rate.is_none() && f.alone.is_none())
     }
 
     /// Applies new settings (config reload) and keeps what was learned; the
     /// rate is clamped to the new ceiling.
-    pub fn update_settings(&mut self, settings: &ProviderSettings) {
+    pub fn update_settings(&mut self, settings: &Arc<ValidSettings>) {
         self.aimd.set_bounds(
             settings.floor_rate(),
             settings.ceiling_rps,
             settings.decrease_factor,
             settings.increase_window,
         );
-        self.start_rps = settings.start_rate();
         self.gcra.set_burst(settings.burst);
-        self.max_queue_len = settings.max_queue_len;
-        self.max_queue_wait = settings.max_queue_wait;
-        self.max_hold_wait = settings.max_hold_wait;
         self.aimd.set_latency_factor(settings.soft_throttle_factor);
-        self.costs = settings.costs.clone();
-        self.cost_header = settings.cost_header.clone();
+        self.pricing = pricing(settings);
         match (settings.allowance, self.allowance.as_mut()) {
             (Some(a), Some(state)) => state.set(a),
             (Some(a), None) => self.allowance = Some(Box::new(AllowanceState::new(a))),
             (None, _) => self.allowance = None,
         }
+        self.settings = settings.clone();
         self.sync_interval();
     }
 
@@ -307,12 +328,12 @@ impl PacerCore {
 
     /// What a request of `method` to `path` costs, in units (R-FS2).
     pub fn cost_of(&self, method: &http::Method, path: &str) -> u32 {
-        self.costs.of(method, path)
+        self.pricing.as_ref().map_or(1, |p| p.0.of(method, path))
     }
 
     /// The header the provider says what a request cost in, if configured.
     pub fn cost_header(&self) -> Option<&http::HeaderName> {
-        self.cost_header.as_ref()
+        self.pricing.as_ref().and_then(|p| p.1.as_ref())
     }
 
     /// The provider charged a request admitted at `sent_at` `extra` units
@@ -376,7 +397,11 @@ impl PacerCore {
             None => rate,
         };
         let alone = |rate: f64, replicas: u32| rate * ALONE_SHARE / f64::from(replicas.max(1));
-        match (self.alone, self.shared_rate) {
+        let fleet = self.fleet.as_deref();
+        match (
+            fleet.and_then(|f| f.alone),
+            fleet.and_then(|f| f.shared_rate),
+        ) {
             (Some(replicas), Some(shared)) => alone(rate.min(shared), replicas),
             (Some(replicas), None) => alone(rate, replicas),
             _ => rate,
@@ -424,11 +449,6 @@ impl PacerCore {
         }
     }
 
-    /// When the pacer last saw a request or an outcome.
-    pub fn last_seen(&self) -> Option<Instant> {
-        self.last_seen
-    }
-
     /// Whether the rate controller takes the recent failures for an outage
     /// (R-SG4).
     pub fn in_outage(&self) -> bool {
@@ -447,7 +467,7 @@ impl PacerCore {
             rate_rps: self.pace_rate(),
             interval: self.gcra.interval(),
             ceiling_rps: self.aimd.ceiling(),
-            start_rps: self.start_rps,
+            start_rps: self.settings.start_rate(),
             limit_rps: self.aimd.limit(),
             hold_remaining: self.hold_until.filter(|h| *h > now).map(|h| h - now),
             queue_len: self.waiting.len(),
@@ -459,7 +479,7 @@ impl PacerCore {
             baseline_ttfb: self.aimd.latency_baseline(),
             error_baseline: self.aimd.error_baseline(),
             on_trial: self.aimd.in_trial(),
-            last_backoff: self.last_backoff,
+            last_backoff: self.last_backoff.as_deref().copied(),
             quota: self.quota.as_deref().map(|q| QuotaSnapshot {
                 advertised: q.advertised,
                 reset_in: q.hi.saturating_duration_since(now),

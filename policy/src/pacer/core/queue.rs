@@ -18,7 +18,7 @@ pub enum Admission {
 impl PacerCore {
     /// How many requests may wait.
     pub fn max_queue_len(&self) -> usize {
-        self.max_queue_len
+        self.settings.max_queue_len
     }
 
     /// The instant the request with `ahead` waiters before it would go.
@@ -50,14 +50,13 @@ impl PacerCore {
         class: &Class,
         cost: f64,
     ) -> Result<Ticket, (Refusal, Duration)> {
-        self.last_seen = Some(now);
         self.refresh_allowance(now);
         let ticket = Ticket::new(self.next_ticket);
         self.waiting.insert(ticket, class, cost);
         let wait = self
             .slot(now, self.waiting.ahead(ticket))
             .saturating_duration_since(now);
-        let refusal = if self.waiting.len() > self.max_queue_len {
+        let refusal = if self.waiting.len() > self.settings.max_queue_len {
             Some(Refusal::QueueFull)
         } else if wait > self.patience(now) {
             Some(Refusal::WaitTooLong)
@@ -81,7 +80,6 @@ impl PacerCore {
     /// [`PacerCore::try_admit`] for a request costing `units`: it takes as
     /// many slots, paid after it goes (R-FS2).
     pub fn try_admit_units(&mut self, now: Instant, units: u32) -> bool {
-        self.last_seen = Some(now);
         self.refresh_allowance(now);
         if !self.waiting.is_empty() || self.slot(now, 0) > now {
             return false;
@@ -115,7 +113,6 @@ impl PacerCore {
             self.gcra.charge(units - 1);
             self.aimd.on_admit_units(now, units);
             self.spend(now, units);
-            self.last_seen = Some(now);
             return Admission::Go;
         }
         Admission::WaitUntil(at)
@@ -141,8 +138,11 @@ impl PacerCore {
     /// reset is waited for, not refused through.
     pub fn patience(&self, now: Instant) -> Duration {
         match self.hold_until {
-            Some(h) if h > now => self.max_queue_wait.max(self.max_hold_wait),
-            _ => self.max_queue_wait,
+            Some(h) if h > now => self
+                .settings
+                .max_queue_wait
+                .max(self.settings.max_hold_wait),
+            _ => self.settings.max_queue_wait,
         }
     }
 

@@ -149,9 +149,16 @@ impl Metrics {
         .expect("valid metric");
         r.register(Box::new(upstream_connections.clone()))
             .expect("unique metric");
+        let upstream_connections_resting = IntGauge::new(
+            "upstream_connections_resting",
+            "Idle HTTP/1.1 upstream connections resting: the socket kept, hyper's buffers and task let go (all but the most recently used few)",
+        )
+        .expect("valid metric");
+        r.register(Box::new(upstream_connections_resting.clone()))
+            .expect("unique metric");
         let upstream_idle_closed = IntCounter::new(
             "upstream_idle_closed_total",
-            "Idle upstream connections closed for upstream.max_idle_connections, since start",
+            "Idle upstream connections closed for upstream.max_idle_connections (and HTTP/2 ones past the 32 kept ready), since start",
         )
         .expect("valid metric");
         r.register(Box::new(upstream_idle_closed.clone()))
@@ -435,6 +442,7 @@ impl Metrics {
             ),
             providers_tracked,
             upstream_connections,
+            upstream_connections_resting,
             upstream_idle_closed,
             tasks_alive,
             allocations,

@@ -103,6 +103,8 @@ pub struct Metrics {
     pub providers_tracked: IntGauge,
     /// Pooled upstream connections open, idle or in use.
     pub upstream_connections: IntGauge,
+    /// Idle HTTP/1.1 upstream connections resting (their socket alone).
+    pub upstream_connections_resting: IntGauge,
     /// Idle upstream connections closed for `upstream.max_idle_connections`.
     pub upstream_idle_closed: IntCounter,
     /// Tasks alive in the runtime (connections, tunnels, writers…): flat
