@@ -605,82 +605,84 @@ async fn replicas_share_one_allowance() {
 /// Issue 34 (R-AI1, R-SG2, R-DS1): the commonest API limiter — a 20 req/s
 /// token bucket with a small burst answering `429` with `Retry-After: 1` —
 /// met from a cold start by 16 naive clients through one sluice and,
-/// beside it, through 8 replicas sharing a budget in Redis, on bursts of
-/// 2, 5 and 10 at once (each pair on its own provider and Redis). Slow
-/// start's overshoot is refused once on a small burst; the one sluice
-/// probes soon after, the fleet places its limit at the rate met and fits
-/// the bucket from its refusals as Redis counted them: over 30–60 s both
-/// get ≥ 95 % of the limit with ≤ 0.5 % 429s. Printed side by side.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn small_bursts_through_one_sluice_and_a_fleet() {
-    const BURSTS: [u32; 3] = [2, 5, 10];
+/// beside it, through 8 replicas sharing a budget in Redis (each on its own
+/// provider). Slow start's overshoot is refused once on a small burst; the
+/// one sluice probes soon after, the fleet places its limit at the rate met
+/// and fits the bucket from its refusals as Redis counted them: over
+/// 30–60 s both get ≥ 95 % of the limit with ≤ 0.5 % 429s. Printed side by
+/// side.
+///
+/// One test a burst (2, 5, 10): the three side by side in one test were 27
+/// debug sluices and 96 clients on two cores, and a burst of 2 tolerates
+/// only 100 ms of bunched arrivals — the machine's own scheduling, not the
+/// pacing, then decided the figure (the fleet at 0.83–0.93 with the three
+/// together, 0.967 three times of three alone, on the same code).
+async fn small_bursts_through_one_sluice_and_a_fleet(burst: u32, one_ip: &str, fleet_ip: &str) {
     let path = "/limited-ra/1";
-    let mut runs = Vec::new();
-    for (i, burst) in BURSTS.into_iter().enumerate() {
-        let (one_ip, fleet_ip) = (
-            format!("127.0.4.{}", 2 * i + 1),
-            format!("127.0.4.{}", 2 * i + 2),
-        );
-        let (one_sim, fleet_sim) = (Sim::start(&one_ip).await, Sim::start(&fleet_ip).await);
-        one_sim.set_limit(20.0, f64::from(burst));
-        fleet_sim.set_limit(20.0, f64::from(burst));
-        let redis = Redis::start();
-        let one = replicas(1, &one_ip, None);
-        let fleet = replicas(8, &fleet_ip, Some(&redis));
-        runs.push((burst, one_sim, fleet_sim, redis, one, fleet));
-    }
-    let side_by_side = |i: usize| {
-        let (_, one_sim, fleet_sim, _, one, fleet) = &runs[i];
-        let (a, b) = (one_sim.url("http", path), fleet_sim.url("http", path));
-        async move { tokio::join!(drive(one, &a, 16, 60), drive(fleet, &b, 2, 60)) }
-    };
-    let (b2, b5, b10) = tokio::join!(side_by_side(0), side_by_side(1), side_by_side(2));
-    let seen = [b2, b5, b10];
+    let (one_sim, fleet_sim) = (Sim::start(one_ip).await, Sim::start(fleet_ip).await);
+    one_sim.set_limit(20.0, f64::from(burst));
+    fleet_sim.set_limit(20.0, f64::from(burst));
+    let redis = Redis::start();
+    let one = replicas(1, one_ip, None);
+    let fleet = replicas(8, fleet_ip, Some(&redis));
+    let (a, b) = (one_sim.url("http", path), fleet_sim.url("http", path));
+    let (seen_one, seen_fleet) = tokio::join!(drive(&one, &a, 16, 60), drive(&fleet, &b, 2, 60));
     let mut failures = Vec::new();
-    for ((burst, one_sim, fleet_sim, redis, one, fleet), (seen_one, seen_fleet)) in
-        runs.iter().zip(seen)
-    {
-        // The fleet's last refusal after a hold, as Redis counted it (what
-        // every replica's token-bucket fit reads): the fleet's sends from
-        // the hold's end to the refusal, at about the bucket's rate.
-        let (after, sent) = (
-            shared_field(redis, "rafter").await,
-            shared_field(redis, "rsent").await,
-        );
-        match after.zip(sent) {
-            Some((ms, n)) if (15.0..=40.0).contains(&(n / (ms / 1000.0))) => {}
-            other => failures.push(format!(
-                "burst {burst}: the fleet's refusal in Redis (ms after the hold, sent): {other:?}"
-            )),
-        }
-        for (who, s) in [("one sluice", &one[0]), ("replica 0", &fleet[0])] {
-            let (_, v) = s.api("GET", "/v1/providers/p", None).await;
-            println!("burst {burst}, {who}: {v}");
-            let (_, h) = s.api("GET", "/v1/history", None).await;
-            let h = &h["providers"]["p"];
-            println!(
-                "  every 5 s: rate {}\n  throttle point {}\n  refused {}",
-                h["rate_rps"], h["throttle_point_rps"], h["refused"]
-            );
-        }
-        let (one, fleet) = (
-            one_sim.figures(path, 30, 60, 20.0),
-            fleet_sim.figures(path, 30, 60, 20.0),
-        );
+    // The fleet's last refusal after a hold, as Redis counted it (what
+    // every replica's token-bucket fit reads): the fleet's sends from the
+    // hold's end to the refusal, at about the bucket's rate.
+    let (after, sent) = (
+        shared_field(&redis, "rafter").await,
+        shared_field(&redis, "rsent").await,
+    );
+    match after.zip(sent) {
+        Some((ms, n)) if (15.0..=40.0).contains(&(n / (ms / 1000.0))) => {}
+        other => failures.push(format!(
+            "burst {burst}: the fleet's refusal in Redis (ms after the hold, sent): {other:?}"
+        )),
+    }
+    for (who, s) in [("one sluice", &one[0]), ("replica 0", &fleet[0])] {
+        let (_, v) = s.api("GET", "/v1/providers/p", None).await;
+        println!("burst {burst}, {who}: {v}");
+        let (_, h) = s.api("GET", "/v1/history", None).await;
+        let h = &h["providers"]["p"];
         println!(
-            "burst {burst}, 30-60 s: one sluice {one}\n          8 replicas {fleet}\n  \
-             clients {seen_one:?} | {seen_fleet:?}"
+            "  every 5 s: rate {}\n  throttle point {}\n  refused {}",
+            h["rate_rps"], h["throttle_point_rps"], h["refused"]
         );
-        for (who, f) in [("one sluice", one), ("8 replicas", fleet)] {
-            if f.goodput < 0.95 || f.throttled_share > 0.005 {
-                failures.push(format!("burst {burst}, {who}: {f}"));
-            }
+    }
+    let (one, fleet) = (
+        one_sim.figures(path, 30, 60, 20.0),
+        fleet_sim.figures(path, 30, 60, 20.0),
+    );
+    println!(
+        "burst {burst}, 30-60 s: one sluice {one}\n          8 replicas {fleet}\n  \
+         clients {seen_one:?} | {seen_fleet:?}"
+    );
+    for (who, f) in [("one sluice", one), ("8 replicas", fleet)] {
+        if f.goodput < 0.95 || f.throttled_share > 0.005 {
+            failures.push(format!("burst {burst}, {who}: {f}"));
         }
     }
     assert!(
         failures.is_empty(),
         "≥ 95 % of the limit with ≤ 0.5 % 429s over 30-60 s: {failures:?}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_2_through_one_sluice_and_a_fleet() {
+    small_bursts_through_one_sluice_and_a_fleet(2, "127.0.4.1", "127.0.4.2").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_5_through_one_sluice_and_a_fleet() {
+    small_bursts_through_one_sluice_and_a_fleet(5, "127.0.4.3", "127.0.4.4").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_10_through_one_sluice_and_a_fleet() {
+    small_bursts_through_one_sluice_and_a_fleet(10, "127.0.4.5", "127.0.4.6").await;
 }
 
 /// R-SG2, R-DS1 (issue 34): a `Retry-After: 1` bucket of burst 5 raised
