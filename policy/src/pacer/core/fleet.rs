@@ -124,6 +124,14 @@ impl PacerCore {
         }
     }
 
+    /// The rate is a fleet's: a shared budget has answered (or did, and
+    /// this replica paces alone at its share for now).
+    pub fn sharing(&self) -> bool {
+        self.fleet
+            .as_deref()
+            .is_some_and(|f| f.shared_rate.is_some() || f.alone.is_some())
+    }
+
     /// Whether this replica paces alone because its shared budget is
     /// unreachable.
     pub fn alone(&self) -> bool {

@@ -658,17 +658,23 @@ mod tests {
         secs: u64,
         edge: impl Fn(u32) -> bool,
     ) -> (f64, u32, Option<f64>) {
-        flask_limiter_allowing(moving, secs, 20, edge)
+        flask_limiter_allowing(
+            PacerCore::new(&ProviderSettings::with_ceiling(50.0)),
+            moving,
+            secs,
+            20,
+            edge,
+        )
     }
 
     /// [`flask_limiter`] allowing `allows` a second though it says 20.
     fn flask_limiter_allowing(
+        mut core: PacerCore,
         moving: bool,
         secs: u64,
         allows: usize,
         edge: impl Fn(u32) -> bool,
     ) -> (f64, u32, Option<f64>) {
-        let mut core = PacerCore::new(&ProviderSettings::with_ceiling(50.0));
         let t0 = Instant::now();
         let wall = |t: Instant| (t - t0).as_secs_f64() + 0.37;
         let second = Duration::from_secs(1);
@@ -766,6 +772,38 @@ mod tests {
         assert!(refused <= 5, "{refused} refused: only the late ones");
     }
 
+    /// R-DS1, R-SG1: a replica of a fleet paces a rolling quota at
+    /// [`quota::ROLLING_MARGIN_SHARED`] of its rate, one sluice at
+    /// [`quota::ROLLING_MARGIN`]: a fleet's sends arrive further from their
+    /// even spacing.
+    #[test]
+    fn a_fleet_paces_a_rolling_quota_further_under_its_rate() {
+        let alone = flask_limiter(true, 30, |_| false).2.expect("trusted");
+        let mut core = PacerCore::new(&ProviderSettings::with_ceiling(50.0));
+        let view = SharedView {
+            rate: 50.0,
+            limit: None,
+            hold: None,
+            admitted: 0,
+            allowance: None,
+            refusal: None,
+            held: None,
+        };
+        core.adopt_shared(&view, Instant::now(), Duration::from_secs(1));
+        let (used, refused, shared) = flask_limiter_allowing(core, true, 30, 20, |_| false);
+        let shared = shared.expect("trusted");
+        assert!(
+            (alone - 20.0 * quota::ROLLING_MARGIN).abs() < 1e-9,
+            "{alone}"
+        );
+        assert!(
+            (shared - 20.0 * quota::ROLLING_MARGIN_SHARED).abs() < 1e-9,
+            "{shared}"
+        );
+        assert!(used >= 0.93, "{used:.3} used");
+        assert_eq!(refused, 0);
+    }
+
     /// Refused while it was still read as a fixed window (here its 61st
     /// request, 3 s in), a moving window's word is trusted again once its refills
     /// show it rolls: the refusal was the reading's, not the quota's. (Its
@@ -784,7 +822,8 @@ mod tests {
     /// minutes), 0.84 of 20 used (0.93 of 18).
     #[test]
     fn a_rolling_quota_that_allows_less_than_it_says_is_paced_by_aimd() {
-        let (used, refused, pace) = flask_limiter_allowing(true, 120, 18, |_| false);
+        let core = PacerCore::new(&ProviderSettings::with_ceiling(50.0));
+        let (used, refused, pace) = flask_limiter_allowing(core, true, 120, 18, |_| false);
         let served = used * 20.0 * 105.0;
         let share = f64::from(refused) / served;
         assert!(
