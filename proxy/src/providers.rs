@@ -165,6 +165,12 @@ pub const MAX_LANES: usize = 32;
 pub trait Observer: Send + Sync {
     /// Sinks for the provider `name`, and its label in metrics.
     fn sinks(&self, name: &Arc<str>) -> Sinks;
+
+    /// Providers with these labels of their own left the table: their
+    /// series may go, their labels to other providers.
+    fn gone(&self, labels: &[Arc<str>]) {
+        let _ = labels;
+    }
 }
 
 /// Where a new provider's events and breaker transitions go, and its
@@ -177,6 +183,14 @@ pub struct Sinks {
     pub transitions: TransitionSink,
     /// Its label.
     pub label: Arc<str>,
+}
+
+/// Notes `p`'s label as gone if it is its own name (not the one every
+/// provider past the label cap shares).
+fn labelled(p: &Provider, gone: &mut Vec<Arc<str>>) {
+    if p.label == p.name {
+        gone.push(p.label.clone());
+    }
 }
 
 /// One provider: its policy state and its stack.
@@ -605,9 +619,11 @@ impl Providers {
     pub fn sweep(&self) {
         let now = Instant::now();
         let mut entries = self.entries();
-        self.evict_idle(&mut entries, now);
-        self.let_go_quiet(&mut entries, now);
+        let mut gone = self.evict_idle(&mut entries, now);
+        gone.extend(self.let_go_quiet(&mut entries, now));
         shrink(&mut entries);
+        drop(entries);
+        self.forget(&gone);
         let max_age = self.rules().limits.state_max_age;
         let mut kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
         kept.retain(|_, k| now.saturating_duration_since(k.at) < max_age);
@@ -625,8 +641,16 @@ impl Providers {
             return;
         }
         self.room_sought.store(ms.max(1), Ordering::Relaxed);
-        self.evict_idle(entries, now);
-        self.let_go_quiet(entries, now);
+        let mut gone = self.evict_idle(entries, now);
+        gone.extend(self.let_go_quiet(entries, now));
+        self.forget(&gone);
+    }
+
+    /// Tells the observer which labelled providers left the table.
+    fn forget(&self, gone: &[Arc<str>]) {
+        if let (false, Some(o)) = (gone.is_empty(), &self.observer) {
+            o.gone(gone);
+        }
     }
 
     /// What `p` learned, as kept once it leaves the table: its age counts
@@ -640,20 +664,29 @@ impl Providers {
         }
     }
 
-    fn evict_idle(&self, entries: &mut HashMap<Arc<str>, Arc<Provider>>, now: Instant) {
+    /// Evicts providers idle for `provider_idle`; the labels of their own
+    /// that they held.
+    fn evict_idle(
+        &self,
+        entries: &mut HashMap<Arc<str>, Arc<Provider>>,
+        now: Instant,
+    ) -> Vec<Arc<str>> {
         let idle = self.rules().limits.provider_idle;
         let mut kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
+        let mut gone = Vec::new();
         entries.retain(|name, p| {
             let unused = now.saturating_duration_since(p.last_used(self.epoch)) >= idle;
             let busy = Arc::strong_count(p) > 1 || p.policy.bulkhead.in_flight() > 0;
             if unused && !busy {
                 kept.insert(name.to_string(), self.fold(p, now));
                 self.bound_kept(&mut kept);
+                labelled(p, &mut gone);
                 false
             } else {
                 true
             }
         });
+        gone
     }
 
     /// Lets go the hosts' own providers (not a configured one, a lane of
@@ -671,10 +704,15 @@ impl Providers {
     /// sidecar's few providers, each watched on the admin page and in
     /// `sluice status`, and one polled every 30 s would flicker out of
     /// sight between polls.
-    fn let_go_quiet(&self, entries: &mut HashMap<Arc<str>, Arc<Provider>>, now: Instant) {
+    fn let_go_quiet(
+        &self,
+        entries: &mut HashMap<Arc<str>, Arc<Provider>>,
+        now: Instant,
+    ) -> Vec<Arc<str>> {
         let rules = self.rules();
+        let mut gone = Vec::new();
         if entries.len() <= rules.limits.max_metric_providers {
-            return;
+            return gone;
         }
         let mut kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
         entries.retain(|name, p| {
@@ -683,15 +721,18 @@ impl Providers {
                 return true;
             }
             if p.policy.learned_nothing(now) {
+                labelled(p, &mut gone);
                 return false;
             }
             if !p.policy.settled(now) {
                 return true;
             }
             kept.insert(name.to_string(), self.fold(p, now));
+            labelled(p, &mut gone);
             false
         });
         self.bound_kept(&mut kept);
+        gone
     }
 
     /// The `n` live providers used last, by name; and how many are live.

@@ -232,7 +232,7 @@ fn keys() -> Vec<Key> {
         k("limits.body_idle_timeout", "duration", format!("\"{}\"", duration(l.body_idle_timeout)), "A body that sends nothing for this long is cut."),
         k("limits.shutdown_grace", "duration", format!("\"{}\"", duration(l.shutdown_grace)), "In-flight work gets this long to finish on SIGTERM."),
         k("limits.save_interval", "duration", format!("\"{}\"", duration(l.save_interval)), "Learned state is saved this often (and at shutdown)."),
-        k("limits.max_metric_providers", "integer", l.max_metric_providers.to_string(), "Distinct provider labels in metrics; the rest are `_other`. A table of more providers than this is a crawl's, not a sidecar's: its hosts' own providers are let go once quiet (see `limits.provider_idle`)."),
+        k("limits.max_metric_providers", "integer", l.max_metric_providers.to_string(), "Distinct provider labels in metrics at once; the rest are `_other`. A provider that leaves the table (evicted, or let go once quiet) takes its series out of `/metrics` and frees its label for the next provider. A table of more providers than this is a crawl's, not a sidecar's: its hosts' own providers are let go once quiet (see `limits.provider_idle`)."),
         k("limits.workers", "integer", l.workers.to_string(), "Threads serving connections: one, on a current-thread runtime, spends the least CPU per request; more run on the multi-thread scheduler."),
         k("tls.ca_cert", "path", "`<state_dir>/ca.crt`".into(), "The interception CA's certificate, instead of the one sluice creates."),
         k("tls.ca_key", "path", "`<state_dir>/ca.key`".into(), "Its key."),

@@ -576,3 +576,76 @@ async fn the_allocators_counts_are_scraped() {
     let rss = sluice_tests::procfs::rss_kib(s.pid()) as f64 * 1024.0;
     assert!(heap > 0.0 && heap < rss, "heap {heap} of resident {rss}");
 }
+
+/// R-OP1, R-PF1: a provider that leaves the table takes its series out of
+/// `/metrics` and frees its label. Four hosts, each answered once, in a
+/// table whose labels are capped at four and whose providers are evicted
+/// after 1 s idle; once they are gone, four other hosts each get a label
+/// of their own — not `_other` — and the first four's series are gone.
+/// (Before, labels stayed with the first providers ever seen: the live
+/// ones of a crawl all counted under `_other`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn labels_of_providers_that_left_go_to_the_live_ones() {
+    let origin = Sim::start("0.0.0.0").await;
+    let port = origin.addr.port();
+    let s = Sluice::start(
+        "[destinations]\nallow = [\"127.0.0.0/8\"]\n[limits]\nmax_metric_providers = 4\n\
+         provider_idle = \"1s\"\n",
+    );
+    let get = |host: String| {
+        let proxy = s.proxy_url();
+        async move {
+            let url = format!("http://{host}:{port}/ok");
+            curl(&proxy, &[], &url, Duration::from_secs(10))
+                .await
+                .status
+        }
+    };
+    let first: Vec<String> = (1..=4).map(|i| format!("127.6.1.{i}")).collect();
+    let then: Vec<String> = (1..=4).map(|i| format!("127.6.2.{i}")).collect();
+    for h in &first {
+        assert_eq!(get(h.clone()).await, 200, "{h}");
+    }
+    let series = |body: &str, host: &str| {
+        body.lines()
+            .filter(|l| {
+                l.starts_with("sluice_requests_total{")
+                    && l.contains(&format!("provider=\"{host}\""))
+            })
+            .count()
+    };
+    let (_, body) = s.admin_get("/metrics").await;
+    for h in &first {
+        assert!(series(&body, h) > 0, "{h} has its own series:\n{body}");
+    }
+    // Evicted 1 s after its last use, at the next sweep (every 2 s).
+    let started = Instant::now();
+    let mut total = Value::Null;
+    while started.elapsed() < Duration::from_secs(20) {
+        total = s.api("GET", "/v1/providers", None).await.1["total"].clone();
+        if total == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert_eq!(total, 0, "the first hosts left the table");
+    for h in &then {
+        assert_eq!(get(h.clone()).await, 200, "{h}");
+    }
+    let (_, body) = s.admin_get("/metrics").await;
+    for h in &first {
+        assert_eq!(series(&body, h), 0, "{h} left, its series with it:\n{body}");
+        assert!(
+            !body.contains(&format!("provider=\"{h}\"")),
+            "{h} in no family"
+        );
+    }
+    for h in &then {
+        assert!(series(&body, h) > 0, "{h} has a label of its own:\n{body}");
+    }
+    assert_eq!(
+        series(&body, "_other"),
+        0,
+        "nothing counted under _other:\n{body}"
+    );
+}

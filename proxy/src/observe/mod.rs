@@ -71,6 +71,10 @@ impl Observer for Observe {
             label,
         }
     }
+
+    fn gone(&self, labels: &[Arc<str>]) {
+        self.outlets.metrics.forget(labels.iter().map(|l| &**l));
+    }
 }
 
 impl Observe {

@@ -8,7 +8,7 @@ use prometheus::{
     IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
 };
 
-use prometheus::core::Collector;
+use prometheus::core::{Collector, MetricVec, MetricVecBuilder};
 use prometheus::proto::MetricType;
 
 use super::{Metrics, BAD_REQUEST_REASONS, DESTINATION_REFUSAL_REASONS};
@@ -26,11 +26,17 @@ pub struct Family {
     pub help: String,
 }
 
+/// Removes a family's series of one provider label (see
+/// [`Metrics::forget`]).
+pub(super) type Forget = Box<dyn Fn(&HashSet<&str>) + Send + Sync>;
+
 /// The registry, noting each family as it is registered: the reference
-/// is made from the same registrations `/metrics` serves.
+/// is made from the same registrations `/metrics` serves, and a provider
+/// leaving the table leaves every family labelled by provider.
 struct Recorder {
     registry: Registry,
     families: Mutex<Vec<Family>>,
+    forgets: Mutex<Vec<Forget>>,
 }
 
 impl Recorder {
@@ -38,7 +44,26 @@ impl Recorder {
         Recorder {
             registry: Registry::new_custom(Some("sluice".into()), None).expect("registry"),
             families: Mutex::new(Vec::new()),
+            forgets: Mutex::new(Vec::new()),
         }
+    }
+
+    /// Notes how to remove `vec`'s series of one provider, if it has a
+    /// `provider` label.
+    fn forgettable<T: MetricVecBuilder + 'static>(&self, vec: &MetricVec<T>) {
+        let names = vec
+            .desc()
+            .first()
+            .map(|d| d.variable_labels.clone())
+            .unwrap_or_default();
+        let Some(at) = names.iter().position(|n| n == "provider") else {
+            return;
+        };
+        let vec = vec.clone();
+        self.forgets
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(Box::new(move |gone| forget_in(&vec, &names, at, gone)));
     }
 
     fn register(&self, c: Box<dyn Collector>) -> prometheus::Result<()> {
@@ -63,21 +88,54 @@ impl Recorder {
     }
 }
 
+/// Removes every series of `vec` whose label `names[at]` is one of `gone`.
+/// Prometheus removes a series only by its whole tuple of values: the
+/// tuples are read from the family as collected (a copy of each series,
+/// once per sweep that lets labelled providers go: at most
+/// `limits.max_metric_providers` of them hold labels).
+fn forget_in<T: MetricVecBuilder>(
+    vec: &MetricVec<T>,
+    names: &[String],
+    at: usize,
+    gone: &HashSet<&str>,
+) {
+    for family in vec.collect() {
+        for metric in family.get_metric() {
+            let pairs = metric.get_label();
+            let values: Vec<&str> = names
+                .iter()
+                .map(|n| {
+                    pairs
+                        .iter()
+                        .find(|p| p.name() == n)
+                        .map_or("", |p| p.value())
+                })
+                .collect();
+            if values.get(at).is_some_and(|v| gone.contains(v)) {
+                let _ = vec.remove_label_values(&values);
+            }
+        }
+    }
+}
+
 fn gauge(r: &Recorder, name: &str, help: &str, labels: &[&str]) -> GaugeVec {
     let g = GaugeVec::new(Opts::new(name, help), labels).expect("valid metric");
     r.register(Box::new(g.clone())).expect("unique metric");
+    r.forgettable(&g);
     g
 }
 
 fn int_gauge(r: &Recorder, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
     let g = IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric");
     r.register(Box::new(g.clone())).expect("unique metric");
+    r.forgettable(&g);
     g
 }
 
 fn counter(r: &Recorder, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
     let c = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
     r.register(Box::new(c.clone())).expect("unique metric");
+    r.forgettable(&c);
     c
 }
 
@@ -88,6 +146,7 @@ fn histogram(r: &Recorder, name: &str, help: &str, buckets: Vec<f64>) -> Histogr
     )
     .expect("valid metric");
     r.register(Box::new(h.clone())).expect("unique metric");
+    r.forgettable(&h);
     h
 }
 
@@ -117,6 +176,7 @@ impl Metrics {
         .expect("valid metric");
         r.register(Box::new(hold_seconds.clone()))
             .expect("unique metric");
+        r.forgettable(&hold_seconds);
         let tasks_alive = IntGauge::new(
             "runtime_tasks_alive",
             "Tasks alive in the async runtime (connections, tunnels, background work)",
@@ -516,6 +576,7 @@ impl Metrics {
             max_labels,
             registry: r.registry.clone(),
             families: Vec::new(),
+            forgets: Vec::new(),
         };
         for result in ["ok", "rejected"] {
             m.reloads.with_label_values(&[result]);
@@ -541,6 +602,7 @@ impl Metrics {
             m.destination_refusals.with_label_values(&[reason]);
         }
         m.families = r.families.into_inner().unwrap_or_else(|p| p.into_inner());
+        m.forgets = r.forgets.into_inner().unwrap_or_else(|p| p.into_inner());
         m
     }
 

@@ -27,8 +27,9 @@ use prometheus::{
 
 /// One provider's series that every answered request touches, each
 /// looked up on first use and kept (issue 24: a look-up by label hashes
-/// the values and takes the family's lock; series are never removed, so a
-/// kept handle stays the exported one).
+/// the values and takes the family's lock). Its series are removed only
+/// once the provider has left the table ([`Metrics::forget`]), its handles
+/// with it: a kept handle stays the exported one.
 #[derive(Debug, Default)]
 pub struct Handles {
     attempt_success: OnceLock<IntCounter>,
@@ -53,6 +54,9 @@ pub struct Metrics {
     families: Vec<catalogue::Family>,
     labels: Mutex<HashSet<String>>,
     max_labels: usize,
+    /// Each family labelled by provider, as it removes one provider's
+    /// series.
+    forgets: Vec<catalogue::Forget>,
     rate: GaugeVec,
     interval: GaugeVec,
     ceiling: GaugeVec,
@@ -206,6 +210,29 @@ impl Metrics {
             return provider.to_string();
         }
         OTHER.to_string()
+    }
+
+    /// Providers with labels of their own left the table (R-OP1, R-PF1):
+    /// their series leave `/metrics` and their labels are free for the
+    /// next providers. Labels went to the first providers ever seen and
+    /// stayed theirs, so a broad crawl's later hosts — the live ones — all
+    /// counted under `_other`, and the first 256 hosts' series (about
+    /// 12 KB each) stayed for good. A provider that comes back counts from
+    /// zero, as Prometheus reads a restarted counter.
+    pub fn forget<'a>(&self, gone: impl IntoIterator<Item = &'a str>) {
+        let mut labels = self.labels.lock().unwrap_or_else(|p| p.into_inner());
+        let gone: HashSet<&str> = gone
+            .into_iter()
+            .filter(|l| *l != OTHER && labels.remove(*l))
+            .collect();
+        if gone.is_empty() {
+            return;
+        }
+        // Removed under the labels' lock: a provider given one of these
+        // labels again meanwhile would have its new series removed too.
+        for forget in &self.forgets {
+            forget(&gone);
+        }
     }
 
     /// Counts one client request's final outcome.
