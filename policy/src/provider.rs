@@ -187,6 +187,25 @@ impl ProviderPolicy {
         }
     }
 
+    /// Whether what [`ProviderPolicy::learned`] holds at `now` is what a
+    /// provider made anew holds (R-PF1): the start rate, no throttle point,
+    /// baseline or allowance begun, the breaker closed. A host that only
+    /// ever failed to answer — a refused connect, a broad crawl's dead link
+    /// — learned failures in a row, which pass with the windows: a record
+    /// of it would restore a cold start.
+    pub fn learned_is_cold(&self, now: Instant) -> bool {
+        let cold = LearnedState {
+            rate_rps: self.settings().start_rate(),
+            limit_rps: None,
+            baseline: None,
+            breaker: State::Closed,
+            open_remaining: None,
+            allowance: None,
+            known: crate::pacer::LimitKnown::default(),
+        };
+        self.learned(now) == cold
+    }
+
     /// Whether, at `now`, it holds nothing a provider made anew would not
     /// start from (R-PF1, issue 38): its pacer, breaker and outage watch
     /// untaught, nothing in flight or waiting for a permit. Once

@@ -78,6 +78,21 @@ fn untaught(rules: &Rules, name: &str, p: &Provider, now: Instant) -> bool {
     own(rules, name, p) && p.policy.learned_nothing(now)
 }
 
+/// Whether `p` is a host's own provider with nothing for the store
+/// (R-PF1): what it learned is a cold start's, and no record of it was
+/// restored or ever handed to the store — none can be there to overwrite.
+/// A broad crawl's dead hosts (refused connects, `502`s) learn only
+/// failures in a row, which pass with the windows; their records filled
+/// the store with cold starts. A configured provider is saved whatever it
+/// learned: the admin page and `sluice status` show it restored after a
+/// restart.
+fn nothing_to_keep(rules: &Rules, name: &str, p: &Provider, now: Instant) -> bool {
+    !p.restored
+        && p.saved.load(Ordering::Relaxed) == 0
+        && own(rules, name, p)
+        && p.policy.learned_is_cold(now)
+}
+
 /// Whether `p` is a host's own provider: not a configured one or a lane of
 /// one, not the overflow, seeing each request, its budget not shared.
 fn own(rules: &Rules, name: &str, p: &Provider) -> bool {
@@ -671,14 +686,17 @@ impl Providers {
         entries: &mut HashMap<Arc<str>, Arc<Provider>>,
         now: Instant,
     ) -> Vec<Arc<str>> {
-        let idle = self.rules().limits.provider_idle;
+        let rules = self.rules();
+        let idle = rules.limits.provider_idle;
         let mut kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
         let mut gone = Vec::new();
         entries.retain(|name, p| {
             let unused = now.saturating_duration_since(p.last_used(self.epoch)) >= idle;
             let busy = Arc::strong_count(p) > 1 || p.policy.bulkhead.in_flight() > 0;
             if unused && !busy {
-                kept.insert(name.to_string(), self.fold(p, now));
+                if !nothing_to_keep(&rules, name, p, now) {
+                    kept.insert(name.to_string(), self.fold(p, now));
+                }
                 self.bound_kept(&mut kept);
                 labelled(p, &mut gone);
                 false
@@ -691,8 +709,9 @@ impl Providers {
 
     /// Lets go the hosts' own providers (not a configured one, a lane of
     /// one, the overflow or one whose budget is shared) once their windows
-    /// have passed (R-PF1, issue 38): one that learned nothing is dropped,
-    /// one that learned something is folded into what it learned — kept
+    /// have passed (R-PF1, issue 38): one that learned nothing, or nothing
+    /// a cold start does not hold, is dropped; one that learned something
+    /// is folded into what it learned — kept
     /// until the store has it, then read back from the store on its next
     /// request, as an evicted one is. A broad crawl's host would otherwise
     /// hold its state — a few KB — for `provider_idle`. A provider with
@@ -727,7 +746,9 @@ impl Providers {
             if !p.policy.settled(now) {
                 return true;
             }
-            kept.insert(name.to_string(), self.fold(p, now));
+            if !nothing_to_keep(&rules, name, p, now) {
+                kept.insert(name.to_string(), self.fold(p, now));
+            }
             labelled(p, &mut gone);
             false
         });
@@ -775,13 +796,16 @@ impl Providers {
     fn learned_where(&self, changed_only: bool) -> Vec<Learned> {
         let now = Instant::now();
         let all = self.all();
-        // Nothing to save of a provider that learned nothing (R-PF1). (The
+        // Nothing to save of a provider that learned nothing, or nothing a
+        // cold start does not hold (R-PF1). (The
         // table's lock is not held: the rules are taken after it, as
         // everywhere, and let go before the kept states'.)
         let rules = self.rules();
         let mut out: Vec<_> = all
             .iter()
-            .filter(|p| !untaught(&rules, &p.name, p, now))
+            .filter(|p| {
+                !untaught(&rules, &p.name, p, now) && !nothing_to_keep(&rules, &p.name, p, now)
+            })
             .filter_map(|p| {
                 let used = p.last_used(self.epoch);
                 let state = p.policy.learned(now);
@@ -1024,7 +1048,8 @@ mod tests {
     }
 
     /// R-PF1, issue 38: a host's provider that learned nothing is not
-    /// saved, and is let go once its windows have passed; one that learned
+    /// saved, and is let go once its windows have passed, as is one that
+    /// only failed (a cold start's state, failures in a row); one that learned
     /// something is folded into what it learned then, and made again from
     /// it; a configured one, one in use and one with a hold ahead stay.
     #[tokio::test(start_paused = true)]
@@ -1051,6 +1076,18 @@ mod tests {
             None,
         );
         drop(held);
+        // A dead host: its connects refused.
+        let dead = t.get("dead.test");
+        dead.policy.pacer.feedback(
+            Some(sluice_policy::classify::Outcome::ConnectError { retryable: true }),
+            Instant::now(),
+            None,
+        );
+        assert!(
+            !dead.policy.learned_nothing(Instant::now()),
+            "failures in a row are evidence while the windows last"
+        );
+        drop(dead);
         let in_use = t.get("in-use.test");
         let saved: Vec<String> = t.learned_changed().into_iter().map(|l| l.name).collect();
         assert_eq!(
@@ -1060,7 +1097,7 @@ mod tests {
         );
         tokio::time::advance(Duration::from_secs(9)).await;
         t.sweep();
-        assert_eq!(t.all().len(), 5, "within the windows: all stay");
+        assert_eq!(t.all().len(), 6, "within the windows: all stay");
         tokio::time::advance(Duration::from_secs(2)).await;
         t.sweep();
         let mut live: Vec<String> = t.all().iter().map(|p| p.name.to_string()).collect();
@@ -1074,6 +1111,10 @@ mod tests {
         t.sweep();
         assert_eq!(t.all().len(), 2, "let go once no request holds it");
         assert!(!t.get("quiet.test").restored, "made again, cold");
+        assert!(
+            !t.get("dead.test").restored,
+            "made again, cold: nothing of it was kept"
+        );
         let back = t.get("taught.test");
         assert!(back.restored, "made again from what it learned");
         assert_eq!(back.policy.pacer.snapshot(Instant::now()).rate_rps, 3.0);

@@ -5,7 +5,7 @@ use std::net::Ipv4Addr;
 use std::time::Duration;
 
 use crate::harness::{Sluice, TempDir};
-use crate::load::one_post_to_each;
+use crate::load::one_post_to_each_at;
 use crate::procfs::rss_kib;
 use crate::sim::Sim;
 
@@ -20,8 +20,10 @@ pub struct HostsRun {
     pub after_kib: u64,
     pub settled_kib: u64,
     /// Bytes the allocator holds for the heap (`sluice_allocated_bytes`)
-    /// before and 15 s after: live state, without the allocator's slack.
+    /// before, right after and 15 s after: live state, without the
+    /// allocator's slack.
     pub heap_before: f64,
+    pub heap_after: f64,
     pub heap_settled: f64,
     /// Bytes of sled's files (`state/store`) 15 s later, every provider
     /// saved.
@@ -44,13 +46,14 @@ impl HostsRun {
     /// A line for a bench's output.
     pub fn line(&self) -> String {
         format!(
-            "resident {:.1} → {:.1} MiB for {} providers added: {:.0} bytes per host; \
+            "resident {:.1} → {:.1} MiB for {} providers added: {:.0} bytes per host (heap {:.0}); \
              15 s later {:.1} MiB, {:.0} bytes per host (heap {:.0}); store {:.1} MiB, {:.0} bytes per host; \
              upstream connections open {}, closed for the idle bound {}; {} providers tracked 15 s later",
             self.before_kib as f64 / 1024.0,
             self.after_kib as f64 / 1024.0,
             self.added,
             self.per_host(self.after_kib),
+            (self.heap_after - self.heap_before) / self.added.max(1) as f64,
             self.settled_kib as f64 / 1024.0,
             self.per_host(self.settled_kib),
             (self.heap_settled - self.heap_before) / self.added.max(1) as f64,
@@ -63,20 +66,20 @@ impl HostsRun {
     }
 }
 
-/// One POST to `/ok` on `port` of each of `n` loopback addresses from
+/// One POST to `path` on `port` of each of `n` loopback addresses from
 /// `first` on through `sluice`, 16 at a time, each answered `expect`.
 pub async fn one_post_each(
     sluice: &Sluice,
-    first: Ipv4Addr,
-    port: u16,
+    at: (Ipv4Addr, u16, &'static str),
     n: u32,
     expect: u16,
 ) -> HostsRun {
     let before_kib = rss_kib(sluice.pid());
     let heap_before = heap(sluice).await;
     let tracked_before = tracked(sluice).await;
-    one_post_to_each(sluice.proxy, first, port, n, 16, expect).await;
+    one_post_to_each_at(sluice.proxy, at, n, 16, expect).await;
     let after_kib = rss_kib(sluice.pid());
+    let heap_after = heap(sluice).await;
     let added = tracked(sluice).await.saturating_sub(tracked_before);
     tokio::time::sleep(Duration::from_secs(15)).await;
     HostsRun {
@@ -85,6 +88,7 @@ pub async fn one_post_each(
         after_kib,
         settled_kib: rss_kib(sluice.pid()),
         heap_before,
+        heap_after,
         heap_settled: heap(sluice).await,
         tracked_settled: tracked(sluice).await,
         store_bytes: bytes_under(&sluice.dir.join("state").join("store")),
@@ -136,11 +140,13 @@ pub fn crawl_config(hosts: u32, extra: &str) -> String {
     )
 }
 
-/// Prints what `hosts` hosts cost, sections numbered from `first`:
-/// refused connects (the providers' own state), one origin on `0.0.0.0`
-/// answering `200` on the defaults (idle upstream connections under
-/// their bound), and the same with the bound lifted — the difference is
-/// one idle upstream connection's cost. Uses `127.1/16`–`127.3/16`.
+/// Prints what `hosts` hosts cost, sections numbered from `first` (four
+/// of them): refused connects (the providers' own state; nothing learned
+/// to save), one origin on `0.0.0.0` refusing each host once with a `429`
+/// (each learns a cut rate, saved), the same origin answering `200` on
+/// the defaults (idle upstream connections under their bound), and that
+/// with the bound lifted — the difference is one idle upstream
+/// connection's cost. Uses `127.1/16`–`127.4/16`.
 pub async fn report(hosts: u32, first: u32) {
     if hosts == 0 {
         return;
@@ -153,26 +159,42 @@ pub async fn report(hosts: u32, first: u32) {
 
     println!("{first}. {hosts} hosts, one POST each, a refused connect (502): providers only");
     let s = start("");
-    let refused = one_post_each(&s, "127.1.0.0".parse().unwrap(), 9, hosts, 502).await;
+    let refused = one_post_each(&s, ("127.1.0.0".parse().unwrap(), 9, "/ok"), hosts, 502).await;
     println!("  {}\n", refused.line());
     drop(s);
 
     println!(
-        "{}. {hosts} hosts, one POST each answered 200 by one origin on 0.0.0.0:{port}, defaults",
+        "{}. {hosts} hosts, one POST each refused (429) by one origin on 0.0.0.0:{port}: each learns a cut rate",
         first + 1
     );
     let s = start("");
-    let bounded = one_post_each(&s, "127.2.0.0".parse().unwrap(), port, hosts, 200).await;
+    let taught = one_post_each(
+        &s,
+        ("127.4.0.0".parse().unwrap(), port, "/status/429"),
+        hosts,
+        429,
+    )
+    .await;
+    println!("  {}\n", taught.line());
+    drop(s);
+
+    println!(
+        "{}. {hosts} hosts, one POST each answered 200 by one origin on 0.0.0.0:{port}, defaults",
+        first + 2
+    );
+    let s = start("");
+    let bounded = one_post_each(&s, ("127.2.0.0".parse().unwrap(), port, "/ok"), hosts, 200).await;
     println!("  {}\n", bounded.line());
     drop(s);
 
     let lifted = hosts + 100;
     println!(
         "{}. the same, upstream.max_idle_connections = {lifted}",
-        first + 2
+        first + 3
     );
     let s = start(&format!("[upstream]\nmax_idle_connections = {lifted}\n"));
-    let unbounded = one_post_each(&s, "127.3.0.0".parse().unwrap(), port, hosts, 200).await;
+    let unbounded =
+        one_post_each(&s, ("127.3.0.0".parse().unwrap(), port, "/ok"), hosts, 200).await;
     println!("  {}", unbounded.line());
     let conns = unbounded.upstream_open - bounded.upstream_open;
     println!(

@@ -245,13 +245,6 @@ pub async fn post(
     status
 }
 
-/// One POST to each of `n` loopback addresses from `first` on, port 9
-/// (nothing listens: each is a refused connect, a `502`, and a POST is not
-/// retried), over `conns` kept-alive connections — `n` providers tracked.
-pub async fn one_request_to_each(proxy: SocketAddr, first: std::net::Ipv4Addr, n: u32, conns: u32) {
-    one_post_to_each(proxy, first, 9, n, conns, 502).await
-}
-
 /// One POST to `/ok` on `port` of each of `n` loopback addresses from
 /// `first` on, over `conns` kept-alive connections, each answered
 /// `expect` within 20 s.

@@ -6,7 +6,7 @@ use std::time::Duration;
 use serde_json::Value;
 use sluice_tests::clients::{curl, naive_clients, python};
 use sluice_tests::harness::{walk, Sluice};
-use sluice_tests::load::{one_post_to_each_at, one_request_to_each};
+use sluice_tests::load::one_post_to_each_at;
 use sluice_tests::sim::Sim;
 use tokio::time::Instant;
 
@@ -204,16 +204,40 @@ async fn breaker_evidence_survives_kill_9() {
 /// R-PS1: a save carries every provider, however many. Each provider's
 /// record used to take a slot of the store writer's queue (4,096), so a
 /// shutdown with more live providers than that dropped the rest — and
-/// logged an error for each.
+/// logged an error for each. R-PF1: hosts that only failed to connect
+/// learned nothing a cold start does not hold, and leave no record.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_save_of_more_providers_than_the_writer_queue_loses_none() {
     const HOSTS: u32 = 5_000;
     let cfg = format!(
         "[destinations]\nallow = [\"127.0.0.0/8\"]\n[limits]\nmax_providers = {}\n",
-        HOSTS + 100
+        2 * HOSTS + 100
     );
     let s = Sluice::start(&cfg);
-    one_request_to_each(s.proxy, "127.4.0.0".parse().unwrap(), HOSTS, 8).await;
+    // Each host refuses its one request (`429`): each learns a cut rate.
+    // (A host that only fails to connect learns nothing to save: R-PF1.)
+    let origin = Sim::start("0.0.0.0").await;
+    one_post_to_each_at(
+        s.proxy,
+        (
+            "127.4.0.0".parse().unwrap(),
+            origin.addr.port(),
+            "/status/429",
+        ),
+        HOSTS,
+        8,
+        429,
+    )
+    .await;
+    // As many hosts where nothing listens: each a refused connect (`502`).
+    one_post_to_each_at(
+        s.proxy,
+        ("127.6.0.0".parse().unwrap(), 9, "/ok"),
+        HOSTS,
+        8,
+        502,
+    )
+    .await;
     let (status, dir) = s.terminate().await;
     assert!(status.success());
     let s = Sluice::start_in(dir, &cfg);
@@ -226,7 +250,7 @@ async fn a_save_of_more_providers_than_the_writer_queue_loses_none() {
     assert_eq!(
         restored,
         u64::from(HOSTS),
-        "every provider's state restored"
+        "every refused provider's state restored, none of the dead hosts'"
     );
     assert!(
         !s.log().contains("store write dropped"),

@@ -27,12 +27,14 @@
 //!    `ssl-bump`, and sluice's HTTPS CPU per request against its plain;
 //! 4. `HOSTS` tracked hosts (default 10,000): one request to each of as
 //!    many loopback addresses (nothing listens there: each is a refused
-//!    connect, a `502`), and sluice's resident memory per host;
-//! 5. as many hosts answered `200` by one origin on `0.0.0.0`, sluice on
-//!    its defaults: memory per host with the idle upstream connections
-//!    they leave (bounded), and 6. with the bound lifted: one idle
+//!    connect, a `502`), and sluice's resident memory per host; 5. as
+//!    many hosts each refused once (`429`) by one origin on `0.0.0.0`:
+//!    each learns a cut rate, saved;
+//! 6. as many hosts answered `200` by that origin, sluice on its
+//!    defaults: memory per host with the idle upstream connections they
+//!    leave (bounded), and 7. with the bound lifted: one idle
 //!    connection's cost (`sluice_tests::hosts::report`, also
-//!    `bench_hosts`); 7. a broad crawl over `CRAWL` hosts (default
+//!    `bench_hosts`); 8. a broad crawl over `CRAWL` hosts (default
 //!    1,000,000; 0 skips it), `max_providers = 100000`.
 
 use std::net::SocketAddr;
@@ -344,7 +346,7 @@ async fn main() {
     // Memory per host: sluice alone on the machine (the others stopped).
     drop((sluice, squid, bump, floor, origin, tls_origin));
     sluice_tests::hosts::report(hosts, 4).await;
-    sluice_tests::hosts::report_crawl(crawl, 7).await;
+    sluice_tests::hosts::report_crawl(crawl, 8).await;
 }
 
 /// Runs a future to completion from inside `measure`'s closure.
