@@ -538,8 +538,8 @@ impl<B> IdleList<B> {
             let Some(at) = s.ready.pop_front() else {
                 return;
             };
-            if let Some(idle) = s.idle.remove(&at) {
-                forget(&mut s.by_key, &idle.key, at);
+            // Off `ready` already: `take` finds it there no more.
+            if let Some(idle) = s.take(at) {
                 match idle.entry {
                     Entry::Ready(Sender::H1(h1)) => {
                         let _ = h1.rest.set((at, idle.since));
