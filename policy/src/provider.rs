@@ -5,7 +5,7 @@
 //! and the store read [`ProviderSnapshot`]. There is no second copy of a
 //! rate anywhere.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -47,7 +47,6 @@ impl std::fmt::Debug for PolicyOptions {
 #[derive(Debug)]
 pub struct ProviderPolicy {
     pub(crate) name: Arc<str>,
-    settings: Mutex<Arc<ValidSettings>>,
     /// GCRA + AIMD + hold + waiting room.
     pub pacer: Arc<PacerShared>,
     /// The circuit breaker.
@@ -128,7 +127,6 @@ impl ProviderPolicy {
             breaker,
             retry,
             bulkhead: BulkheadShared::new(&settings),
-            settings: Mutex::new(settings),
         });
         policy
             .bulkhead
@@ -149,12 +147,10 @@ impl ProviderPolicy {
         &self.name
     }
 
-    /// The settings in force.
+    /// The settings in force: the breaker's copy, the one every part
+    /// shares (no second one here: R-PF1, issue 38).
     pub fn settings(&self) -> Arc<ValidSettings> {
-        self.settings
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.breaker.lock().shared_settings().clone()
     }
 
     /// Applies new settings without losing what was learned (R-OP5).
@@ -169,7 +165,6 @@ impl ProviderPolicy {
         self.park.update_settings(&settings);
         self.attempt_timeout.set(settings.attempt_timeout);
         self.request_timeout.set(settings.request_timeout);
-        *self.settings.lock().unwrap_or_else(|p| p.into_inner()) = settings;
     }
 
     /// What this provider has learned, for the store.

@@ -19,6 +19,11 @@ pub struct HostsRun {
     pub before_kib: u64,
     pub after_kib: u64,
     pub settled_kib: u64,
+    /// Resident KiB 2 s after the last answer, and providers tracked
+    /// then: every host still tracked (they are let go no sooner than
+    /// their windows' 10 s), the requests' own buffers given back.
+    pub tracked_kib: u64,
+    pub tracked_2s: usize,
     /// Bytes the allocator holds for the heap (`sluice_allocated_bytes`)
     /// before, right after and 15 s after: live state, without the
     /// allocator's slack.
@@ -47,13 +52,16 @@ impl HostsRun {
     pub fn line(&self) -> String {
         format!(
             "resident {:.1} → {:.1} MiB for {} providers added: {:.0} bytes per host (heap {:.0}); \
-             15 s later {:.1} MiB, {:.0} bytes per host (heap {:.0}); store {:.1} MiB, {:.0} bytes per host; \
+             2 s later {:.1} MiB, {:.0} bytes per host, {} providers tracked; 15 s later {:.1} MiB, {:.0} bytes per host (heap {:.0}); store {:.1} MiB, {:.0} bytes per host; \
              upstream connections open {}, closed for the idle bound {}; {} providers tracked 15 s later",
             self.before_kib as f64 / 1024.0,
             self.after_kib as f64 / 1024.0,
             self.added,
             self.per_host(self.after_kib),
             (self.heap_after - self.heap_before) / self.added.max(1) as f64,
+            self.tracked_kib as f64 / 1024.0,
+            self.per_host(self.tracked_kib),
+            self.tracked_2s,
             self.settled_kib as f64 / 1024.0,
             self.per_host(self.settled_kib),
             (self.heap_settled - self.heap_before) / self.added.max(1) as f64,
@@ -81,11 +89,16 @@ pub async fn one_post_each(
     let after_kib = rss_kib(sluice.pid());
     let heap_after = heap(sluice).await;
     let added = tracked(sluice).await.saturating_sub(tracked_before);
-    tokio::time::sleep(Duration::from_secs(15)).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let tracked_kib = rss_kib(sluice.pid());
+    let tracked_2s = tracked(sluice).await.saturating_sub(tracked_before);
+    tokio::time::sleep(Duration::from_secs(13)).await;
     HostsRun {
         added,
         before_kib,
         after_kib,
+        tracked_kib,
+        tracked_2s,
         settled_kib: rss_kib(sluice.pid()),
         heap_before,
         heap_after,

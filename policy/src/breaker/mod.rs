@@ -23,7 +23,6 @@ mod service;
 pub mod state;
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::time::Instant;
@@ -33,7 +32,7 @@ pub use self::layer::BreakerLayer;
 pub use self::service::Breaker as BreakerService;
 pub use self::state::{Breaker, BreakerSnapshot, Permit, Reason, State, Transition};
 use crate::classify::{Outcome, Signal};
-use crate::settings::ProviderSettings;
+use crate::settings::{ProviderSettings, ValidSettings};
 
 /// Reads the retry budget left at an instant, for the evidence (R-CB2):
 /// the provider's retry budget itself, or a closure.
@@ -77,23 +76,14 @@ pub struct BreakerShared {
     /// budget's state, composed in by the provider (`crate::provider`).
     budget_left: BudgetLeft,
     sink: Option<TransitionSink>,
-    recent: Mutex<Vec<Transition>>,
-    /// How long a request may wait for the half-open probe's verdict, in
-    /// nanoseconds ([`NO_WAIT`]: it may not).
-    wait_for_probe: AtomicU64,
 }
 
-/// `wait_for_probe` when requests do not wait for a probe.
-const NO_WAIT: u64 = u64::MAX;
-
-/// The wait for a probe `settings` allow, as `wait_for_probe` keeps it.
-fn wait_for_probe(settings: &ProviderSettings) -> u64 {
-    if settings.breaker_wait_for_probe {
-        u64::try_from(settings.max_queue_wait.as_nanos())
-            .map_or(NO_WAIT - 1, |n| n.min(NO_WAIT - 1))
-    } else {
-        NO_WAIT
-    }
+/// How long a refused request may wait for the half-open probe's verdict,
+/// if `settings` let it wait at all.
+fn wait_for_probe(settings: &ProviderSettings) -> Option<std::time::Duration> {
+    settings
+        .breaker_wait_for_probe
+        .then_some(settings.max_queue_wait)
 }
 
 impl fmt::Debug for BreakerShared {
@@ -108,19 +98,14 @@ impl fmt::Debug for BreakerShared {
 impl BreakerShared {
     /// A closed breaker publishing to `sink`.
     pub fn new(
-        settings: &ProviderSettings,
+        settings: &Arc<ValidSettings>,
         budget_left: BudgetLeft,
         sink: Option<TransitionSink>,
     ) -> Arc<Self> {
         Arc::new(BreakerShared {
-            breaker: Mutex::new(Breaker::new(settings, Instant::now())),
+            breaker: Mutex::new(Breaker::new(settings.clone(), Instant::now())),
             budget_left,
             sink,
-            // Grown with the first transition: most providers never have
-            // one, and 32 kept in advance were 1.5 KB of every tracked
-            // provider (issue 24).
-            recent: Mutex::new(Vec::new()),
-            wait_for_probe: AtomicU64::new(wait_for_probe(settings)),
         })
     }
 
@@ -130,15 +115,14 @@ impl BreakerShared {
     }
 
     /// Applies new settings; state is kept.
-    pub fn update_settings(&self, settings: &ProviderSettings) {
+    pub fn update_settings(&self, settings: &Arc<ValidSettings>) {
         self.lock().update_settings(settings);
-        self.wait_for_probe
-            .store(wait_for_probe(settings), Ordering::Relaxed);
     }
 
+    /// How long a refused request may wait for the half-open probe (read
+    /// only once the breaker refused one: off the hot path).
     pub(crate) fn wait_for_probe(&self) -> Option<std::time::Duration> {
-        let nanos = self.wait_for_probe.load(Ordering::Relaxed);
-        (nanos != NO_WAIT).then(|| std::time::Duration::from_nanos(nanos))
+        wait_for_probe(self.lock().settings())
     }
 
     /// Closes the breaker because the provider's config changed (see
@@ -159,19 +143,14 @@ impl BreakerShared {
         if let Some(sink) = &self.sink {
             sink.transition(&t);
         }
-        let mut recent = self.recent.lock().unwrap_or_else(|p| p.into_inner());
-        if recent.len() == RECENT_TRANSITIONS {
-            recent.remove(0);
-        }
-        recent.push(t);
+        // Taken after the sink, never while the state is locked (every
+        // caller has let it go): the transitions kept are the state's.
+        self.lock().remember(t);
     }
 
     /// The most recent transitions, oldest first.
     pub fn recent(&self) -> Vec<Transition> {
-        self.recent
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.lock().recent().to_vec()
     }
 
     /// Asks for a permit now, publishing the Open → HalfOpen transition if

@@ -4,10 +4,18 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::settings::ProviderSettings;
+use std::sync::Arc;
+
+use super::RECENT_TRANSITIONS;
+use crate::settings::{ProviderSettings, ValidSettings};
 
 /// Buckets in the sliding window.
 const BUCKETS: usize = 10;
+
+/// How long one bucket of the window `settings` give lasts.
+fn bucket_len(settings: &ProviderSettings) -> Duration {
+    settings.breaker_window / BUCKETS as u32
+}
 
 /// Failures in a row that open the breaker once they span half its window,
 /// whatever the window's count: an outage at a rate the pacer has cut (or
@@ -154,11 +162,10 @@ pub struct Breaker {
     /// Origin of the window's slots.
     epoch: Instant,
     buckets: [Bucket; BUCKETS],
-    bucket_len: Duration,
-    failure_ratio: f64,
-    min_calls: u32,
-    open_for: Duration,
-    probes: u32,
+    /// The provider's settings (window, ratio, minimum calls, open time,
+    /// probes), shared, not copied: 40 bytes fewer a provider (R-PF1,
+    /// issue 38).
+    settings: Arc<ValidSettings>,
     /// Probes let through and not yet answered.
     probes_in_flight: u32,
     /// Probes answered with success in this half-open spell.
@@ -173,28 +180,43 @@ pub struct Breaker {
     /// Times the breaker has opened: names an open period (with the
     /// half-open spell after it), so that many requests waiting out one
     /// period count as one wait (R-RN8).
-    opens: u64,
+    opens: u32,
+    /// Recent transitions, oldest first, at most [`RECENT_TRANSITIONS`]:
+    /// grown with the first (most providers never have one, and 32 kept
+    /// in advance were 1.5 KB of every tracked provider: issue 24).
+    recent: Vec<Transition>,
 }
 
 impl Breaker {
     /// A closed breaker.
-    pub fn new(settings: &ProviderSettings, now: Instant) -> Self {
+    pub fn new(settings: Arc<ValidSettings>, now: Instant) -> Self {
         Breaker {
             state: State::Closed,
             since: now,
             epoch: now,
             buckets: [Bucket::default(); BUCKETS],
-            bucket_len: settings.breaker_window / BUCKETS as u32,
-            failure_ratio: settings.breaker_failure_ratio,
-            min_calls: settings.breaker_min_calls,
-            open_for: settings.breaker_open_for,
-            probes: settings.breaker_half_open_probes,
+            settings,
             probes_in_flight: 0,
             probe_successes: 0,
             streak: None,
             for_throttles: false,
             opens: 0,
+            recent: Vec::new(),
         }
+    }
+
+    /// Keeps `t` among the recent transitions, the oldest dropped past
+    /// [`RECENT_TRANSITIONS`].
+    pub fn remember(&mut self, t: Transition) {
+        if self.recent.len() == RECENT_TRANSITIONS {
+            self.recent.remove(0);
+        }
+        self.recent.push(t);
+    }
+
+    /// The recent transitions, oldest first.
+    pub fn recent(&self) -> &[Transition] {
+        &self.recent
     }
 
     /// Whether it has never opened and has no failures in a row: what a
@@ -212,35 +234,44 @@ impl Breaker {
     /// The open period the breaker is in or last was in: a number that
     /// changes each time it opens.
     pub fn cycle(&self) -> u64 {
-        self.opens
+        u64::from(self.opens)
     }
 
     /// Applies new settings (config reload); state and window are kept.
-    pub fn update_settings(&mut self, settings: &ProviderSettings) {
-        let len = settings.breaker_window / BUCKETS as u32;
-        if len != self.bucket_len {
+    pub fn update_settings(&mut self, settings: &Arc<ValidSettings>) {
+        if bucket_len(settings) != bucket_len(&self.settings) {
             self.buckets = [Bucket::default(); BUCKETS];
-            self.bucket_len = len;
         }
-        self.failure_ratio = settings.breaker_failure_ratio;
-        self.min_calls = settings.breaker_min_calls;
-        self.open_for = settings.breaker_open_for;
-        self.probes = settings.breaker_half_open_probes;
+        self.settings = settings.clone();
+    }
+
+    /// The settings in force.
+    pub(crate) fn settings(&self) -> &ProviderSettings {
+        &self.settings
+    }
+
+    /// The settings in force, to share.
+    pub(crate) fn shared_settings(&self) -> &Arc<ValidSettings> {
+        &self.settings
+    }
+
+    fn open_for(&self) -> Duration {
+        self.settings.breaker_open_for
     }
 
     /// Restores a saved state (R-PS1). An open breaker stays open for the
     /// time it had left.
     pub fn restore(&mut self, state: State, open_remaining: Option<Duration>, now: Instant) {
         if state == State::Open {
-            self.opens += 1;
+            self.opens = self.opens.wrapping_add(1);
         }
         self.state = state;
         self.probes_in_flight = 0;
         self.probe_successes = 0;
         self.since = match (state, open_remaining) {
             (State::Open, Some(left)) => {
-                let left = left.min(self.open_for);
-                (now + left).checked_sub(self.open_for).unwrap_or(now)
+                let left = left.min(self.open_for());
+                (now + left).checked_sub(self.open_for()).unwrap_or(now)
             }
             _ => now,
         };
@@ -265,7 +296,7 @@ impl Breaker {
 
     fn slot(&self, now: Instant) -> u64 {
         let nanos = now.saturating_duration_since(self.epoch).as_nanos();
-        (nanos / self.bucket_len.as_nanos().max(1)) as u64
+        (nanos / bucket_len(&self.settings).as_nanos().max(1)) as u64
     }
 
     fn totals(&self, now: Instant) -> (u32, u32) {
@@ -322,7 +353,7 @@ impl Breaker {
         self.probe_successes = 0;
         self.streak = None;
         if to == State::Open {
-            self.opens += 1;
+            self.opens = self.opens.wrapping_add(1);
         }
         if to == State::Closed {
             self.buckets = [Bucket::default(); BUCKETS];
@@ -332,7 +363,7 @@ impl Breaker {
 
     /// Moves Open → HalfOpen once the reset timeout has elapsed.
     pub fn tick(&mut self, now: Instant) -> Option<Transition> {
-        (self.state == State::Open && now >= self.since + self.open_for)
+        (self.state == State::Open && now >= self.since + self.open_for())
             .then(|| self.go(State::HalfOpen, Reason::ResetTimeout, now, 0, 0))
     }
 
@@ -342,9 +373,11 @@ impl Breaker {
         let transition = self.tick(now);
         let permit = match self.state {
             State::Closed => Ok(Permit::Normal),
-            State::Open => Err((self.since + self.open_for).saturating_duration_since(now)),
+            State::Open => Err((self.since + self.open_for()).saturating_duration_since(now)),
             State::HalfOpen => {
-                if self.probes_in_flight + self.probe_successes < self.probes {
+                if self.probes_in_flight + self.probe_successes
+                    < self.settings.breaker_half_open_probes
+                {
                     self.probes_in_flight += 1;
                     Ok(Permit::Probe)
                 } else {
@@ -391,8 +424,8 @@ impl Breaker {
             (Permit::Normal | Permit::Parked, State::Closed) => {
                 self.count(failure, throttle, now);
                 let (calls, failures, throttles) = self.totals_with_throttles(now);
-                if calls >= self.min_calls
-                    && f64::from(failures) >= self.failure_ratio * f64::from(calls)
+                if calls >= self.settings.breaker_min_calls
+                    && f64::from(failures) >= self.settings.breaker_failure_ratio * f64::from(calls)
                 {
                     self.for_throttles = 2 * throttles >= failures;
                     return Some(self.go(State::Open, Reason::FailureRate, now, calls, failures));
@@ -405,7 +438,7 @@ impl Breaker {
                 *n += 1;
                 *th += u32::from(throttle);
                 let (first, n, th) = (*first, *n, *th);
-                let span = self.bucket_len * BUCKETS as u32 / 2;
+                let span = bucket_len(&self.settings) * BUCKETS as u32 / 2;
                 (n >= STREAK_MIN_FAILURES && now.saturating_duration_since(first) >= span).then(
                     || {
                         self.for_throttles = 2 * th >= n;
@@ -421,7 +454,7 @@ impl Breaker {
                     Some(self.go(State::Open, Reason::ProbeFailed, now, answered, 1))
                 } else {
                     self.probe_successes += 1;
-                    (self.probe_successes >= self.probes)
+                    (self.probe_successes >= self.settings.breaker_half_open_probes)
                         .then(|| self.go(State::Closed, Reason::ProbesSucceeded, now, answered, 0))
                 }
             }
@@ -447,7 +480,7 @@ impl Breaker {
             calls,
             failures,
             open_remaining: (self.state == State::Open)
-                .then(|| (self.since + self.open_for).saturating_duration_since(now)),
+                .then(|| (self.since + self.open_for()).saturating_duration_since(now)),
         }
     }
 }

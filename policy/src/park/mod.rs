@@ -127,8 +127,10 @@ struct ParkState {
     /// Parked (and held) requests by arrival, woken in that order.
     waiters: BTreeMap<u64, Arc<Notify>>,
     next_ticket: u64,
-    resumed: u64,
-    gave_up: u64,
+    /// Counted in 32 bits (saturating): with `next_ticket` and the
+    /// watch, the state fits a smaller size class (R-PF1, issue 38).
+    resumed: u32,
+    gave_up: u32,
 }
 
 /// One provider's parking, shared by all its services: the outage watch
@@ -143,7 +145,7 @@ pub struct ParkShared {
     downs: std::sync::OnceLock<tokio::sync::watch::Sender<u64>>,
     /// Attempts sent and not yet answered: their answers may still tell
     /// whether the provider is down.
-    on_the_way: std::sync::atomic::AtomicUsize,
+    on_the_way: std::sync::atomic::AtomicU32,
     /// The watch's verdict as last written ([`DOWN`], [`UNSETTLED`]): what
     /// every request asks first, read without the lock.
     flags: AtomicU8,
@@ -243,8 +245,8 @@ impl ParkShared {
     pub(crate) fn leave(&self, ticket: u64, resumed: bool, gave_up: bool) {
         let mut s = self.lock();
         s.waiters.remove(&ticket);
-        s.resumed += u64::from(resumed);
-        s.gave_up += u64::from(gave_up);
+        s.resumed = s.resumed.saturating_add(u32::from(resumed));
+        s.gave_up = s.gave_up.saturating_add(u32::from(gave_up));
     }
 
     /// What a parked request may do at `now`.
@@ -456,8 +458,8 @@ impl ParkShared {
         ParkSnapshot {
             watch: s.watch.snapshot(now),
             parked: s.waiters.len(),
-            resumed: s.resumed,
-            gave_up: s.gave_up,
+            resumed: u64::from(s.resumed),
+            gave_up: u64::from(s.gave_up),
         }
     }
 }

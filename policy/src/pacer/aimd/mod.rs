@@ -529,6 +529,11 @@ impl Aimd {
         if rate != self.rate {
             if self.changes.len() == CHANGES_KEPT {
                 self.changes.pop_front();
+            } else if self.changes.len() == self.changes.capacity() {
+                // Grown one change at a time: a broad crawl's host changes
+                // rate once or twice, and a first push's room for four
+                // was 96 bytes of every one refused (R-PF1, issue 38).
+                self.changes.reserve_exact(1);
             }
             self.changes.push_back((now, self.rate));
             self.rate = rate;

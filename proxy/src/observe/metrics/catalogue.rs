@@ -139,6 +139,21 @@ fn counter(r: &Recorder, name: &str, help: &str, labels: &[&str]) -> IntCounterV
     c
 }
 
+/// An unlabelled metric, registered: a count or a level of the whole
+/// process, with no provider series to forget.
+fn scalar<M: Collector + Clone + 'static>(r: &Recorder, metric: M) -> M {
+    r.register(Box::new(metric.clone())).expect("unique metric");
+    metric
+}
+
+fn plain_counter(r: &Recorder, name: &str, help: &str) -> IntCounter {
+    scalar(r, IntCounter::new(name, help).expect("valid metric"))
+}
+
+fn plain_gauge(r: &Recorder, name: &str, help: &str) -> IntGauge {
+    scalar(r, IntGauge::new(name, help).expect("valid metric"))
+}
+
 fn histogram(r: &Recorder, name: &str, help: &str, buckets: Vec<f64>) -> HistogramVec {
     let h = HistogramVec::new(
         HistogramOpts::new(name, help).buckets(buckets),
@@ -161,11 +176,6 @@ impl Metrics {
         let r = Recorder::new();
         let p = &["provider"];
         let seconds = exponential_buckets(0.001, 2.0, 16).expect("buckets"); // 1 ms … 33 s
-        let plain_counter = |name: &str, help: &str| {
-            let c = IntCounter::new(name, help).expect("valid metric");
-            r.register(Box::new(c.clone())).expect("unique metric");
-            c
-        };
         let hold_seconds = CounterVec::new(
             Opts::new(
                 "retry_after_hold_seconds_total",
@@ -177,52 +187,37 @@ impl Metrics {
         r.register(Box::new(hold_seconds.clone()))
             .expect("unique metric");
         r.forgettable(&hold_seconds);
-        let tasks_alive = IntGauge::new(
+        let tasks_alive = plain_gauge(
+            &r,
             "runtime_tasks_alive",
             "Tasks alive in the async runtime (connections, tunnels, background work)",
-        )
-        .expect("valid metric");
-        r.register(Box::new(tasks_alive.clone()))
-            .expect("unique metric");
-        let allocations = IntCounter::new(
+        );
+        let allocations = plain_counter(
+            &r,
             "allocations_total",
             "Allocation requests since start (the allocator's count; read at each scrape)",
-        )
-        .expect("valid metric");
-        r.register(Box::new(allocations.clone()))
-            .expect("unique metric");
-        let allocated = IntGauge::new(
+        );
+        let allocated = plain_gauge(
+            &r,
             "allocated_bytes",
             "Bytes the allocator holds allocated now (the heap, beside the resident set)",
-        )
-        .expect("valid metric");
-        r.register(Box::new(allocated.clone()))
-            .expect("unique metric");
-        let providers_tracked =
-            IntGauge::new("providers_tracked", "Providers in the table").expect("valid metric");
-        r.register(Box::new(providers_tracked.clone()))
-            .expect("unique metric");
-        let upstream_connections = IntGauge::new(
+        );
+        let providers_tracked = plain_gauge(&r, "providers_tracked", "Providers in the table");
+        let upstream_connections = plain_gauge(
+            &r,
             "upstream_connections",
             "Pooled upstream connections open, idle or in use",
-        )
-        .expect("valid metric");
-        r.register(Box::new(upstream_connections.clone()))
-            .expect("unique metric");
-        let upstream_connections_resting = IntGauge::new(
+        );
+        let upstream_connections_resting = plain_gauge(
+            &r,
             "upstream_connections_resting",
             "Idle HTTP/1.1 upstream connections resting: the socket kept, hyper's buffers and task let go (all but the most recently used few)",
-        )
-        .expect("valid metric");
-        r.register(Box::new(upstream_connections_resting.clone()))
-            .expect("unique metric");
-        let upstream_idle_closed = IntCounter::new(
+        );
+        let upstream_idle_closed = plain_counter(
+            &r,
             "upstream_idle_closed_total",
             "Idle upstream connections closed for upstream.max_idle_connections (and HTTP/2 ones past the 32 kept ready), since start",
-        )
-        .expect("valid metric");
-        r.register(Box::new(upstream_idle_closed.clone()))
-            .expect("unique metric");
+        );
         let mut m = Metrics {
             rate: gauge(
                 &r,
@@ -413,15 +408,11 @@ impl Metrics {
                 "HTTP/1.1 Upgrades (WebSocket) switched through the provider's stack",
                 p,
             ),
-            upgraded_open: {
-                let g = IntGauge::new(
-                    "upgraded_connections",
-                    "Upgraded connections (WebSocket) whose bytes sluice is carrying now",
-                )
-                .expect("valid metric");
-                r.register(Box::new(g.clone())).expect("unique metric");
-                g
-            },
+            upgraded_open: plain_gauge(
+                &r,
+                "upgraded_connections",
+                "Upgraded connections (WebSocket) whose bytes sluice is carrying now",
+            ),
             interception_failures: counter(
                 &r,
                 "interception_failures_total",
@@ -513,7 +504,7 @@ impl Metrics {
                 "Stores moved aside at start, by reason",
                 &["reason"],
             ),
-            store_errors: plain_counter("store_errors_total", "Store reads or writes that failed"),
+            store_errors: plain_counter(&r, "store_errors_total", "Store reads or writes that failed"),
             accept_errors: counter(
                 &r,
                 "accept_errors_total",
@@ -533,6 +524,7 @@ impl Metrics {
                 &["reason"],
             ),
             state_restored: plain_counter(
+                &r,
                 "state_restored_total",
                 "Providers whose learned state was restored",
             ),

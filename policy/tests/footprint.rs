@@ -1,0 +1,195 @@
+//! What one provider's policy state keeps in memory (issue 38, R-PF1: a
+//! tracked host costs ≤ 1.5 KB resident, everything included): a broad
+//! crawl tracks a hundred thousand of them at once, so every byte of a
+//! provider counts a hundred thousand times.
+//!
+//! Counted by a counting global allocator, on this test's thread only, in
+//! the size classes jemalloc (the binary's allocator) rounds each request
+//! up to: what the allocator really gives, not what the types ask for. A
+//! count, not a timing: it holds on a loaded machine.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::future::Ready;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use http::{Request, Response, StatusCode};
+use sluice_policy::attempt::{Attempt, CarriesAttempt, CarriesReport, Report};
+use sluice_policy::error::Cause;
+use sluice_policy::provider::PolicyOptions;
+use sluice_policy::retry::{Jitter, ReplayBody};
+use sluice_policy::stack::provider_stack;
+use sluice_policy::{ProviderPolicy, ProviderSettings, ValidSettings};
+use tokio::sync::OwnedSemaphorePermit;
+use tower::ServiceExt;
+
+struct Counting;
+
+thread_local! {
+    /// Bytes live, in jemalloc's classes, allocated on this thread.
+    static LIVE: Cell<i64> = const { Cell::new(0) };
+}
+
+/// The size class jemalloc serves `n` bytes from: 8, then steps of 16 up
+/// to 128, then four classes to each doubling (160, 192, 224, 256, 320…).
+fn class(n: usize) -> i64 {
+    let n = n.max(1);
+    let size = if n <= 8 {
+        8
+    } else if n <= 128 {
+        n.div_ceil(16) * 16
+    } else {
+        let group = 1usize << (usize::BITS - 1 - (n - 1).leading_zeros());
+        let step = group / 4;
+        n.div_ceil(step) * step
+    };
+    size as i64
+}
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        let _ = LIVE.try_with(|b| b.set(b.get() + class(layout.size())));
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        let _ = LIVE.try_with(|b| b.set(b.get() - class(layout.size())));
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        let _ = LIVE.try_with(|b| b.set(b.get() - class(layout.size()) + class(new_size)));
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static COUNTING: Counting = Counting;
+
+fn live() -> i64 {
+    LIVE.with(Cell::get)
+}
+
+/// A request body with a place for its attempt, as the proxy's has.
+#[derive(Debug, Default)]
+struct Body {
+    attempt: Attempt,
+}
+
+impl CarriesAttempt for Body {
+    fn attempt(req: &Request<Self>) -> Option<&Attempt> {
+        Some(&req.body().attempt)
+    }
+
+    fn attempt_mut(req: &mut Request<Self>) -> &mut Attempt {
+        &mut req.body_mut().attempt
+    }
+}
+
+impl ReplayBody for Body {
+    fn try_clone(&self) -> Option<Self> {
+        Some(Body {
+            attempt: self.attempt.clone(),
+        })
+    }
+}
+
+/// An answer with places for its report and permit, as the proxy's has.
+#[derive(Debug, Default)]
+struct Answer {
+    report: Option<Report>,
+    permit: Option<OwnedSemaphorePermit>,
+}
+
+impl CarriesReport for Answer {
+    fn report(resp: &Response<Self>) -> Option<&Report> {
+        resp.body().report.as_ref()
+    }
+
+    fn report_mut(resp: &mut Response<Self>) -> Option<&mut Report> {
+        resp.body_mut().report.as_mut()
+    }
+
+    fn set_report(resp: &mut Response<Self>, report: Report) {
+        resp.body_mut().report = Some(report);
+    }
+
+    fn hold(resp: &mut Response<Self>, permit: OwnedSemaphorePermit) {
+        resp.body_mut().permit = Some(permit);
+    }
+}
+
+/// The provider: every request answered `status`.
+#[derive(Clone)]
+struct Answers(StatusCode);
+
+impl tower::Service<Request<Body>> for Answers {
+    type Response = Response<Answer>;
+    type Error = Cause;
+    type Future = Ready<Result<Response<Answer>, Cause>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Cause>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _req: Request<Body>) -> Self::Future {
+        let mut resp = Response::new(Answer::default());
+        *resp.status_mut() = self.0;
+        std::future::ready(Ok(resp))
+    }
+}
+
+/// Bytes a provider's policy keeps once one `POST` (not retried) was
+/// answered `status`, the stack that carried it gone: what a broad
+/// crawl's host costs while it is tracked. The settings are shared by
+/// every provider of the defaults and made before counting.
+async fn kept_after_one(settings: &Arc<ValidSettings>, status: StatusCode) -> i64 {
+    let before = live();
+    let policy = ProviderPolicy::new(
+        "host.test",
+        settings.clone(),
+        PolicyOptions {
+            jitter: Some(Jitter::Fixed(0.0)),
+            ..PolicyOptions::default()
+        },
+    );
+    let mut req = Request::new(Body::default());
+    *req.method_mut() = http::Method::POST;
+    let resp = provider_stack(&policy, Answers(status))
+        .oneshot(req)
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), status);
+    drop(resp);
+    let kept = live() - before;
+    drop(policy);
+    kept
+}
+
+/// R-PF1, issue 38: a provider's policy, answered once — `200` (it learns
+/// nothing), `429` (it learns a cut rate), `502` (a dead host) — in
+/// jemalloc's classes. Printed for the benchmarks page; the bounds are
+/// today's figures, so that a change that makes every provider bigger
+/// fails here, where it is cheap to see, and not in a crawl.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_providers_policy_fits_in_its_bytes() {
+    let settings = Arc::new(ProviderSettings::default().validated().unwrap());
+    // Warm: the runtime's and the thread's own first allocations.
+    kept_after_one(&settings, StatusCode::OK).await;
+    let answered = kept_after_one(&settings, StatusCode::OK).await;
+    let refused = kept_after_one(&settings, StatusCode::TOO_MANY_REQUESTS).await;
+    let failed = kept_after_one(&settings, StatusCode::BAD_GATEWAY).await;
+    println!("a provider's policy: answered {answered} B, refused {refused} B, failed {failed} B");
+    assert!(answered <= BOUND_ANSWERED, "answered: {answered} B");
+    assert!(refused <= BOUND_REFUSED, "refused: {refused} B");
+    assert!(failed <= BOUND_FAILED, "failed: {failed} B");
+}
+
+/// Today's figures (2026-12-05): 1,824, 2,320 and 1,968 bytes before the
+/// breaker read its settings from the provider's one copy, parking's
+/// counters went to 32 bits and the controller's rate changes grew one
+/// at a time.
+const BOUND_ANSWERED: i64 = 1712;
+const BOUND_REFUSED: i64 = 2144;
+const BOUND_FAILED: i64 = 1856;
