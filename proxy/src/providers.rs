@@ -22,12 +22,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
-use http::Method;
+use http::{Method, Request, Response};
 use sluice_policy::breaker::TransitionSink;
 use sluice_policy::classify::{Dialect, Resource};
+use sluice_policy::error::BoxFuture;
 use sluice_policy::events::EventSink;
 use sluice_policy::provider::{LearnedState, PolicyOptions};
-use sluice_policy::stack::{provider_stack, ProviderService};
 use sluice_policy::{ProviderPolicy, ValidSettings};
 use tokio::time::Instant;
 
@@ -203,8 +203,8 @@ pub struct Sinks {
 /// Notes `p`'s label as gone if it is its own name (not the one every
 /// provider past the label cap shares).
 fn labelled(p: &Provider, gone: &mut Vec<Arc<str>>) {
-    if p.label == p.name {
-        gone.push(p.label.clone());
+    if p.labelled {
+        gone.push(p.name.clone());
     }
 }
 
@@ -212,12 +212,11 @@ fn labelled(p: &Provider, gone: &mut Vec<Arc<str>>) {
 pub struct Provider {
     /// Its name.
     pub name: Arc<str>,
-    /// Its label in metrics (its name, or `_other` beyond the label cap).
-    pub label: Arc<str>,
+    /// Whether it has metric series of its own (its name is its label),
+    /// or shares `_other`'s beyond the label cap.
+    labelled: bool,
     /// Its shared policy state.
     pub policy: Arc<ProviderPolicy>,
-    /// Its stack, cheap to clone per request.
-    pub service: ProviderService<ProxyBody, UpstreamBody>,
     /// Its count of successful requests, found once.
     pub requests: crate::observe::metrics::RequestHandle,
     /// Whether its CONNECT tunnels are intercepted.
@@ -398,6 +397,12 @@ impl Providers {
         }
     }
 
+    /// Sends `req` through `p`'s stack, composed for this request from its
+    /// policy and the upstream (no stack kept a provider: R-PF1).
+    pub fn send(&self, p: &Provider, req: Request<ProxyBody>) -> BoxFuture<Response<UpstreamBody>> {
+        sluice_policy::stack::send(&p.policy, self.upstream.clone(), req)
+    }
+
     /// The provider for a host, created (and its learned state restored)
     /// on first use.
     pub fn get(&self, host: &str) -> Arc<Provider> {
@@ -506,12 +511,12 @@ impl Providers {
     ) -> Provider {
         let settings = speaking(settings, spoken);
         let config = self.rules().print(&settings, intercept);
-        let (events, sink, label) = match &self.observer {
+        let (events, sink, labelled) = match &self.observer {
             Some(o) => {
                 let s = o.sinks(name);
-                (Some(s.events), Some(s.transitions), s.label)
+                (Some(s.events), Some(s.transitions), s.label == *name)
             }
-            None => (None, None, name.clone()),
+            None => (None, None, true),
         };
         let policy = ProviderPolicy::new(
             name.clone(),
@@ -529,12 +534,10 @@ impl Providers {
                 tracing::info!(provider = %name, "breaker restored open, cleared: the provider's config changed since it opened");
             }
         }
-        let service = provider_stack(&policy, self.upstream.clone());
         let p = Provider {
             name: name.clone(),
-            label,
+            labelled,
             policy,
-            service,
             requests: Default::default(),
             intercept: AtomicBool::new(intercept),
             restored: kept.is_some(),
@@ -874,6 +877,15 @@ impl Providers {
 }
 
 impl Provider {
+    /// Its label in metrics: its name, or `_other` beyond the label cap.
+    pub fn label(&self) -> &str {
+        if self.labelled {
+            &self.name
+        } else {
+            crate::observe::metrics::OTHER
+        }
+    }
+
     /// Shares its budget through `store` (or stops sharing it).
     fn share(&self, store: Option<&Arc<SharedStore>>, shared: bool) {
         let mut budget = self.budget.lock().unwrap_or_else(|p| p.into_inner());

@@ -424,7 +424,7 @@ async fn sample_history(app: Arc<App>) {
         let providers = app.providers.all();
         for p in &providers {
             let s = p.policy.snapshot(now);
-            let c = counts.get(&*p.label).copied().unwrap_or_default();
+            let c = counts.get(p.label()).copied().unwrap_or_default();
             app.history.record(
                 &p.name,
                 crate::store::unix_ms_now(),

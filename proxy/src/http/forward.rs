@@ -14,7 +14,6 @@ use sluice_policy::classify as outcome;
 use sluice_policy::error::Cause;
 use sluice_policy::retry::retryable_method;
 use sluice_policy::run::RunHandle;
-use tower::ServiceExt;
 
 use crate::app::App;
 use crate::config::{normalise_host, Config};
@@ -172,7 +171,7 @@ pub async fn forward(
     if let Some(attempt) = attempt {
         *Attempt::of_mut(&mut req) = attempt;
     }
-    let result = provider.service.clone().oneshot(req).await;
+    let result = app.providers.send(&provider, req).await;
     if let (Some(user), Some(run)) = (&user, &run) {
         let answer = match &result {
             Ok(resp) => crate::runs::Answer::Status(resp.status().as_u16()),
@@ -182,13 +181,13 @@ pub async fn forward(
     }
     let elapsed_ms = started.elapsed().as_millis() as u64;
     app.metrics
-        .request_with(&provider.label, &provider.requests, final_outcome(&result));
+        .request_with(provider.label(), &provider.requests, final_outcome(&result));
     let remaining = run.as_ref().map(run_remaining);
     let mut resp = match result {
         Ok(resp) => {
             if let (StatusCode::SWITCHING_PROTOCOLS, Some(client)) = (resp.status(), client_upgrade)
             {
-                return switch(&app, &provider.label, resp, client);
+                return switch(&app, provider.label(), resp, client);
             }
             let (mut parts, body) = resp.into_parts();
             strip_hop_by_hop(&mut parts.headers);

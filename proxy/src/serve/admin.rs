@@ -415,7 +415,7 @@ fn provider_json(
 ) -> Value {
     // Attempts since start (sent, refused as throttled): the readout's
     // refusal share before the history has a sample of them.
-    let (sent, throttled) = counts.get(&*p.label).copied().unwrap_or_default();
+    let (sent, throttled) = counts.get(p.label()).copied().unwrap_or_default();
     let now = Instant::now();
     let s = p.policy.snapshot(now);
     let unknown = || json!("unknown");

@@ -252,17 +252,16 @@ async fn tunnel<T>(
     };
     first.truncate(n);
     let provider = app.providers.get(&normalise_host(authority.host()));
-    let label = provider.label.clone();
     match (sniff(&first), &app.ca, upstream) {
         // Plain HTTP inside the tunnel: served through the stack whatever
         // the provider's interception (a pre-opened connection is unused).
         (Sniffed::Plain, _, _) => {
-            app.metrics.tunnel(&label, "plain_http");
+            app.metrics.tunnel(provider.label(), "plain_http");
             drop(provider);
             serve_plain(app, Prefixed::new(first, io), authority, identity).await;
         }
         (Sniffed::Tls, _, Some(mut upstream)) => {
-            app.metrics.tunnel(&label, "raw");
+            app.metrics.tunnel(provider.label(), "raw");
             provider.saw_raw_tunnel();
             tracing::info!(
                 provider = %provider.name,
@@ -274,7 +273,7 @@ async fn tunnel<T>(
             }
         }
         (Sniffed::Tls, Some(ca), None) => {
-            app.metrics.tunnel(&label, "intercepted");
+            app.metrics.tunnel(provider.label(), "intercepted");
             let (ca, name) = (ca.clone(), provider.name.to_string());
             drop(provider);
             intercept(app, ca, Prefixed::new(first, io), authority, identity, name).await;
