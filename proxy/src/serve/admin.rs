@@ -175,15 +175,10 @@ fn readyz(app: &App) -> Response<ResBody> {
 fn metrics(app: &App) -> Response<ResBody> {
     let providers = app.providers.all();
     let now = Instant::now();
-    let snaps: Vec<_> = providers
-        .iter()
-        .map(|p| {
-            let budget = p.budget().map(|b| b.readout());
-            (p.policy.snapshot(now), p.visible(), budget)
-        })
-        .collect();
-    app.metrics
-        .refresh(snaps.iter().map(|(s, v, b)| (s, *v, b.as_ref())));
+    app.metrics.refresh(providers.iter().map(|p| {
+        let budget = p.budget().map(|b| b.readout());
+        (p.policy.snapshot(now), p.visible(), budget)
+    }));
     app.metrics.tasks_alive.set(
         tokio::runtime::Handle::current()
             .metrics()
