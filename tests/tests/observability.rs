@@ -649,3 +649,52 @@ async fn labels_of_providers_that_left_go_to_the_live_ones() {
         "nothing counted under _other:\n{body}"
     );
 }
+
+/// R-OP7, R-PF1: in a table of more providers than keep a history (64),
+/// the admin page's charts follow the ones used last. Before, every live
+/// provider was sampled in name order and each sample past the 64th
+/// pushed another's history out — a crawl's 100,000 providers made and
+/// dropped a history each every 5 s, and the charts showed whichever 64
+/// came last by name: here never the host used last, whose name sorts
+/// first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_history_follows_the_providers_used_last() {
+    let s = Sluice::start("[destinations]\nallow = [\"127.0.0.0/8\"]\n");
+    // A hundred hosts where nothing listens (127.7.0.1–100), then one
+    // more whose name sorts before all of them.
+    sluice_tests::load::one_post_to_each_at(
+        s.proxy,
+        ("127.7.0.1".parse().unwrap(), 9, "/ok"),
+        100,
+        4,
+        502,
+    )
+    .await;
+    sluice_tests::load::one_post_to_each_at(
+        s.proxy,
+        ("127.7.0.0".parse().unwrap(), 9, "/ok"),
+        1,
+        1,
+        502,
+    )
+    .await;
+    let started = Instant::now();
+    let sampled = loop {
+        let (_, h) = s.api("GET", "/v1/history", None).await;
+        let providers = h["providers"].as_object().cloned().unwrap_or_default();
+        if providers.contains_key("127.7.0.0") {
+            break providers;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the host used last has no history after 20 s (a sample every 5 s): {:?}",
+            providers.keys().collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    assert!(
+        sampled.len() <= 64,
+        "{} providers with a history",
+        sampled.len()
+    );
+}

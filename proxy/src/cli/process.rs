@@ -413,15 +413,20 @@ async fn sweep(app: Arc<App>) {
     }
 }
 
-/// Every few seconds, a sample of each live provider's pace for the admin
-/// page's charts (R-OP7); providers no longer tracked are forgotten.
+/// Every few seconds, a sample of the pace of each live provider — of the
+/// `MAX_PROVIDERS` used last, in a bigger table — for the admin page's
+/// charts (R-OP7); providers no longer among them are forgotten. (A
+/// crawl's 100,000 providers were each sampled, and each sample past the
+/// 64th pushed another provider's history out: a pass of snapshots and
+/// 1.5 KB histories made and dropped by the hundred thousand every 5 s,
+/// for charts of whichever 64 hosts came last by name: R-PF1.)
 async fn sample_history(app: Arc<App>) {
     let mut tick = tokio::time::interval(crate::observe::history::EVERY);
     loop {
         tick.tick().await;
         let now = tokio::time::Instant::now();
         let counts = app.metrics.attempt_counts();
-        let providers = app.providers.all();
+        let (providers, _) = app.providers.recent(crate::observe::history::MAX_PROVIDERS);
         for p in &providers {
             let s = p.policy.snapshot(now);
             let c = counts.get(p.label()).copied().unwrap_or_default();

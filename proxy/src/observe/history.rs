@@ -5,7 +5,8 @@
 //! Every [`EVERY`] a sample per live provider: the pace, the throttle
 //! point, and the attempts sent and refused (`429`) since the last sample.
 //! [`KEEP`] samples per provider, for at most [`MAX_PROVIDERS`] providers
-//! (the most recently sampled): a crawl over thousands of hosts costs a
+//! (the sampler takes the ones used last; here, past the bound, the one
+//! sampled longest ago gives way): a crawl over thousands of hosts costs a
 //! bounded few kilobytes here, not a history per host.
 
 use std::collections::{HashMap, VecDeque};
