@@ -10,18 +10,18 @@
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
-use std::future::Ready;
-use std::task::{Context, Poll};
 
-use http::{Request, Response, StatusCode};
-use sluice_policy::attempt::{Attempt, CarriesAttempt, CarriesReport, Report};
-use sluice_policy::error::Cause;
+use http::{Request, StatusCode};
+use sluice_policy::attempt::Report;
 use sluice_policy::provider::PolicyOptions;
-use sluice_policy::retry::{Jitter, ReplayBody};
+use sluice_policy::retry::Jitter;
 use sluice_policy::stack::provider_stack;
 use sluice_policy::{ProviderPolicy, ProviderSettings};
-use tokio::sync::OwnedSemaphorePermit;
-use tower::{Service, ServiceExt};
+use tower::ServiceExt;
+
+mod carriers;
+
+use carriers::{Answers, Body};
 
 struct Counting;
 
@@ -52,74 +52,6 @@ fn allocations() -> u64 {
     ALLOCATIONS.with(Cell::get)
 }
 
-/// A request body with a place for its attempt, as the proxy's has.
-#[derive(Debug, Default)]
-struct Body {
-    attempt: Attempt,
-}
-
-impl CarriesAttempt for Body {
-    fn attempt(req: &Request<Self>) -> Option<&Attempt> {
-        Some(&req.body().attempt)
-    }
-
-    fn attempt_mut(req: &mut Request<Self>) -> &mut Attempt {
-        &mut req.body_mut().attempt
-    }
-}
-
-impl ReplayBody for Body {
-    fn try_clone(&self) -> Option<Self> {
-        Some(Body {
-            attempt: self.attempt.clone(),
-        })
-    }
-}
-
-/// An answer's body with a place for its report and permit, as the
-/// proxy's upstream body has.
-#[derive(Debug, Default)]
-struct Answer {
-    report: Option<Report>,
-    _permit: Option<OwnedSemaphorePermit>,
-}
-
-impl CarriesReport for Answer {
-    fn report(resp: &Response<Self>) -> Option<&Report> {
-        resp.body().report.as_ref()
-    }
-
-    fn report_mut(resp: &mut Response<Self>) -> Option<&mut Report> {
-        resp.body_mut().report.as_mut()
-    }
-
-    fn set_report(resp: &mut Response<Self>, report: Report) {
-        resp.body_mut().report = Some(report);
-    }
-
-    fn hold(resp: &mut Response<Self>, permit: OwnedSemaphorePermit) {
-        resp.body_mut()._permit = Some(permit);
-    }
-}
-
-/// A provider that answers `200` at once, allocating nothing.
-#[derive(Debug, Clone)]
-struct Ok200;
-
-impl Service<Request<Body>> for Ok200 {
-    type Response = Response<Answer>;
-    type Error = Cause;
-    type Future = Ready<Result<Response<Answer>, Cause>>;
-
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Cause>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, _req: Request<Body>) -> Self::Future {
-        std::future::ready(Ok(Response::new(Answer::default())))
-    }
-}
-
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_request_with_nothing_amiss_allocates_twice_through_the_whole_stack() {
     // Pacing far above what the test sends: every slot is free at once.
@@ -137,7 +69,7 @@ async fn a_request_with_nothing_amiss_allocates_twice_through_the_whole_stack() 
             ..PolicyOptions::default()
         },
     );
-    let stack = provider_stack(&policy, Ok200);
+    let stack = provider_stack(&policy, Answers(StatusCode::OK));
     let request = || Request::new(Body::default());
     // Warm: the provider's first answers grow what it keeps (its windows).
     for _ in 0..100 {

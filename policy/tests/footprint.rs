@@ -10,19 +10,18 @@
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
-use std::future::Ready;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
-use http::{Request, Response, StatusCode};
-use sluice_policy::attempt::{Attempt, CarriesAttempt, CarriesReport, Report};
-use sluice_policy::error::Cause;
+use http::{Request, StatusCode};
 use sluice_policy::provider::PolicyOptions;
-use sluice_policy::retry::{Jitter, ReplayBody};
+use sluice_policy::retry::Jitter;
 use sluice_policy::stack::provider_stack;
 use sluice_policy::{ProviderPolicy, ProviderSettings, ValidSettings};
-use tokio::sync::OwnedSemaphorePermit;
 use tower::ServiceExt;
+
+mod carriers;
+
+use carriers::{Answers, Body};
 
 struct Counting;
 
@@ -69,75 +68,6 @@ static COUNTING: Counting = Counting;
 
 fn live() -> i64 {
     LIVE.with(Cell::get)
-}
-
-/// A request body with a place for its attempt, as the proxy's has.
-#[derive(Debug, Default)]
-struct Body {
-    attempt: Attempt,
-}
-
-impl CarriesAttempt for Body {
-    fn attempt(req: &Request<Self>) -> Option<&Attempt> {
-        Some(&req.body().attempt)
-    }
-
-    fn attempt_mut(req: &mut Request<Self>) -> &mut Attempt {
-        &mut req.body_mut().attempt
-    }
-}
-
-impl ReplayBody for Body {
-    fn try_clone(&self) -> Option<Self> {
-        Some(Body {
-            attempt: self.attempt.clone(),
-        })
-    }
-}
-
-/// An answer with places for its report and permit, as the proxy's has.
-#[derive(Debug, Default)]
-struct Answer {
-    report: Option<Report>,
-    permit: Option<OwnedSemaphorePermit>,
-}
-
-impl CarriesReport for Answer {
-    fn report(resp: &Response<Self>) -> Option<&Report> {
-        resp.body().report.as_ref()
-    }
-
-    fn report_mut(resp: &mut Response<Self>) -> Option<&mut Report> {
-        resp.body_mut().report.as_mut()
-    }
-
-    fn set_report(resp: &mut Response<Self>, report: Report) {
-        resp.body_mut().report = Some(report);
-    }
-
-    fn hold(resp: &mut Response<Self>, permit: OwnedSemaphorePermit) {
-        resp.body_mut().permit = Some(permit);
-    }
-}
-
-/// The provider: every request answered `status`.
-#[derive(Clone)]
-struct Answers(StatusCode);
-
-impl tower::Service<Request<Body>> for Answers {
-    type Response = Response<Answer>;
-    type Error = Cause;
-    type Future = Ready<Result<Response<Answer>, Cause>>;
-
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Cause>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, _req: Request<Body>) -> Self::Future {
-        let mut resp = Response::new(Answer::default());
-        *resp.status_mut() = self.0;
-        std::future::ready(Ok(resp))
-    }
 }
 
 /// Bytes a provider's policy keeps once one `POST` (not retried) was
