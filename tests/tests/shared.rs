@@ -746,21 +746,23 @@ async fn a_raised_limit_is_found_by_one_sluice_and_a_fleet() {
 /// reset it does not trust or for a rolling quota's next refill are its
 /// own pacing — reported to the fleet (and counted as refusals), they held
 /// every replica at each send, and the fleet used the moving window at
-/// 0.60–0.79 (a 4-replica run through a Cluster) and 0.727 (here). Now the
-/// moving window is used as one sluice uses it on a quiet machine
-/// (0.968–0.972, 0–0.2 % refused, six runs) — but at 0.830 once in CI,
-/// where four replicas, sixteen clients and two Flask apps share two
-/// cores with other tests: judged at ≥ 0.8, ≤ 1 % refused, which the
-/// old code fails. A fleet paces a rolling quota at 0.95 of its rate, not
-/// 0.97: at 0.97 the moving window was refused 0–1.4 % here in nineteen
-/// runs (0.3 % or more in sixteen, over the bar in five); at 0.95,
-/// 0.952–0.953 used with 0–0.17 % refused in four runs of five, 0.833 in
-/// the fifth.
-/// The fixed window is printed, not judged: 0.93–
-/// 0.98 with 0.5–1.8 % refused in five runs here, but 0.555 once in CI —
-/// one sluice aligns its sends to the window's edges (0.98–0.995), the
-/// fleet's shared schedule knows nothing of windows yet (an open problem,
-/// named in issue 37's note).
+/// 0.60–0.79 (a 4-replica run through a Cluster) and 0.727 (here).
+///
+/// Two more ways a replica's reading was the fleet's undoing (2026-12-05,
+/// nine runs: the moving window refused 0.5–1.4 % in four, one request
+/// refused three times in CI): a replica that read the moving window as a
+/// fixed one followed its even rate to 20 a second and raised every
+/// replica to it — now a fleet is raised no further than `limit /
+/// (window + 50 ms)`; and, the fleet then refused nothing, replicas that
+/// all read it as fixed held each other to its misleading resets (0.62,
+/// 0.69, 0.64 used) — now a replica judges what the resets delivered as
+/// its share of the fleet's slots. Since: moving 0.952–0.953 used, fixed
+/// 0.90–0.93, nothing refused, in four runs of four. Bars: moving ≥ 0.8
+/// (0.830 once in CI, where four replicas, sixteen clients and two Flask
+/// apps share two cores with other tests), fixed ≥ 0.75 (it was 0.555
+/// once in CI: the fleet's schedule knows nothing of a window's edges, as
+/// one sluice's does), ≤ 1 % refused both, and no refusal reaching a
+/// client.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fleet_uses_a_stated_quota_like_one_sluice() {
     use sluice_tests::flask_limiter::{judge, FlaskLimiter, Strategy};
@@ -797,10 +799,8 @@ async fn a_fleet_uses_a_stated_quota_like_one_sluice() {
         seen.push(c.await.unwrap());
     }
     let mut failed = Vec::new();
-    // The moving window: ≥ 0.8 used (before the fix 0.727 on a quiet
-    // machine), ≤ 1 % refused. The fixed window is printed, not judged (see
-    // above).
-    let bars = [Some((0.8, 0.01)), None];
+    // Used at least, refused at most (see above).
+    let bars = [(0.8, 0.01), (0.75, 0.01)];
     for (i, ((name, ..), p)) in cases.iter().zip(&providers).enumerate() {
         let (used, refused) = judge(&p.seen(), 30.0, 60.0, 20.0);
         let clients: Vec<&str> = seen.iter().map(|r| r[i].as_str()).collect();
@@ -814,9 +814,8 @@ async fn a_fleet_uses_a_stated_quota_like_one_sluice() {
             v["shared"]["rate_rps"],
             v["quota"],
         );
-        if let Some((least, most)) =
-            bars[i].filter(|(least, most)| used < *least || refused > *most)
-        {
+        let (least, most) = bars[i];
+        if used < least || refused > most {
             failed.push(format!(
                 "{name}: {used:.3} used (≥ {least}), {:.2} % refused (≤ {:.1} %)",
                 refused * 100.0,

@@ -210,10 +210,16 @@ impl PacerShared {
         let Some(budget) = self.budget() else {
             return;
         };
-        let (rate, limit, every, alone) = {
+        let (rate, raise, limit, every, alone) = {
             let core = self.lock();
             let (rate, limit) = core.learned();
-            (rate, limit, core.increase_window(), core.alone())
+            (
+                rate,
+                core.fleet_raise(),
+                limit,
+                core.increase_window(),
+                core.alone(),
+            )
         };
         // A quota's refill hold is this replica's own pacing; the others
         // are every replica's, and only a refusal's counts as one.
@@ -233,7 +239,11 @@ impl PacerShared {
         } else if fb.increased && !alone {
             // Pacing alone, a replica's windows say nothing of the fleet's
             // rate: it never raises it (R-DS2).
-            budget.report(SharedChange::Raise { rate, limit, every });
+            budget.report(SharedChange::Raise {
+                rate: raise,
+                limit,
+                every,
+            });
         }
     }
 

@@ -78,7 +78,7 @@ impl PacerCore {
                     } else {
                         q.trusted = false;
                     }
-                    q.delivery.1 = q.delivery.1.saturating_sub(1);
+                    q.delivery.served = q.delivery.served.saturating_sub(1);
                 }
                 fb.backoff = self.aimd.on_throttle(sent_at, now, reason);
             }

@@ -1,6 +1,7 @@
 //! A fleet's pace (R-DS1): what this replica proposes to the shared
 //! budget, and the shared rate it adopts.
 
+use super::quota::FleetCount;
 use super::*;
 
 impl PacerCore {
@@ -141,6 +142,18 @@ impl PacerCore {
     /// This replica took a slot of the shared budget.
     pub fn admitted_here(&mut self) {
         self.aimd.on_admitted_here();
+        self.fleet.get_or_insert_with(Box::default).here += 1;
+    }
+
+    /// The shared slots this replica and every replica have taken, while
+    /// a shared budget counts them.
+    pub(super) fn fleet_count(&self) -> Option<FleetCount> {
+        let fleet = self.fleet.as_deref()?;
+        let (all, _) = fleet.shared_count?;
+        Some(FleetCount {
+            here: fleet.here,
+            all,
+        })
     }
 
     /// A shared budget made this replica's request wait: its demand

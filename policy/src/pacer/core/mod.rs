@@ -96,6 +96,8 @@ struct Fleet {
     /// Answered again after pacing alone: the share is kept until this
     /// instant, while the other replicas may still pace alone.
     rejoining: Option<Instant>,
+    /// Shared slots this replica took.
+    here: u64,
 }
 
 /// The cost table and cost header `settings` name, if either.
@@ -802,6 +804,136 @@ mod tests {
         );
         assert!(used >= 0.93, "{used:.3} used");
         assert_eq!(refused, 0);
+    }
+
+    /// R-DS1, R-SG1: a replica of a fleet that reads a stated window at its
+    /// even rate (20 a second: all 20 remain, a second to the reset) follows
+    /// it, but never raises the fleet's shared schedule past `limit /
+    /// (window + SHARED_EDGE)`. (It raised the fleet to 20: Flask-Limiter's
+    /// moving window, read so by a replica before it saw it roll, was
+    /// refused every few seconds, 0.5–1.4 % of a fleet's sends.)
+    #[test]
+    fn a_replica_never_raises_a_fleet_past_a_stated_quota() {
+        let now = Instant::now();
+        let mut core = PacerCore::new(&ProviderSettings::with_ceiling(50.0));
+        let view = SharedView {
+            rate: 5.0,
+            limit: None,
+            hold: None,
+            admitted: 0,
+            allowance: None,
+            refusal: None,
+            held: None,
+        };
+        core.adopt_shared(&view, now, Duration::from_secs(1));
+        let adv = Advertised {
+            limit: Some(20),
+            window: Some(Duration::from_secs(1)),
+            remaining: 20,
+            reset: Duration::from_secs(1),
+            granularity: Duration::from_secs(1),
+            family: crate::quota::Family::XRateLimit,
+        };
+        let fb = core.on_quota(Some(adv), now, now);
+        assert!(fb.increased, "it follows the even rate");
+        assert!(
+            (core.learned().0 - 20.0).abs() < 1e-9,
+            "{:?}",
+            core.learned()
+        );
+        let raise = core.fleet_raise();
+        assert!(
+            (raise - 20.0 / 1.05).abs() < 1e-9,
+            "raises the fleet to {raise}"
+        );
+    }
+
+    /// R-DS1, R-SG1: one replica of four, a quarter of a fleet's answers
+    /// from a moving window (20 a second, its window stated, its resets an
+    /// upper bound as Flask-Limiter's are), taken at random. While every
+    /// replica reads it as a fixed window, the fleet spends it at its rate
+    /// and holds to each reset it states: about 0.67 of it used. Judged as
+    /// a whole, this replica's answers (a quarter of the fleet's) and the
+    /// spends it saw (a quarter) never made it doubt the resets in 30 s;
+    /// judged as its share of the fleet's slots, it takes the quota for a
+    /// rolling one as one sluice does.
+    #[test]
+    fn a_replica_judges_what_a_fleet_delivered_as_its_share() {
+        let t0 = Instant::now();
+        let mut core = PacerCore::new(&ProviderSettings::with_ceiling(50.0));
+        let wall = |t: Instant| (t - t0).as_secs_f64() + 0.37;
+        let second = Duration::from_secs(1);
+        let mut log: std::collections::VecDeque<Instant> = Default::default();
+        let (mut now, mut next, mut hold, mut all) = (t0, t0, t0, 0u64);
+        let (mut rolled, mut seed, mut served) = (None, 7u64, 0u32);
+        while now < t0 + Duration::from_secs(30) && rolled.is_none() {
+            if now >= next && now >= hold {
+                while log.front().is_some_and(|&t| t + second <= now) {
+                    log.pop_front();
+                }
+                let ok = log.len() < 20;
+                if ok {
+                    log.push_back(now);
+                    served += 1;
+                }
+                let oldest = log.front().map_or(now, |t| *t);
+                let reset = (wall(oldest + second) + 1.0).floor() - wall(now);
+                let adv = Advertised {
+                    limit: Some(20),
+                    window: Some(second),
+                    remaining: 20 - log.len() as u64,
+                    reset: Duration::from_secs_f64(reset.max(0.0)),
+                    granularity: second,
+                    family: crate::quota::Family::XRateLimit,
+                };
+                all += 1;
+                core.adopt_shared(
+                    &SharedView {
+                        rate: 20.0,
+                        limit: None,
+                        hold: None,
+                        admitted: all,
+                        allowance: None,
+                        refusal: None,
+                        held: None,
+                    },
+                    now,
+                    second,
+                );
+                seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+                if (seed >> 62) == 0 {
+                    // This replica's slot (one in four, at random) and its
+                    // answer.
+                    core.admitted_here();
+                    core.on_outcome(&Outcome::Success, now, None, now);
+                    core.on_quota(Some(adv), now, now);
+                }
+                let fixed = !core.quota.as_deref().is_some_and(Quota::rolling);
+                if adv.remaining == 0 && fixed {
+                    // Every replica reads it as this one does: the fleet
+                    // holds to the latest the window may reset.
+                    hold = core
+                        .quota
+                        .as_deref()
+                        .map_or(now + adv.reset, |q| q.hi.max(now));
+                }
+                // The fleet's sends, 5 ms either side of an even 20 a
+                // second.
+                seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+                let jitter = (seed >> 33) as f64 / f64::from(1u32 << 31) * 0.01 - 0.005;
+                next = now + Duration::from_secs_f64(1.0 / 20.0 + jitter);
+                if !fixed {
+                    rolled = Some(now - t0);
+                }
+            }
+            now += Duration::from_millis(1);
+        }
+        let rolled = rolled
+            .unwrap_or_else(|| panic!("taken for a rolling quota within 30 s: {served} served"));
+        assert!(
+            rolled <= Duration::from_secs(15),
+            "rolling after {rolled:?}"
+        );
     }
 
     /// Refused while it was still read as a fixed window (here its 61st
