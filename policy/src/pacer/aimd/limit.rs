@@ -429,7 +429,7 @@ impl Aimd {
     /// that counts its refusals too, whose echo lasts most of a window
     /// (see [`ECHO_GOES_ON`]).
     pub(super) fn refusals_go_on(&self) -> bool {
-        f64::from(self.k().echo) >= ECHO_GOES_ON * self.rate * self.window.as_secs_f64()
+        f64::from(self.k().echo) >= ECHO_GOES_ON * self.rate * self.window().as_secs_f64()
     }
 
     /// Cuts the rate now and moves the remembered limit (see [`place`]).
@@ -458,7 +458,7 @@ impl Aimd {
                 .changes
                 .back()
                 .map_or(Duration::MAX, |(at, _)| now.saturating_duration_since(*at)),
-            decrease: self.decrease,
+            decrease: self.decrease(),
             limit: self.k().limit,
             probe: self.probe.as_deref().copied(),
             delivered: self.delivered,
@@ -474,7 +474,7 @@ impl Aimd {
             shared: self.shared,
             fit: self.k().descent.limit(),
             bisecting: self.k().bracket.is_some(),
-            window: self.window,
+            window: self.window(),
             now,
         });
         if p.confirmed {
@@ -519,7 +519,7 @@ impl Aimd {
         // placement moved the limit past what it bounded. A bisection's
         // move undone was a burst's doing: the provider is no sharp limit
         // to bisect.
-        let soon = |at: Instant| now.saturating_duration_since(at) < self.window * PROBE_AFTER;
+        let soon = |at: Instant| now.saturating_duration_since(at) < self.window() * PROBE_AFTER;
         if p.too_high && self.k().bisect_at.is_some_and(soon) {
             self.k_mut().bisect_fooled = true;
         }
@@ -559,7 +559,7 @@ impl Aimd {
         self.k_mut().last_decrease = Some(now);
         self.window_cut = true;
         self.latency.clear();
-        self.set_rate(now, to.max(self.floor).min(from));
+        self.set_rate(now, to.max(self.floor()).min(from));
         Backoff {
             at: now,
             reason,

@@ -107,8 +107,9 @@ mod window;
 use super::signals::{
     poisson_below, poisson_tail, Attribution, ErrorTally, LatencyVerdict, LatencyWatch, NOISE_MAX,
 };
+use crate::settings::{ProviderSettings, ValidSettings};
 use std::collections::VecDeque;
-use std::sync::LazyLock;
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -219,16 +220,12 @@ pub struct Change {
 pub struct Aimd {
     /// The current rate, requests per second; always in `[floor, ceiling]`.
     rate: f64,
-    /// The owner's ceiling.
-    ceiling: f64,
-    /// The lowest rate a cut may reach.
-    floor: f64,
-    /// Multiplicative decrease far below the known limit.
-    decrease: f64,
-    /// How long one window lasts.
-    window: Duration,
-    /// Time-to-first-byte over its baseline × this is a latency shift.
-    latency_factor: f64,
+    /// The provider's settings, shared (R-PF1, issue 38: 8 bytes, not
+    /// copies of five of them): the owner's ceiling, the floor a cut may
+    /// reach, the decrease far below the known limit, how long one window
+    /// lasts, and the factor over the time-to-first-byte baseline that is a
+    /// latency shift.
+    settings: Arc<ValidSettings>,
     /// When the current window began (at its first event).
     window_start: Option<Instant>,
     /// Admissions in the current window.
@@ -454,16 +451,31 @@ const ECHO_MAX: Duration = Duration::from_secs(2);
 const CHANGES_KEPT: usize = 16;
 
 impl Aimd {
-    /// A controller starting at `start` (clamped into `[floor, ceiling]`).
+    /// A controller starting at `start` (clamped into `[floor, ceiling]`),
+    /// a latency shift at 3 × the baseline.
     pub fn new(start: f64, floor: f64, ceiling: f64, decrease: f64, window: Duration) -> Self {
-        let floor = floor.min(ceiling);
+        let settings = ProviderSettings {
+            start_rps: Some(start.min(ceiling)),
+            floor_rps: floor,
+            ceiling_rps: ceiling,
+            decrease_factor: decrease,
+            increase_window: window,
+            ..ProviderSettings::default()
+        }
+        .validated()
+        .expect("an AIMD controller's bounds");
+        Aimd::with_settings(start, Arc::new(settings))
+    }
+
+    /// A controller of a provider's `settings`, starting at `start`
+    /// (clamped into `[floor, ceiling]`).
+    pub fn with_settings(start: f64, settings: Arc<ValidSettings>) -> Self {
         Aimd {
-            rate: start.clamp(floor, ceiling),
-            ceiling,
-            floor,
-            decrease,
-            window,
-            latency_factor: 3.0,
+            rate: start.clamp(
+                settings.floor_rate().min(settings.ceiling_rps),
+                settings.ceiling_rps,
+            ),
+            settings,
             window_start: None,
             window_admitted: 0,
             window_pressed: false,
@@ -547,17 +559,27 @@ impl Aimd {
 
     /// The ceiling.
     pub fn ceiling(&self) -> f64 {
-        self.ceiling
+        self.settings.ceiling_rps
     }
 
     /// The increase window.
     pub fn window(&self) -> Duration {
-        self.window
+        self.settings.increase_window
     }
 
-    /// The floor.
+    /// The floor: never above the ceiling.
     pub fn floor(&self) -> f64 {
-        self.floor
+        self.settings.floor_rate().min(self.settings.ceiling_rps)
+    }
+
+    /// The multiplicative decrease far below the known limit.
+    fn decrease(&self) -> f64 {
+        self.settings.decrease_factor
+    }
+
+    /// Time-to-first-byte over its baseline × this is a latency shift.
+    fn latency_factor(&self) -> f64 {
+        self.settings.soft_throttle_factor
     }
 
     /// The rate at which throttling last began, if it ever did.
@@ -575,25 +597,23 @@ impl Aimd {
         self.latency.baseline()
     }
 
-    /// Changes the bounds (config reload); the rate is clamped to them.
-    pub fn set_bounds(&mut self, floor: f64, ceiling: f64, decrease: f64, window: Duration) {
-        self.ceiling = ceiling;
-        self.floor = floor.min(ceiling);
-        self.decrease = decrease;
-        self.window = window;
-        self.rate = self.rate.clamp(self.floor, self.ceiling);
+    /// Takes new settings (config reload); the rate is clamped to their
+    /// bounds.
+    pub fn set_settings(&mut self, settings: &Arc<ValidSettings>) {
+        self.settings = settings.clone();
+        self.rate = self.rate.clamp(self.floor(), self.ceiling());
     }
 
-    /// Sets the latency-shift factor.
-    pub fn set_latency_factor(&mut self, factor: f64) {
-        self.latency_factor = factor;
+    /// The provider's settings.
+    pub fn settings(&self) -> &Arc<ValidSettings> {
+        &self.settings
     }
 
     /// Restores a learned rate, limit and latency baseline (clamped to the
     /// bounds, R-AI2).
     pub fn restore(&mut self, rate: f64, limit: Option<f64>, latency: Option<Duration>) {
         if rate.is_finite() && rate > 0.0 {
-            self.rate = rate.clamp(self.floor, self.ceiling);
+            self.rate = rate.clamp(self.floor(), self.ceiling());
         }
         match limit.filter(|l| l.is_finite() && *l > 0.0) {
             Some(l) => self.k_mut().limit = Some(l),
@@ -637,7 +657,7 @@ impl Aimd {
         }
         self.probe = None;
         self.reset(|k| k.recover_to = None);
-        self.set_rate(now, rate.clamp(self.floor, self.ceiling));
+        self.set_rate(now, rate.clamp(self.floor(), self.ceiling()));
     }
 
     /// Takes the rate and throttle point a shared budget holds (R-DS1):
@@ -648,7 +668,7 @@ impl Aimd {
         if !(rate.is_finite() && rate > 0.0) {
             return;
         }
-        let rate = rate.clamp(self.floor, self.ceiling);
+        let rate = rate.clamp(self.floor(), self.ceiling());
         self.shared = true;
         // This replica's own raise, as the store took it or not.
         if let Some((from, to)) = self.k().own_raise {
@@ -786,7 +806,7 @@ impl Aimd {
     fn fresh_pushback(&self, sent_at: Instant) -> bool {
         self.k()
             .last_decrease
-            .is_none_or(|cut| sent_at >= cut + self.window.min(ECHO_MAX))
+            .is_none_or(|cut| sent_at >= cut + self.window().min(ECHO_MAX))
     }
 
     /// A clean answer — a success, or a client error such as a 404, which

@@ -105,7 +105,7 @@ impl Aimd {
             .k()
             .outage_ended
             .is_some_and(|(at, _)| now.saturating_duration_since(at) < RELAPSE);
-        let persist = OUTAGE_PERSIST.max(self.window * 2);
+        let persist = OUTAGE_PERSIST.max(self.window() * 2);
         let (rate_before, limit_before, weak_before) =
             (self.rate, self.k().limit, self.k().limit_weak);
         let streak = self.streak.get_or_insert_with(|| {
@@ -170,7 +170,7 @@ impl Aimd {
         self.errors.forget_episode();
         self.latency.clear();
         self.k_mut().outage_ended = Some((now, sent_at));
-        let back = streak.rate_before.clamp(self.floor, self.ceiling);
+        let back = streak.rate_before.clamp(self.floor(), self.ceiling());
         if back > self.rate {
             self.set_rate(now, back);
             true

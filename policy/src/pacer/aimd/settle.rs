@@ -198,7 +198,7 @@ impl Aimd {
         if let Some(to) = self.k().recover_to {
             self.reset(|k| k.recover_to = None);
             if to > self.rate {
-                self.set_rate(now, to.min(self.ceiling));
+                self.set_rate(now, to.min(self.ceiling()));
                 return true;
             }
         }
@@ -236,7 +236,7 @@ impl Aimd {
                         self.dwell_passed(limit, now);
                         let step = (PROBE_DWELL - 1.0) * f64::from(1u32 << k);
                         let next = self.rate * (1.0 + step);
-                        self.set_rate(now, next.min(self.ceiling).max(self.rate));
+                        self.set_rate(now, next.min(self.ceiling()).max(self.rate));
                         return self.rate > before;
                     }
                     probe.window_clean(self.rate);
@@ -267,7 +267,7 @@ impl Aimd {
                     self.k_mut().plateau_admitted += u64::from(admitted);
                     // Measured in time: a replica of a fleet closes its
                     // windows on its own few answers, later than the clock.
-                    let start = now - self.window;
+                    let start = now - self.window();
                     let since = *self.k_mut().plateau_since.get_or_insert(start);
                     let held_for = now.saturating_duration_since(since);
                     let k = 1 << self.k().probe_backoff;
@@ -306,7 +306,7 @@ impl Aimd {
                 }
             }
         };
-        self.set_rate(now, next.min(self.ceiling).max(self.rate));
+        self.set_rate(now, next.min(self.ceiling()).max(self.rate));
         self.rate > before
     }
 
@@ -331,7 +331,7 @@ impl Aimd {
         // 5 % for the dozen seconds to the next: a moving window's limit,
         // bisected in four steps over 20–50 s, was used at 0.95–0.96.)
         let settle = half * SETTLE_SHARP;
-        self.set_rate(now, settle.min(self.ceiling));
+        self.set_rate(now, settle.min(self.ceiling()));
         self.rate > before
     }
 
@@ -348,7 +348,7 @@ impl Aimd {
     pub(super) fn dwell_refused(&mut self, now: Instant) {
         if let Some(dwell) = self.probe.as_deref().copied().and_then(|p| p.dwell) {
             let lasted = now.saturating_duration_since(dwell.since).as_secs_f64();
-            let windows = (2.0 * lasted / self.window.as_secs_f64()).ceil() as u32;
+            let windows = (2.0 * lasted / self.window().as_secs_f64()).ceil() as u32;
             self.k_mut().dwell_windows = self.k().dwell_windows.max(windows).min(PROBE_DWELL_MAX);
         }
     }
@@ -372,7 +372,7 @@ impl Aimd {
             Some(_) => {}
             None => {
                 if self.k().moved_from.is_some_and(|(_, at)| {
-                    now.saturating_duration_since(at) < self.window * PROBE_AFTER
+                    now.saturating_duration_since(at) < self.window() * PROBE_AFTER
                 }) {
                     self.reset(|k| k.moved_from = None);
                     self.dwell_fooled();

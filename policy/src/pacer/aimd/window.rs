@@ -74,7 +74,7 @@ impl Aimd {
     pub(super) fn close_window(&mut self, now: Instant) -> Change {
         let start = *self.window_start.get_or_insert(now);
         let elapsed = now.saturating_duration_since(start);
-        if elapsed < self.window {
+        if elapsed < self.window() {
             return Change::default();
         }
         let secs = elapsed.as_secs_f64();
@@ -111,7 +111,7 @@ impl Aimd {
         self.window_counted = 0;
         self.window_span = Duration::ZERO;
         self.window_cut = false;
-        let draining = match self.latency.judge(self.latency_factor) {
+        let draining = match self.latency.judge(self.latency_factor()) {
             LatencyVerdict::Shift(_) => {
                 let backoff = self.cut(now, BackoffReason::Latency, None);
                 self.trial = None;

@@ -57,9 +57,6 @@ pub struct PacerCore {
     /// collectors, steady before catch-up (FIFO for one class).
     waiting: FairQueue,
     next_ticket: u64,
-    /// The provider's settings (the queue's bounds, the cold start),
-    /// shared, not copied (R-PF1, issue 38).
-    settings: Arc<ValidSettings>,
     /// The last cut, boxed: most providers never have one.
     last_backoff: Option<Box<Backoff>>,
     /// The quota the provider advertises, while it does (R-SG1). Boxed,
@@ -212,17 +209,8 @@ impl PacerCore {
     /// A cold pacer for a provider's settings.
     pub fn with_settings(settings: Arc<ValidSettings>) -> Self {
         let start = settings.start_rate();
-        let mut aimd = Aimd::new(
-            start,
-            settings.floor_rate(),
-            settings.ceiling_rps,
-            settings.decrease_factor,
-            settings.increase_window,
-        );
-        aimd.set_latency_factor(settings.soft_throttle_factor);
         PacerCore {
             gcra: Gcra::new(interval_of(start), settings.burst),
-            aimd,
             hold_until: None,
             fleet_hold: None,
             holds: 0,
@@ -235,8 +223,15 @@ impl PacerCore {
             window: None,
             pricing: pricing(&settings),
             allowance: settings.allowance.map(|a| Box::new(AllowanceState::new(a))),
-            settings,
+            // The controller keeps the provider's settings, for all of the
+            // pacer (R-PF1, issue 38: one reference, not one each).
+            aimd: Aimd::with_settings(start, settings),
         }
+    }
+
+    /// The provider's settings (the queue's bounds, the cold start).
+    fn settings(&self) -> &Arc<ValidSettings> {
+        self.aimd.settings()
     }
 
     /// Whether, at `now`, it has learned and holds nothing a cold pacer
@@ -246,7 +241,7 @@ impl PacerCore {
     pub fn untaught(&self, now: Instant) -> bool {
         self.aimd.untaught()
             // A rate restored from the store moved without a change.
-            && self.aimd.rate() == self.settings.start_rate()
+            && self.aimd.rate() == self.settings().start_rate()
             && self.last_backoff.is_none()
             && self.allowance.is_none()
             && self.nothing_followed(now)
@@ -277,21 +272,14 @@ impl PacerCore {
     /// Applies new settings (config reload) and keeps what was learned; the
     /// rate is clamped to the new ceiling.
     pub fn update_settings(&mut self, settings: &Arc<ValidSettings>) {
-        self.aimd.set_bounds(
-            settings.floor_rate(),
-            settings.ceiling_rps,
-            settings.decrease_factor,
-            settings.increase_window,
-        );
+        self.aimd.set_settings(settings);
         self.gcra.set_burst(settings.burst);
-        self.aimd.set_latency_factor(settings.soft_throttle_factor);
         self.pricing = pricing(settings);
         match (settings.allowance, self.allowance.as_mut()) {
             (Some(a), Some(state)) => state.set(a),
             (Some(a), None) => self.allowance = Some(Box::new(AllowanceState::new(a))),
             (None, _) => self.allowance = None,
         }
-        self.settings = settings.clone();
         self.sync_interval();
     }
 
@@ -469,7 +457,7 @@ impl PacerCore {
             rate_rps: self.pace_rate(),
             interval: self.gcra.interval(),
             ceiling_rps: self.aimd.ceiling(),
-            start_rps: self.settings.start_rate(),
+            start_rps: self.settings().start_rate(),
             limit_rps: self.aimd.limit(),
             hold_remaining: self.hold_until.filter(|h| *h > now).map(|h| h - now),
             queue_len: self.waiting.len(),

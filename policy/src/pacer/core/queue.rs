@@ -18,7 +18,7 @@ pub enum Admission {
 impl PacerCore {
     /// How many requests may wait.
     pub fn max_queue_len(&self) -> usize {
-        self.settings.max_queue_len
+        self.settings().max_queue_len
     }
 
     /// The instant the request with `ahead` waiters before it would go.
@@ -56,7 +56,7 @@ impl PacerCore {
         let wait = self
             .slot(now, self.waiting.ahead(ticket))
             .saturating_duration_since(now);
-        let refusal = if self.waiting.len() > self.settings.max_queue_len {
+        let refusal = if self.waiting.len() > self.settings().max_queue_len {
             Some(Refusal::QueueFull)
         } else if wait > self.patience(now) {
             Some(Refusal::WaitTooLong)
@@ -139,10 +139,10 @@ impl PacerCore {
     pub fn patience(&self, now: Instant) -> Duration {
         match self.hold_until {
             Some(h) if h > now => self
-                .settings
+                .settings()
                 .max_queue_wait
-                .max(self.settings.max_hold_wait),
-            _ => self.settings.max_queue_wait,
+                .max(self.settings().max_hold_wait),
+            _ => self.settings().max_queue_wait,
         }
     }
 
