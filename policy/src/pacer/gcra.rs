@@ -26,8 +26,10 @@ pub struct Gcra {
     /// When the next request would be due at exactly the rate; `None`
     /// before the first admission.
     tat: Option<Instant>,
-    /// Emission interval I = 1 / rate.
-    interval: Duration,
+    /// Emission interval I = 1 / rate, nanoseconds (a `Duration` exactly,
+    /// in 8 bytes, not 16: R-PF1, issue 38; [`interval_of`] is at most
+    /// 10⁶ s).
+    interval_ns: u64,
     /// Burst size; the tolerance is L = (burst − 1) · I.
     burst: u32,
 }
@@ -37,19 +39,19 @@ impl Gcra {
     pub fn new(interval: Duration, burst: u32) -> Self {
         Gcra {
             tat: None,
-            interval,
+            interval_ns: nanos(interval),
             burst: burst.max(1),
         }
     }
 
     /// The emission interval.
     pub fn interval(&self) -> Duration {
-        self.interval
+        Duration::from_nanos(self.interval_ns)
     }
 
     /// The tolerance L = (burst − 1) · I.
     pub fn tolerance(&self) -> Duration {
-        self.interval * (self.burst - 1)
+        self.interval() * (self.burst - 1)
     }
 
     /// The earliest instant, not before `now`, at which the request `ahead`
@@ -60,10 +62,10 @@ impl Gcra {
             None => {
                 // The first `burst` requests conform at once.
                 let extra = ahead.saturating_sub(self.burst - 1);
-                now + self.interval * extra
+                now + self.interval() * extra
             }
             Some(tat) => {
-                let due = tat.max(now) + self.interval * ahead;
+                let due = tat.max(now) + self.interval() * ahead;
                 due.checked_sub(self.tolerance()).unwrap_or(now).max(now)
             }
         }
@@ -88,7 +90,7 @@ impl Gcra {
             Some(tat) if now <= tat + TIMER_SLACK => tat,
             Some(_) => now,
         };
-        self.tat = Some(base + self.interval);
+        self.tat = Some(base + self.interval());
     }
 
     /// Admits a request that waited in the queue for its slot: its lateness
@@ -98,12 +100,12 @@ impl Gcra {
     /// at 20 req/s at 19.6 (measured) — and a provider's per-second quota
     /// is never fully used.
     pub fn admit_waited(&mut self, now: Instant) {
-        let slack = WAKE_SLACK.min(self.interval / 2).max(TIMER_SLACK);
+        let slack = WAKE_SLACK.min(self.interval() / 2).max(TIMER_SLACK);
         let base = match self.tat {
             Some(tat) if now <= tat + slack => tat,
             _ => now,
         };
-        self.tat = Some(base + self.interval);
+        self.tat = Some(base + self.interval());
     }
 
     /// Changes the emission interval. The last admission keeps its place and
@@ -115,15 +117,16 @@ impl Gcra {
     /// the next conforming instant earlier (R-AI4).
     pub fn set_interval(&mut self, interval: Duration) {
         if let Some(tat) = self.tat {
-            let last = tat.checked_sub(self.interval).unwrap_or(tat);
+            let old = self.interval();
+            let last = tat.checked_sub(old).unwrap_or(tat);
             let mut next = last + interval;
-            if interval > self.interval {
-                let grown = (interval - self.interval) * (self.burst - 1);
+            if interval > old {
+                let grown = (interval - old) * (self.burst - 1);
                 next = next.max(tat + grown);
             }
             self.tat = Some(next);
         }
-        self.interval = interval;
+        self.interval_ns = nanos(interval);
     }
 
     /// Lets the next request go by `at` at the latest: a quota whole again
@@ -139,7 +142,7 @@ impl Gcra {
     /// so that the next request waits for them.
     pub fn charge(&mut self, units: u32) {
         if let Some(tat) = self.tat {
-            self.tat = Some(tat + self.interval * units);
+            self.tat = Some(tat + self.interval() * units);
         }
     }
 
@@ -154,6 +157,11 @@ impl Gcra {
     pub fn set_burst(&mut self, burst: u32) {
         self.burst = burst.max(1);
     }
+}
+
+/// `d` in nanoseconds, saturating.
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// The interval for a rate in requests per second.

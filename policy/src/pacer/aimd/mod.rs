@@ -234,12 +234,13 @@ pub struct Aimd {
     window_delivered: u32,
     /// Answers of any kind in the current window.
     window_answers: u32,
-    /// Shared: every replica's admissions counted over `window_span`
+    /// Shared: every replica's admissions counted over `window_span_ns`
     /// (between the store's answers they were read from; spans that a
     /// hold cut into are left out, their rate is not the provider's).
     window_counted: u32,
-    /// See `window_counted`.
-    window_span: Duration,
+    /// See `window_counted`: nanoseconds (a `Duration` exactly, in 8
+    /// bytes: R-PF1, issue 38).
+    window_span_ns: u64,
     /// Of the window's admissions, this replica's: all of them, unless a
     /// shared budget counts every replica's (then this replica's answers
     /// are its share of what the provider delivered).
@@ -261,7 +262,7 @@ pub struct Aimd {
     trial: Option<Box<Trial>>,
     /// Recent rate changes (when, the rate before), oldest first: an answer
     /// is evidence about the rate its request was *sent* at.
-    changes: VecDeque<(Instant, f64)>,
+    changes: Changes,
     /// Failures in a row, if the last answers were failures.
     streak: Option<Box<Streak>>,
     /// The rate is a fleet's, shared through a budget (see `adopt`).
@@ -450,6 +451,59 @@ const ECHO_MAX: Duration = Duration::from_secs(2);
 /// seconds' worth at one change per window).
 const CHANGES_KEPT: usize = 16;
 
+/// Recent rate changes (when, the rate before), oldest first, at most
+/// [`CHANGES_KEPT`]: made at the first change — a host whose rate never
+/// moved (most of a broad crawl's) keeps 8 bytes, not a deque's 32 (R-PF1,
+/// issue 38).
+#[derive(Debug, Clone, Default)]
+// Boxed on purpose: the point is 8 bytes while empty.
+#[allow(clippy::box_collection)]
+struct Changes(Option<Box<VecDeque<(Instant, f64)>>>);
+
+/// No change yet.
+static NO_CHANGES: VecDeque<(Instant, f64)> = VecDeque::new();
+
+impl Changes {
+    fn deque(&self) -> &VecDeque<(Instant, f64)> {
+        self.0.as_deref().unwrap_or(&NO_CHANGES)
+    }
+
+    fn iter(&self) -> std::collections::vec_deque::Iter<'_, (Instant, f64)> {
+        self.deque().iter()
+    }
+
+    fn front(&self) -> Option<&(Instant, f64)> {
+        self.deque().front()
+    }
+
+    fn back(&self) -> Option<&(Instant, f64)> {
+        self.deque().back()
+    }
+
+    fn len(&self) -> usize {
+        self.deque().len()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Remembers a change at `at` from `before`, the oldest forgotten past
+    /// [`CHANGES_KEPT`].
+    fn push(&mut self, at: Instant, before: f64) {
+        let changes = self.0.get_or_insert_with(Box::default);
+        if changes.len() == CHANGES_KEPT {
+            changes.pop_front();
+        } else if changes.len() == changes.capacity() {
+            // Grown one change at a time: a broad crawl's host changes rate
+            // once or twice, and a first push's room for four was 96 bytes
+            // of every one refused (R-PF1, issue 38).
+            changes.reserve_exact(1);
+        }
+        changes.push_back((at, before));
+    }
+}
+
 impl Aimd {
     /// A controller starting at `start` (clamped into `[floor, ceiling]`),
     /// a latency shift at 3 × the baseline.
@@ -483,14 +537,14 @@ impl Aimd {
             window_here: 0,
             window_answers: 0,
             window_counted: 0,
-            window_span: Duration::ZERO,
+            window_span_ns: 0,
             window_cut: false,
             delivered: None,
             probe: None,
             errors: ErrorTally::default(),
             latency: LatencyWatch::default(),
             trial: None,
-            changes: VecDeque::new(),
+            changes: Changes::default(),
             streak: None,
             shared: false,
             alone: false,
@@ -539,15 +593,7 @@ impl Aimd {
     /// Sets the rate at `now`, remembering the change.
     fn set_rate(&mut self, now: Instant, rate: f64) {
         if rate != self.rate {
-            if self.changes.len() == CHANGES_KEPT {
-                self.changes.pop_front();
-            } else if self.changes.len() == self.changes.capacity() {
-                // Grown one change at a time: a broad crawl's host changes
-                // rate once or twice, and a first push's room for four
-                // was 96 bytes of every one refused (R-PF1, issue 38).
-                self.changes.reserve_exact(1);
-            }
-            self.changes.push_back((now, self.rate));
+            self.changes.push(now, self.rate);
             self.rate = rate;
         }
     }

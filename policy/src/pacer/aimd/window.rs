@@ -53,7 +53,9 @@ impl Aimd {
         self.on_admitted(now, n);
         if let Some(span) = span {
             self.window_counted = self.window_counted.saturating_add(n);
-            self.window_span += span;
+            self.window_span_ns = self
+                .window_span_ns
+                .saturating_add(u64::try_from(span.as_nanos()).unwrap_or(u64::MAX));
         }
     }
 
@@ -90,13 +92,16 @@ impl Aimd {
         // refused after a long hold settles as closely as one sluice.
         let admitted = self.window_admitted;
         // A window of a few answers is too coarse a measure of delivery.
-        self.delivered = if self.window_answers > 0 && !self.window_span.is_zero() {
+        self.delivered = if self.window_answers > 0 && self.window_span_ns != 0 {
             // Shared: every replica's admissions over the time they were
             // counted in, times the share of this replica's answers that
             // were clean (a sample of the provider's).
             let clean = f64::from(self.window_delivered) / f64::from(self.window_answers);
-            (self.window_counted >= DELIVERED_MIN_ANSWERS)
-                .then(|| f64::from(self.window_counted) / self.window_span.as_secs_f64() * clean)
+            (self.window_counted >= DELIVERED_MIN_ANSWERS).then(|| {
+                f64::from(self.window_counted)
+                    / Duration::from_nanos(self.window_span_ns).as_secs_f64()
+                    * clean
+            })
         } else {
             (self.window_delivered >= DELIVERED_MIN_ANSWERS)
                 .then(|| f64::from(self.window_delivered) / secs)
@@ -109,7 +114,7 @@ impl Aimd {
         self.window_here = 0;
         self.window_answers = 0;
         self.window_counted = 0;
-        self.window_span = Duration::ZERO;
+        self.window_span_ns = 0;
         self.window_cut = false;
         let draining = match self.latency.judge(self.latency_factor()) {
             LatencyVerdict::Shift(_) => {

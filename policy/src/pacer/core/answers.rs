@@ -111,8 +111,10 @@ impl PacerCore {
         until: Instant,
         cause: HoldCause,
     ) -> Option<Instant> {
-        if cause == HoldCause::Refused && self.fleet_hold.is_none_or(|h| h < until) {
-            self.fleet_hold = Some(until);
+        if let Some(fleet) = self.fleet.as_mut().filter(|_| cause == HoldCause::Refused) {
+            if fleet.hold.is_none_or(|h| h < until) {
+                fleet.hold = Some(until);
+            }
         }
         if self.hold_until.is_some_and(|h| h >= until) {
             return None;

@@ -24,7 +24,10 @@ impl PacerCore {
             limit: self.aimd.limit(),
             units: 1,
             allowance: self.allowance.as_deref().map(AllowanceState::allowance),
-            hold: self.fleet_hold.filter(|h| *h > now).map(|h| h - now),
+            hold: fleet
+                .and_then(|f| f.hold)
+                .filter(|h| *h > now)
+                .map(|h| h - now),
         }
     }
 

@@ -46,9 +46,6 @@ pub struct PacerCore {
     aimd: Aimd,
     /// Nothing is admitted before this instant (a provider's `Retry-After`).
     hold_until: Option<Instant>,
-    /// The end of the last refusal's hold (this replica's or the fleet's):
-    /// what this replica tells a shared budget that lost it.
-    fleet_hold: Option<Instant>,
     /// Holds begun (one that lengthens a hold still in force is the same
     /// one): names a hold, so that a run's requests waiting out one count
     /// one wait (R-RN8).
@@ -95,6 +92,10 @@ struct Fleet {
     rejoining: Option<Instant>,
     /// Shared slots this replica took.
     here: u64,
+    /// The end of the last refusal's hold (this replica's or the fleet's):
+    /// what this replica tells a shared budget that lost it. Kept here,
+    /// where only a fleet's replica has it (R-PF1, issue 38).
+    hold: Option<Instant>,
 }
 
 /// The cost table and cost header `settings` name, if either.
@@ -212,7 +213,6 @@ impl PacerCore {
         PacerCore {
             gcra: Gcra::new(interval_of(start), settings.burst),
             hold_until: None,
-            fleet_hold: None,
             holds: 0,
             waiting: FairQueue::default(),
             next_ticket: 0,

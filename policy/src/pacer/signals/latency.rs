@@ -2,6 +2,7 @@
 //! against its learned baseline (see the module above).
 
 use std::collections::VecDeque;
+use std::num::NonZeroU32;
 use std::time::Duration;
 
 /// Time-to-first-byte samples kept for the latency judgement.
@@ -26,8 +27,9 @@ pub struct LatencyWatch {
     /// Seconds, newest last; only answers to requests sent since the last
     /// cut (older ones describe the old rate).
     samples: VecDeque<f64>,
-    /// Samples added since the quartile was last judged.
-    fresh: usize,
+    /// Samples added since the quartile was last judged (32 bits, beside
+    /// `baseline_samples`: R-PF1, issue 38).
+    fresh: u32,
     /// The baseline lower quartile, seconds.
     baseline: Option<f64>,
     /// Samples behind the baseline (saturating).
@@ -38,8 +40,10 @@ pub struct LatencyWatch {
     /// cut — for latency or for anything else (its backlog drains first,
     /// slowly when the new rate is just under its limit) — so a shift
     /// after a cut counts only if it grows worse, or has lasted
-    /// [`LATENCY_PATIENCE`] windows. Until then it is a drain.
-    last_shift: Option<(f64, u32)>,
+    /// [`LATENCY_PATIENCE`] windows. Until then it is a drain. (The
+    /// windows are counted from one, so that the pair has a niche: 16
+    /// bytes, not 24 — R-PF1, issue 38.)
+    last_shift: Option<(f64, NonZeroU32)>,
 }
 
 /// Windows a shift must persist after a cut before it cuts again (unless
@@ -71,7 +75,7 @@ impl LatencyWatch {
             self.samples.pop_front();
         }
         self.samples.push_back(ttfb.as_secs_f64());
-        self.fresh += 1;
+        self.fresh = self.fresh.saturating_add(1);
     }
 
     /// Forgets the samples (the rate was cut: a new epoch). A backlog the
@@ -81,7 +85,7 @@ impl LatencyWatch {
     pub fn clear(&mut self) {
         self.samples.clear();
         self.fresh = 0;
-        self.last_shift = Some((f64::INFINITY, 0));
+        self.last_shift = Some((f64::INFINITY, NonZeroU32::MIN));
     }
 
     /// The learned baseline, once enough samples were seen.
@@ -113,13 +117,13 @@ impl LatencyWatch {
     /// it must also be worse than at the cut, or last (see `last_shift`).
     /// Otherwise the baseline learns from them.
     pub fn judge(&mut self, factor: f64) -> LatencyVerdict {
-        if self.fresh * 2 < LATENCY_MIN_SAMPLES {
+        if (self.fresh as usize) * 2 < LATENCY_MIN_SAMPLES {
             return LatencyVerdict::Unjudged;
         }
         let Some(q) = self.quartile() else {
             return LatencyVerdict::Unjudged;
         };
-        let fresh = u32::try_from(self.fresh).unwrap_or(u32::MAX);
+        let fresh = self.fresh;
         self.fresh = 0;
         if let Some(base) = self.baseline().map(|b| b.as_secs_f64()) {
             if q > base * factor && q > base + LATENCY_SLACK.as_secs_f64() {
@@ -127,17 +131,18 @@ impl LatencyWatch {
                     // The first window after a cut: where the drain starts.
                     Some((q0, windows)) if q0.is_infinite() => {
                         *q0 = q;
-                        *windows += 1;
+                        *windows = windows.saturating_add(1);
                         false
                     }
                     Some((q0, windows)) => {
-                        *windows += 1;
-                        q > *q0 * LATENCY_WORSE || *windows >= LATENCY_PATIENCE
+                        *windows = windows.saturating_add(1);
+                        // Counted from one: `LATENCY_PATIENCE` windows or more.
+                        q > *q0 * LATENCY_WORSE || windows.get() > LATENCY_PATIENCE
                     }
                     None => true,
                 };
                 if shift {
-                    self.last_shift = Some((q, 0));
+                    self.last_shift = Some((q, NonZeroU32::MIN));
                     return LatencyVerdict::Shift(Duration::from_secs_f64(q));
                 }
                 return LatencyVerdict::Draining;
