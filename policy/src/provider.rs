@@ -122,7 +122,7 @@ impl ProviderPolicy {
             name: name.into(),
             attempt_timeout: SharedDuration::new(settings.attempt_timeout),
             request_timeout: SharedDuration::new(settings.request_timeout),
-            park: ParkShared::new(&settings, neighbours(&breaker, &pacer)),
+            park: ParkShared::new(neighbours(&breaker, &pacer)),
             pacer,
             breaker,
             retry,
@@ -162,7 +162,6 @@ impl ProviderPolicy {
         self.retry.update_settings(&settings);
         self.bulkhead.update_settings(&settings);
         self.bulkhead.set_dialect(self.dialect_of(&settings));
-        self.park.update_settings(&settings);
         self.attempt_timeout.set(settings.attempt_timeout);
         self.request_timeout.set(settings.request_timeout);
     }
@@ -371,6 +370,10 @@ impl Neighbours for PolicyNeighbours {
 
     fn outage_found(&self, now: Instant) {
         self.pacer.outage_found(now);
+    }
+
+    fn settings(&self) -> Arc<ValidSettings> {
+        self.breaker.lock().shared_settings().clone()
     }
 }
 

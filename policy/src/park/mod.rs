@@ -77,6 +77,8 @@ pub trait Neighbours: Send + Sync + std::fmt::Debug {
     /// Tells the rate controller that the failures in progress are an
     /// outage (it gives back their cuts at the return).
     fn outage_found(&self, now: Instant);
+    /// The provider's settings, as its other parts hold them.
+    fn settings(&self) -> Arc<ValidSettings>;
 }
 
 /// [`ParkShared::flags`]: the provider is down.
@@ -124,8 +126,11 @@ pub(crate) enum Verdict {
 #[derive(Debug, Default)]
 struct ParkState {
     watch: Watch,
-    /// Parked (and held) requests by arrival, woken in that order.
-    waiters: BTreeMap<u64, Arc<Notify>>,
+    /// Parked (and held) requests by arrival, woken in that order: made
+    /// by the first to park and let go with the last (a map is 24 bytes
+    /// of every provider, and most are never down: R-PF1, issue 38).
+    #[allow(clippy::box_collection)] // Boxed on purpose: 8 bytes while none.
+    waiters: Option<Box<BTreeMap<u64, Arc<Notify>>>>,
     next_ticket: u64,
     /// Counted in 32 bits (saturating): with `next_ticket` and the
     /// watch, the state fits a smaller size class (R-PF1, issue 38).
@@ -149,22 +154,20 @@ pub struct ParkShared {
     /// The watch's verdict as last written ([`DOWN`], [`UNSETTLED`]): what
     /// every request asks first, read without the lock.
     flags: AtomicU8,
-    /// One value a provider, not a closure each (R-PF1, issue 38).
+    /// One value a provider, not a closure each (R-PF1, issue 38); the
+    /// provider's settings are read through it.
     neighbours: Box<dyn Neighbours>,
-    /// The provider's settings, shared, not copied (R-PF1, issue 38).
-    settings: Mutex<Arc<ValidSettings>>,
 }
 
 impl ParkShared {
     /// Parking for a provider whose other parts `neighbours` reads.
-    pub fn new(settings: &Arc<ValidSettings>, neighbours: Box<dyn Neighbours>) -> Arc<Self> {
+    pub fn new(neighbours: Box<dyn Neighbours>) -> Arc<Self> {
         Arc::new(ParkShared {
             state: Mutex::new(ParkState::default()),
             downs: std::sync::OnceLock::new(),
             on_the_way: Default::default(),
             flags: AtomicU8::new(0),
             neighbours,
-            settings: Mutex::new(settings.clone()),
         })
     }
 
@@ -186,15 +189,7 @@ impl ParkShared {
     }
 
     fn settings(&self) -> Arc<ValidSettings> {
-        self.settings
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-    }
-
-    /// Applies new settings; the watch is kept.
-    pub fn update_settings(&self, settings: &Arc<ValidSettings>) {
-        *self.settings.lock().unwrap_or_else(|p| p.into_inner()) = settings.clone();
+        self.neighbours.settings()
     }
 
     /// Whether anything is amiss (down, or failures in a row): a request
@@ -236,7 +231,12 @@ impl ParkShared {
             s.next_ticket += 1;
             s.next_ticket
         });
-        let notify = s.waiters.entry(ticket).or_default().clone();
+        let notify = s
+            .waiters
+            .get_or_insert_with(Box::default)
+            .entry(ticket)
+            .or_default()
+            .clone();
         (ticket, notify)
     }
 
@@ -244,7 +244,12 @@ impl ParkShared {
     /// `gave_up` when its wait ended without the provider's return.
     pub(crate) fn leave(&self, ticket: u64, resumed: bool, gave_up: bool) {
         let mut s = self.lock();
-        s.waiters.remove(&ticket);
+        if let Some(waiters) = s.waiters.as_mut() {
+            waiters.remove(&ticket);
+            if waiters.is_empty() {
+                s.waiters = None;
+            }
+        }
         s.resumed = s.resumed.saturating_add(u32::from(resumed));
         s.gave_up = s.gave_up.saturating_add(u32::from(gave_up));
     }
@@ -411,7 +416,12 @@ impl ParkShared {
 
     /// Wakes every parked request, oldest first.
     fn wake_all(&self) {
-        let waiters: Vec<Arc<Notify>> = self.lock().waiters.values().cloned().collect();
+        let waiters: Vec<Arc<Notify>> = self
+            .lock()
+            .waiters
+            .iter()
+            .flat_map(|w| w.values().cloned())
+            .collect();
         for w in waiters {
             // Stored if the waiter is not waiting right now: never lost.
             w.notify_one();
@@ -436,7 +446,7 @@ impl ParkShared {
     pub fn untaught(&self) -> bool {
         let s = self.lock();
         s.watch.untaught()
-            && s.waiters.is_empty()
+            && s.waiters.is_none()
             && s.resumed == 0
             && s.gave_up == 0
             && self.on_the_way.load(std::sync::atomic::Ordering::Relaxed) == 0
@@ -448,7 +458,7 @@ impl ParkShared {
     pub fn settled(&self) -> bool {
         let s = self.lock();
         !s.watch.is_down()
-            && s.waiters.is_empty()
+            && s.waiters.is_none()
             && self.on_the_way.load(std::sync::atomic::Ordering::Relaxed) == 0
     }
 
@@ -457,7 +467,7 @@ impl ParkShared {
         let s = self.lock();
         ParkSnapshot {
             watch: s.watch.snapshot(now),
-            parked: s.waiters.len(),
+            parked: s.waiters.as_ref().map_or(0, |w| w.len()),
             resumed: u64::from(s.resumed),
             gave_up: u64::from(s.gave_up),
         }
