@@ -125,13 +125,13 @@ pub enum Permit {
     Parked,
 }
 
+/// One slot of time's counts. Which slot a bucket holds is not kept in it
+/// (12 bytes a bucket, not 16: R-PF1, issue 38): the bucket at index `i`
+/// holds the latest slot `≡ i (mod BUCKETS)` up to the newest counted
+/// ([`Breaker::last`]), as buckets are emptied when the window moves past
+/// them.
 #[derive(Debug, Clone, Copy, Default)]
 struct Bucket {
-    /// Which slot of time this bucket holds (index since `epoch`), its low
-    /// 32 bits: 16 bytes a bucket, not 24 (R-PF1, issue 38). The bucket is
-    /// found by the whole index, so the low bits only tell a fresh bucket
-    /// from one left 2³² slots before (16 months of 10 ms slots).
-    slot: u32,
     calls: u32,
     failures: u32,
     /// Throttles among the failures.
@@ -162,6 +162,8 @@ pub struct Breaker {
     /// Origin of the window's slots.
     epoch: Instant,
     buckets: [Bucket; BUCKETS],
+    /// The newest slot counted (index since `epoch`): see [`Bucket`].
+    last: u64,
     /// The provider's settings (window, ratio, minimum calls, open time,
     /// probes), shared, not copied: 40 bytes fewer a provider (R-PF1,
     /// issue 38).
@@ -171,8 +173,9 @@ pub struct Breaker {
     /// Probes answered with success in this half-open spell.
     probe_successes: u32,
     /// Failures in a row while closed: when the first came, how many, and
-    /// how many of them were throttles.
-    streak: Option<(Instant, u32, u32)>,
+    /// how many of them were throttles. Boxed: most providers never fail
+    /// twice in a row (R-PF1, issue 38).
+    streak: Option<Box<(Instant, u32, u32)>>,
     /// The last open was for throttles — most of the failures that opened
     /// it were the provider asking to slow down, not failing: its refusals
     /// answer as a throttle, not as an unavailable provider (R-PD3).
@@ -182,9 +185,11 @@ pub struct Breaker {
     /// period count as one wait (R-RN8).
     opens: u32,
     /// Recent transitions, oldest first, at most [`RECENT_TRANSITIONS`]:
-    /// grown with the first (most providers never have one, and 32 kept
-    /// in advance were 1.5 KB of every tracked provider: issue 24).
-    recent: Vec<Transition>,
+    /// made with the first (most providers never have one, and 32 kept
+    /// in advance were 1.5 KB of every tracked provider: issue 24; an
+    /// empty vector is 24 bytes of each, a box 8: issue 38).
+    #[allow(clippy::box_collection)] // Boxed on purpose: 8 bytes while none.
+    recent: Option<Box<Vec<Transition>>>,
 }
 
 impl Breaker {
@@ -195,28 +200,30 @@ impl Breaker {
             since: now,
             epoch: now,
             buckets: [Bucket::default(); BUCKETS],
+            last: 0,
             settings,
             probes_in_flight: 0,
             probe_successes: 0,
             streak: None,
             for_throttles: false,
             opens: 0,
-            recent: Vec::new(),
+            recent: None,
         }
     }
 
     /// Keeps `t` among the recent transitions, the oldest dropped past
     /// [`RECENT_TRANSITIONS`].
     pub fn remember(&mut self, t: Transition) {
-        if self.recent.len() == RECENT_TRANSITIONS {
-            self.recent.remove(0);
+        let recent = self.recent.get_or_insert_with(Box::default);
+        if recent.len() == RECENT_TRANSITIONS {
+            recent.remove(0);
         }
-        self.recent.push(t);
+        recent.push(t);
     }
 
     /// The recent transitions, oldest first.
     pub fn recent(&self) -> &[Transition] {
-        &self.recent
+        self.recent.as_deref().map_or(&[], Vec::as_slice)
     }
 
     /// Whether it has never opened and has no failures in a row: what a
@@ -240,7 +247,7 @@ impl Breaker {
     /// Applies new settings (config reload); state and window are kept.
     pub fn update_settings(&mut self, settings: &Arc<ValidSettings>) {
         if bucket_len(settings) != bucket_len(&self.settings) {
-            self.buckets = [Bucket::default(); BUCKETS];
+            self.forget_window();
         }
         self.settings = settings.clone();
     }
@@ -281,7 +288,7 @@ impl Breaker {
     /// config changed: the transition, if it was not closed.
     pub fn clear(&mut self, now: Instant) -> Option<Transition> {
         if self.state == State::Closed {
-            self.buckets = [Bucket::default(); BUCKETS];
+            self.forget_window();
             self.streak = None;
             return None;
         }
@@ -305,24 +312,50 @@ impl Breaker {
     }
 
     fn totals_with_throttles(&self, now: Instant) -> (u32, u32, u32) {
-        let slot = self.slot(now) as u32;
+        let slot = self.slot(now);
+        let buckets = BUCKETS as u64;
         self.buckets
             .iter()
-            .filter(|b| slot.wrapping_sub(b.slot) < BUCKETS as u32)
-            .fold((0, 0, 0), |(c, f, t), b| {
+            .enumerate()
+            .filter(|(i, _)| {
+                // The slot bucket `i` holds: the latest `≡ i` up to `last`
+                // (none before the first slot).
+                let back = (self.last + buckets - *i as u64) % buckets;
+                let Some(held) = self.last.checked_sub(back) else {
+                    return false;
+                };
+                held <= slot && slot - held < buckets
+            })
+            .fold((0, 0, 0), |(c, f, t), (_, b)| {
                 (c + b.calls, f + b.failures, t + b.throttles)
             })
     }
 
+    /// Empties every bucket (the window starts over).
+    fn forget_window(&mut self) {
+        self.buckets = [Bucket::default(); BUCKETS];
+        self.last = 0;
+    }
+
     fn count(&mut self, failure: bool, throttle: bool, now: Instant) {
         let slot = self.slot(now);
-        let b = &mut self.buckets[(slot % BUCKETS as u64) as usize];
-        if b.slot != slot as u32 {
-            *b = Bucket {
-                slot: slot as u32,
-                ..Bucket::default()
-            };
+        let buckets = BUCKETS as u64;
+        if slot > self.last {
+            // The window moved: the buckets it passed are emptied for the
+            // slots they now hold.
+            if slot - self.last >= buckets {
+                self.buckets = [Bucket::default(); BUCKETS];
+            } else {
+                for k in self.last + 1..=slot {
+                    self.buckets[(k % buckets) as usize] = Bucket::default();
+                }
+            }
+            self.last = slot;
+        } else if self.last - slot >= buckets {
+            // Older than the window (a clock read before the last count).
+            return;
         }
+        let b = &mut self.buckets[(slot % buckets) as usize];
         b.calls += 1;
         b.failures += u32::from(failure);
         b.throttles += u32::from(failure && throttle);
@@ -356,7 +389,7 @@ impl Breaker {
             self.opens = self.opens.wrapping_add(1);
         }
         if to == State::Closed {
-            self.buckets = [Bucket::default(); BUCKETS];
+            self.forget_window();
         }
         t
     }
@@ -434,7 +467,8 @@ impl Breaker {
                     self.streak = None;
                     return None;
                 }
-                let (first, n, th) = self.streak.get_or_insert((now, 0, 0));
+                let (first, n, th) =
+                    &mut **self.streak.get_or_insert_with(|| Box::new((now, 0, 0)));
                 *n += 1;
                 *th += u32::from(throttle);
                 let (first, n, th) = (*first, *n, *th);
@@ -481,6 +515,50 @@ impl Breaker {
             failures,
             open_remaining: (self.state == State::Open)
                 .then(|| (self.since + self.open_for()).saturating_duration_since(now)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// The window's totals, its buckets keeping no slot of their own
+        /// (issue 38), are the answers counted in its last `BUCKETS` slots,
+        /// as a list of every answer says — across gaps longer than the
+        /// window, many in one slot, and clock reads a hair early (another
+        /// thread's, read before this one's, within the newest slot).
+        #[test]
+        fn the_window_counts_its_last_slots(
+            steps in proptest::collection::vec((0u64..2_500, any::<bool>(), any::<bool>()), 1..200)
+        ) {
+            let settings = Arc::new(ProviderSettings::default().validated().unwrap());
+            let t0 = Instant::now();
+            let mut b = Breaker::new(settings.clone(), t0);
+            let len = bucket_len(&settings).as_millis() as u64;
+            let mut now = t0;
+            let mut seen: Vec<(u64, bool, bool)> = Vec::new();
+            for (ms, failure, back) in steps {
+                // Mostly forward; now and then a read a little earlier,
+                // within the newest slot.
+                now = if back {
+                    let newest = t0 + Duration::from_millis(b.last * len);
+                    now.checked_sub(Duration::from_millis(ms % len))
+                        .unwrap_or(now)
+                        .max(newest)
+                } else {
+                    now + Duration::from_millis(ms)
+                };
+                let slot = b.slot(now);
+                seen.push((slot, failure, failure));
+                b.count(failure, failure, now);
+                let live = |s: &u64| *s <= slot && slot - *s < BUCKETS as u64;
+                let calls = seen.iter().filter(|(s, ..)| live(s)).count() as u32;
+                let failures = seen.iter().filter(|(s, f, _)| live(s) && *f).count() as u32;
+                prop_assert_eq!(b.totals_with_throttles(now), (calls, failures, failures));
+            }
         }
     }
 }
