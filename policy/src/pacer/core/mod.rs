@@ -524,15 +524,7 @@ mod tests {
     fn a_replica_pacing_alone_does_not_grow_the_fleets_rate() {
         let mut core = PacerCore::new(&ProviderSettings::with_ceiling(1000.0));
         let mut now = Instant::now();
-        let view = SharedView {
-            rate: 20.0,
-            limit: None,
-            hold: None,
-            admitted: 0,
-            allowance: None,
-            refusal: None,
-            held: None,
-        };
+        let view = view_of(20.0, 0);
         core.adopt_shared(&view, now, Duration::from_secs(1));
         core.pace_alone(4, now, 0.0);
         let before = core.learned().0;
@@ -627,6 +619,20 @@ mod tests {
         assert!(per_window[2..].iter().all(|&n| n == 20), "{per_window:?}");
         let q = core.snapshot(now).quota.unwrap();
         assert_eq!(q.advertised.window, Some(Duration::from_secs(1)));
+    }
+
+    /// What a shared budget answers: `rate`, `admitted` slots taken by
+    /// every replica, nothing else.
+    fn view_of(rate: f64, admitted: u64) -> SharedView {
+        SharedView {
+            rate,
+            limit: None,
+            hold: None,
+            admitted,
+            allowance: None,
+            refusal: None,
+            held: None,
+        }
     }
 
     /// Flask-Limiter in front of a provider (issue 35): 20 a second in the
@@ -770,15 +776,7 @@ mod tests {
     fn a_fleet_paces_a_rolling_quota_further_under_its_rate() {
         let alone = flask_limiter(true, 30, |_| false).2.expect("trusted");
         let mut core = PacerCore::new(&ProviderSettings::with_ceiling(50.0));
-        let view = SharedView {
-            rate: 50.0,
-            limit: None,
-            hold: None,
-            admitted: 0,
-            allowance: None,
-            refusal: None,
-            held: None,
-        };
+        let view = view_of(50.0, 0);
         core.adopt_shared(&view, Instant::now(), Duration::from_secs(1));
         let (used, refused, shared) = flask_limiter_allowing(core, true, 30, 20, |_| false);
         let shared = shared.expect("trusted");
@@ -804,15 +802,7 @@ mod tests {
     fn a_replica_never_raises_a_fleet_past_a_stated_quota() {
         let now = Instant::now();
         let mut core = PacerCore::new(&ProviderSettings::with_ceiling(50.0));
-        let view = SharedView {
-            rate: 5.0,
-            limit: None,
-            hold: None,
-            admitted: 0,
-            allowance: None,
-            refusal: None,
-            held: None,
-        };
+        let view = view_of(5.0, 0);
         core.adopt_shared(&view, now, Duration::from_secs(1));
         let adv = Advertised {
             limit: Some(20),
@@ -875,19 +865,7 @@ mod tests {
                     family: crate::quota::Family::XRateLimit,
                 };
                 all += 1;
-                core.adopt_shared(
-                    &SharedView {
-                        rate: 20.0,
-                        limit: None,
-                        hold: None,
-                        admitted: all,
-                        allowance: None,
-                        refusal: None,
-                        held: None,
-                    },
-                    now,
-                    second,
-                );
+                core.adopt_shared(&view_of(20.0, all), now, second);
                 seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
                 if (seed >> 62) == 0 {
                     // This replica's slot (one in four, at random) and its
