@@ -4,13 +4,14 @@ use std::collections::HashSet;
 use std::sync::Mutex;
 
 use prometheus::{
-    exponential_buckets, CounterVec, GaugeVec, HistogramOpts, HistogramVec, IntCounter,
-    IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    exponential_buckets, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry,
 };
 
-use prometheus::core::{Collector, MetricVec, MetricVecBuilder};
+use prometheus::core::Collector;
 use prometheus::proto::MetricType;
 
+use super::lean::{self, Cell, LeanVec};
 use super::{Metrics, BAD_REQUEST_REASONS, DESTINATION_REFUSAL_REASONS};
 
 /// One family of the catalogue, as the reference lists it.
@@ -48,24 +49,6 @@ impl Recorder {
         }
     }
 
-    /// Notes how to remove `vec`'s series of one provider, if it has a
-    /// `provider` label.
-    fn forgettable<T: MetricVecBuilder + 'static>(&self, vec: &MetricVec<T>) {
-        let names = vec
-            .desc()
-            .first()
-            .map(|d| d.variable_labels.clone())
-            .unwrap_or_default();
-        let Some(at) = names.iter().position(|n| n == "provider") else {
-            return;
-        };
-        let vec = vec.clone();
-        self.forgets
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(Box::new(move |gone| forget_in(&vec, &names, at, gone)));
-    }
-
     fn register(&self, c: Box<dyn Collector>) -> prometheus::Result<()> {
         let kinds: Vec<MetricType> = c.collect().iter().map(|f| f.get_field_type()).collect();
         let mut families = self.families.lock().unwrap_or_else(|p| p.into_inner());
@@ -88,54 +71,46 @@ impl Recorder {
     }
 }
 
-/// Removes every series of `vec` whose label `names[at]` is one of `gone`.
-/// Prometheus removes a series only by its whole tuple of values: the
-/// tuples are read from the family as collected (a copy of each series,
-/// once per sweep that lets labelled providers go: at most
-/// `limits.max_metric_providers` of them hold labels).
-fn forget_in<T: MetricVecBuilder>(
-    vec: &MetricVec<T>,
-    names: &[String],
-    at: usize,
-    gone: &HashSet<&str>,
-) {
-    for family in vec.collect() {
-        for metric in family.get_metric() {
-            let pairs = metric.get_label();
-            let values: Vec<&str> = names
-                .iter()
-                .map(|n| {
-                    pairs
-                        .iter()
-                        .find(|p| p.name() == n)
-                        .map_or("", |p| p.value())
-                })
-                .collect();
-            if values.get(at).is_some_and(|v| gone.contains(v)) {
-                let _ = vec.remove_label_values(&values);
-            }
-        }
-    }
+/// A family labelled by provider, kept lean (see [`lean`]), its
+/// series removed with their provider.
+fn lean<C: Cell>(r: &Recorder, vec: LeanVec<C>) -> LeanVec<C> {
+    r.register(Box::new(vec.clone())).expect("unique metric");
+    let forget = vec.clone();
+    r.forgets
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push(Box::new(move |gone| forget.forget(gone)));
+    vec
 }
 
-fn gauge(r: &Recorder, name: &str, help: &str, labels: &[&str]) -> GaugeVec {
-    let g = GaugeVec::new(Opts::new(name, help), labels).expect("valid metric");
-    r.register(Box::new(g.clone())).expect("unique metric");
-    r.forgettable(&g);
-    g
+fn gauge(r: &Recorder, name: &str, help: &str, labels: &[&str]) -> LeanVec<lean::Gauge> {
+    lean(r, LeanVec::new(name, help, labels))
 }
 
-fn int_gauge(r: &Recorder, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+fn int_gauge(r: &Recorder, name: &str, help: &str, labels: &[&str]) -> LeanVec<lean::IntGauge> {
+    lean(r, LeanVec::new(name, help, labels))
+}
+
+fn provider_counter(
+    r: &Recorder,
+    name: &str,
+    help: &str,
+    labels: &[&str],
+) -> LeanVec<lean::Counter> {
+    lean(r, LeanVec::new(name, help, labels))
+}
+
+/// A family not labelled by provider (runs, listeners, reasons): the
+/// `prometheus` crate's own, its few series never forgotten.
+fn plain_int_gauge(r: &Recorder, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
     let g = IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric");
     r.register(Box::new(g.clone())).expect("unique metric");
-    r.forgettable(&g);
     g
 }
 
 fn counter(r: &Recorder, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
     let c = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
     r.register(Box::new(c.clone())).expect("unique metric");
-    r.forgettable(&c);
     c
 }
 
@@ -154,15 +129,8 @@ fn plain_gauge(r: &Recorder, name: &str, help: &str) -> IntGauge {
     scalar(r, IntGauge::new(name, help).expect("valid metric"))
 }
 
-fn histogram(r: &Recorder, name: &str, help: &str, buckets: Vec<f64>) -> HistogramVec {
-    let h = HistogramVec::new(
-        HistogramOpts::new(name, help).buckets(buckets),
-        &["provider"],
-    )
-    .expect("valid metric");
-    r.register(Box::new(h.clone())).expect("unique metric");
-    r.forgettable(&h);
-    h
+fn histogram(r: &Recorder, name: &str, help: &str, buckets: Vec<f64>) -> LeanVec<lean::Histogram> {
+    lean(r, LeanVec::with_buckets(name, help, &["provider"], buckets))
 }
 
 impl Metrics {
@@ -176,17 +144,14 @@ impl Metrics {
         let r = Recorder::new();
         let p = &["provider"];
         let seconds = exponential_buckets(0.001, 2.0, 16).expect("buckets"); // 1 ms … 33 s
-        let hold_seconds = CounterVec::new(
-            Opts::new(
+        let hold_seconds = lean(
+            &r,
+            LeanVec::new(
                 "retry_after_hold_seconds_total",
                 "Seconds of Retry-After holds set",
+                p,
             ),
-            p,
-        )
-        .expect("valid metric");
-        r.register(Box::new(hold_seconds.clone()))
-            .expect("unique metric");
-        r.forgettable(&hold_seconds);
+        );
         let tasks_alive = plain_gauge(
             &r,
             "runtime_tasks_alive",
@@ -304,19 +269,19 @@ impl Metrics {
                 "Time left on a Retry-After hold (0 = none)",
                 p,
             ),
-            requests: counter(
+            requests: provider_counter(
                 &r,
                 "requests_total",
                 "Client requests by final outcome",
                 &["provider", "outcome"],
             ),
-            attempts: counter(
+            attempts: provider_counter(
                 &r,
                 "upstream_attempts_total",
                 "Attempts sent upstream, by outcome",
                 &["provider", "outcome"],
             ),
-            retries: counter(
+            retries: provider_counter(
                 &r,
                 "retries_total",
                 "Retries scheduled, by the outcome that caused them",
@@ -328,7 +293,7 @@ impl Metrics {
                 "Time a request waited for its pacing slot",
                 seconds.clone(),
             ),
-            collector_units: counter(
+            collector_units: provider_counter(
                 &r,
                 "collector_admitted_units_total",
                 "Units admitted to a provider per collector (\"-\": proxy users without one): the fair shares",
@@ -377,32 +342,32 @@ impl Metrics {
                 "Upstream time to the response head",
                 seconds,
             ),
-            holds: counter(
+            holds: provider_counter(
                 &r,
                 "retry_after_holds_total",
                 "Retry-After holds set or lengthened",
                 p,
             ),
             hold_seconds,
-            backoffs: counter(
+            backoffs: provider_counter(
                 &r,
                 "backoffs_total",
                 "Rate cuts, by reason",
                 &["provider", "reason"],
             ),
-            transitions: counter(
+            transitions: provider_counter(
                 &r,
                 "breaker_transitions_total",
                 "Breaker transitions",
                 &["provider", "from", "to", "reason"],
             ),
-            tunnels: counter(
+            tunnels: provider_counter(
                 &r,
                 "tunnels_total",
                 "CONNECT tunnels by mode (intercepted, raw, plain_http)",
                 &["provider", "mode"],
             ),
-            upgrades: counter(
+            upgrades: provider_counter(
                 &r,
                 "upgrades_total",
                 "HTTP/1.1 Upgrades (WebSocket) switched through the provider's stack",
@@ -413,7 +378,7 @@ impl Metrics {
                 "upgraded_connections",
                 "Upgraded connections (WebSocket) whose bytes sluice is carrying now",
             ),
-            interception_failures: counter(
+            interception_failures: provider_counter(
                 &r,
                 "interception_failures_total",
                 "Clients that rejected sluice's certificate",
@@ -479,13 +444,13 @@ impl Metrics {
                 "1 for what the controller takes the provider's recent failures for: outage (every answer fails whatever the rate) or throttle (failures fall with the rate); both 0 when nothing fails",
                 &["provider", "condition"],
             ),
-            outages: counter(
+            outages: provider_counter(
                 &r,
                 "provider_outages_total",
                 "Outages found: failures in a row that went on at a rate no cut changed",
                 p,
             ),
-            quota_malformed: counter(
+            quota_malformed: provider_counter(
                 &r,
                 "quota_headers_malformed_total",
                 "Answers whose quota headers could not be read (ignored), by header family",
@@ -540,7 +505,7 @@ impl Metrics {
                 "Runs ended, by collector and stop reason (none: finished without a stop)",
                 &["collector", "stop_reason"],
             ),
-            runs_active: int_gauge(
+            runs_active: plain_int_gauge(
                 &r,
                 "runs_active",
                 "The collector's active runs (at most one per mode: steady, catchup)",
@@ -552,7 +517,7 @@ impl Metrics {
                 "Attempts of runs that reached the provider, retries included",
                 &["collector"],
             ),
-            gaps_pending: int_gauge(
+            gaps_pending: plain_int_gauge(
                 &r,
                 "gaps_pending",
                 "Pending gap records (deferred work)",

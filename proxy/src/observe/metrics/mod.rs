@@ -15,14 +15,17 @@
 mod catalogue;
 pub use catalogue::Family;
 mod feed;
+mod lean;
 mod scrape;
 
+use lean::LeanVec;
+
 use std::collections::{HashMap, HashSet};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use prometheus::{
-    CounterVec, Encoder, GaugeVec, Histogram, HistogramVec, IntCounter, IntCounterVec, IntGauge,
-    IntGaugeVec, Registry, TextEncoder,
+    Encoder, Histogram, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Registry,
+    TextEncoder,
 };
 
 /// One provider's series that every answered request touches, each
@@ -32,17 +35,17 @@ use prometheus::{
 /// with it: a kept handle stays the exported one.
 #[derive(Debug, Default)]
 pub struct Handles {
-    attempt_success: OnceLock<IntCounter>,
-    ttfb: OnceLock<Histogram>,
-    pacing_wait: OnceLock<Histogram>,
-    unclassed_units: OnceLock<IntCounter>,
+    attempt_success: OnceLock<Arc<lean::Counter>>,
+    ttfb: OnceLock<Arc<lean::Histogram>>,
+    pacing_wait: OnceLock<Arc<lean::Histogram>>,
+    unclassed_units: OnceLock<Arc<lean::Counter>>,
     unclassed_wait: OnceLock<Histogram>,
 }
 
 /// A provider's `sluice_requests_total{outcome="success"}`, found once:
 /// every answered request counts there (see [`Handles`]).
 #[derive(Debug, Default)]
-pub struct RequestHandle(OnceLock<IntCounter>);
+pub struct RequestHandle(OnceLock<Arc<lean::Counter>>);
 
 /// The label every provider beyond the label cap shares.
 pub const OTHER: &str = "_other";
@@ -57,52 +60,52 @@ pub struct Metrics {
     /// Each family labelled by provider, as it removes one provider's
     /// series.
     forgets: Vec<catalogue::Forget>,
-    rate: GaugeVec,
-    interval: GaugeVec,
-    ceiling: GaugeVec,
-    start: GaugeVec,
-    limit: GaugeVec,
-    error_baseline: GaugeVec,
-    latency_baseline: GaugeVec,
-    on_trial: IntGaugeVec,
-    provider_down: IntGaugeVec,
-    parked: IntGaugeVec,
-    condition: IntGaugeVec,
-    outages: IntCounterVec,
-    queue: IntGaugeVec,
-    in_flight: IntGaugeVec,
-    breaker_state: IntGaugeVec,
-    budget: IntGaugeVec,
-    hold: GaugeVec,
-    requests: IntCounterVec,
-    attempts: IntCounterVec,
-    retries: IntCounterVec,
-    pacing_wait: HistogramVec,
-    collector_units: IntCounterVec,
+    rate: LeanVec<lean::Gauge>,
+    interval: LeanVec<lean::Gauge>,
+    ceiling: LeanVec<lean::Gauge>,
+    start: LeanVec<lean::Gauge>,
+    limit: LeanVec<lean::Gauge>,
+    error_baseline: LeanVec<lean::Gauge>,
+    latency_baseline: LeanVec<lean::Gauge>,
+    on_trial: LeanVec<lean::IntGauge>,
+    provider_down: LeanVec<lean::IntGauge>,
+    parked: LeanVec<lean::IntGauge>,
+    condition: LeanVec<lean::IntGauge>,
+    outages: LeanVec<lean::Counter>,
+    queue: LeanVec<lean::IntGauge>,
+    in_flight: LeanVec<lean::IntGauge>,
+    breaker_state: LeanVec<lean::IntGauge>,
+    budget: LeanVec<lean::IntGauge>,
+    hold: LeanVec<lean::Gauge>,
+    requests: LeanVec<lean::Counter>,
+    attempts: LeanVec<lean::Counter>,
+    retries: LeanVec<lean::Counter>,
+    pacing_wait: LeanVec<lean::Histogram>,
+    collector_units: LeanVec<lean::Counter>,
     collector_wait: HistogramVec,
-    collector_waiting: IntGaugeVec,
-    allowance_units: GaugeVec,
-    allowance_spent: GaugeVec,
-    allowance_reset: GaugeVec,
-    ttfb: HistogramVec,
-    holds: IntCounterVec,
-    hold_seconds: CounterVec,
-    backoffs: IntCounterVec,
-    transitions: IntCounterVec,
-    tunnels: IntCounterVec,
-    upgrades: IntCounterVec,
+    collector_waiting: LeanVec<lean::IntGauge>,
+    allowance_units: LeanVec<lean::Gauge>,
+    allowance_spent: LeanVec<lean::Gauge>,
+    allowance_reset: LeanVec<lean::Gauge>,
+    ttfb: LeanVec<lean::Histogram>,
+    holds: LeanVec<lean::Counter>,
+    hold_seconds: LeanVec<lean::FloatCounter>,
+    backoffs: LeanVec<lean::Counter>,
+    transitions: LeanVec<lean::Counter>,
+    tunnels: LeanVec<lean::Counter>,
+    upgrades: LeanVec<lean::Counter>,
     upgraded_open: IntGauge,
-    interception_failures: IntCounterVec,
-    visibility: IntGaugeVec,
-    quota_limit: GaugeVec,
-    quota_remaining: GaugeVec,
-    quota_reset: GaugeVec,
-    quota_advertised: IntGaugeVec,
-    shared_state: IntGaugeVec,
-    shared_node: IntGaugeVec,
-    shared_rate: GaugeVec,
-    shared_share: GaugeVec,
-    quota_malformed: IntCounterVec,
+    interception_failures: LeanVec<lean::Counter>,
+    visibility: LeanVec<lean::IntGauge>,
+    quota_limit: LeanVec<lean::Gauge>,
+    quota_remaining: LeanVec<lean::Gauge>,
+    quota_reset: LeanVec<lean::Gauge>,
+    quota_advertised: LeanVec<lean::IntGauge>,
+    shared_state: LeanVec<lean::IntGauge>,
+    shared_node: LeanVec<lean::IntGauge>,
+    shared_rate: LeanVec<lean::Gauge>,
+    shared_share: LeanVec<lean::Gauge>,
+    quota_malformed: LeanVec<lean::Counter>,
     /// Providers in the table.
     pub providers_tracked: IntGauge,
     /// Pooled upstream connections open, idle or in use.
@@ -216,8 +219,8 @@ impl Metrics {
     /// their series leave `/metrics` and their labels are free for the
     /// next providers. Labels went to the first providers ever seen and
     /// stayed theirs, so a broad crawl's later hosts — the live ones — all
-    /// counted under `_other`, and the first 256 hosts' series (about
-    /// 12 KB each) stayed for good. A provider that comes back counts from
+    /// counted under `_other`, and the first 256 hosts' series stayed for
+    /// good. A provider that comes back counts from
     /// zero, as Prometheus reads a restarted counter.
     pub fn forget<'a>(&self, gone: impl IntoIterator<Item = &'a str>) {
         let mut labels = self.labels.lock().unwrap_or_else(|p| p.into_inner());
