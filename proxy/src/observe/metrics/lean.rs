@@ -221,16 +221,43 @@ struct Family<C> {
 }
 
 struct Series<C> {
-    values: Box<[Box<str>]>,
+    /// Its label values in one allocation, each followed by [`END`].
+    values: Box<[u8]>,
     cell: Arc<C>,
     next: Option<Box<Series<C>>>,
 }
 
+/// What ends each label value in [`Series::values`]: a byte no UTF-8
+/// text holds.
+const END: u8 = 0xFF;
+
+/// `values` in one allocation (see [`Series::values`]).
+fn joined(values: &[&str]) -> Box<[u8]> {
+    let mut out = Vec::with_capacity(values.iter().map(|v| v.len() + 1).sum());
+    for v in values {
+        out.extend_from_slice(v.as_bytes());
+        out.push(END);
+    }
+    out.into()
+}
+
 impl<C> Series<C> {
+    /// Its label values, in the family's order.
+    fn values(&self) -> impl Iterator<Item = &str> {
+        self.values
+            .split(|b| *b == END)
+            .map(|v| std::str::from_utf8(v).unwrap_or_default())
+            .take(self.values.iter().filter(|b| **b == END).count())
+    }
+
+    fn is(&self, values: &[&str]) -> bool {
+        self.values().eq(values.iter().copied())
+    }
+
     fn find(&self, values: &[&str]) -> Option<&Series<C>> {
         let mut at = Some(self);
         while let Some(s) = at {
-            if s.values.iter().map(|v| &**v).eq(values.iter().copied()) {
+            if s.is(values) {
                 return Some(s);
             }
             at = s.next.as_deref();
@@ -300,13 +327,13 @@ impl<C: Cell> LeanVec<C> {
         drop(read);
         let mut series = self.0.series.write().unwrap_or_else(|p| p.into_inner());
         let new = || Series {
-            values: values.iter().map(|v| Box::from(*v)).collect(),
+            values: joined(values),
             cell: Arc::new(C::zero(&self.0.bounds)),
             next: None,
         };
         let mut at = series.entry(h).or_insert_with(new);
         loop {
-            if at.values.iter().map(|v| &**v).eq(values.iter().copied()) {
+            if at.is(values) {
                 return at.cell.clone();
             }
             at = at.next.get_or_insert_with(|| Box::new(new()));
@@ -328,7 +355,7 @@ impl<C: Cell> LeanVec<C> {
             return;
         };
         let mut series = self.0.series.write().unwrap_or_else(|p| p.into_inner());
-        let is_gone = |s: &Series<C>| gone.contains(&*s.values[at]);
+        let is_gone = |s: &Series<C>| s.values().nth(at).is_some_and(|v| gone.contains(v));
         *series = std::mem::take(&mut *series)
             .into_iter()
             .filter_map(|(h, s)| pruned(s, &is_gone).map(|s| (h, s)))
@@ -336,6 +363,7 @@ impl<C: Cell> LeanVec<C> {
     }
 
     fn metric(&self, s: &Series<C>) -> proto::Metric {
+        let values: Vec<&str> = s.values().collect();
         let labels = self
             .0
             .order
@@ -343,7 +371,7 @@ impl<C: Cell> LeanVec<C> {
             .map(|i| {
                 let mut pair = LabelPair::default();
                 pair.set_name(self.0.desc.variable_labels[*i].clone());
-                pair.set_value(s.values[*i].to_string());
+                pair.set_value(values.get(*i).copied().unwrap_or_default().to_string());
                 pair
             })
             .collect();
@@ -506,14 +534,14 @@ mod tests {
         {
             let mut series = vec.0.series.write().unwrap();
             let b = Series {
-                values: vec![Box::from("b")].into(),
+                values: joined(&["b"]),
                 cell: Arc::new(Counter::default()),
                 next: None,
             };
             series.insert(
                 h,
                 Series {
-                    values: vec![Box::from("a")].into(),
+                    values: joined(&["a"]),
                     cell: Arc::new(Counter::default()),
                     next: Some(Box::new(b)),
                 },
@@ -528,7 +556,7 @@ mod tests {
         vec.forget(&["a"].into());
         let series = vec.0.series.read().unwrap();
         let head = series.get(&h).expect("b stays under the shared hash");
-        assert_eq!(&*head.values[0], "b");
+        assert!(head.is(&["b"]));
         assert_eq!(head.cell.get(), 2);
         assert!(head.next.is_none());
     }
