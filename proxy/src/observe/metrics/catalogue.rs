@@ -11,8 +11,8 @@ use prometheus::{
 use prometheus::core::Collector;
 use prometheus::proto::MetricType;
 
-use super::lean::{self, Cell, LeanVec};
-use super::{Metrics, BAD_REQUEST_REASONS, DESTINATION_REFUSAL_REASONS};
+use super::lean::{self, Cell, LeanVec, Zeroed, Zeros};
+use super::{Metrics, BAD_REQUEST_REASONS, DESTINATION_REFUSAL_REASONS, TRANSITIONS, TUNNEL_MODES};
 
 /// One family of the catalogue, as the reference lists it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -91,6 +91,18 @@ fn int_gauge(r: &Recorder, name: &str, help: &str, labels: &[&str]) -> LeanVec<l
     lean(r, LeanVec::new(name, help, labels))
 }
 
+/// A counter family labelled by provider whose series show at zero
+/// from each provider's first request (see [`Zeros`]).
+fn zeroed_counter(
+    r: &Recorder,
+    name: &str,
+    help: &str,
+    labels: &[&str],
+    zeros: Zeros,
+) -> LeanVec<lean::Counter> {
+    lean(r, LeanVec::with_zeros(name, help, labels, zeros))
+}
+
 fn provider_counter(
     r: &Recorder,
     name: &str,
@@ -144,12 +156,27 @@ impl Metrics {
         let r = Recorder::new();
         let p = &["provider"];
         let seconds = exponential_buckets(0.001, 2.0, 16).expect("buckets"); // 1 ms … 33 s
+                                                                             // What every provider's series show from its first request on.
+        let zeroed = Zeroed::default();
+        let one = || Zeros {
+            providers: zeroed.clone(),
+            combos: vec![vec![]],
+        };
+        let each = |values: &[&'static str]| Zeros {
+            providers: zeroed.clone(),
+            combos: values.iter().map(|v| vec![*v]).collect(),
+        };
+        let backoff_reasons: Vec<&'static str> = sluice_policy::pacer::BackoffReason::ALL
+            .iter()
+            .map(|r| r.label())
+            .collect();
         let hold_seconds = lean(
             &r,
-            LeanVec::new(
+            LeanVec::with_zeros(
                 "retry_after_hold_seconds_total",
                 "Seconds of Retry-After holds set",
                 p,
+                one(),
             ),
         );
         let tasks_alive = plain_gauge(
@@ -342,47 +369,56 @@ impl Metrics {
                 "Upstream time to the response head",
                 seconds,
             ),
-            holds: provider_counter(
+            holds: zeroed_counter(
                 &r,
                 "retry_after_holds_total",
                 "Retry-After holds set or lengthened",
                 p,
+                one(),
             ),
             hold_seconds,
-            backoffs: provider_counter(
+            backoffs: zeroed_counter(
                 &r,
                 "backoffs_total",
                 "Rate cuts, by reason",
                 &["provider", "reason"],
+                each(&backoff_reasons),
             ),
-            transitions: provider_counter(
+            transitions: zeroed_counter(
                 &r,
                 "breaker_transitions_total",
                 "Breaker transitions",
                 &["provider", "from", "to", "reason"],
+                Zeros {
+                    providers: zeroed.clone(),
+                    combos: TRANSITIONS.iter().map(|t| t.to_vec()).collect(),
+                },
             ),
-            tunnels: provider_counter(
+            tunnels: zeroed_counter(
                 &r,
                 "tunnels_total",
                 "CONNECT tunnels by mode (intercepted, raw, plain_http)",
                 &["provider", "mode"],
+                each(&TUNNEL_MODES),
             ),
-            upgrades: provider_counter(
+            upgrades: zeroed_counter(
                 &r,
                 "upgrades_total",
                 "HTTP/1.1 Upgrades (WebSocket) switched through the provider's stack",
                 p,
+                one(),
             ),
             upgraded_open: plain_gauge(
                 &r,
                 "upgraded_connections",
                 "Upgraded connections (WebSocket) whose bytes sluice is carrying now",
             ),
-            interception_failures: provider_counter(
+            interception_failures: zeroed_counter(
                 &r,
                 "interception_failures_total",
                 "Clients that rejected sluice's certificate",
                 p,
+                one(),
             ),
             visibility: int_gauge(
                 &r,
@@ -444,11 +480,12 @@ impl Metrics {
                 "1 for what the controller takes the provider's recent failures for: outage (every answer fails whatever the rate) or throttle (failures fall with the rate); both 0 when nothing fails",
                 &["provider", "condition"],
             ),
-            outages: provider_counter(
+            outages: zeroed_counter(
                 &r,
                 "provider_outages_total",
                 "Outages found: failures in a row that went on at a rate no cut changed",
                 p,
+                one(),
             ),
             quota_malformed: provider_counter(
                 &r,
@@ -530,6 +567,7 @@ impl Metrics {
                 &["collector"],
             ),
             labels: Mutex::new(HashSet::new()),
+            zeroed,
             max_labels,
             registry: r.registry.clone(),
             families: Vec::new(),

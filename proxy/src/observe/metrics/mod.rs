@@ -56,6 +56,8 @@ pub struct Metrics {
     /// What the catalogue registered, for the reference.
     families: Vec<catalogue::Family>,
     labels: Mutex<HashSet<String>>,
+    /// Providers whose zeroed series show (see [`lean::Zeros`]).
+    zeroed: lean::Zeroed,
     max_labels: usize,
     /// Each family labelled by provider, as it removes one provider's
     /// series.
@@ -171,35 +173,33 @@ impl Drop for UpgradedGuard {
 /// `destinations.connect_ports`, a host outside a collector's allowlist.
 pub const DESTINATION_REFUSAL_REASONS: [&str; 2] = ["connect_port", "collector_allow"];
 
+/// The breaker transitions (from, to, reason) each provider's series show
+/// from the start.
+pub const TRANSITIONS: [[&str; 3]; 5] = [
+    ["closed", "open", "failure_rate"],
+    ["open", "half_open", "reset_timeout"],
+    ["half_open", "closed", "probes_succeeded"],
+    ["half_open", "open", "probe_failed"],
+    ["closed", "open", "failure_streak"],
+];
+
+/// The tunnel modes each provider's series show from the start.
+pub const TUNNEL_MODES: [&str; 3] = ["intercepted", "raw", "plain_http"];
+
 /// The reasons `sluice_bad_requests_total` counts.
 pub const BAD_REQUEST_REASONS: [&str; 2] = ["invalid_port", "ambiguous_length"];
 
 impl Metrics {
-    /// Creates a provider's counters at zero, so that `rate()` and
+    /// Shows a provider's counters at zero, so that `rate()` and
     /// `increase()` see them from the start rather than from the first
-    /// event (the label combinations are fixed and few).
+    /// event (the label combinations are fixed and few: [`TRANSITIONS`],
+    /// [`TUNNEL_MODES`], every back-off reason). Kept as the provider's
+    /// name only: the families write the zeroes at each scrape.
     pub fn init_provider(&self, label: &str) {
-        self.outages.with_label_values(&[label]);
-        for reason in sluice_policy::pacer::BackoffReason::ALL {
-            self.backoffs.with_label_values(&[label, reason.label()]);
-        }
-        self.holds.with_label_values(&[label]);
-        self.hold_seconds.with_label_values(&[label]);
-        self.interception_failures.with_label_values(&[label]);
-        self.upgrades.with_label_values(&[label]);
-        for mode in ["intercepted", "raw", "plain_http"] {
-            self.tunnels.with_label_values(&[label, mode]);
-        }
-        for (from, to, reason) in [
-            ("closed", "open", "failure_rate"),
-            ("open", "half_open", "reset_timeout"),
-            ("half_open", "closed", "probes_succeeded"),
-            ("half_open", "open", "probe_failed"),
-            ("closed", "open", "failure_streak"),
-        ] {
-            self.transitions
-                .with_label_values(&[label, from, to, reason]);
-        }
+        self.zeroed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(label.into());
     }
 
     /// The label for a provider: its name, or `_other` beyond the cap.
@@ -233,6 +233,10 @@ impl Metrics {
         }
         // Removed under the labels' lock: a provider given one of these
         // labels again meanwhile would have its new series removed too.
+        self.zeroed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|l| !gone.contains(&**l));
         for forget in &self.forgets {
             forget(&gone);
         }
