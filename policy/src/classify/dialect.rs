@@ -108,13 +108,27 @@ impl Dialect {
     /// host not known (an OpenAI-compatible server behind another host is
     /// named in the config: `dialect = "openai"`).
     pub fn for_host(host: &str) -> Dialect {
-        let host = host.trim_end_matches('.').to_ascii_lowercase();
-        let is = |domain: &str| host == domain || host.ends_with(&format!(".{domain}"));
-        if host == "api.openai.com" || host.ends_with(".openai.azure.com") {
+        // Compared in place, whatever the case: a crawl names a new
+        // provider for each host, and this ran twice for each, eight
+        // allocations a time (R-PF1, issue 38).
+        let host = host.trim_end_matches('.');
+        let exactly = |name: &str| host.eq_ignore_ascii_case(name);
+        // A name under `domain` (`x.domain`).
+        let under = |domain: &str| {
+            let Some(dot) = host.len().checked_sub(domain.len() + 1) else {
+                return false;
+            };
+            host.as_bytes()[dot] == b'.'
+                && host
+                    .get(dot + 1..)
+                    .is_some_and(|tail| tail.eq_ignore_ascii_case(domain))
+        };
+        let is = |domain: &str| exactly(domain) || under(domain);
+        if exactly("api.openai.com") || under("openai.azure.com") {
             Dialect::OpenAi
-        } else if host == "api.anthropic.com" {
+        } else if exactly("api.anthropic.com") {
             Dialect::Anthropic
-        } else if host == "api.github.com" || is("ghe.com") {
+        } else if exactly("api.github.com") || is("ghe.com") {
             Dialect::GitHub
         } else if is("googleapis.com") {
             Dialect::Google
@@ -122,7 +136,7 @@ impl Dialect {
             Dialect::Shopify
         } else if is("discord.com") || is("discordapp.com") {
             Dialect::Discord
-        } else if host == "oauth.reddit.com" {
+        } else if exactly("oauth.reddit.com") {
             Dialect::Reddit
         } else if is("salesforce.com") || is("force.com") {
             Dialect::Salesforce
@@ -298,6 +312,14 @@ mod tests {
             ("example.com", Dialect::Generic),
             ("notgithub.com", Dialect::Generic),
             ("googleapis.com.evil.example", Dialect::Generic),
+            ("openai.azure.com", Dialect::Generic),
+            ("MyCo.OpenAI.Azure.com.", Dialect::OpenAi),
+            ("evilgoogleapis.com", Dialect::Generic),
+            ("x.GoogleAPIs.COM", Dialect::Google),
+            ("ghe.com", Dialect::GitHub),
+            ("é.ghe.com", Dialect::GitHub),
+            ("éghe.com", Dialect::Generic),
+            ("", Dialect::Generic),
         ] {
             assert_eq!(Dialect::for_host(host), d, "{host}");
         }
