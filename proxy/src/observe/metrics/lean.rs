@@ -426,8 +426,9 @@ impl<C: Cell> LeanVec<C> {
         let (Some(zeros), Some(at)) = (&self.0.zeros, self.0.provider_at) else {
             return;
         };
-        // Copied first: the providers' lock is never held with the
-        // series' (`Metrics::forget` takes them the other way round).
+        // Copied first, the lock let go at once. Taken while the series
+        // are read, never the other way round: `Metrics::forget` lets go
+        // of it before it removes any series.
         let providers: Vec<Box<str>> = zeros
             .providers
             .lock()
