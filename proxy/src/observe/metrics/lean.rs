@@ -261,9 +261,8 @@ impl<C> Series<C> {
     /// Its label values, in the family's order.
     fn values(&self) -> impl Iterator<Item = &str> {
         self.values
-            .split(|b| *b == END)
-            .map(|v| std::str::from_utf8(v).unwrap_or_default())
-            .take(self.values.iter().filter(|b| **b == END).count())
+            .split_inclusive(|b| *b == END)
+            .map(|v| std::str::from_utf8(&v[..v.len() - 1]).unwrap_or_default())
     }
 
     fn is(&self, values: &[&str]) -> bool {
@@ -426,18 +425,11 @@ impl<C: Cell> LeanVec<C> {
         let (Some(zeros), Some(at)) = (&self.0.zeros, self.0.provider_at) else {
             return;
         };
-        // Copied first, the lock let go at once. Taken while the series
-        // are read, never the other way round: `Metrics::forget` lets go
-        // of it before it removes any series.
-        let providers: Vec<Box<str>> = zeros
-            .providers
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .cloned()
-            .collect();
+        // Taken while the series are read, never the other way round:
+        // `Metrics::forget` lets go of it before it removes any series.
+        let providers = zeros.providers.lock().unwrap_or_else(|p| p.into_inner());
         let zero = C::zero(&self.0.bounds);
-        for provider in &providers {
+        for provider in providers.iter() {
             for combo in &zeros.combos {
                 let mut values: Vec<&str> = combo.clone();
                 values.insert(at.min(values.len()), provider);
