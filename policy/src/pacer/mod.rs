@@ -40,13 +40,13 @@ use tokio::time::Instant;
 pub use self::aimd::{Backoff, BackoffReason, Belief, Condition, LimitKnown};
 pub use self::allowance::{Allowance, AllowanceSnapshot, AllowanceUse};
 pub use self::core::{
-    Admission, Feedback, HoldCause, PacerCore, PacerSnapshot, QuotaSnapshot, Refusal,
+    Admission, AloneStart, Feedback, HoldCause, PacerCore, PacerSnapshot, QuotaSnapshot, Refusal,
 };
 pub use self::error::RateLimited;
 pub use self::fair::{Class, Lane, Ticket};
 pub use self::layer::PacerLayer;
 pub use self::service::{Pacer, ResponseFuture};
-pub use self::shared::{Proposal, SharedAdmit, SharedBudget, SharedChange, SharedView};
+pub use self::shared::{Proposal, Seat, SharedAdmit, SharedBudget, SharedChange, SharedView};
 use crate::classify::Outcome;
 use crate::error::Cause;
 use crate::events::{emit, Event, EventSink};
@@ -445,8 +445,11 @@ impl PacerShared {
             let answer = budget.admit(proposal).await;
             let now = Instant::now();
             let Some(answer) = answer else {
-                let phase = self.spread_share();
-                let fb = self.lock().pace_alone(budget.replicas(), now, phase);
+                let start = match budget.seat() {
+                    Some(seat) => AloneStart::Seat(seat),
+                    None => AloneStart::Phase(self.spread_share()),
+                };
+                let fb = self.lock().pace_alone(budget.replicas(), now, start);
                 self.announce(fb, now);
                 return Ok(None);
             };

@@ -21,12 +21,30 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 /// Pacing alone, a replica takes this much of its share (`rate /
-/// replicas`): without the shared schedule the replicas' sends are no
-/// longer interleaved, and at their own phases one second can hold more of
-/// them than the rate; 0.9 keeps eight replicas within 1.1 × the rate in
-/// any second but about one in ten thousand, where the full share overran
-/// it in about one in sixty (R-DS2).
+/// replicas`): in their seats (see [`Seat`]) the replicas' sends stay
+/// interleaved, but a wake-up late on a busy host, two replicas sharing a
+/// seat after a restart, or a replica without one (it goes at a random
+/// phase) can still put two sends close together; a tenth spare keeps such
+/// a second within the rate (R-DS2).
 pub const ALONE_SHARE: f64 = 0.9;
+
+/// Where a replica's sends go while every replica paces alone (R-DS2): its
+/// seat among the replicas, and the shared store's clock as this replica
+/// reads it. Replicas pacing alone at one share of one rate each take every
+/// `replicas`-th slot of one grid on that clock — their seat's — so
+/// together they send interleaved, as the shared schedule had them, not at
+/// phases of their own (eight replicas at random phases put twelve sends
+/// in a second of a ten-a-second fleet in about one second of twenty).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Seat {
+    /// This replica's seat, `0..replicas` (two replicas may share one when
+    /// one of them restarted: they then send together, the rest apart).
+    pub index: u32,
+    /// The store's clock now (since the Unix epoch), as this replica
+    /// reads it: every replica reading the same store reads the same time
+    /// within a round trip, whatever its own clock says.
+    pub clock: Duration,
+}
 
 /// The future a shared budget's admission returns.
 pub type AdmitFuture<'a> = Pin<Box<dyn Future<Output = Option<SharedAdmit>> + Send + 'a>>;
@@ -151,6 +169,12 @@ pub trait SharedBudget: Send + Sync {
     /// (and two of its intervals alone), while others may still pace
     /// alone.
     fn retry_every(&self) -> Duration;
+    /// This replica's seat and the store's clock, once the store gave it a
+    /// seat: where its sends go when it paces alone. `None`: it goes alone
+    /// at a random phase.
+    fn seat(&self) -> Option<Seat> {
+        None
+    }
 }
 
 #[cfg(test)]
@@ -497,5 +521,101 @@ mod tests {
                 "second {s}: {per_second:?} at {rate}"
             );
         }
+    }
+
+    /// One of eight replicas with a seat: cut off with the others when
+    /// `down`, and reading the store's clock (a made-up epoch, moved by
+    /// tokio's clock) from its seat.
+    struct Seated {
+        store: Arc<Fake>,
+        index: u32,
+        down: Arc<std::sync::atomic::AtomicBool>,
+        epoch: Instant,
+    }
+
+    impl SharedBudget for Seated {
+        fn admit(&self, proposal: Proposal) -> AdmitFuture<'_> {
+            if self.down.load(std::sync::atomic::Ordering::Relaxed) {
+                return Box::pin(async { None });
+            }
+            self.store.admit(proposal)
+        }
+
+        fn report(&self, change: SharedChange) {
+            self.store.report(change);
+        }
+
+        fn replicas(&self) -> u32 {
+            8
+        }
+
+        fn retry_every(&self) -> Duration {
+            Duration::from_secs(1)
+        }
+
+        fn seat(&self) -> Option<Seat> {
+            let clock = Duration::new(1_796_000_000, 123_456_789) + (Instant::now() - self.epoch);
+            Some(Seat {
+                index: self.index,
+                clock,
+            })
+        }
+    }
+
+    /// R-DS2: eight replicas that lose the store together pace alone in
+    /// their seats' slots of one grid on the store's clock — interleaved as
+    /// the shared schedule had them: in no second (sliding, every 10 ms)
+    /// do they send more than their shares' sum allows one schedule to,
+    /// and together they still send that sum. At phases of their own
+    /// (drawn at random) a second held up to half as many again.
+    #[tokio::test(start_paused = true)]
+    async fn replicas_alone_send_in_their_seats_not_at_once() {
+        let fake = store_up();
+        let down = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let epoch = Instant::now();
+        let pacers: Vec<Arc<PacerShared>> = (0..8)
+            .map(|i| {
+                let p = PacerShared::new(&ProviderSettings::with_ceiling(50.0));
+                let seated = Seated {
+                    store: fake.clone(),
+                    index: i,
+                    down: down.clone(),
+                    epoch,
+                };
+                p.set_budget(Some(Arc::new(seated) as Arc<dyn SharedBudget>));
+                p
+            })
+            .collect();
+        let start = Instant::now();
+        let script = async {
+            tokio::time::sleep(Duration::from_secs(4)).await;
+            down.store(true, std::sync::atomic::Ordering::Relaxed);
+        };
+        let (all, ()) = tokio::join!(sends(&pacers, 24), script);
+        let rate = fake.0.lock().unwrap().rate.unwrap() * ALONE_SHARE;
+        assert!(pacers.iter().all(|p| p.lock().alone()));
+        // Alone from the first interval alone after the loss on.
+        let from = start + Duration::from_secs_f64(4.0 + 8.0 / rate);
+        let alone: Vec<Instant> = all.into_iter().filter(|t| *t >= from).collect();
+        let most = (rate.floor() as usize) + 1;
+        let mut at = from;
+        while at + Duration::from_secs(1) <= start + Duration::from_secs(24) {
+            let n = alone
+                .iter()
+                .filter(|t| **t >= at && **t < at + Duration::from_secs(1))
+                .count();
+            assert!(
+                n <= most,
+                "{n} sends in the second from {:?} (≤ {most} at {rate:.2}/s together)",
+                at - start
+            );
+            at += Duration::from_millis(10);
+        }
+        let span = (start + Duration::from_secs(24) - from).as_secs_f64();
+        assert!(
+            alone.len() as f64 >= rate * span * 0.95,
+            "{} sends alone in {span:.1} s at {rate:.2}/s together",
+            alone.len()
+        );
     }
 }

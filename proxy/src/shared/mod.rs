@@ -39,7 +39,7 @@ use std::time::Duration;
 
 use redis::Script;
 use sluice_policy::pacer::shared::{AdmitFuture, FleetRefusal};
-use sluice_policy::pacer::{Proposal, SharedAdmit, SharedBudget, SharedChange, SharedView};
+use sluice_policy::pacer::{Proposal, Seat, SharedAdmit, SharedBudget, SharedChange, SharedView};
 use tokio::time::Instant;
 
 use crate::config::{redact_url, ConfigError, Shared};
@@ -68,14 +68,17 @@ const SHARE_EVERY: Duration = Duration::from_secs(5);
 /// R-FS2), and the provider's allowance — units and period (ms), or ""
 /// — which every replica spends together: the schedule then runs no faster
 /// than what is left over what remains of the period, and not at all once
-/// it is spent (R-FS2); and what is left of the hold this replica knows of
+/// it is spent (R-FS2); what is left of the hold this replica knows of
 /// (ms, or ""), kept if the budget's own is shorter — a primary that lost
-/// the last writes is seeded from the replicas, never from zero (R-DS2).
+/// the last writes is seeded from the replicas, never from zero (R-DS2);
+/// and "1" when this replica asks for a seat (its first answer).
 /// Returns admitted (0/1), the wait (ms), the shared rate, throttle point
 /// (or ""), the hold left (ms), the units admitted so far, the allowance's
 /// period so far (ms, or "") and units spent, the fleet's last refusal
-/// after a hold (see [`HOLD`]; "" if none), and the last hold's length (ms,
-/// or "").
+/// after a hold (see [`HOLD`]; "" if none), the last hold's length (ms,
+/// or ""), the seat's number (counted from 1; 0 when none was asked) and
+/// the store's clock (`seconds.microseconds` since the Unix epoch): where a
+/// replica's sends go should it pace alone (R-DS2).
 pub const ADMIT: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
@@ -145,7 +148,11 @@ local refusal = ''
 if f[6] and f[7] and f[8] then
   refusal = f[6] .. ' ' .. tostring(now - tonumber(f[6])) .. ' ' .. f[7] .. ' ' .. f[8]
 end
-return {admitted, tostring(at - now), rate_text, limit, tostring(math.max(hold - now, 0)), count, aelapsed, tostring(aspent), refusal, f[9] or ''}
+local seat = 0
+if ARGV[9] == '1' then
+  seat = redis.call('HINCRBY', KEYS[1], 'seats', 1)
+end
+return {admitted, tostring(at - now), rate_text, limit, tostring(math.max(hold - now, 0)), count, aelapsed, tostring(aspent), refusal, f[9] or '', seat, t[1] .. '.' .. string.format('%06d', tonumber(t[2]))}
 ";
 
 /// Cuts the shared rate, once per congestion epoch. ARGV: how long ago
@@ -394,6 +401,10 @@ struct BudgetState {
     /// When it last went on its own, and when it last came back.
     degraded_at: Option<Instant>,
     rejoined_at: Option<Instant>,
+    /// This replica's seat, as the store numbered it (from 1), once given.
+    seat: Option<u64>,
+    /// The store's clock less this replica's, as last read (ns).
+    skew: Option<i128>,
 }
 
 /// What the readout and metrics show of a shared provider.
@@ -543,6 +554,7 @@ impl ProviderBudget {
                 .hold
                 .map_or_else(String::new, |h| millis(h).to_string()),
         );
+        invocation.arg(if self.state().seat.is_none() { "1" } else { "" });
         type Reply = (
             i64,
             String,
@@ -554,13 +566,29 @@ impl ProviderBudget {
             String,
             String,
             String,
+            u64,
+            String,
         );
+        let sent = wall_clock();
         let reply: Option<Reply> = self
             .store
             .run(invocation, &self.provider, &self.down_until)
             .await;
-        let Some((admitted, wait, rate, limit, hold, count, aelapsed, aspent, refusal, held)) =
-            reply
+        let answered = wall_clock();
+        let Some((
+            admitted,
+            wait,
+            rate,
+            limit,
+            hold,
+            count,
+            aelapsed,
+            aspent,
+            refusal,
+            held,
+            seat,
+            clock,
+        )) = reply
         else {
             self.set_mode(BudgetMode::Degraded);
             return None;
@@ -591,6 +619,14 @@ impl ProviderBudget {
         };
         self.set_mode(BudgetMode::Shared);
         let mut s = self.state();
+        if seat > 0 {
+            s.seat = Some(seat);
+        }
+        // The store's clock against this replica's, read half way through
+        // the call.
+        if let Some(clock) = store_clock(&clock) {
+            s.skew = Some(clock - (sent + answered) / 2);
+        }
         s.rate = Some(rate);
         s.all = count;
         if admitted == 1 {
@@ -673,6 +709,31 @@ impl SharedBudget for ProviderBudget {
     fn retry_every(&self) -> Duration {
         RETRY_DOWN
     }
+
+    fn seat(&self) -> Option<Seat> {
+        let s = self.state();
+        let (seat, skew) = (s.seat?, s.skew?);
+        let clock = u64::try_from(wall_clock() + skew).ok()?;
+        Some(Seat {
+            index: u32::try_from((seat - 1) % u64::from(self.store.replicas.max(1))).ok()?,
+            clock: Duration::from_nanos(clock),
+        })
+    }
+}
+
+/// This host's clock: nanoseconds since the Unix epoch.
+fn wall_clock() -> i128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as i128)
+}
+
+/// The store's clock as [`ADMIT`] returns it (`seconds.microseconds`), in
+/// nanoseconds since the Unix epoch.
+fn store_clock(text: &str) -> Option<i128> {
+    let (secs, micros) = text.split_once('.')?;
+    let (secs, micros) = (secs.parse::<i128>().ok()?, micros.parse::<i128>().ok()?);
+    (secs >= 0 && (0..1_000_000).contains(&micros)).then_some(secs * 1_000_000_000 + micros * 1_000)
 }
 
 #[cfg(test)]
@@ -692,6 +753,25 @@ mod tests {
         );
         for bad in ["", "1 2 3", "1 2 x 4", "1 -2 3 4", "1 NaN 3 4"] {
             assert_eq!(fleet_refusal(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn the_stores_clock_is_read_as_admit_returns_it() {
+        assert_eq!(
+            store_clock("1796000000.000250"),
+            Some(1_796_000_000_000_250_000)
+        );
+        assert_eq!(store_clock("0.999999"), Some(999_999_000));
+        for bad in [
+            "",
+            "1796000000",
+            "x.000001",
+            "1.x",
+            "-1.000000",
+            "1.1000000",
+        ] {
+            assert_eq!(store_clock(bad), None, "{bad:?}");
         }
     }
 }

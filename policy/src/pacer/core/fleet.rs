@@ -3,6 +3,44 @@
 
 use super::quota::FleetCount;
 use super::*;
+use crate::pacer::shared::Seat;
+
+/// Where a replica going alone puts its first request (R-DS2).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum AloneStart {
+    /// Its seat's next slot on the store's clock.
+    Seat(Seat),
+    /// A phase, 0–1, of one interval alone (no seat: drawn at random).
+    Phase(f64),
+}
+
+impl AloneStart {
+    /// How long from now the first request alone is due, when each of
+    /// `replicas` sends once an `interval`: a seat's slots are every
+    /// `replicas`-th of a grid `interval / replicas` apart that begins at
+    /// the store clock's epoch — the same grid for every replica that
+    /// paces by the same rate, in whole nanoseconds (no rounding apart).
+    fn first_slot(self, interval: Duration, replicas: u32) -> Duration {
+        match self {
+            AloneStart::Seat(seat) => {
+                let n = u128::from(replicas.max(1));
+                let step = (interval.as_nanos() / n).max(1);
+                let clock = seat.clock.as_nanos();
+                let next = clock.div_ceil(step);
+                let mine = next + (u128::from(seat.index) % n + n - next % n) % n;
+                Duration::from_nanos(u64::try_from(mine * step - clock).unwrap_or(u64::MAX))
+            }
+            AloneStart::Phase(phase) => {
+                let phase = if phase.is_finite() {
+                    phase.clamp(0.0, 1.0)
+                } else {
+                    0.0
+                };
+                interval.mul_f64(phase)
+            }
+        }
+    }
+}
 
 impl PacerCore {
     /// What this replica proposes to a shared budget nobody has started
@@ -101,11 +139,12 @@ impl PacerCore {
 
     /// The shared budget could not answer: pace alone at one share of the
     /// last shared rate until it answers again. Going alone, the first
-    /// request here is due at `phase` (0–1) of one interval alone, with no
-    /// burst credit: replicas that lose the store together then send at
-    /// their share spread over the interval, not all at once on top of
-    /// the slots the shared schedule just gave (R-DS2).
-    pub fn pace_alone(&mut self, replicas: u32, now: Instant, phase: f64) -> Feedback {
+    /// request here is due at `start` — the next slot of this replica's
+    /// seat on the store's clock, or a phase (0–1) of one interval alone —
+    /// with no burst credit: replicas that lose the store together then
+    /// send their shares interleaved over the interval, not all at once on
+    /// top of the slots the shared schedule just gave (R-DS2).
+    pub fn pace_alone(&mut self, replicas: u32, now: Instant, start: AloneStart) -> Feedback {
         let before = self.gcra.interval();
         let fleet = self.fleet.get_or_insert_with(Box::default);
         let fresh = fleet.alone.is_none();
@@ -114,13 +153,8 @@ impl PacerCore {
         self.aimd.set_alone(true);
         self.sync_interval();
         if fresh {
-            let phase = if phase.is_finite() {
-                phase.clamp(0.0, 1.0)
-            } else {
-                0.0
-            };
-            self.gcra
-                .restart_at(now + self.gcra.interval().mul_f64(phase));
+            let first = start.first_slot(self.gcra.interval(), replicas);
+            self.gcra.restart_at(now + first);
         }
         Feedback {
             increased: self.gcra.interval() != before,

@@ -21,6 +21,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 
+pub use self::fleet::AloneStart;
 pub use self::queue::Admission;
 pub use self::quota::QuotaSnapshot;
 use self::quota::{Quota, WindowLearner};
@@ -526,7 +527,7 @@ mod tests {
         let mut now = Instant::now();
         let view = view_of(20.0, 0);
         core.adopt_shared(&view, now, Duration::from_secs(1));
-        core.pace_alone(4, now, 0.0);
+        core.pace_alone(4, now, AloneStart::Phase(0.0));
         let before = core.learned().0;
         let end = now + Duration::from_secs(30);
         while now < end {
