@@ -343,7 +343,8 @@ async fn a_cluster_carries_a_fleet_like_one_redis_and_rides_a_failover() {
 /// Eight replicas sharing a provider through the primary Sentinel names:
 /// the primary stopped (`kill -9`), the sentinels promote the replica,
 /// and the stopped one is replaced by an empty server that joins as a
-/// replica. The clients keep being answered, the provider sees ≤ 1.1 × its
+/// replica. Each replica has a seat of its own (where it sends while
+/// alone); the clients keep being answered, the provider sees ≤ 1.1 × its
 /// limit in every second, the fleet is back on the shared schedule on the
 /// new primary within 10 s, and the learned rate is within 10 % of before.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -366,6 +367,14 @@ async fn a_sentinel_failover_keeps_the_fleet_within_the_limit() {
         "{:?}",
         readouts(&fleet, "p").await
     );
+    // Each replica in a seat of its own: where it sends while alone.
+    let mut seats: Vec<u64> = readouts(&fleet, "p")
+        .await
+        .iter()
+        .filter_map(|v| v["shared"]["seat"].as_u64())
+        .collect();
+    seats.sort_unstable();
+    assert_eq!(seats, (0..u64::from(REPLICAS)).collect::<Vec<_>>());
     let failover = async {
         redis.kill(old);
         let deadline = Instant::now() + Duration::from_secs(20);

@@ -532,6 +532,7 @@ fn provider_json(
                 "degraded_times": b.degraded,
                 "last_degraded_unix_ms": b.degraded_at.map_or_else(unknown, |t| json!(unix_ms(t))),
                 "last_rejoined_unix_ms": b.rejoined_at.map_or_else(unknown, |t| json!(unix_ms(t))),
+                "seat": b.seat.map_or_else(unknown, |s| json!(s)),
             })
         }),
         "intercept": p.intercept(),

@@ -429,6 +429,9 @@ pub struct BudgetReadout {
     pub degraded: u64,
     /// When it last went on its own, and when it last rejoined.
     pub degraded_at: Option<Instant>,
+    /// This replica's seat (`0..replicas`): which slots it takes while it
+    /// paces alone. Two replicas with one seat send together then.
+    pub seat: Option<u32>,
     /// When it last rejoined the shared schedule after going on its own.
     pub rejoined_at: Option<Instant>,
 }
@@ -486,6 +489,14 @@ impl ProviderBudget {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// The seat the store's `n`th number (from 1) names among the
+    /// replicas.
+    fn seat_of(&self, n: u64) -> u32 {
+        let seats = u64::from(self.store.replicas.max(1));
+        // Below `replicas`, a u32.
+        (n.saturating_sub(1) % seats) as u32
+    }
+
     /// The readout.
     pub fn readout(&self) -> BudgetReadout {
         let s = self.state();
@@ -499,6 +510,7 @@ impl ProviderBudget {
             degraded: s.degraded,
             degraded_at: s.degraded_at,
             rejoined_at: s.rejoined_at,
+            seat: s.seat.map(|n| self.seat_of(n)),
         }
     }
 
@@ -715,7 +727,7 @@ impl SharedBudget for ProviderBudget {
         let (seat, skew) = (s.seat?, s.skew?);
         let clock = u64::try_from(wall_clock() + skew).ok()?;
         Some(Seat {
-            index: u32::try_from((seat - 1) % u64::from(self.store.replicas.max(1))).ok()?,
+            index: self.seat_of(seat),
             clock: Duration::from_nanos(clock),
         })
     }
