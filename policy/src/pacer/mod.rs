@@ -32,6 +32,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use std::time::Duration;
 
+use once_cell::race::OnceBox;
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
 use tokio::sync::{watch, Notify};
@@ -71,13 +72,13 @@ pub struct PacerShared {
     core: Mutex<PacerCore>,
     /// Where waiting requests are woken from. Made by the first request
     /// that has to wait (most providers' never do: issues 24 and 38).
-    room: std::sync::OnceLock<Box<Room>>,
+    room: OnceBox<Room>,
     /// Where pacing events go.
     events: Option<EventSink>,
     /// What a shared budget needs (the budget, the turn its requests
     /// take, the spread of their wake-ups), made when one is first set or
     /// seeded (R-DS1; most providers never have one: issue 38).
-    fleet: std::sync::OnceLock<Box<Fleet>>,
+    fleet: OnceBox<Fleet>,
 }
 
 /// Where a provider's waiting requests are woken from.
@@ -105,9 +106,9 @@ impl PacerShared {
     pub fn with_events(settings: &Arc<ValidSettings>, events: Option<EventSink>) -> Arc<Self> {
         Arc::new(PacerShared {
             core: Mutex::new(PacerCore::with_settings(settings.clone())),
-            room: std::sync::OnceLock::new(),
+            room: OnceBox::new(),
             events,
-            fleet: std::sync::OnceLock::new(),
+            fleet: OnceBox::new(),
         })
     }
 

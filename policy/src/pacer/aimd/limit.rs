@@ -461,7 +461,7 @@ impl Aimd {
             decrease: self.decrease(),
             limit: self.k().limit,
             probe: self.probe.as_deref().copied(),
-            delivered: self.delivered,
+            delivered: self.delivered.get(),
             settle: self.settle_share(),
             fitted: self.k().fitted,
             sharp: self.k().sharp,
@@ -487,7 +487,7 @@ impl Aimd {
         // measured (its replicas' first requests at once; measured, a
         // fleet held 5 req/s on a 20 req/s bucket for a minute). Another
         // replica's cut confirms it (see `Aimd::fleet_refused`).
-        let guess = (p.limit < from && !self.shared) || self.delivered.is_none();
+        let guess = (p.limit < from && !self.shared) || self.delivered.get().is_none();
         self.k_mut().unconfirmed =
             (self.k().limit.is_none() && !self.k().hold_cost.is_zero() && guess).then_some(from);
         self.k_mut().steady = p.steady;

@@ -251,7 +251,7 @@ pub struct Aimd {
     /// its demand saturated the shared pace, whatever share it admitted.
     window_pressed: bool,
     /// Clean answers per second over the last closed window.
-    delivered: Option<f64>,
+    delivered: Delivered,
     /// A probe in progress.
     probe: Option<Box<Probe>>,
     /// Ambiguous errors and their baseline.
@@ -460,6 +460,29 @@ const CHANGES_KEPT: usize = 16;
 #[allow(clippy::box_collection)]
 struct Changes(Option<Box<VecDeque<(Instant, f64)>>>);
 
+/// A rate measured or not, in one word: not measured is NaN, which no
+/// measured rate is (an `Option<f64>` takes two words: issue 38, R-PF1).
+#[derive(Debug, Clone, Copy)]
+struct Delivered(f64);
+
+impl Default for Delivered {
+    fn default() -> Self {
+        Delivered(f64::NAN)
+    }
+}
+
+impl From<Option<f64>> for Delivered {
+    fn from(rate: Option<f64>) -> Self {
+        Delivered(rate.filter(|r| !r.is_nan()).unwrap_or(f64::NAN))
+    }
+}
+
+impl Delivered {
+    fn get(self) -> Option<f64> {
+        (!self.0.is_nan()).then_some(self.0)
+    }
+}
+
 /// No change yet.
 static NO_CHANGES: VecDeque<(Instant, f64)> = VecDeque::new();
 
@@ -539,7 +562,7 @@ impl Aimd {
             window_counted: 0,
             window_span_ns: 0,
             window_cut: false,
-            delivered: None,
+            delivered: Delivered::default(),
             probe: None,
             errors: ErrorTally::default(),
             latency: LatencyWatch::default(),
@@ -748,7 +771,7 @@ impl Aimd {
                 // limit is a guess, here as at the refused replica, and
                 // probed soon (measured: a fleet held 5 req/s on a 20 req/s
                 // bucket for half a minute).
-                if self.delivered.is_none() && !self.k().hold_cost.is_zero() {
+                if self.delivered.get().is_none() && !self.k().hold_cost.is_zero() {
                     self.k_mut().unconfirmed = Some(self.rate);
                 }
                 self.reset_plateau();

@@ -92,7 +92,7 @@ impl Aimd {
         // refused after a long hold settles as closely as one sluice.
         let admitted = self.window_admitted;
         // A window of a few answers is too coarse a measure of delivery.
-        self.delivered = if self.window_answers > 0 && self.window_span_ns != 0 {
+        let delivered = if self.window_answers > 0 && self.window_span_ns != 0 {
             // Shared: every replica's admissions over the time they were
             // counted in, times the share of this replica's answers that
             // were clean (a sample of the provider's).
@@ -106,6 +106,7 @@ impl Aimd {
             (self.window_delivered >= DELIVERED_MIN_ANSWERS)
                 .then(|| f64::from(self.window_delivered) / secs)
         };
+        self.delivered = Delivered::from(delivered);
         self.errors.roll();
         self.window_start = Some(now);
         self.window_admitted = 0;

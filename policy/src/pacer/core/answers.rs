@@ -23,7 +23,7 @@ impl PacerCore {
             // is the provider working normally: a clean answer for the rate,
             // like a success (but never retried, never a breaker failure).
             Signal::Clean => {
-                if let Some(learner) = self.window.as_deref_mut() {
+                if let Some(learner) = self.rare.window_mut() {
                     if learner.boundary.is_some_and(|b| sent_at >= b) {
                         learner.since += 1;
                     }
@@ -69,7 +69,7 @@ impl PacerCore {
                 // rate already; see `EDGE_ANSWERS`). Nor
                 // was it delivered: its quota headers, read next, are not
                 // counted as a delivery (see `Quota::delivery`).
-                if let Some(q) = self.quota.as_mut() {
+                if let Some(q) = self.rare.quota_mut() {
                     let jitter = q
                         .edge_refused
                         .is_none_or(|at| q.answers >= at + EDGE_ANSWERS);
@@ -111,7 +111,11 @@ impl PacerCore {
         until: Instant,
         cause: HoldCause,
     ) -> Option<Instant> {
-        if let Some(fleet) = self.fleet.as_mut().filter(|_| cause == HoldCause::Refused) {
+        if let Some(fleet) = self
+            .rare
+            .fleet_mut()
+            .filter(|_| cause == HoldCause::Refused)
+        {
             if fleet.hold.is_none_or(|h| h < until) {
                 fleet.hold = Some(until);
             }

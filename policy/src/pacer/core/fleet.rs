@@ -49,7 +49,7 @@ impl PacerCore {
     pub fn proposal(&self, now: Instant) -> Proposal {
         // What it learned alone is not the fleet's: no more than the
         // shared rate it last paced by.
-        let fleet = self.fleet.as_deref();
+        let fleet = self.rare.fleet();
         let rate = match (
             fleet.and_then(|f| f.alone),
             fleet.and_then(|f| f.shared_rate),
@@ -61,7 +61,7 @@ impl PacerCore {
             rate,
             limit: self.aimd.limit(),
             units: 1,
-            allowance: self.allowance.as_deref().map(AllowanceState::allowance),
+            allowance: self.rare.allowance().map(AllowanceState::allowance),
             hold: fleet
                 .and_then(|f| f.hold)
                 .filter(|h| *h > now)
@@ -80,7 +80,7 @@ impl PacerCore {
     pub fn adopt_shared(&mut self, view: &SharedView, now: Instant, retry: Duration) -> Feedback {
         let mut fb = Feedback::default();
         let before = self.gcra.interval();
-        let fleet = self.fleet.get_or_insert_with(Box::default);
+        let fleet = self.rare.made().fleet.get_or_insert_with(Box::default);
         if fleet.alone.is_some() {
             match fleet.rejoining {
                 None => fleet.rejoining = Some(now + retry + self.gcra.interval() * 2),
@@ -111,7 +111,7 @@ impl PacerCore {
         // Every replica's admissions since this replica last asked: the
         // window's demand and delivery are the provider's, not this
         // replica's share of them.
-        let fleet = self.fleet.get_or_insert_with(Box::default);
+        let fleet = self.rare.made().fleet.get_or_insert_with(Box::default);
         if let Some((prev, at)) = fleet.shared_count.filter(|(p, _)| view.admitted > *p) {
             let n = u32::try_from(view.admitted - prev).unwrap_or(u32::MAX);
             let held = self.hold_until.is_some_and(|h| h > at);
@@ -127,7 +127,7 @@ impl PacerCore {
         }
         // The allowance as every replica spent it (the readout, the store,
         // and this replica's pace should the store stop answering).
-        if let (Some(used), Some(a)) = (view.allowance, self.allowance.as_mut()) {
+        if let (Some(used), Some(a)) = (view.allowance, self.rare.allowance_mut()) {
             a.restore(now, used);
         }
         self.sync_interval();
@@ -146,7 +146,7 @@ impl PacerCore {
     /// top of the slots the shared schedule just gave (R-DS2).
     pub fn pace_alone(&mut self, replicas: u32, now: Instant, start: AloneStart) -> Feedback {
         let before = self.gcra.interval();
-        let fleet = self.fleet.get_or_insert_with(Box::default);
+        let fleet = self.rare.made().fleet.get_or_insert_with(Box::default);
         let fresh = fleet.alone.is_none();
         fleet.alone = Some(replicas.max(1));
         fleet.rejoining = None;
@@ -165,27 +165,27 @@ impl PacerCore {
     /// The rate is a fleet's: a shared budget has answered (or did, and
     /// this replica paces alone at its share for now).
     pub fn sharing(&self) -> bool {
-        self.fleet
-            .as_deref()
+        self.rare
+            .fleet()
             .is_some_and(|f| f.shared_rate.is_some() || f.alone.is_some())
     }
 
     /// Whether this replica paces alone because its shared budget is
     /// unreachable.
     pub fn alone(&self) -> bool {
-        self.fleet.as_deref().is_some_and(|f| f.alone.is_some())
+        self.rare.fleet().is_some_and(|f| f.alone.is_some())
     }
 
     /// This replica took a slot of the shared budget.
     pub fn admitted_here(&mut self) {
         self.aimd.on_admitted_here();
-        self.fleet.get_or_insert_with(Box::default).here += 1;
+        self.rare.made().fleet.get_or_insert_with(Box::default).here += 1;
     }
 
     /// The shared slots this replica and every replica have taken, while
     /// a shared budget counts them.
     pub(super) fn fleet_count(&self) -> Option<FleetCount> {
-        let fleet = self.fleet.as_deref()?;
+        let fleet = self.rare.fleet()?;
         let (all, _) = fleet.shared_count?;
         Some(FleetCount {
             here: fleet.here,

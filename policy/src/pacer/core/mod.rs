@@ -57,25 +57,92 @@ pub struct PacerCore {
     next_ticket: u64,
     /// The last cut, boxed: most providers never have one.
     last_backoff: Option<Box<Backoff>>,
-    /// The quota the provider advertises, while it does (R-SG1). Boxed,
-    /// as the other parts most providers never use: a tracked host keeps
-    /// a pointer, not their room (issue 38, R-PF1).
+    /// The parts most providers never use: see [`Rare`].
+    rare: Rare,
+}
+
+/// The parts of a pacer most providers never use — an advertised quota
+/// (R-SG1), a tokens budget (R-PD1, R-PD5), a fleet's state (R-DS1), a
+/// window learned from `Retry-After`s, a price list (R-FS2), an allowance
+/// — behind one pointer, made when the first of them is: every tracked
+/// host keeps one pointer, not six (issue 38, R-PF1). Each part is boxed
+/// on its own, so a provider with one pays for that one.
+#[derive(Debug, Default)]
+struct Rare(Option<Box<RareParts>>);
+
+#[derive(Debug, Default)]
+struct RareParts {
+    /// The quota the provider advertises, while it does.
     quota: Option<Box<Quota>>,
-    /// Its tokens budget, beside the requests one (R-PD1, R-PD5).
+    /// Its tokens budget, beside the requests one.
     tokens: Option<Box<TokenBudget>>,
     /// What pacing by a shared budget keeps, made when one first answers
-    /// or is first found unreachable (most providers have none).
+    /// or is first found unreachable.
     fleet: Option<Box<Fleet>>,
     /// A windowed quota learned from where the provider's `Retry-After`s
     /// point, when it advertises none: made by the first `Retry-After`
-    /// that names a window's end (most providers never send one).
+    /// that names a window's end.
     window: Option<Box<WindowLearner>>,
     /// What requests cost, by method and path, and where the provider
-    /// says what one cost (R-FS2), when the settings say either (most
-    /// providers' do not).
+    /// says what one cost, when the settings say either.
     pricing: Option<Box<(Costs, Option<http::HeaderName>)>>,
     /// A long-horizon allowance, paced to last its period.
     allowance: Option<Box<AllowanceState>>,
+}
+
+/// A part's reader, and its writer where one is named (neither makes the
+/// parts).
+macro_rules! rare_part {
+    ($part:ident, $ty:ty) => {
+        fn $part(&self) -> Option<&$ty> {
+            self.0.as_deref()?.$part.as_deref()
+        }
+    };
+    ($part:ident, $part_mut:ident, $ty:ty) => {
+        rare_part!($part, $ty);
+
+        fn $part_mut(&mut self) -> Option<&mut $ty> {
+            self.0.as_deref_mut()?.$part.as_deref_mut()
+        }
+    };
+}
+
+impl Rare {
+    rare_part!(quota, quota_mut, Quota);
+    rare_part!(tokens, TokenBudget);
+    rare_part!(fleet, fleet_mut, Fleet);
+    rare_part!(window, window_mut, WindowLearner);
+    rare_part!(pricing, (Costs, Option<http::HeaderName>));
+    rare_part!(allowance, allowance_mut, AllowanceState);
+
+    /// The parts, made if they were not.
+    fn made(&mut self) -> &mut RareParts {
+        self.0.get_or_insert_with(Box::default)
+    }
+
+    /// Lets the part `which` names go (and the parts, once none is left).
+    fn clear<T>(&mut self, which: impl FnOnce(&mut RareParts) -> &mut Option<Box<T>>) {
+        if let Some(parts) = self.0.as_deref_mut() {
+            *which(parts) = None;
+            if parts.quota.is_none()
+                && parts.tokens.is_none()
+                && parts.fleet.is_none()
+                && parts.window.is_none()
+                && parts.pricing.is_none()
+                && parts.allowance.is_none()
+            {
+                self.0 = None;
+            }
+        }
+    }
+
+    /// Sets the part `which` names, or lets it go.
+    fn set<T>(&mut self, which: impl Fn(&mut RareParts) -> &mut Option<Box<T>>, part: Option<T>) {
+        match part {
+            Some(part) => *which(self.made()) = Some(Box::new(part)),
+            None => self.clear(which),
+        }
+    }
 }
 
 /// What a replica pacing by a shared budget keeps (R-DS1, R-DS2).
@@ -100,9 +167,9 @@ struct Fleet {
 }
 
 /// The cost table and cost header `settings` name, if either.
-fn pricing(settings: &ProviderSettings) -> Option<Box<(Costs, Option<http::HeaderName>)>> {
+fn pricing(settings: &ProviderSettings) -> Option<(Costs, Option<http::HeaderName>)> {
     (!settings.costs.is_empty() || settings.cost_header.is_some())
-        .then(|| Box::new((settings.costs.clone(), settings.cost_header.clone())))
+        .then(|| (settings.costs.clone(), settings.cost_header.clone()))
 }
 
 /// Puts `value` in `slot`, reusing its box: a quota or tokens budget is
@@ -211,6 +278,12 @@ impl PacerCore {
     /// A cold pacer for a provider's settings.
     pub fn with_settings(settings: Arc<ValidSettings>) -> Self {
         let start = settings.start_rate();
+        let mut rare = Rare::default();
+        rare.set(|r| &mut r.pricing, pricing(&settings));
+        rare.set(
+            |r| &mut r.allowance,
+            settings.allowance.map(AllowanceState::new),
+        );
         PacerCore {
             gcra: Gcra::new(interval_of(start), settings.burst),
             hold_until: None,
@@ -218,12 +291,7 @@ impl PacerCore {
             waiting: FairQueue::default(),
             next_ticket: 0,
             last_backoff: None,
-            quota: None,
-            tokens: None,
-            fleet: None,
-            window: None,
-            pricing: pricing(&settings),
-            allowance: settings.allowance.map(|a| Box::new(AllowanceState::new(a))),
+            rare,
             // The controller keeps the provider's settings, for all of the
             // pacer (R-PF1, issue 38: one reference, not one each).
             aimd: Aimd::with_settings(start, settings),
@@ -244,7 +312,7 @@ impl PacerCore {
             // A rate restored from the store moved without a change.
             && self.aimd.rate() == self.settings().start_rate()
             && self.last_backoff.is_none()
-            && self.allowance.is_none()
+            && self.rare.allowance().is_none()
             && self.nothing_followed(now)
     }
 
@@ -261,12 +329,12 @@ impl PacerCore {
     fn nothing_followed(&self, now: Instant) -> bool {
         self.hold_until.is_none_or(|h| h <= now)
             && self.waiting.is_empty()
-            && self.quota.is_none()
-            && self.tokens.is_none()
-            && self.window.is_none()
+            && self.rare.quota().is_none()
+            && self.rare.tokens().is_none()
+            && self.rare.window().is_none()
             && self
-                .fleet
-                .as_deref()
+                .rare
+                .fleet()
                 .is_none_or(|f| f.shared_rate.is_none() && f.alone.is_none())
     }
 
@@ -275,23 +343,25 @@ impl PacerCore {
     pub fn update_settings(&mut self, settings: &Arc<ValidSettings>) {
         self.aimd.set_settings(settings);
         self.gcra.set_burst(settings.burst);
-        self.pricing = pricing(settings);
-        match (settings.allowance, self.allowance.as_mut()) {
+        self.rare.set(|r| &mut r.pricing, pricing(settings));
+        match (settings.allowance, self.rare.allowance_mut()) {
             (Some(a), Some(state)) => state.set(a),
-            (Some(a), None) => self.allowance = Some(Box::new(AllowanceState::new(a))),
-            (None, _) => self.allowance = None,
+            (Some(a), None) => self
+                .rare
+                .set(|r| &mut r.allowance, Some(AllowanceState::new(a))),
+            (None, _) => self.rare.clear(|r| &mut r.allowance),
         }
         self.sync_interval();
     }
 
     /// Units spent in the allowance's current period, for the store.
     pub fn allowance_use(&self, now: Instant) -> Option<AllowanceUse> {
-        self.allowance.as_ref()?.usage(now)
+        self.rare.allowance()?.usage(now)
     }
 
     /// Takes up an allowance period restored from the store.
     pub fn restore_allowance(&mut self, now: Instant, used: AllowanceUse) {
-        if let Some(a) = self.allowance.as_mut() {
+        if let Some(a) = self.rare.allowance_mut() {
             a.restore(now, used);
         }
         self.sync_interval();
@@ -300,7 +370,7 @@ impl PacerCore {
     /// `units` were admitted at `now`: the allowance spends them and its
     /// rate moves with what is left.
     fn spend(&mut self, now: Instant, units: u32) {
-        if let Some(a) = self.allowance.as_mut() {
+        if let Some(a) = self.rare.allowance_mut() {
             a.spend(now, f64::from(units));
             self.sync_interval();
         }
@@ -311,7 +381,7 @@ impl PacerCore {
     /// was spent gives way to the next (nothing else would wake a pacer
     /// whose interval is the spent allowance's).
     fn refresh_allowance(&mut self, now: Instant) {
-        if let Some(a) = self.allowance.as_mut() {
+        if let Some(a) = self.rare.allowance_mut() {
             a.refresh(now);
             self.sync_interval();
         }
@@ -319,12 +389,12 @@ impl PacerCore {
 
     /// What a request of `method` to `path` costs, in units (R-FS2).
     pub fn cost_of(&self, method: &http::Method, path: &str) -> u32 {
-        self.pricing.as_ref().map_or(1, |p| p.0.of(method, path))
+        self.rare.pricing().map_or(1, |p| p.0.of(method, path))
     }
 
     /// The header the provider says what a request cost in, if configured.
     pub fn cost_header(&self) -> Option<&http::HeaderName> {
-        self.pricing.as_ref().and_then(|p| p.1.as_ref())
+        self.rare.pricing().and_then(|p| p.1.as_ref())
     }
 
     /// The provider charged a request admitted at `sent_at` `extra` units
@@ -368,8 +438,8 @@ impl PacerCore {
     /// above the last shared rate: no replica grows it alone).
     fn pace_rate(&self) -> f64 {
         let rate = match self
-            .quota
-            .as_deref()
+            .rare
+            .quota()
             .and_then(|q| q.rate.map(|r| (r, q.advertised.family)))
         {
             // A refilling budget is told, not guessed: no floor under it.
@@ -379,16 +449,16 @@ impl PacerCore {
         };
         // An allowance is a budget, not a guess: no floor under it; nor
         // under a tokens budget (the tightest budget governs, R-PD1).
-        let rate = match &self.allowance {
+        let rate = match self.rare.allowance() {
             Some(a) => rate.min(a.pace()),
             None => rate,
         };
-        let rate = match self.tokens.as_deref().and_then(|t| t.rate()) {
+        let rate = match self.rare.tokens().and_then(|t| t.rate()) {
             Some(tokens) => rate.min(tokens),
             None => rate,
         };
         let alone = |rate: f64, replicas: u32| rate * ALONE_SHARE / f64::from(replicas.max(1));
-        let fleet = self.fleet.as_deref();
+        let fleet = self.rare.fleet();
         match (
             fleet.and_then(|f| f.alone),
             fleet.and_then(|f| f.shared_rate),
@@ -413,27 +483,23 @@ impl PacerCore {
     /// Which authority the pace follows: `advertised` while the provider
     /// advertises a quota, else `learned`.
     pub fn authority(&self) -> &'static str {
-        if let Some(a) = &self.allowance {
+        if let Some(a) = self.rare.allowance() {
             let learned = self.aimd.rate();
             if a.pace() < learned {
                 return "allowance";
             }
         }
         // The tokens budget, where it is the tighter (R-PD1).
-        let told = self
-            .quota
-            .as_deref()
-            .and_then(|q| q.rate)
-            .unwrap_or(f64::MAX);
+        let told = self.rare.quota().and_then(|q| q.rate).unwrap_or(f64::MAX);
         if self
-            .tokens
-            .as_deref()
+            .rare
+            .tokens()
             .and_then(|t| t.rate())
             .is_some_and(|t| t < told.min(self.aimd.rate()))
         {
             return "tokens";
         }
-        match self.quota.as_deref() {
+        match self.rare.quota() {
             Some(q) if q.synthetic => "learned_window",
             Some(_) => "advertised",
             None => "learned",
@@ -471,7 +537,7 @@ impl PacerCore {
             error_baseline: self.aimd.error_baseline(),
             on_trial: self.aimd.in_trial(),
             last_backoff: self.last_backoff.as_deref().copied(),
-            quota: self.quota.as_deref().map(|q| QuotaSnapshot {
+            quota: self.rare.quota().map(|q| QuotaSnapshot {
                 advertised: q.advertised,
                 reset_in: q.hi.saturating_duration_since(now),
                 rate_rps: q.rate,
@@ -481,8 +547,8 @@ impl PacerCore {
             belief: self.aimd.belief(now),
             known: self.aimd.known(),
             outages: self.aimd.outages(),
-            allowance: self.allowance.as_ref().map(|a| a.snapshot(now)),
-            tokens: self.tokens.as_deref().map(|t| t.snapshot()),
+            allowance: self.rare.allowance().map(|a| a.snapshot(now)),
+            tokens: self.rare.tokens().map(|t| t.snapshot()),
         }
     }
 }
@@ -875,14 +941,11 @@ mod tests {
                     core.on_outcome(&Outcome::Success, now, None, now);
                     core.on_quota(Some(adv), now, now);
                 }
-                let fixed = !core.quota.as_deref().is_some_and(Quota::rolling);
+                let fixed = !core.rare.quota().is_some_and(Quota::rolling);
                 if adv.remaining == 0 && fixed {
                     // Every replica reads it as this one does: the fleet
                     // holds to the latest the window may reset.
-                    hold = core
-                        .quota
-                        .as_deref()
-                        .map_or(now + adv.reset, |q| q.hi.max(now));
+                    hold = core.rare.quota().map_or(now + adv.reset, |q| q.hi.max(now));
                 }
                 // The fleet's sends, 5 ms either side of an even 20 a
                 // second.
@@ -1060,7 +1123,7 @@ mod tests {
             core.on_quota(Some(bucket(1200, 1199)), now, now);
             core.on_tokens(bucket(120_000, tokens as u64), now);
         }
-        let per = core.tokens.as_ref().and_then(|t| t.per_request).unwrap();
+        let per = core.rare.tokens().and_then(|t| t.per_request).unwrap();
         assert!((per - 600.0).abs() < 1.0, "{per}");
         assert!(
             (core.rate() - 2000.0 / 600.0).abs() < 0.01,
@@ -1072,7 +1135,7 @@ mod tests {
         // (this answer's drop is learned from too).
         let now = t0 + Duration::from_secs(3);
         let fb = core.on_tokens(bucket(120_000, 200), now);
-        let per = core.tokens.as_ref().and_then(|t| t.per_request).unwrap();
+        let per = core.rare.tokens().and_then(|t| t.per_request).unwrap();
         let wait = Duration::from_secs_f64((per - 200.0) / 2000.0);
         assert_eq!(fb.hold_until, Some(now + wait), "{per} a request");
     }

@@ -24,7 +24,7 @@ impl PacerCore {
     /// The instant the request with `ahead` waiters before it would go.
     pub(super) fn slot(&self, now: Instant, ahead: u32) -> Instant {
         let mut at = self.gcra.earliest(now, ahead);
-        if let Some(end) = self.allowance.as_ref().and_then(|a| a.spent_until(now)) {
+        if let Some(end) = self.rare.allowance().and_then(|a| a.spent_until(now)) {
             at = at.max(end);
         }
         match self.hold_until {

@@ -357,7 +357,7 @@ impl PacerCore {
     /// its replicas raise it to.
     pub fn fleet_raise(&self) -> f64 {
         let rate = self.aimd.rate();
-        let Some(q) = self.quota.as_deref() else {
+        let Some(q) = self.rare.quota() else {
             return rate;
         };
         let cap = if q.advertised.family == crate::quota::Family::Bucket {
@@ -407,12 +407,12 @@ impl PacerCore {
             .unwrap_or(now);
         // More remains, though the request was sent after the one that told
         // less, and the reset has not moved: the provider's window rolls.
-        let refilled = self.quota.as_deref().copied().is_some_and(|q| {
+        let refilled = self.rare.quota().copied().is_some_and(|q| {
             adv.remaining > q.advertised.remaining
                 && sent_at > q.low_sent
                 && said < q.hi + adv.granularity / 2
         });
-        let mut q = match self.quota.as_deref().copied() {
+        let mut q = match self.rare.quota().copied() {
             // The same window: no more remains than before, and the request
             // was sent before the latest the window may end. (Not judged by
             // the reset it states: rounded to whole seconds from an answer
@@ -436,8 +436,8 @@ impl PacerCore {
         q.missing = 0;
         q.last_sent = q.last_sent.max(sent_at);
         if self
-            .quota
-            .as_deref()
+            .rare
+            .quota()
             .copied()
             .is_none_or(|old| adv.remaining != old.advertised.remaining)
         {
@@ -454,8 +454,8 @@ impl PacerCore {
         q.delivery.served += 1;
         if adv.remaining == 0
             && self
-                .quota
-                .as_deref()
+                .rare
+                .quota()
                 .copied()
                 .is_none_or(|old| old.advertised.remaining > 0)
         {
@@ -498,7 +498,7 @@ impl PacerCore {
         }
         let before = self.gcra.interval();
         let (trusted, rate) = (q.trusted, q.rate);
-        put(&mut self.quota, q);
+        put(&mut self.rare.made().quota, q);
         if trusted {
             if let Some(r) = rate {
                 self.aimd.follow(now, r);
@@ -524,7 +524,7 @@ impl PacerCore {
     fn on_bucket(&mut self, adv: Advertised, sent_at: Instant, now: Instant) -> Feedback {
         let mut fb = Feedback::default();
         let refill = adv.policy_rate();
-        let trusted = self.quota.as_deref().copied().is_none_or(|q| q.trusted);
+        let trusted = self.rare.quota().copied().is_none_or(|q| q.trusted);
         let whole = now + adv.reset;
         let q = Quota {
             advertised: adv,
@@ -548,7 +548,7 @@ impl PacerCore {
             fb.hold_cause = HoldCause::Refill;
         }
         let before = self.gcra.interval();
-        put(&mut self.quota, q);
+        put(&mut self.rare.made().quota, q);
         if let (true, Some(r)) = (trusted, q.rate) {
             self.aimd.follow(now, r);
         }
@@ -561,10 +561,10 @@ impl PacerCore {
     /// is dropped after [`QUOTA_GONE`] such answers.
     fn quota_missing(&mut self) -> Feedback {
         let mut fb = Feedback::default();
-        if let Some(q) = self.quota.as_mut() {
+        if let Some(q) = self.rare.quota_mut() {
             q.missing += 1;
             if q.missing >= QUOTA_GONE {
-                self.quota = None;
+                self.rare.clear(|r| &mut r.quota);
                 self.sync_interval();
                 fb.increased = true;
             }
@@ -577,7 +577,8 @@ impl PacerCore {
     /// in between the quota; learned, it is paced like an advertised one
     /// (a fresh trust: a provider whose window changed is learned anew).
     pub(super) fn learn_window(&mut self, end: Instant, wait: Duration) {
-        let w = &mut **self.window.get_or_insert_with(Box::default);
+        let parts = self.rare.made();
+        let w = &mut **parts.window.get_or_insert_with(Box::default);
         if let Some(prev) = w.boundary {
             let window = round_window(end.saturating_duration_since(prev));
             // A fixed window's 429 sends us to its end, a large part of the
@@ -586,8 +587,8 @@ impl PacerCore {
             let long = |held: Duration| held >= Duration::from_secs(2) && held * 4 >= window;
             if window >= Duration::from_secs(2) && w.since > 0 && long(w.held) && long(wait) {
                 w.learned = Some((w.since, window, end, 0));
-                if self.quota.as_deref().is_some_and(|q| q.synthetic) {
-                    self.quota = None;
+                if parts.quota.as_deref().is_some_and(|q| q.synthetic) {
+                    parts.quota = None;
                 }
             }
         }
@@ -598,7 +599,7 @@ impl PacerCore {
 
     /// The quota a learned window stands for now, as if advertised.
     pub(super) fn learned_advert(&self, now: Instant) -> Option<Advertised> {
-        let (limit, window, mut start, mut used) = self.window.as_ref()?.learned?;
+        let (limit, window, mut start, mut used) = self.rare.window()?.learned?;
         while now >= start + window {
             start += window;
             used = 0;

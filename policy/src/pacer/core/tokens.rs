@@ -74,7 +74,7 @@ impl PacerCore {
     pub fn on_tokens(&mut self, told: Advertised, now: Instant) -> Feedback {
         let mut fb = Feedback::default();
         let refill = told.policy_rate().unwrap_or(0.0);
-        let mut b = match self.tokens.as_deref().copied() {
+        let mut b = match self.rare.tokens().copied() {
             Some(mut b) => {
                 let before = b.told.remaining as f64;
                 let room = told.limit.map_or(f64::MAX, |l| l as f64) - before;
@@ -109,7 +109,7 @@ impl PacerCore {
         }
         let before = self.gcra.interval();
         b.told = told;
-        put(&mut self.tokens, b);
+        put(&mut self.rare.made().tokens, b);
         self.sync_interval();
         fb.increased = self.gcra.interval() < before;
         fb
