@@ -37,6 +37,7 @@ pub mod attempt;
 pub mod breaker;
 pub mod bulkhead;
 pub mod classify;
+mod compact;
 pub mod cost;
 pub mod error;
 pub mod events;

@@ -455,12 +455,13 @@ impl Aimd {
             from,
             sent: sent_at.map_or(from, |at| self.rate_at(at)),
             held_for: self
-                .changes
+                .rare
+                .changes()
                 .back()
                 .map_or(Duration::MAX, |(at, _)| now.saturating_duration_since(*at)),
             decrease: self.decrease(),
             limit: self.k().limit,
-            probe: self.probe.as_deref().copied(),
+            probe: self.rare.probe().copied(),
             delivered: self.delivered.get(),
             settle: self.settle_share(),
             fitted: self.k().fitted,
@@ -550,7 +551,7 @@ impl Aimd {
         // Known that closely, the limit is settled under as a sharp one is.
         let to = if tight { limit * SETTLE_SHARP } else { p.to };
         self.k_mut().limit = Some(limit);
-        if let Some(streak) = self.streak.as_mut() {
+        if let Some(streak) = self.rare.streak_mut() {
             streak.cuts += 1;
             streak.last_cut = now;
         }
