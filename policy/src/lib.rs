@@ -37,6 +37,7 @@ pub mod attempt;
 pub mod breaker;
 pub mod bulkhead;
 pub mod classify;
+#[macro_use]
 mod compact;
 pub mod cost;
 pub mod error;
