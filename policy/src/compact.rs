@@ -1,31 +1,11 @@
 //! Values in one word where `Option` takes two (issue 38, R-PF1): every
 //! tracked host keeps a few of them, and a broad crawl tracks a hundred
-//! thousand hosts. And the reader of the parts most providers never use,
-//! kept behind one pointer.
+//! thousand hosts.
 
 use std::sync::OnceLock;
 use std::time::Duration;
 
 use tokio::time::Instant;
-
-/// A rare part's reader, and its writer where one is named, on a newtype
-/// over `Option<Box<Parts>>` whose field `$part` is an `Option<Box<$ty>>`
-/// (neither makes the parts): a provider's parts most providers never
-/// use, behind one pointer.
-macro_rules! rare_part {
-    ($part:ident, $ty:ty) => {
-        fn $part(&self) -> Option<&$ty> {
-            self.0.as_deref()?.$part.as_deref()
-        }
-    };
-    ($part:ident, $part_mut:ident, $ty:ty) => {
-        rare_part!($part, $ty);
-
-        fn $part_mut(&mut self) -> Option<&mut $ty> {
-            self.0.as_deref_mut()?.$part.as_deref_mut()
-        }
-    };
-}
 
 /// An `Option<f64>` in one word: none is NaN, which no value kept here is
 /// (a rate, a quartile).

@@ -37,7 +37,6 @@ pub mod attempt;
 pub mod breaker;
 pub mod bulkhead;
 pub mod classify;
-#[macro_use]
 mod compact;
 pub mod cost;
 pub mod error;

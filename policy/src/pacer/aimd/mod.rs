@@ -291,6 +291,19 @@ struct RareParts {
     changes: Changes,
 }
 
+/// A part's reader and writer (neither makes the parts).
+macro_rules! rare_part {
+    ($part:ident, $part_mut:ident, $ty:ty) => {
+        fn $part(&self) -> Option<&$ty> {
+            self.0.as_deref()?.$part.as_deref()
+        }
+
+        fn $part_mut(&mut self) -> Option<&mut $ty> {
+            self.0.as_deref_mut()?.$part.as_deref_mut()
+        }
+    };
+}
+
 /// No rate change yet.
 static NO_CHANGE: Changes = Changes(None);
 

@@ -91,6 +91,23 @@ struct RareParts {
     allowance: Option<Box<AllowanceState>>,
 }
 
+/// A part's reader, and its writer where one is named (neither makes the
+/// parts).
+macro_rules! rare_part {
+    ($part:ident, $ty:ty) => {
+        fn $part(&self) -> Option<&$ty> {
+            self.0.as_deref()?.$part.as_deref()
+        }
+    };
+    ($part:ident, $part_mut:ident, $ty:ty) => {
+        rare_part!($part, $ty);
+
+        fn $part_mut(&mut self) -> Option<&mut $ty> {
+            self.0.as_deref_mut()?.$part.as_deref_mut()
+        }
+    };
+}
+
 impl Rare {
     rare_part!(quota, quota_mut, Quota);
     rare_part!(tokens, TokenBudget);
