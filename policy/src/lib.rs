@@ -37,7 +37,6 @@ pub mod attempt;
 pub mod breaker;
 pub mod bulkhead;
 pub mod classify;
-mod compact;
 pub mod cost;
 pub mod error;
 pub mod events;

@@ -133,12 +133,7 @@ async fn a_providers_policy_fits_in_its_bytes() {
 /// own, its failure streak and recent transitions made when first met);
 /// 1,456, 1,952 and 1,632 before the pacer's part fit the 448-byte class,
 /// not 512 (its rarely used parts behind one pointer, not six; its room
-/// and fleet cells one word each; the delivered rate in one word); 1,392,
-/// 1,888 and 1,568 before it fit the 384-byte class (the controller's
-/// rarely used parts behind one pointer, not five; the schedule's, the
-/// hold's and the window's instants one word each, not two; the latency
-/// baseline one word). A provider taught something makes both rare parts:
-/// it gains less.
-const BOUND_ANSWERED: i64 = 1328;
-const BOUND_REFUSED: i64 = 1872;
-const BOUND_FAILED: i64 = 1552;
+/// and fleet cells one word each; the delivered rate in one word).
+const BOUND_ANSWERED: i64 = 1392;
+const BOUND_REFUSED: i64 = 1888;
+const BOUND_FAILED: i64 = 1568;

@@ -97,11 +97,11 @@ impl Aimd {
         reason: BackoffReason,
     ) {
         let Some(end) = self.k().hold_end else { return };
-        let steady = self.rare.changes().back().is_none_or(|(at, _)| *at <= end);
+        let steady = self.changes.back().is_none_or(|(at, _)| *at <= end);
         if reason.ambiguous() || self.k().hold_cost.is_zero() || sent_at <= end || !steady {
             return;
         }
-        if self.k().limit.is_none() || self.rare.probe().is_some() {
+        if self.k().limit.is_none() || self.probe.is_some() {
             return;
         }
         // Shared, the hold's end is the fleet's and the rate too: the
@@ -129,17 +129,9 @@ impl Aimd {
             return;
         };
         // Changes remembered back to the hold's end, and none since.
-        let known = self.rare.changes().len() < CHANGES_KEPT
-            || self
-                .rare
-                .changes()
-                .front()
-                .is_some_and(|(t, _)| *t <= start);
-        let steady = !self
-            .rare
-            .changes()
-            .iter()
-            .any(|(t, _)| *t > start && *t < at);
+        let known = self.changes.len() < CHANGES_KEPT
+            || self.changes.front().is_some_and(|(t, _)| *t <= start);
+        let steady = !self.changes.iter().any(|(t, _)| *t > start && *t < at);
         let old = refusal.after >= DESCENT_MAX_AGE;
         if self.k().hold_cost.is_zero() || self.k().limit.is_none() || !known || !steady || old {
             return;

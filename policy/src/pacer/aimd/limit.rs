@@ -455,13 +455,12 @@ impl Aimd {
             from,
             sent: sent_at.map_or(from, |at| self.rate_at(at)),
             held_for: self
-                .rare
-                .changes()
+                .changes
                 .back()
                 .map_or(Duration::MAX, |(at, _)| now.saturating_duration_since(*at)),
             decrease: self.decrease(),
             limit: self.k().limit,
-            probe: self.rare.probe().copied(),
+            probe: self.probe.as_deref().copied(),
             delivered: self.delivered.get(),
             settle: self.settle_share(),
             fitted: self.k().fitted,
@@ -551,7 +550,7 @@ impl Aimd {
         // Known that closely, the limit is settled under as a sharp one is.
         let to = if tight { limit * SETTLE_SHARP } else { p.to };
         self.k_mut().limit = Some(limit);
-        if let Some(streak) = self.rare.streak_mut() {
+        if let Some(streak) = self.streak.as_mut() {
             streak.cuts += 1;
             streak.last_cut = now;
         }

@@ -107,7 +107,6 @@ mod window;
 use super::signals::{
     poisson_below, poisson_tail, Attribution, ErrorTally, LatencyVerdict, LatencyWatch, NOISE_MAX,
 };
-use crate::compact::{Moment, OptF64};
 use crate::settings::{ProviderSettings, ValidSettings};
 use std::collections::VecDeque;
 use std::sync::{Arc, LazyLock};
@@ -228,7 +227,7 @@ pub struct Aimd {
     /// latency shift.
     settings: Arc<ValidSettings>,
     /// When the current window began (at its first event).
-    window_start: Moment,
+    window_start: Option<Instant>,
     /// Admissions in the current window.
     window_admitted: u32,
     /// Clean answers in the current window.
@@ -252,95 +251,31 @@ pub struct Aimd {
     /// its demand saturated the shared pace, whatever share it admitted.
     window_pressed: bool,
     /// Clean answers per second over the last closed window.
-    delivered: OptF64,
+    delivered: Delivered,
+    /// A probe in progress.
+    probe: Option<Box<Probe>>,
     /// Ambiguous errors and their baseline.
     errors: ErrorTally,
     /// Time-to-first-byte and its baseline.
     latency: LatencyWatch,
+    /// A cut on ambiguous evidence awaiting its verdict.
+    trial: Option<Box<Trial>>,
+    /// Recent rate changes (when, the rate before), oldest first: an answer
+    /// is evidence about the rate its request was *sent* at.
+    changes: Changes,
+    /// Failures in a row, if the last answers were failures.
+    streak: Option<Box<Streak>>,
     /// The rate is a fleet's, shared through a budget (see `adopt`).
     shared: bool,
     /// The fleet's budget is unreachable and this replica paces at a
     /// fraction of the rate: its windows say nothing of whether the rate
     /// could grow (see `set_alone`).
     alone: bool,
-    /// What pushback taught it, a probe or a trial under way, a streak of
-    /// failures, the recent rate changes: see [`Rare`].
-    rare: Rare,
-}
-
-/// The parts of [`Aimd`] a provider that only ever met clean answers —
-/// most of a broad crawl's hosts — never makes, behind one pointer, not
-/// five (R-PF1, issue 38). Each part is boxed on its own, made at its
-/// first use.
-#[derive(Debug, Clone, Default)]
-struct Rare(Option<Box<RareParts>>);
-
-#[derive(Debug, Clone, Default)]
-struct RareParts {
     /// What pushback taught it — a limit and how it is known, holds,
-    /// probes' bookkeeping, outages (about 330 bytes).
+    /// probes' bookkeeping, outages — made at its first use (R-PF1, issue
+    /// 38): a provider that only ever met clean answers, as most of a
+    /// broad crawl's hosts do, carries none of it (about 330 bytes).
     known: Option<Box<Known>>,
-    /// A probe in progress.
-    probe: Option<Box<Probe>>,
-    /// A cut on ambiguous evidence awaiting its verdict.
-    trial: Option<Box<Trial>>,
-    /// Failures in a row, if the last answers were failures.
-    streak: Option<Box<Streak>>,
-    /// Recent rate changes (when, the rate before), oldest first: an answer
-    /// is evidence about the rate its request was *sent* at.
-    changes: Changes,
-}
-
-/// A part's reader and writer (neither makes the parts).
-macro_rules! rare_part {
-    ($part:ident, $part_mut:ident, $ty:ty) => {
-        fn $part(&self) -> Option<&$ty> {
-            self.0.as_deref()?.$part.as_deref()
-        }
-
-        fn $part_mut(&mut self) -> Option<&mut $ty> {
-            self.0.as_deref_mut()?.$part.as_deref_mut()
-        }
-    };
-}
-
-/// No rate change yet.
-static NO_CHANGE: Changes = Changes(None);
-
-impl Rare {
-    rare_part!(known, known_mut, Known);
-    rare_part!(probe, probe_mut, Probe);
-    rare_part!(trial, trial_mut, Trial);
-    rare_part!(streak, streak_mut, Streak);
-
-    fn changes(&self) -> &Changes {
-        self.0.as_deref().map_or(&NO_CHANGE, |r| &r.changes)
-    }
-
-    /// The parts, made if they were not.
-    fn made(&mut self) -> &mut RareParts {
-        self.0.get_or_insert_with(Box::default)
-    }
-
-    /// Puts `part` where `which` names.
-    fn put<T>(&mut self, which: impl FnOnce(&mut RareParts) -> &mut Option<Box<T>>, part: T) {
-        *which(self.made()) = Some(Box::new(part));
-    }
-
-    /// Lets the part `which` names go (and the parts, once none is left).
-    fn clear<T>(&mut self, which: impl FnOnce(&mut RareParts) -> &mut Option<Box<T>>) {
-        if let Some(parts) = self.0.as_deref_mut() {
-            *which(parts) = None;
-            if parts.known.is_none()
-                && parts.probe.is_none()
-                && parts.trial.is_none()
-                && parts.streak.is_none()
-                && parts.changes.is_empty()
-            {
-                self.0 = None;
-            }
-        }
-    }
 }
 
 /// The part of [`Aimd`]'s state that pushback teaches (see `Aimd::known`):
@@ -487,18 +422,18 @@ static UNTAUGHT: LazyLock<Known> = LazyLock::new(Known::default);
 impl Aimd {
     /// What pushback taught it, or the defaults.
     fn k(&self) -> &Known {
-        self.rare.known().unwrap_or(&UNTAUGHT)
+        self.known.as_deref().unwrap_or(&UNTAUGHT)
     }
 
     /// What pushback taught it, made on first write.
     fn k_mut(&mut self) -> &mut Known {
-        self.rare.made().known.get_or_insert_with(Box::default)
+        self.known.get_or_insert_with(Box::default)
     }
 
     /// Sets back what pushback taught, if it taught anything: an untaught
     /// one holds the defaults already, and makes nothing for them.
     fn reset(&mut self, back: impl FnOnce(&mut Known)) {
-        if let Some(k) = self.rare.known_mut() {
+        if let Some(k) = self.known.as_deref_mut() {
             back(k);
         }
     }
@@ -524,6 +459,29 @@ const CHANGES_KEPT: usize = 16;
 // Boxed on purpose: the point is 8 bytes while empty.
 #[allow(clippy::box_collection)]
 struct Changes(Option<Box<VecDeque<(Instant, f64)>>>);
+
+/// A rate measured or not, in one word: not measured is NaN, which no
+/// measured rate is (an `Option<f64>` takes two words: issue 38, R-PF1).
+#[derive(Debug, Clone, Copy)]
+struct Delivered(f64);
+
+impl Default for Delivered {
+    fn default() -> Self {
+        Delivered(f64::NAN)
+    }
+}
+
+impl From<Option<f64>> for Delivered {
+    fn from(rate: Option<f64>) -> Self {
+        Delivered(rate.filter(|r| !r.is_nan()).unwrap_or(f64::NAN))
+    }
+}
+
+impl Delivered {
+    fn get(self) -> Option<f64> {
+        (!self.0.is_nan()).then_some(self.0)
+    }
+}
 
 /// No change yet.
 static NO_CHANGES: VecDeque<(Instant, f64)> = VecDeque::new();
@@ -595,7 +553,7 @@ impl Aimd {
                 settings.ceiling_rps,
             ),
             settings,
-            window_start: Moment::NONE,
+            window_start: None,
             window_admitted: 0,
             window_pressed: false,
             window_delivered: 0,
@@ -604,12 +562,16 @@ impl Aimd {
             window_counted: 0,
             window_span_ns: 0,
             window_cut: false,
-            delivered: OptF64::default(),
+            delivered: Delivered::default(),
+            probe: None,
             errors: ErrorTally::default(),
             latency: LatencyWatch::default(),
+            trial: None,
+            changes: Changes::default(),
+            streak: None,
             shared: false,
             alone: false,
-            rare: Rare::default(),
+            known: None,
         }
     }
 
@@ -618,7 +580,7 @@ impl Aimd {
     /// errors), no outage, throttle or failure streak met, nothing on
     /// trial or probe, no fleet's rate taken (R-PF1).
     pub fn untaught(&self) -> bool {
-        self.rare.changes().is_empty()
+        self.changes.is_empty()
             && self.k().limit.is_none()
             && self.k().last_decrease.is_none()
             && self.latency.baseline().is_none()
@@ -626,9 +588,9 @@ impl Aimd {
             && self.k().outages == 0
             && self.k().named_throttle.is_none()
             && self.k().hold_end.is_none()
-            && self.rare.trial().is_none()
-            && self.rare.probe().is_none()
-            && self.rare.streak().is_none()
+            && self.trial.is_none()
+            && self.probe.is_none()
+            && self.streak.is_none()
             && self.k().unconfirmed.is_none()
             && !self.shared
     }
@@ -636,15 +598,14 @@ impl Aimd {
     /// Whether nothing is under way that its rate, limit and how the
     /// limit is known do not say: no probe, trial or recovery (R-PF1).
     pub fn settled(&self) -> bool {
-        self.rare.probe().is_none() && self.rare.trial().is_none() && self.k().recover_to.is_none()
+        self.probe.is_none() && self.trial.is_none() && self.k().recover_to.is_none()
     }
 
     /// The rate that was in force at `sent_at`.
     /// (Scanned from the newest change: almost every answer is to a
     /// request sent after the last one, and stops at the first look.)
     pub(super) fn rate_at(&self, sent_at: Instant) -> f64 {
-        self.rare
-            .changes()
+        self.changes
             .iter()
             .rev()
             .take_while(|(at, _)| *at > sent_at)
@@ -655,7 +616,7 @@ impl Aimd {
     /// Sets the rate at `now`, remembering the change.
     fn set_rate(&mut self, now: Instant, rate: f64) {
         if rate != self.rate {
-            self.rare.made().changes.push(now, self.rate);
+            self.changes.push(now, self.rate);
             self.rate = rate;
         }
     }
@@ -763,7 +724,7 @@ impl Aimd {
         if !(rate.is_finite() && rate > 0.0) {
             return;
         }
-        self.rare.clear(|r| &mut r.probe);
+        self.probe = None;
         self.reset(|k| k.recover_to = None);
         self.set_rate(now, rate.clamp(self.floor(), self.ceiling()));
     }
@@ -785,8 +746,13 @@ impl Aimd {
                     // Not taken (another replica raised within the window):
                     // the fleet's rate stands, and a probe the raise began
                     // did not begin.
-                    if self.rare.probe().copied().is_some_and(|p| p.windows <= 1) {
-                        self.rare.clear(|r| &mut r.probe);
+                    if self
+                        .probe
+                        .as_deref()
+                        .copied()
+                        .is_some_and(|p| p.windows <= 1)
+                    {
+                        self.probe = None;
                     }
                 } else {
                     self.reset(|k| k.own_raise = None);
@@ -820,33 +786,30 @@ impl Aimd {
                 self.reset_plateau();
                 self.reset(|k| k.recover_to = None);
             } else if self
-                .rare
-                .probe()
+                .probe
+                .as_deref()
                 .copied()
                 .is_some_and(|p| p.dwell.is_some())
             {
                 // Another replica passed the dwell this one follows (or
                 // leads): passed here too, and the next one followed.
                 self.fleet_dwell_passed(now);
-            } else if let Some(probe) = self.rare.probe_mut() {
+            } else if let Some(probe) = self.probe.as_mut() {
                 // Another replica's step of the probe: it found a whole
                 // window clean at the rate before it, as this one would.
                 probe.window_clean(self.rate);
-            } else if self.rare.probe().is_none()
+            } else if self.probe.is_none()
                 && self.k().limit.is_some_and(|l| rate > l * SETTLE * 1.001)
             {
                 // Raised past the settle point: another replica is probing,
                 // and a throttle now is that probe's — judged as one. Where
                 // the provider holds, it is that replica's dwell, which
                 // this one follows (the replica that began it ends it).
-                self.rare.put(
-                    |r| &mut r.probe,
-                    if self.dwells() {
-                        Probe::following(self.rate, now, self.k().dwell_windows)
-                    } else {
-                        Probe::new(self.rate)
-                    },
-                );
+                self.probe = Some(Box::new(if self.dwells() {
+                    Probe::following(self.rate, now, self.k().dwell_windows)
+                } else {
+                    Probe::new(self.rate)
+                }));
             }
             self.set_rate(now, rate);
         }
@@ -948,7 +911,7 @@ impl Aimd {
         self.streak_failure(sent_at, now);
         let kind = if !self.new_epoch(sent_at) {
             Attribution::Throttle
-        } else if self.rare.trial().is_none() && self.errors.evidence(self.rate).noise() {
+        } else if self.trial.is_none() && self.errors.evidence(self.rate).noise() {
             Attribution::Noise
         } else {
             Attribution::Unknown
@@ -973,7 +936,7 @@ impl Aimd {
         self.errors
             .record(true, Attribution::Throttle, self.rate_at(sent_at));
         // The provider is there and says it is pushing back: no outage.
-        self.rare.clear(|r| &mut r.streak);
+        self.streak = None;
         self.k_mut().named_throttle = Some(now);
         if !fresh {
             if self.new_epoch(sent_at) {
@@ -983,7 +946,7 @@ impl Aimd {
             return None;
         }
         // Whatever a trial was weighing, this is pressure.
-        self.rare.clear(|r| &mut r.trial);
+        self.trial = None;
         self.time_to_refusal(sent_at, now, reason);
         let backoff = self.cut(now, reason, Some(sent_at));
         self.reset(|k| k.limit_weak = false);

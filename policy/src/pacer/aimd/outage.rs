@@ -60,8 +60,8 @@ impl Aimd {
 
     /// Whether the controller believes the provider is down.
     pub fn in_outage(&self) -> bool {
-        self.rare
-            .streak()
+        self.streak
+            .as_deref()
             .copied()
             .is_some_and(|s| s.outage_at.is_some())
     }
@@ -74,7 +74,7 @@ impl Aimd {
     /// it one (not when there is no streak, or it already is one, or the
     /// failures are a relapse judged as a throttle).
     pub fn declare_outage(&mut self, now: Instant) -> bool {
-        let Some(streak) = self.rare.streak_mut() else {
+        let Some(streak) = self.streak.as_mut() else {
             return false;
         };
         if streak.outage_at.is_some() || streak.relapse {
@@ -82,7 +82,7 @@ impl Aimd {
         }
         streak.outage_at = Some(now);
         self.k_mut().outages += 1;
-        self.rare.clear(|r| &mut r.trial);
+        self.trial = None;
         self.reset(|k| k.recover_to = None);
         self.reset_plateau();
         true
@@ -108,7 +108,7 @@ impl Aimd {
         let persist = OUTAGE_PERSIST.max(self.window() * 2);
         let (rate_before, limit_before, weak_before) =
             (self.rate, self.k().limit, self.k().limit_weak);
-        let streak = self.rare.made().streak.get_or_insert_with(|| {
+        let streak = self.streak.get_or_insert_with(|| {
             Box::new(Streak {
                 first_sent: sent_at,
                 began: now,
@@ -135,7 +135,7 @@ impl Aimd {
             // while: not the rate's doing. No trial or probe survives it.
             streak.outage_at = Some(now);
             self.k_mut().outages += 1;
-            self.rare.clear(|r| &mut r.trial);
+            self.trial = None;
             self.reset(|k| k.recover_to = None);
             self.reset_plateau();
             return true;
@@ -149,20 +149,20 @@ impl Aimd {
     /// Returns whether it did.
     pub(super) fn end_streak(&mut self, sent_at: Instant, now: Instant) -> bool {
         let Some(streak) = self
-            .rare
-            .streak()
+            .streak
+            .as_deref()
             .copied()
             .filter(|s| sent_at >= s.first_sent)
         else {
             return false;
         };
-        self.rare.clear(|r| &mut r.streak);
+        self.streak = None;
         if streak.outage_at.is_none() {
             return false;
         }
         self.k_mut().limit = streak.limit_before;
         self.k_mut().limit_weak = streak.weak_before;
-        self.rare.clear(|r| &mut r.trial);
+        self.trial = None;
         self.reset(|k| k.recover_to = None);
         self.reset_plateau();
         // The outage's failures are neither noise nor a throttle's: the

@@ -44,7 +44,7 @@ impl Aimd {
     /// streak of failures is being cut on, a cut awaits its trial, or a
     /// throttle the provider named is less than [`TRIAL_MAX_AGE`] old.
     pub fn belief(&self, now: Instant) -> Option<Belief> {
-        if let Some(s) = self.rare.streak().copied() {
+        if let Some(s) = self.streak.as_deref().copied() {
             if let Some(at) = s.outage_at {
                 return Some(Belief {
                     condition: Condition::Outage,
@@ -70,7 +70,7 @@ impl Aimd {
                 });
             }
         }
-        if let Some(t) = self.rare.trial().copied() {
+        if let Some(t) = self.trial.as_deref().copied() {
             return Some(Belief {
                 condition: Condition::Throttle,
                 why: "errors_above_noise_cut_on_trial",

@@ -209,7 +209,6 @@ impl Aimd {
             self.reset(|k| k.bracket = None);
             self.k_mut().bisect_fooled = true;
         }
-        let bracket = self.k().bracket;
         let next = match self.k().limit {
             None => self.rate * (1.0 + SLOW_START_GROWTH),
             Some(limit) => {
@@ -223,7 +222,8 @@ impl Aimd {
                     self.reset(|k| k.descent.clear());
                     self.reset_plateau();
                     self.rate * (1.0 + SLOW_START_GROWTH)
-                } else if let Some(probe) = self.rare.probe_mut() {
+                } else if let Some(probe) = self.probe.as_mut() {
+                    let bracket = self.known.as_ref().and_then(|k| k.bracket);
                     if let Some(dwell) = probe.dwell.as_mut() {
                         if dwell.left > 1 {
                             dwell.left -= 1;
@@ -277,7 +277,7 @@ impl Aimd {
                     } else {
                         (PROBE_AFTER * k, PROBE_AFTER_ADMITTED * u64::from(k))
                     };
-                    if self.rare.trial().is_some()
+                    if self.trial.is_some()
                         || self.k().plateau < after
                         || (!self.k().limit_weak
                             && self.k().unconfirmed.is_none()
@@ -291,19 +291,16 @@ impl Aimd {
                         self.rate
                     } else if self.dwells() {
                         let rate = self.rate * PROBE_DWELL;
-                        self.rare.put(
-                            |r| &mut r.probe,
-                            Probe {
-                                dwell: Some(Dwell {
-                                    left: dwell_windows,
-                                    since: now,
-                                }),
-                                ..Probe::new(self.rate)
-                            },
-                        );
+                        self.probe = Some(Box::new(Probe {
+                            dwell: Some(Dwell {
+                                left: dwell_windows,
+                                since: now,
+                            }),
+                            ..Probe::new(self.rate)
+                        }));
                         rate
                     } else {
-                        self.rare.put(|r| &mut r.probe, Probe::new(self.rate));
+                        self.probe = Some(Box::new(Probe::new(self.rate)));
                         self.rate + limit * PROBE_STEP
                     }
                 }
@@ -349,7 +346,7 @@ impl Aimd {
     /// dwell lasts at least twice as long. (Never shorter than the last: a
     /// bucket the dwell found part-spent ran out sooner than its burst.)
     pub(super) fn dwell_refused(&mut self, now: Instant) {
-        if let Some(dwell) = self.rare.probe().copied().and_then(|p| p.dwell) {
+        if let Some(dwell) = self.probe.as_deref().copied().and_then(|p| p.dwell) {
             let lasted = now.saturating_duration_since(dwell.since).as_secs_f64();
             let windows = (2.0 * lasted / self.window().as_secs_f64()).ceil() as u32;
             self.k_mut().dwell_windows = self.k().dwell_windows.max(windows).min(PROBE_DWELL_MAX);
@@ -363,7 +360,7 @@ impl Aimd {
     /// Whichever replica the provider refused, every replica learns alike,
     /// or the next probe would come at the least patient one's time.
     pub(super) fn fleet_refused(&mut self, now: Instant) {
-        match self.rare.probe().copied() {
+        match self.probe.as_deref().copied() {
             Some(probe) if probe.dwell.is_some() => {
                 self.dwell_refused(now);
                 self.k_mut().probe_backoff = if probe.dwelt.is_some() {
@@ -392,7 +389,7 @@ impl Aimd {
             return;
         };
         let dwell_windows = self.k().dwell_windows;
-        if let Some(probe) = self.rare.probe_mut() {
+        if let Some(probe) = self.probe.as_mut() {
             probe.pass_dwell(self.rate, now, dwell_windows + 1);
         }
         self.dwell_passed(limit, now);
@@ -444,7 +441,7 @@ impl Aimd {
         self.reset(|k| k.plateau = 0);
         self.reset(|k| k.plateau_admitted = 0);
         self.reset(|k| k.plateau_since = None);
-        self.rare.clear(|r| &mut r.probe);
+        self.probe = None;
     }
 }
 

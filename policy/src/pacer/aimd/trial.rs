@@ -115,13 +115,13 @@ pub(super) enum Verdict {
 impl Aimd {
     /// Whether a cut on ambiguous evidence awaits its verdict.
     pub fn in_trial(&self) -> bool {
-        self.rare.trial().is_some()
+        self.trial.is_some()
     }
 
     /// Counts an answer towards an open trial and acts on a verdict other
     /// than a cut.
     pub(super) fn trial_answer(&mut self, sent_at: Instant, error: bool, now: Instant) {
-        let Some(trial) = self.rare.trial_mut() else {
+        let Some(trial) = self.trial.as_mut() else {
             return;
         };
         if sent_at < trial.cut_at {
@@ -141,31 +141,31 @@ impl Aimd {
     /// Applies a trial's verdict. Returns `Some(share)` when the provider
     /// still throttles and the caller should cut again.
     pub(super) fn settle_trial(&mut self, now: Instant, error: bool) -> Option<f64> {
-        let trial = self.rare.trial().copied()?;
+        let trial = self.trial.as_deref().copied()?;
         match trial.verdict(now, error) {
             Verdict::Open => None,
             Verdict::Confirmed => {
                 // The errors stopped at the lower rate: as good as a 429.
-                self.rare.clear(|r| &mut r.trial);
+                self.trial = None;
                 self.reset(|k| k.limit_weak = false);
                 self.k_mut().unavailable_throttles = TRUSTED_THROTTLES;
                 None
             }
             Verdict::StillThrottled(share) => {
-                self.rare.clear(|r| &mut r.trial);
+                self.trial = None;
                 Some(share)
             }
             // Errors going on under a steady limit, at a rate it met twice:
             // the settle point is over it, not noise.
             Verdict::Noise if self.k().steady => {
-                self.rare.clear(|r| &mut r.trial);
+                self.trial = None;
                 Some(trial.errors / trial.answers.max(1.0))
             }
             Verdict::Noise => {
                 // The cut bought nothing: put the limit back and return to
                 // the old rate at the next clean window (never on this
                 // error — R-AI4).
-                self.rare.clear(|r| &mut r.trial);
+                self.trial = None;
                 self.reset(|k| k.unavailable_throttles = 0);
                 // A limit that rested on ambiguous errors alone goes too:
                 // they now look like this noise.
@@ -219,7 +219,7 @@ impl Aimd {
             return None;
         }
         if self.k().unavailable_throttles > 0
-            && self.rare.trial().is_none()
+            && self.trial.is_none()
             && self.k().limit.is_some()
             && self.errors.baseline().is_none()
         {
@@ -230,7 +230,7 @@ impl Aimd {
             self.reset(|k| k.limit_weak = false);
             return Some(backoff);
         }
-        if self.k().limit.is_none() && self.rare.trial().is_none() {
+        if self.k().limit.is_none() && self.trial.is_none() {
             if let Some(decided) = self.slow_start_error(sent_at, now, reason) {
                 return decided;
             }
@@ -278,7 +278,7 @@ impl Aimd {
     /// again; otherwise only an error significantly above what noise
     /// explains cuts.
     fn error_share_before(&mut self, sent_at: Instant, now: Instant) -> Option<(f64, bool)> {
-        match self.rare.trial_mut() {
+        match self.trial.as_mut() {
             Some(trial) => {
                 trial.answers += 1.0;
                 trial.errors += 1.0;
@@ -323,20 +323,17 @@ impl Aimd {
             // A limit moved on ambiguous evidence alone.
             self.k_mut().limit_weak = true;
         }
-        self.rare.put(
-            |r| &mut r.trial,
-            Trial {
-                from,
-                prev_limit,
-                prev_weak,
-                cut_at: now,
-                pre_share,
-                pre_measured,
-                base_share: self.errors.baseline().unwrap_or(0.0),
-                answers: 0.0,
-                errors: 0.0,
-            },
-        );
+        self.trial = Some(Box::new(Trial {
+            from,
+            prev_limit,
+            prev_weak,
+            cut_at: now,
+            pre_share,
+            pre_measured,
+            base_share: self.errors.baseline().unwrap_or(0.0),
+            answers: 0.0,
+            errors: 0.0,
+        }));
         backoff
     }
 }

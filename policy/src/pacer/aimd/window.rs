@@ -42,9 +42,7 @@ impl Aimd {
     /// budget is shared: saturation and the wait before a probe are
     /// measured on the one schedule, as one sluice would.
     pub fn on_admitted(&mut self, now: Instant, n: u32) {
-        if self.window_start.get().is_none() {
-            self.window_start = Moment::at(now);
-        }
+        self.window_start.get_or_insert(now);
         self.window_admitted = self.window_admitted.saturating_add(n);
     }
 
@@ -76,8 +74,7 @@ impl Aimd {
 
     /// Closes the window if it has run its length: judges latency, grows.
     pub(super) fn close_window(&mut self, now: Instant) -> Change {
-        let start = self.window_start.get().unwrap_or(now);
-        self.window_start = Moment::at(start);
+        let start = *self.window_start.get_or_insert(now);
         let elapsed = now.saturating_duration_since(start);
         if elapsed < self.window() {
             return Change::default();
@@ -109,9 +106,9 @@ impl Aimd {
             (self.window_delivered >= DELIVERED_MIN_ANSWERS)
                 .then(|| f64::from(self.window_delivered) / secs)
         };
-        self.delivered = OptF64::from(delivered);
+        self.delivered = Delivered::from(delivered);
         self.errors.roll();
-        self.window_start = Moment::at(now);
+        self.window_start = Some(now);
         self.window_admitted = 0;
         self.window_pressed = false;
         self.window_delivered = 0;
@@ -123,7 +120,7 @@ impl Aimd {
         let draining = match self.latency.judge(self.latency_factor()) {
             LatencyVerdict::Shift(_) => {
                 let backoff = self.cut(now, BackoffReason::Latency, None);
-                self.rare.clear(|r| &mut r.trial);
+                self.trial = None;
                 self.reset(|k| k.limit_weak = false);
                 return Change {
                     increased: false,
@@ -164,16 +161,12 @@ mod tests {
         saturate(&mut a, &mut t, 2);
         a.on_hold(Duration::ZERO);
         a.restore(a.rate(), None, None);
-        assert!(
-            a.rare.known().is_none(),
-            "made without pushback: {:?}",
-            a.rare.known()
-        );
+        assert!(a.known.is_none(), "made without pushback: {:?}", a.known);
         assert_eq!(a.limit(), None);
 
         a.on_throttle(t, t, BackoffReason::Throttled)
             .expect("a cut");
-        assert!(a.rare.known().is_some());
+        assert!(a.known.is_some());
         assert!(a.limit().is_some(), "the throttle placed a limit");
     }
 }

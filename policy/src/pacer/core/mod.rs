@@ -14,7 +14,6 @@ use super::fair::{Class, FairQueue, Ticket};
 use super::gcra::{interval_of, Gcra};
 use super::shared::{Proposal, SharedView, ALONE_SHARE};
 use crate::classify::{Outcome, Signal};
-use crate::compact::Moment;
 use crate::cost::Costs;
 use crate::quota::Advertised;
 use crate::settings::{ProviderSettings, ValidSettings};
@@ -47,7 +46,7 @@ pub struct PacerCore {
     gcra: Gcra,
     aimd: Aimd,
     /// Nothing is admitted before this instant (a provider's `Retry-After`).
-    hold_until: Moment,
+    hold_until: Option<Instant>,
     /// Holds begun (one that lengthens a hold still in force is the same
     /// one): names a hold, so that a run's requests waiting out one count
     /// one wait (R-RN8).
@@ -287,7 +286,7 @@ impl PacerCore {
         );
         PacerCore {
             gcra: Gcra::new(interval_of(start), settings.burst),
-            hold_until: Moment::NONE,
+            hold_until: None,
             holds: 0,
             waiting: FairQueue::default(),
             next_ticket: 0,
@@ -328,7 +327,7 @@ impl PacerCore {
     /// No hold ahead, no one waiting, no advertised quota, tokens budget,
     /// learned window or shared budget followed.
     fn nothing_followed(&self, now: Instant) -> bool {
-        self.hold_until.get().is_none_or(|h| h <= now)
+        self.hold_until.is_none_or(|h| h <= now)
             && self.waiting.is_empty()
             && self.rare.quota().is_none()
             && self.rare.tokens().is_none()
@@ -527,7 +526,7 @@ impl PacerCore {
             ceiling_rps: self.aimd.ceiling(),
             start_rps: self.settings().start_rate(),
             limit_rps: self.aimd.limit(),
-            hold_remaining: self.hold_until.get().filter(|h| *h > now).map(|h| h - now),
+            hold_remaining: self.hold_until.filter(|h| *h > now).map(|h| h - now),
             queue_len: self.waiting.len(),
             waiting_by_collector: self
                 .waiting

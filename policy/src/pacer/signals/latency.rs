@@ -5,8 +5,6 @@ use std::collections::VecDeque;
 use std::num::NonZeroU32;
 use std::time::Duration;
 
-use crate::compact::OptF64;
-
 /// Time-to-first-byte samples kept for the latency judgement.
 pub const LATENCY_SAMPLES: usize = 32;
 /// Samples needed before the quartile is judged.
@@ -33,7 +31,7 @@ pub struct LatencyWatch {
     /// `baseline_samples`: R-PF1, issue 38).
     fresh: u32,
     /// The baseline lower quartile, seconds.
-    baseline: OptF64,
+    baseline: Option<f64>,
     /// Samples behind the baseline (saturating).
     baseline_samples: u32,
     /// The quartile a backlog is draining from (infinite until the first
@@ -93,13 +91,13 @@ impl LatencyWatch {
     /// The learned baseline, once enough samples were seen.
     pub fn baseline(&self) -> Option<Duration> {
         (self.baseline_samples >= LATENCY_BASELINE_MIN_SAMPLES)
-            .then(|| self.baseline.get().map(Duration::from_secs_f64))
+            .then(|| self.baseline.map(Duration::from_secs_f64))
             .flatten()
     }
 
     /// Restores a saved baseline.
     pub fn restore(&mut self, baseline: Duration) {
-        self.baseline = OptF64::from(Some(baseline.as_secs_f64()));
+        self.baseline = Some(baseline.as_secs_f64());
         self.baseline_samples = LATENCY_BASELINE_MIN_SAMPLES;
     }
 
@@ -151,11 +149,11 @@ impl LatencyWatch {
             }
         }
         self.last_shift = None;
-        self.baseline = OptF64::from(Some(match self.baseline.get() {
+        self.baseline = Some(match self.baseline {
             None => q,
             Some(b) if q < b => b + LATENCY_ALPHA_DOWN * (q - b),
             Some(b) => b + LATENCY_ALPHA_UP * (q - b),
-        }));
+        });
         self.baseline_samples = self.baseline_samples.saturating_add(fresh);
         if self.baseline().is_some() {
             LatencyVerdict::Normal
