@@ -127,7 +127,7 @@ pub async fn forward(
     // Only for a client on this machine: the admin listener takes its
     // calls as loopback ones, which need no collector's token.
     if local && is_own_admin(app.admin, &target) {
-        return own_admin(app.admin, req).await;
+        return Box::pin(own_admin(app.admin, req)).await;
     }
     // R-PX5: an HTTP/1.1 Upgrade (WebSocket) keeps its Upgrade through the
     // stack — the handshake is one admitted request — and on 101 the two

@@ -112,7 +112,9 @@ async fn handle(
         }
     };
     if req.method() == Method::CONNECT {
-        return tunnel::connect(app, &config, req, identity).await;
+        // Boxed: a tunnel's future (TLS, interception) is kilobytes that
+        // every forwarded request would otherwise carry (R-PF1).
+        return Box::pin(tunnel::connect(app, &config, req, identity)).await;
     }
     match Target::of(req.uri()) {
         Some(target) => forward(app, &config, req, target, identity, local).await,

@@ -145,7 +145,11 @@ impl Service<Request<ProxyBody>> for Upstream {
         let this = Arc::clone(&self.0);
         Box::pin(async move {
             let (resp, checkin) = if req.headers().contains_key(http::header::UPGRADE) {
-                let resp = this.http1.request(req).await.map_err(BoxError::from);
+                // Boxed, as the rare paths below: kilobytes of future
+                // every plain request would otherwise carry (R-PF1).
+                let resp = Box::pin(this.http1.request(req))
+                    .await
+                    .map_err(BoxError::from);
                 (resp.map_err(|e| Cause::Upstream(classify(e)))?, None)
             } else {
                 this.pool
@@ -155,7 +159,7 @@ impl Service<Request<ProxyBody>> for Upstream {
             };
             let (mut parts, body) = resp.into_parts();
             let body = if dialect.is_some_and(|d| d.reads_body(parts.status, &parts.headers)) {
-                let (read, body) = UpstreamBody::read_ahead(body, ERROR_BODY_MAX).await;
+                let (read, body) = Box::pin(UpstreamBody::read_ahead(body, ERROR_BODY_MAX)).await;
                 parts.extensions.insert(ErrorBody(read));
                 body
             } else {

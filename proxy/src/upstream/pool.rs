@@ -286,13 +286,19 @@ where
             _ => return Err(NotAbsolute.into()),
         };
         loop {
+            // A new or resting connection's handshake is boxed: its
+            // future is kilobytes (the connector's, TLS's), which every
+            // request on a ready connection — the common case — would
+            // otherwise carry and copy (R-PF1).
             let (sender, reused) = match self.list.checkout(&key) {
                 Some((_, Entry::Ready(sender))) => (sender, true),
-                Some((key, Entry::Resting(resting))) => match self.wake(key, resting).await {
-                    Some(sender) => (sender, true),
-                    None => continue, // closed while resting: another
-                },
-                None => (self.connect(&key).await?, false),
+                Some((key, Entry::Resting(resting))) => {
+                    match Box::pin(self.wake(key, resting)).await {
+                        Some(sender) => (sender, true),
+                        None => continue, // closed while resting: another
+                    }
+                }
+                None => (Box::pin(self.connect(&key)).await?, false),
             };
             match sender {
                 Sender::H2(mut s) => {
