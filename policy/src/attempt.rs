@@ -102,7 +102,7 @@ impl CarriesAttempt for () {}
 impl CarriesAttempt for String {}
 
 /// What one attempt learned, in its response's extensions.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Report {
     /// From the moment the attempt held its permit (waiting inside sluice
     /// never reads as a slow provider) to the response head.
@@ -112,17 +112,39 @@ pub struct Report {
     /// Units the provider said it charged beyond the request's price (its
     /// cost header), for the run's count (R-FS2); 0 if none.
     pub charged: u32,
-    /// The quota its headers advertise, read by the provider's dialect
-    /// (R-SG1, R-PD2) — `None` when they speak for another of the
-    /// provider's budgets than the one its request drew on (R-PD1,
-    /// [`Dialect::speaks_for_another`]): not its lane's to pace by.
-    pub quota: Option<Result<Option<Advertised>, Malformed>>,
-    /// The tokens budget an LLM provider tells beside the requests one
-    /// (R-PD1), likewise read.
-    pub tokens: Option<Advertised>,
+    /// Whether its headers speak for the budget its request drew on: not
+    /// when they speak for another of the provider's budgets (R-PD1,
+    /// [`Dialect::speaks_for_another`]), which is not its lane's to pace
+    /// by.
+    own: bool,
+    /// What they advertise, where they advertise anything: boxed, so that
+    /// an answer that advertises nothing — and every layer that moves it —
+    /// carries 8 bytes, not 168 (R-PF1, issue 38).
+    advertised: Option<Box<Advertising>>,
+}
+
+/// The quota and the tokens budget an answer's headers advertise.
+#[derive(Debug, Clone, PartialEq)]
+struct Advertising {
+    quota: Result<Option<Advertised>, Malformed>,
+    tokens: Option<Advertised>,
 }
 
 impl Report {
+    /// The quota its headers advertise, read by the provider's dialect
+    /// (R-SG1, R-PD2): `None` when they speak for another of the
+    /// provider's budgets than the one its request drew on (R-PD1).
+    pub fn quota(&self) -> Option<Result<Option<Advertised>, Malformed>> {
+        self.own
+            .then(|| self.advertised.as_ref().map_or(Ok(None), |a| a.quota))
+    }
+
+    /// The tokens budget an LLM provider tells beside the requests one
+    /// (R-PD1), likewise read.
+    pub fn tokens(&self) -> Option<Advertised> {
+        self.advertised.as_ref().and_then(|a| a.tokens)
+    }
+
     /// The report of `resp`, if a measuring layer stamped one.
     pub fn of<R: CarriesReport>(resp: &http::Response<R>) -> Option<&Report> {
         R::report(resp)
@@ -148,16 +170,27 @@ impl Report {
         let body = resp.extensions().get::<ErrorBody>().map(|b| &b.0[..]);
         let outcome = dialect.classify(resp.status(), resp.headers(), body, now_wall);
         let own = !dialect.speaks_for_another(resp.headers(), lane);
-        let quota = own.then(|| crate::quota::advertised_by(dialect, resp.headers(), now_wall));
-        let tokens = own
-            .then(|| crate::quota::tokens_by(dialect, resp.headers(), now_wall))
-            .flatten();
+        let advertised = own
+            .then(|| Advertising {
+                quota: crate::quota::advertised_by(dialect, resp.headers(), now_wall),
+                tokens: crate::quota::tokens_by(dialect, resp.headers(), now_wall),
+            })
+            .filter(|a| {
+                !matches!(
+                    a,
+                    Advertising {
+                        quota: Ok(None),
+                        tokens: None
+                    }
+                )
+            })
+            .map(Box::new);
         let report = Report {
             ttfb,
             outcome,
             charged: 0,
-            quota,
-            tokens,
+            own,
+            advertised,
         };
         R::set_report(resp, report);
         outcome

@@ -117,7 +117,7 @@ impl<R: CarriesReport> OnAnswer<R> for Answered {
             // As the dialect read it (none when the headers speak for
             // another of the provider's budgets, R-PD1).
             (quota, tokens) = match Report::of(resp) {
-                Some(report) => (report.quota, report.tokens),
+                Some(report) => (report.quota(), report.tokens()),
                 None => (
                     Some(quota::advertised(resp.headers(), SystemTime::now())),
                     None,

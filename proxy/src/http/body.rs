@@ -229,13 +229,10 @@ where
 /// [`ERROR_BODY_MAX`]: sluice_policy::classify::dialect::ERROR_BODY_MAX
 #[derive(Debug)]
 pub struct UpstreamBody {
-    /// What was read ahead, not yet sent on.
-    head: Option<Bytes>,
-    /// A trailers frame met while reading ahead, sent after the head.
-    trailers: Option<http::HeaderMap>,
-    /// A failure met while reading ahead, reported after the head, where
-    /// it came.
-    error: Option<hyper::Error>,
+    /// What was read ahead and is still to send, for a body its dialect
+    /// read the start of: boxed, as most bodies are streamed as they come
+    /// and every layer moves the answer (R-PF1, issue 38).
+    ahead: Option<Box<Ahead>>,
     /// The rest; `None` once it ended while reading ahead.
     rest: Option<Incoming>,
     /// Whether it failed (read ahead or streamed): its connection is not
@@ -284,13 +281,23 @@ impl Drop for UpstreamBody {
     }
 }
 
+/// What a body read ahead has still to send, in order.
+#[derive(Debug, Default)]
+struct Ahead {
+    /// What was read ahead, not yet sent on.
+    head: Option<Bytes>,
+    /// A trailers frame met while reading ahead, sent after the head.
+    trailers: Option<http::HeaderMap>,
+    /// A failure met while reading ahead, reported after the head, where
+    /// it came.
+    error: Option<hyper::Error>,
+}
+
 impl UpstreamBody {
     /// A body streamed as it comes.
     pub fn stream(body: Incoming) -> Self {
         UpstreamBody {
-            head: None,
-            trailers: None,
-            error: None,
+            ahead: None,
             rest: Some(body),
             failed: false,
             ended: false,
@@ -341,11 +348,13 @@ impl UpstreamBody {
         (
             read,
             UpstreamBody {
-                head: (!head.is_empty()).then_some(head),
-                trailers,
                 failed: error.is_some(),
                 ended: rest.is_none(),
-                error,
+                ahead: Some(Box::new(Ahead {
+                    head: (!head.is_empty()).then_some(head),
+                    trailers,
+                    error,
+                })),
                 rest: rest.map(|()| body),
                 checkin: None,
                 report: None,
@@ -364,14 +373,17 @@ impl Body for UpstreamBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         let this = self.get_mut();
-        if let Some(head) = this.head.take() {
-            return Poll::Ready(Some(Ok(Frame::data(head))));
-        }
-        if let Some(trailers) = this.trailers.take() {
-            return Poll::Ready(Some(Ok(Frame::trailers(trailers))));
-        }
-        if let Some(e) = this.error.take() {
-            return Poll::Ready(Some(Err(e)));
+        if let Some(ahead) = this.ahead.as_deref_mut() {
+            if let Some(head) = ahead.head.take() {
+                return Poll::Ready(Some(Ok(Frame::data(head))));
+            }
+            if let Some(trailers) = ahead.trailers.take() {
+                return Poll::Ready(Some(Ok(Frame::trailers(trailers))));
+            }
+            if let Some(e) = ahead.error.take() {
+                return Poll::Ready(Some(Err(e)));
+            }
+            this.ahead = None;
         }
         let Some(rest) = &mut this.rest else {
             return Poll::Ready(None);
@@ -386,14 +398,18 @@ impl Body for UpstreamBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.head.is_none()
-            && self.trailers.is_none()
-            && self.error.is_none()
+        self.ahead
+            .as_deref()
+            .is_none_or(|a| a.head.is_none() && a.trailers.is_none() && a.error.is_none())
             && self.rest.as_ref().is_none_or(|r| r.is_end_stream())
     }
 
     fn size_hint(&self) -> SizeHint {
-        let head = self.head.as_ref().map_or(0, |h| h.len() as u64);
+        let head = self
+            .ahead
+            .as_deref()
+            .and_then(|a| a.head.as_ref())
+            .map_or(0, |h| h.len() as u64);
         let rest = self
             .rest
             .as_ref()

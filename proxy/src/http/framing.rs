@@ -194,16 +194,28 @@ impl Scan {
                     };
                 }
                 State::Head | State::ChunkSize | State::ChunkEnd | State::Trailers => {
-                    let Some(end) = bytes.iter().position(|&b| b == b'\n') else {
+                    let Some(end) = memchr::memchr(b'\n', bytes) else {
                         self.keep(bytes);
                         break;
                     };
-                    self.keep(&bytes[..end]);
-                    bytes = &bytes[end + 1..];
-                    if let Some(index) = self.line_ended() {
+                    let ended = if self.line.is_empty() && !self.line_cut {
+                        // The whole line is in this read (the usual case):
+                        // read where it lies, not copied.
+                        let line = &bytes[..end];
+                        let cut = line.len() > LINE_KEPT;
+                        self.line_ended(&line[..line.len().min(LINE_KEPT)], cut)
+                    } else {
+                        self.keep(&bytes[..end]);
+                        let line = std::mem::take(&mut self.line);
+                        let ended = self.line_ended(&line, self.line_cut);
+                        self.line = line;
+                        self.line.clear();
+                        ended
+                    };
+                    if let Some(index) = ended {
                         found.get_or_insert(index);
                     }
-                    self.line.clear();
+                    bytes = &bytes[end + 1..];
                     self.line_cut = false;
                 }
             }
@@ -219,12 +231,13 @@ impl Scan {
         self.line.extend_from_slice(&bytes[..bytes.len().min(room)]);
     }
 
-    /// Acts on a whole line; returns the head's index if it ended with
-    /// both lengths.
-    fn line_ended(&mut self) -> Option<u64> {
-        let line = self.line.strip_suffix(b"\r").unwrap_or(&self.line);
+    /// Acts on a whole line (kept up to [`LINE_KEPT`] bytes; `cut` if it
+    /// was longer); returns the head's index if it ended with both
+    /// lengths.
+    fn line_ended(&mut self, line: &[u8], cut: bool) -> Option<u64> {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
         match self.state {
-            State::Head => return self.head_line(),
+            State::Head => return self.head_line(line, cut),
             State::ChunkSize => {
                 let size = line
                     .split(|&b| b == b';' || b == b' ' || b == b'\t')
@@ -232,7 +245,7 @@ impl Scan {
                     .and_then(|s| std::str::from_utf8(s).ok())
                     .and_then(|s| u64::from_str_radix(s, 16).ok());
                 self.state = match size {
-                    _ if self.line_cut => State::Done,
+                    _ if cut => State::Done,
                     Some(0) => State::Trailers,
                     Some(n) => State::ChunkData(n),
                     None => State::Done,
@@ -255,8 +268,7 @@ impl Scan {
         None
     }
 
-    fn head_line(&mut self) -> Option<u64> {
-        let line = self.line.strip_suffix(b"\r").unwrap_or(&self.line);
+    fn head_line(&mut self, line: &[u8], cut: bool) -> Option<u64> {
         if !self.head.started {
             // Empty lines before a request line are allowed (RFC 9112 §2.2).
             if line.is_empty() {
@@ -265,7 +277,7 @@ impl Scan {
             self.head.started = true;
             let connect = line.starts_with(b"CONNECT ");
             let http2 = line.ends_with(b" HTTP/2.0");
-            if connect || http2 || self.line_cut {
+            if connect || http2 || cut {
                 self.state = State::Done;
             }
             self.head.leaves_http1 = connect || http2;
@@ -282,11 +294,11 @@ impl Scan {
         let (name, value) = (&line[..colon], trim(&line[colon + 1..]));
         if name.eq_ignore_ascii_case(b"content-length") {
             match std::str::from_utf8(value).ok().and_then(|v| v.parse().ok()) {
-                Some(n) if !self.line_cut => self.head.content_length = Some(n),
+                Some(n) if !cut => self.head.content_length = Some(n),
                 _ => self.state = State::Done,
             }
         } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
-            if self.line_cut {
+            if cut {
                 self.state = State::Done;
             }
             self.head.transfer_encoding = true;
@@ -393,6 +405,28 @@ POST http://a/ HTTP/1.1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r
 POST http://a/ HTTP/1.1\r\nContent-Length: 2\r\n\r\nok\
 POST http://a/ HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n";
         for found in every_split(stream) {
+            assert!(found.is_empty());
+        }
+    }
+
+    /// A line longer than what is kept: a header that decides no length
+    /// is passed over, whether the line arrives whole or in pieces; a
+    /// framing header cut short ends the watch.
+    #[test]
+    fn long_lines_are_kept_in_part_however_they_arrive() {
+        let long = "x".repeat(LINE_KEPT * 2);
+        let stream = format!(
+            "GET http://a/ HTTP/1.1\r\nX-Long: {long}\r\n\r\n\
+POST http://a/ HTTP/1.1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n"
+        );
+        for found in every_split(stream.as_bytes()) {
+            assert_eq!(found, vec![1]);
+        }
+        let cut = format!(
+            "POST http://a/ HTTP/1.1\r\nTransfer-Encoding: {long}, chunked\r\n\r\n\
+POST http://a/ HTTP/1.1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n"
+        );
+        for found in every_split(cut.as_bytes()) {
             assert!(found.is_empty());
         }
     }

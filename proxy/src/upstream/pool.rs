@@ -64,10 +64,29 @@ pub const DEFAULT_MAX_IDLE: usize = 256;
 pub const READY_IDLE: usize = 32;
 
 /// What a pooled connection is reached by: scheme and authority.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 struct Key {
     scheme: Scheme,
     authority: Authority,
+}
+
+/// Hashed as two writes, case folded as their (case-insensitive) equality
+/// is — not a write a byte, as `Authority`'s own hash makes: a request's
+/// checkout, return and look-up hash its key three times (R-PF1, issue
+/// 38).
+impl std::hash::Hash for Key {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        fn folded<H: std::hash::Hasher>(s: &str, state: &mut H) {
+            if s.bytes().any(|b| b.is_ascii_uppercase()) {
+                state.write(s.to_ascii_lowercase().as_bytes());
+            } else {
+                state.write(s.as_bytes());
+            }
+            state.write_u8(0xff);
+        }
+        folded(self.scheme.as_str(), state);
+        folded(self.authority.as_str(), state);
+    }
 }
 
 impl Key {
@@ -739,6 +758,24 @@ pub fn is_connect(err: &(dyn StdError + 'static)) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A key's hash folds case as its equality does: `HOST.test` and
+    /// `host.test` reach one pooled connection.
+    #[test]
+    fn keys_equal_in_any_case_hash_alike() {
+        use std::hash::BuildHasher;
+        let key = |scheme: &str, authority: &str| Key {
+            scheme: scheme.parse().unwrap(),
+            authority: authority.parse().unwrap(),
+        };
+        let hasher = std::collections::hash_map::RandomState::new();
+        let (a, b) = (key("http", "Host.TEST:8080"), key("http", "host.test:8080"));
+        assert_eq!(a, b);
+        assert_eq!(hasher.hash_one(&a), hasher.hash_one(&b));
+        let c = key("https", "host.test:8080");
+        assert_ne!(a, c);
+        assert_ne!(hasher.hash_one(&a), hasher.hash_one(&c));
+    }
 
     fn sent_as(uri: &str, host: Option<&str>) -> (String, String) {
         let uri: Uri = uri.parse().unwrap();
