@@ -63,7 +63,7 @@ fn fingerprint(state: &LearnedState, used: Duration, now: Instant, epoch: Instan
 /// table and its kept states grow to tens of thousands and empty again,
 /// and a map keeps its largest size otherwise (R-PF1, issue 38: 0.3 KB a
 /// host 15 s after 10,000 hosts, none of them live).
-fn shrink<K: Eq + std::hash::Hash, V>(map: &mut HashMap<K, V>) {
+fn shrink<K: Eq + std::hash::Hash, V, S: std::hash::BuildHasher>(map: &mut HashMap<K, V, S>) {
     if map.capacity() > 4 * map.len().max(64) {
         map.shrink_to(2 * map.len());
     }
@@ -156,6 +156,10 @@ pub fn recall(store: Arc<Store>) -> Recall {
         })
     })
 }
+
+/// The providers by name: hashed with foldhash (seeded per process), not
+/// SipHash — every request looks its provider up (R-PF1, issue 38).
+type Table = HashMap<Arc<str>, Arc<Provider>, foldhash::fast::RandomState>;
 
 /// The provider every unknown host shares once the table is full.
 pub const OVERFLOW: &str = "_overflow";
@@ -311,7 +315,7 @@ pub struct Providers {
     /// When a full table last looked for room (ms since `epoch`).
     room_sought: AtomicU64,
     rules: RwLock<Rules>,
-    entries: Mutex<HashMap<Arc<str>, Arc<Provider>>>,
+    entries: Mutex<Table>,
     kept: Mutex<HashMap<String, Kept>>,
     upstream: Upstream,
     observer: Option<Arc<dyn Observer>>,
@@ -339,7 +343,7 @@ impl Providers {
             epoch: Instant::now(),
             room_sought: AtomicU64::new(0),
             rules: RwLock::new(Rules::of(config)),
-            entries: Mutex::new(HashMap::new()),
+            entries: Mutex::new(Table::default()),
             kept: Mutex::new(HashMap::new()),
             upstream,
             observer,
@@ -366,17 +370,13 @@ impl Providers {
         self.rules.read().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn entries(&self) -> std::sync::MutexGuard<'_, HashMap<Arc<str>, Arc<Provider>>> {
+    fn entries(&self) -> std::sync::MutexGuard<'_, Table> {
         self.entries.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The live provider for a host — the named provider it belongs to, or
     /// the host's own — found without copying a name.
-    fn find_live(
-        &self,
-        entries: &HashMap<Arc<str>, Arc<Provider>>,
-        host: &str,
-    ) -> Option<Arc<Provider>> {
+    fn find_live(&self, entries: &Table, host: &str) -> Option<Arc<Provider>> {
         let host = normalise_host(host);
         let rules = self.rules();
         let name = rules.named_for(&host).map_or(&*host, |p| p.name.as_str());
@@ -652,7 +652,7 @@ impl Providers {
     /// that learned nothing — at most every 100 ms: each look is a pass
     /// over the table, and a crawl past `max_providers` asks for room with
     /// every new host (a pass over 100,000 providers for each, before).
-    fn make_room(&self, entries: &mut HashMap<Arc<str>, Arc<Provider>>, now: Instant) {
+    fn make_room(&self, entries: &mut Table, now: Instant) {
         let ms = now.saturating_duration_since(self.epoch).as_millis() as u64;
         let last = self.room_sought.load(Ordering::Relaxed);
         if last != 0 && ms.saturating_sub(last) < 100 {
@@ -684,11 +684,7 @@ impl Providers {
 
     /// Evicts providers idle for `provider_idle`; the labels of their own
     /// that they held.
-    fn evict_idle(
-        &self,
-        entries: &mut HashMap<Arc<str>, Arc<Provider>>,
-        now: Instant,
-    ) -> Vec<Arc<str>> {
+    fn evict_idle(&self, entries: &mut Table, now: Instant) -> Vec<Arc<str>> {
         let rules = self.rules();
         let idle = rules.limits.provider_idle;
         let mut kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
@@ -726,11 +722,7 @@ impl Providers {
     /// sidecar's few providers, each watched on the admin page and in
     /// `sluice status`, and one polled every 30 s would flicker out of
     /// sight between polls.
-    fn let_go_quiet(
-        &self,
-        entries: &mut HashMap<Arc<str>, Arc<Provider>>,
-        now: Instant,
-    ) -> Vec<Arc<str>> {
+    fn let_go_quiet(&self, entries: &mut Table, now: Instant) -> Vec<Arc<str>> {
         let rules = self.rules();
         let mut gone = Vec::new();
         if entries.len() <= rules.limits.max_metric_providers {

@@ -55,6 +55,27 @@ impl HostPattern {
     }
 }
 
+/// The port an authority (`host[:port]`, no userinfo) writes, if any: what
+/// follows its last `:` outside an IPv6 literal's brackets. One scan from
+/// the end — `Authority::port_u16` searches the string each call, and a
+/// request asked it four times (R-PF1, issue 38).
+pub fn written_port(authority: &str) -> Option<&str> {
+    let bytes = authority.as_bytes();
+    for i in (0..bytes.len()).rev() {
+        match bytes[i] {
+            b':' => return Some(&authority[i + 1..]),
+            b']' => return None,
+            _ => {}
+        }
+    }
+    None
+}
+
+/// The port an authority writes, as a number, if it writes a valid one.
+pub fn port_of(authority: &str) -> Option<u16> {
+    written_port(authority).and_then(|p| p.parse().ok())
+}
+
 /// Lower case, no trailing dot, no IPv6 brackets. Borrowed when the host
 /// already is (almost every request: issue 24 counted two copies a
 /// request).

@@ -222,15 +222,11 @@ pub async fn forward(
 /// Whether `target` is this sluice's own admin listener: its address, or
 /// a loopback name for it where it listens on loopback or everywhere.
 fn is_own_admin(admin: std::net::SocketAddr, target: &Target) -> bool {
-    let port = target
-        .authority
-        .port_u16()
-        .unwrap_or(if target.scheme == Scheme::HTTPS {
-            443
-        } else {
-            80
-        });
-    if target.scheme != Scheme::HTTP || port != admin.port() {
+    if target.scheme != Scheme::HTTP {
+        return false;
+    }
+    let port = crate::config::port_of(target.authority.as_str()).unwrap_or(80);
+    if port != admin.port() {
         return false;
     }
     let host = normalise_host(target.authority.host());

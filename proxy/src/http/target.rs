@@ -6,29 +6,23 @@ use http::request::Parts;
 use http::uri::{Authority, Scheme};
 use http::{StatusCode, Uri};
 
+use crate::config::written_port;
 use crate::http::edge::{ErrorType, Refusal};
 
 /// A port is written but is not 1 to 65535.
 pub(super) fn invalid_port(authority: &Authority) -> bool {
-    let s = authority.as_str();
-    // After an IPv6 literal's closing bracket, if any.
-    let tail = s.rsplit_once(']').map_or(s, |(_, t)| t);
-    match tail.rsplit_once(':') {
-        Some((_, port)) => !matches!(port.parse::<u16>(), Ok(p) if p != 0),
-        None => false,
-    }
+    written_port(authority.as_str()).is_some_and(|p| !matches!(p.parse::<u16>(), Ok(p) if p != 0))
 }
 
 /// `authority` without the port when it is `scheme`'s default (`host:443`
 /// for https is `host`).
 fn without_default_port(scheme: &Scheme, authority: &Authority) -> Authority {
     let default = if *scheme == Scheme::HTTPS { 443 } else { 80 };
-    match authority.port_u16() {
-        Some(p) if p == default => authority
-            .as_str()
-            .rsplit_once(':')
-            .and_then(|(host, _)| host.parse().ok())
-            .unwrap_or_else(|| authority.clone()),
+    let s = authority.as_str();
+    match written_port(s) {
+        Some(p) if p.parse() == Ok(default) => s[..s.len() - p.len() - 1]
+            .parse()
+            .unwrap_or_else(|_| authority.clone()),
         _ => authority.clone(),
     }
 }
@@ -122,6 +116,28 @@ pub(super) fn address(parts: &mut Parts, target: &Target) -> Result<(), Refusal>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The written port: after the last `:` outside an IPv6 literal's
+    /// brackets, as `Authority::port` reads it.
+    #[test]
+    fn written_ports() {
+        for (authority, port) in [
+            ("h.test", None),
+            ("h.test:8080", Some("8080")),
+            ("h.test:", Some("")),
+            ("[::1]", None),
+            ("[::1]:443", Some("443")),
+            ("127.0.0.1:9", Some("9")),
+        ] {
+            assert_eq!(written_port(authority), port, "{authority}");
+            let parsed: Authority = authority.parse().unwrap();
+            assert_eq!(
+                crate::config::port_of(authority),
+                parsed.port_u16(),
+                "{authority}"
+            );
+        }
+    }
 
     #[test]
     fn invalid_ports() {

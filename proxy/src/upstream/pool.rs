@@ -63,6 +63,11 @@ pub const DEFAULT_MAX_IDLE: usize = 256;
 /// socket; an HTTP/2 one is closed once its streams end.
 pub const READY_IDLE: usize = 32;
 
+/// Each destination's entries, most recent last: hashed with foldhash
+/// (seeded per process), not SipHash — a request looks its key up three
+/// times (R-PF1, issue 38).
+type KeyMap = HashMap<Key, Vec<u64>, foldhash::fast::RandomState>;
+
 /// What a pooled connection is reached by: scheme and authority.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Key {
@@ -198,7 +203,7 @@ struct State<B> {
     /// used, a sequence number: the first is the least recently used.
     idle: BTreeMap<u64, Idle<B>>,
     /// Each destination's entries in `idle`, most recent last.
-    by_key: HashMap<Key, Vec<u64>>,
+    by_key: KeyMap,
     /// The ready entries of `idle`, oldest first: beyond [`READY_IDLE`],
     /// the oldest rests (HTTP/1.1) or is closed (HTTP/2).
     ready: VecDeque<u64>,
@@ -269,7 +274,7 @@ where
                 idle_timeout,
                 state: Mutex::new(State {
                     idle: BTreeMap::new(),
-                    by_key: HashMap::new(),
+                    by_key: KeyMap::default(),
                     ready: VecDeque::new(),
                     resting: 0,
                     seq: 0,
@@ -645,7 +650,7 @@ impl<B> State<B> {
 }
 
 /// Removes `at` from `key`'s list (in order, most recent last).
-fn forget(by_key: &mut HashMap<Key, Vec<u64>>, key: &Key, at: u64) {
+fn forget(by_key: &mut KeyMap, key: &Key, at: u64) {
     if let Some(seqs) = by_key.get_mut(key) {
         if let Ok(i) = seqs.binary_search(&at) {
             seqs.remove(i);
@@ -681,10 +686,10 @@ fn authority_for_host<'a>(a: &'a Authority, uri: &Uri) -> &'a str {
         Some("http") => Some(80),
         _ => None,
     };
-    if a.port_u16().is_some() && a.port_u16() == default {
-        a.host()
-    } else {
-        a.as_str()
+    let s = a.as_str();
+    match crate::config::written_port(s) {
+        Some(p) if default.is_some() && p.parse().ok() == default => &s[..s.len() - p.len() - 1],
+        _ => s,
     }
 }
 
