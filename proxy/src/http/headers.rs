@@ -11,9 +11,8 @@ use crate::http::edge::{ErrorType, Refusal};
 const VIA: &str = "1.1 sluice";
 
 /// Headers that belong to one connection, never forwarded (RFC 9110
-/// §7.6.1), besides those named in `Connection`. Names, not strings: a
-/// string is parsed again at every look-up; a `static`, not a `const`,
-/// which every use would build and drop again.
+/// §7.6.1), besides those named in `Connection`.
+#[cfg(test)]
 static HOP_BY_HOP: [HeaderName; 9] = [
     header::CONNECTION,
     HeaderName::from_static("keep-alive"),
@@ -26,11 +25,30 @@ static HOP_BY_HOP: [HeaderName; 9] = [
     header::UPGRADE,
 ];
 
+/// Whether `name` is one of the hop-by-hop headers: a `match` on the
+/// lower-case name, which compiles to a look at its length and then one
+/// comparison — not nine `HeaderName` comparisons for every header of
+/// every head (R-PF1, issue 38).
+fn hop_by_hop(name: &HeaderName) -> bool {
+    matches!(
+        name.as_str(),
+        "connection"
+            | "keep-alive"
+            | "proxy-connection"
+            | "proxy-authenticate"
+            | "proxy-authorization"
+            | "te"
+            | "trailer"
+            | "transfer-encoding"
+            | "upgrade"
+    )
+}
+
 /// Removes hop-by-hop headers, including those `Connection` names.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     // One pass over the names decides; a head without any (most answers)
     // is left as it is.
-    if !headers.keys().any(|k| HOP_BY_HOP.contains(k)) {
+    if !headers.keys().any(hop_by_hop) {
         return;
     }
     if headers.contains_key(header::CONNECTION) {
@@ -44,7 +62,7 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
             .map(str::trim)
             .filter(|t| !t.eq_ignore_ascii_case("close") && !t.eq_ignore_ascii_case("keep-alive"))
             .filter_map(|t| HeaderName::from_bytes(t.as_bytes()).ok())
-            .filter(|n| !HOP_BY_HOP.contains(n))
+            .filter(|n| !hop_by_hop(n))
             .collect();
         for name in named {
             headers.remove(name);
@@ -52,7 +70,7 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
     // Only the names present (usually one, `Connection`): removing an
     // absent one costs a hashed look-up each, nine a head.
-    while let Some(name) = headers.keys().find(|k| HOP_BY_HOP.contains(k)).cloned() {
+    while let Some(name) = headers.keys().find(|k| hop_by_hop(k)).cloned() {
         headers.remove(&name);
     }
 }

@@ -75,26 +75,38 @@ struct Key {
     authority: Authority,
 }
 
-/// Hashed as two writes, case folded as their (case-insensitive) equality
-/// is — not a write a byte, as `Authority`'s own hash makes: a request's
-/// checkout, return and look-up hash its key three times (R-PF1, issue
-/// 38).
+/// Hashed as two writes of its bytes — not a write a byte, as
+/// `Authority`'s own (case-folding) hash makes: a request's checkout,
+/// return and look-up hash its key three times (R-PF1, issue 38). Every
+/// key is lower case ([`Key::of`]), so equal keys hash alike.
 impl std::hash::Hash for Key {
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        fn folded<H: std::hash::Hasher>(s: &str, state: &mut H) {
-            if s.bytes().any(|b| b.is_ascii_uppercase()) {
-                state.write(s.to_ascii_lowercase().as_bytes());
-            } else {
-                state.write(s.as_bytes());
-            }
-            state.write_u8(0xff);
-        }
-        folded(self.scheme.as_str(), state);
-        folded(self.authority.as_str(), state);
+        state.write(self.scheme.as_str().as_bytes());
+        state.write_u8(0xff);
+        state.write(self.authority.as_str().as_bytes());
     }
 }
 
 impl Key {
+    /// The key of a request to `uri`, if absolute: lower case (an upper
+    /// case letter is rare, and folded here once).
+    fn of(uri: &Uri) -> Option<Key> {
+        let (scheme, authority) = (uri.scheme()?, uri.authority()?);
+        let lower = |s: &str| !s.bytes().any(|b| b.is_ascii_uppercase());
+        Some(Key {
+            scheme: if lower(scheme.as_str()) {
+                scheme.clone()
+            } else {
+                scheme.as_str().to_ascii_lowercase().parse().ok()?
+            },
+            authority: if lower(authority.as_str()) {
+                authority.clone()
+            } else {
+                authority.as_str().to_ascii_lowercase().parse().ok()?
+            },
+        })
+    }
+
     /// The key with its own bytes: a request's authority shares the
     /// buffer its head was read into (8 KiB), which a connection's key
     /// would keep for as long as the connection is pooled.
@@ -302,12 +314,8 @@ where
         mut req: Request<B>,
     ) -> Result<(Response<Incoming>, Option<Checkin<B>>), BoxError> {
         let uri = req.uri().clone();
-        let key = match (uri.scheme(), uri.authority()) {
-            (Some(s), Some(a)) => Key {
-                scheme: s.clone(),
-                authority: a.clone(),
-            },
-            _ => return Err(NotAbsolute.into()),
+        let Some(key) = Key::of(&uri) else {
+            return Err(NotAbsolute.into());
         };
         loop {
             // A new or resting connection's handshake is boxed: its
@@ -764,17 +772,17 @@ pub fn is_connect(err: &(dyn StdError + 'static)) -> bool {
 mod tests {
     use super::*;
 
-    /// A key's hash folds case as its equality does: `HOST.test` and
-    /// `host.test` reach one pooled connection.
+    /// A request's key is folded to lower case, so that its hash agrees
+    /// with its (case-insensitive) equality: `HOST.test` and `host.test`
+    /// reach one pooled connection.
     #[test]
     fn keys_equal_in_any_case_hash_alike() {
         use std::hash::BuildHasher;
-        let key = |scheme: &str, authority: &str| Key {
-            scheme: scheme.parse().unwrap(),
-            authority: authority.parse().unwrap(),
+        let key = |scheme: &str, authority: &str| {
+            Key::of(&format!("{scheme}://{authority}/").parse().unwrap()).unwrap()
         };
         let hasher = std::collections::hash_map::RandomState::new();
-        let (a, b) = (key("http", "Host.TEST:8080"), key("http", "host.test:8080"));
+        let (a, b) = (key("HTTP", "Host.TEST:8080"), key("http", "host.test:8080"));
         assert_eq!(a, b);
         assert_eq!(hasher.hash_one(&a), hasher.hash_one(&b));
         let c = key("https", "host.test:8080");
