@@ -221,6 +221,8 @@ struct State<B> {
     ready: VecDeque<u64>,
     /// Resting entries in `idle`.
     resting: usize,
+    /// Destinations in `by_key` with no entry now (see [`State::forget`]).
+    emptied: usize,
     seq: u64,
 }
 
@@ -289,6 +291,7 @@ where
                     by_key: KeyMap::default(),
                     ready: VecDeque::new(),
                     resting: 0,
+                    emptied: 0,
                     seq: 0,
                 }),
                 closed: AtomicU64::new(0),
@@ -512,7 +515,7 @@ impl<B> IdleList<B> {
         loop {
             let at = *s.by_key.get(key)?.last()?;
             let Some(idle) = s.take(at) else {
-                forget(&mut s.by_key, key, at);
+                s.forget(key, at);
                 continue;
             };
             if idle.entry.is_closed() {
@@ -629,7 +632,17 @@ impl<B> State<B> {
     /// Lists `idle` at `at`, in order among its destination's entries
     /// (and the ready ones).
     fn put(&mut self, at: u64, idle: Idle<B>) {
-        let seqs = self.by_key.entry(idle.key.clone()).or_default();
+        // Its destination's list is usually there (kept empty while its
+        // one connection is in use): found without a copy of the key.
+        let seqs = match self.by_key.get_mut(&idle.key) {
+            Some(seqs) => {
+                if seqs.is_empty() {
+                    self.emptied -= 1;
+                }
+                seqs
+            }
+            None => self.by_key.entry(idle.key.clone()).or_default(),
+        };
         seqs.insert(seqs.partition_point(|s| *s < at), at);
         match idle.entry {
             Entry::Ready(_) => {
@@ -641,10 +654,33 @@ impl<B> State<B> {
         self.idle.insert(at, idle);
     }
 
+    /// Removes `at` from `key`'s list (in order, most recent last). An
+    /// emptied list stays, for the connection's return (a request on one
+    /// connection would otherwise drop and make its destination's list
+    /// each time: R-PF1, issue 38) — until emptied lists are most of
+    /// them, when they all go: a broad crawl's destinations leave at most
+    /// as many behind as are listed, and the sweep's cost is shared by
+    /// the lists it drops.
+    fn forget(&mut self, key: &Key, at: u64) {
+        let Some(seqs) = self.by_key.get_mut(key) else {
+            return;
+        };
+        if let Ok(i) = seqs.binary_search(&at) {
+            seqs.remove(i);
+            if seqs.is_empty() {
+                self.emptied += 1;
+            }
+        }
+        if self.emptied > EMPTY_KEPT && 2 * self.emptied > self.by_key.len() {
+            self.by_key.retain(|_, s| !s.is_empty());
+            self.emptied = 0;
+        }
+    }
+
     /// Takes the entry at `at` out of the list.
     fn take(&mut self, at: u64) -> Option<Idle<B>> {
         let idle = self.idle.remove(&at)?;
-        forget(&mut self.by_key, &idle.key, at);
+        self.forget(&idle.key, at);
         match idle.entry {
             Entry::Ready(_) => {
                 if let Ok(i) = self.ready.binary_search(&at) {
@@ -657,17 +693,8 @@ impl<B> State<B> {
     }
 }
 
-/// Removes `at` from `key`'s list (in order, most recent last).
-fn forget(by_key: &mut KeyMap, key: &Key, at: u64) {
-    if let Some(seqs) = by_key.get_mut(key) {
-        if let Ok(i) = seqs.binary_search(&at) {
-            seqs.remove(i);
-        }
-        if seqs.is_empty() {
-            by_key.remove(key);
-        }
-    }
-}
+/// Emptied destinations' lists kept at least (see [`State::forget`]).
+const EMPTY_KEPT: usize = 64;
 
 /// An HTTP/1.1 request goes out in origin form, with a `Host` header
 /// (the client's, or the URI's authority).
