@@ -76,6 +76,13 @@ pub fn port_of(authority: &str) -> Option<u16> {
     written_port(authority).and_then(|p| p.parse().ok())
 }
 
+/// The authority without its port, if the port it writes is `port` (a
+/// scheme's default: `host:443` for https is `host`).
+pub fn without_port(authority: &str, port: u16) -> Option<&str> {
+    let written = written_port(authority)?;
+    (written.parse() == Ok(port)).then(|| &authority[..authority.len() - written.len() - 1])
+}
+
 /// Lower case, no trailing dot, no IPv6 brackets. Borrowed when the host
 /// already is (almost every request: issue 24 counted two copies a
 /// request).

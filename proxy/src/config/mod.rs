@@ -41,7 +41,7 @@ use serde::Deserialize;
 use sluice_policy::{ProviderSettings, ValidSettings};
 
 pub use self::build::{DEFAULT_WEIGHT, RESTART_ONLY};
-pub use self::hosts::{normalise_host, port_of, written_port, HostPattern};
+pub use self::hosts::{normalise_host, port_of, without_port, written_port, HostPattern};
 pub use self::model::*;
 use self::raw::*;
 pub use self::raw::{parse_duration, parse_listener, BadDuration, Dur};

@@ -6,7 +6,7 @@ use http::request::Parts;
 use http::uri::{Authority, Scheme};
 use http::{StatusCode, Uri};
 
-use crate::config::written_port;
+use crate::config::{without_port, written_port};
 use crate::http::edge::{ErrorType, Refusal};
 
 /// A port is written but is not 1 to 65535.
@@ -18,13 +18,9 @@ pub(super) fn invalid_port(authority: &Authority) -> bool {
 /// for https is `host`).
 fn without_default_port(scheme: &Scheme, authority: &Authority) -> Authority {
     let default = if *scheme == Scheme::HTTPS { 443 } else { 80 };
-    let s = authority.as_str();
-    match written_port(s) {
-        Some(p) if p.parse() == Ok(default) => s[..s.len() - p.len() - 1]
-            .parse()
-            .unwrap_or_else(|_| authority.clone()),
-        _ => authority.clone(),
-    }
+    without_port(authority.as_str(), default)
+        .and_then(|host| host.parse().ok())
+        .unwrap_or_else(|| authority.clone())
 }
 
 /// Where a request goes: from its absolute-form URI, or from the CONNECT

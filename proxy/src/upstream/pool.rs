@@ -721,11 +721,9 @@ fn authority_for_host<'a>(a: &'a Authority, uri: &Uri) -> &'a str {
         Some("http") => Some(80),
         _ => None,
     };
-    let s = a.as_str();
-    match crate::config::written_port(s) {
-        Some(p) if default.is_some() && p.parse().ok() == default => &s[..s.len() - p.len() - 1],
-        _ => s,
-    }
+    default
+        .and_then(|port| crate::config::without_port(a.as_str(), port))
+        .unwrap_or(a.as_str())
 }
 
 /// An HTTP/1.1 connection in use by one answer: listed idle again once
