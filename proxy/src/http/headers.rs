@@ -37,25 +37,29 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     if !headers.keys().any(hop_by_hop) {
         return;
     }
-    if headers.contains_key(header::CONNECTION) {
-        // `keep-alive` and `close`, the usual tokens, name nothing more to
-        // remove: only other names are gathered (no copy in the usual case).
-        let named: Vec<HeaderName> = headers
-            .get_all(header::CONNECTION)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .map(str::trim)
-            .filter(|t| !t.eq_ignore_ascii_case("close") && !t.eq_ignore_ascii_case("keep-alive"))
-            .filter_map(|t| HeaderName::from_bytes(t.as_bytes()).ok())
-            .filter(|n| !hop_by_hop(n))
-            .collect();
+    // `Connection` taken out with all its values in one look-up; what it
+    // names besides `keep-alive` and `close` (the usual tokens, which name
+    // nothing more to remove) goes after it — no copy in the usual case.
+    if let header::Entry::Occupied(connection) = headers.entry(header::CONNECTION) {
+        let mut named: Vec<HeaderName> = Vec::new();
+        for value in connection.remove_entry_mult().1 {
+            let tokens = value.to_str().unwrap_or_default().split(',').map(str::trim);
+            named.extend(
+                tokens
+                    .filter(|t| {
+                        !t.eq_ignore_ascii_case("close") && !t.eq_ignore_ascii_case("keep-alive")
+                    })
+                    .filter_map(|t| HeaderName::from_bytes(t.as_bytes()).ok())
+                    .filter(|n| !hop_by_hop(n)),
+            );
+        }
         for name in named {
             headers.remove(name);
         }
     }
-    // Only the names present (usually one, `Connection`): removing an
-    // absent one costs a hashed look-up each, nine a head.
+    // Only the names present (usually none by now, or a client's
+    // `Proxy-Connection`): removing an absent one costs a hashed look-up
+    // each, nine a head.
     while let Some(name) = headers.keys().find(|k| hop_by_hop(k)).cloned() {
         headers.remove(&name);
     }

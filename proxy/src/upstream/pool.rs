@@ -69,11 +69,23 @@ pub const READY_IDLE: usize = 32;
 type KeyMap = HashMap<Key, Vec<u64>, foldhash::fast::RandomState>;
 
 /// What a pooled connection is reached by: scheme and authority.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 struct Key {
     scheme: Scheme,
     authority: Authority,
 }
+
+/// Compared as bytes — not letter by letter without case, as
+/// `Authority`'s own equality: every key is lower case ([`Key::of`]), and
+/// a request's checkout, return and look-up compare its key three times
+/// (R-PF1, issue 38).
+impl PartialEq for Key {
+    fn eq(&self, other: &Key) -> bool {
+        self.authority.as_str() == other.authority.as_str() && self.scheme == other.scheme
+    }
+}
+
+impl Eq for Key {}
 
 /// Hashed as two writes of its bytes — not a write a byte, as
 /// `Authority`'s own (case-folding) hash makes: a request's checkout,
