@@ -245,15 +245,28 @@ impl CarriesReport for String {}
 /// attempts left for the provider. A run's request waiting out a cool-down
 /// moves the bound on by the wait — R-RN8 waits a cycle out; the client's
 /// clock is its own business.
+///
+/// It also holds the bound of the attempt under way, if one told it: the
+/// request's one timer wakes the request at the earlier of the two, and
+/// the attempt, polled, finds itself past its bound — one timer a
+/// request, not one more for each attempt (R-PF1, issue 38; see
+/// [`crate::timeout`]).
 #[derive(Debug, Clone)]
 pub struct RequestClock(Arc<ClockState>);
 
 #[derive(Debug)]
 struct ClockState {
-    deadline: Mutex<Instant>,
+    bounds: Mutex<Bounds>,
     attempts: AtomicU32,
     /// A number of its own.
     id: u64,
+}
+
+/// When the request's bound runs out, and the attempt's under way.
+#[derive(Debug, Clone, Copy)]
+struct Bounds {
+    request: Instant,
+    attempt: Option<Instant>,
 }
 
 /// The next clock's number.
@@ -263,20 +276,49 @@ impl RequestClock {
     /// A clock whose bound runs out at `deadline`.
     pub fn new(deadline: Instant) -> RequestClock {
         RequestClock(Arc::new(ClockState {
-            deadline: Mutex::new(deadline),
+            bounds: Mutex::new(Bounds {
+                request: deadline,
+                attempt: None,
+            }),
             attempts: AtomicU32::new(0),
             id: NEXT_CLOCK.fetch_add(1, Ordering::Relaxed),
         }))
     }
 
+    fn bounds(&self) -> std::sync::MutexGuard<'_, Bounds> {
+        self.0.bounds.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// When the bound runs out.
     pub fn deadline(&self) -> Instant {
-        *self.0.deadline.lock().unwrap_or_else(|p| p.into_inner())
+        self.bounds().request
     }
 
     /// Moves the bound on by `wait` (a run's cool-down wait).
     pub fn extend(&self, wait: Duration) {
-        *self.0.deadline.lock().unwrap_or_else(|p| p.into_inner()) += wait;
+        self.bounds().request += wait;
+    }
+
+    /// When the request's timer is to wake it: the earlier of the
+    /// request's bound and the attempt's under way — and the request's.
+    pub(crate) fn wake_at(&self) -> (Instant, Instant) {
+        let b = *self.bounds();
+        (b.attempt.map_or(b.request, |a| a.min(b.request)), b.request)
+    }
+
+    /// An attempt is under way until `bound`: the request's timer wakes
+    /// the request then, if it is still waiting.
+    pub(crate) fn attempt_until(&self, bound: Instant) {
+        self.bounds().attempt = Some(bound);
+    }
+
+    /// The attempt under way until `bound` is over (answered, failed, or
+    /// past it), or every attempt's bound up to `bound` has passed.
+    pub(crate) fn attempt_over(&self, bound: Instant) {
+        let mut b = self.bounds();
+        if b.attempt.is_some_and(|a| a <= bound) {
+            b.attempt = None;
+        }
     }
 
     /// A number naming the request (its retries share the clock).
@@ -287,8 +329,8 @@ impl RequestClock {
     /// Takes back part of a move made by [`RequestClock::extend`] that
     /// was not used (the wait ended early).
     pub fn give_back(&self, unused: Duration) {
-        let mut d = self.0.deadline.lock().unwrap_or_else(|p| p.into_inner());
-        *d = d.checked_sub(unused).unwrap_or(*d);
+        let mut b = self.bounds();
+        b.request = b.request.checked_sub(unused).unwrap_or(b.request);
     }
 
     /// An attempt leaves for the provider.

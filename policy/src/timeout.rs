@@ -4,7 +4,13 @@
 //!
 //! tower's `Timeout` fixes its duration when the stack is built; these
 //! read the provider's current setting on every call, so a config reload
-//! changes them without rebuilding the stack. A timed-out attempt fails
+//! changes them without rebuilding the stack. A request has one timer for
+//! both: the attempt under way tells the request's clock its bound, the
+//! request's timer wakes the request at the earlier of the two, and the
+//! attempt, polled again, finds itself past its bound (a timer costs a
+//! lock on the runtime's timer wheel to arm and another to disarm, twice a
+//! request before: R-PF1, issue 38). An attempt sent without a request's
+//! clock keeps a timer of its own. A timed-out attempt fails
 //! with [`Cause::AttemptTimeout`], which the breaker and the retry policy
 //! count as a timeout; a request past its bound fails with
 //! [`Cause::RequestTimeout`], which the client gets as a `504`.
@@ -115,12 +121,13 @@ pub struct AttemptTimeout<S> {
     limit: Arc<dyn AttemptBound>,
 }
 
-impl<S, Req> Service<Req> for AttemptTimeout<S>
+impl<S, B> Service<Request<B>> for AttemptTimeout<S>
 where
-    S: Service<Req>,
+    S: Service<Request<B>>,
     S::Error: Into<Cause>,
     S::Future: Send + 'static,
     S::Response: Send + 'static,
+    B: CarriesAttempt,
 {
     type Response = S::Response;
     type Error = Cause;
@@ -130,10 +137,20 @@ where
         self.inner.poll_ready(cx).map_err(Into::into)
     }
 
-    fn call(&mut self, req: Req) -> Self::Future {
-        AttemptTimeoutFuture {
-            call: tokio::time::timeout(self.limit.attempt_timeout(), self.inner.call(req)),
-        }
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        let limit = self.limit.attempt_timeout();
+        let kind = match Attempt::of(&req).and_then(|a| a.clock.clone()) {
+            Some(clock) => Kind::Clocked {
+                bound: Instant::now() + limit,
+                clock,
+                told: false,
+                call: self.inner.call(req),
+            },
+            None => Kind::Timed {
+                call: tokio::time::timeout(limit, self.inner.call(req)),
+            },
+        };
+        AttemptTimeoutFuture { kind }
     }
 }
 
@@ -142,7 +159,29 @@ pin_project! {
     #[derive(Debug)]
     pub struct AttemptTimeoutFuture<F> {
         #[pin]
-        call: tokio::time::Timeout<F>,
+        kind: Kind<F>,
+    }
+}
+
+pin_project! {
+    #[derive(Debug)]
+    #[project = KindProj]
+    enum Kind<F> {
+        // A request's attempt: its bound kept by the request's timer (told
+        // to the request's clock when it first waits), checked each time it
+        // is polled again — one timer a request, not two.
+        Clocked {
+            #[pin]
+            call: F,
+            bound: Instant,
+            clock: RequestClock,
+            told: bool,
+        },
+        // An attempt without a request's clock: a timer of its own.
+        Timed {
+            #[pin]
+            call: tokio::time::Timeout<F>,
+        },
     }
 }
 
@@ -154,10 +193,35 @@ where
     type Output = Result<T, Cause>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        Poll::Ready(match ready!(self.project().call.poll(cx)) {
-            Ok(r) => r.map_err(Into::into),
-            Err(_) => Err(Cause::AttemptTimeout),
-        })
+        match self.project().kind.project() {
+            KindProj::Clocked {
+                call,
+                bound,
+                clock,
+                told,
+            } => {
+                if let Poll::Ready(r) = call.poll(cx) {
+                    if *told {
+                        clock.attempt_over(*bound);
+                    }
+                    return Poll::Ready(r.map_err(Into::into));
+                }
+                if !*told {
+                    // Its first wait: the bound lies ahead (the timeout is
+                    // never zero), and the request's timer wakes it then.
+                    *told = true;
+                    clock.attempt_until(*bound);
+                } else if Instant::now() >= *bound {
+                    clock.attempt_over(*bound);
+                    return Poll::Ready(Err(Cause::AttemptTimeout));
+                }
+                Poll::Pending
+            }
+            KindProj::Timed { call } => Poll::Ready(match ready!(call.poll(cx)) {
+                Ok(r) => r.map_err(Into::into),
+                Err(_) => Err(Cause::AttemptTimeout),
+            }),
+        }
     }
 }
 
@@ -228,7 +292,7 @@ where
         let clock = RequestClock::new(deadline);
         Attempt::of_mut(&mut req).clock = Some(clock.clone());
         RequestTimeoutFuture {
-            sleep: tokio::time::sleep_until(deadline),
+            sleep: None,
             call: self.inner.call(req),
             clock,
             started,
@@ -242,8 +306,11 @@ pin_project! {
     pub struct RequestTimeoutFuture<F> {
         #[pin]
         call: F,
+        // The request's one timer: made when the request first waits (an
+        // answer at once needs none), set to the earlier of its bound and
+        // its attempt's.
         #[pin]
-        sleep: tokio::time::Sleep,
+        sleep: Option<tokio::time::Sleep>,
         clock: RequestClock,
         started: Instant,
     }
@@ -258,20 +325,32 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
-        if let Poll::Ready(result) = this.call.poll(cx) {
-            return Poll::Ready(result.map_err(Into::into));
-        }
         loop {
-            ready!(this.sleep.as_mut().poll(cx));
-            // A run's wait may have moved the bound on meanwhile.
-            let deadline = this.clock.deadline();
-            if deadline <= Instant::now() {
+            if let Poll::Ready(result) = this.call.as_mut().poll(cx) {
+                return Poll::Ready(result.map_err(Into::into));
+            }
+            // A run's wait may have moved the bound on meanwhile, and an
+            // attempt may have begun or ended.
+            let (wake, deadline) = this.clock.wake_at();
+            match this.sleep.as_mut().as_pin_mut() {
+                Some(sleep) if sleep.deadline() == wake => {}
+                Some(sleep) => sleep.reset(wake),
+                None => this.sleep.set(Some(tokio::time::sleep_until(wake))),
+            }
+            if let Some(sleep) = this.sleep.as_mut().as_pin_mut() {
+                ready!(sleep.poll(cx));
+            }
+            let now = Instant::now();
+            if deadline <= now {
                 return Poll::Ready(Err(Cause::RequestTimeout(RequestTimeout {
                     after: this.started.elapsed(),
                     attempts: this.clock.attempts(),
                 })));
             }
-            this.sleep.as_mut().reset(deadline);
+            // An attempt's bound passed: polled again, it fails as timed
+            // out (and a retry may begin another, with a bound of its own).
+            // One that is not polled again no longer sets the timer.
+            this.clock.attempt_over(now);
         }
     }
 }

@@ -647,6 +647,36 @@ async fn timed_out_attempts_are_retried() {
     assert!(Instant::now() - t0 < Duration::from_secs(5));
 }
 
+/// R-TO1 with R-PF1 (issue 38): an attempt's bound is kept by its
+/// request's one timer — each timed-out attempt is cut at exactly its own
+/// bound, however far the request's is, and the next begins then.
+#[tokio::test(start_paused = true)]
+async fn each_attempt_is_cut_at_its_own_bound_by_the_requests_timer() {
+    let (policy, _) = policy(ProviderSettings {
+        attempt_timeout: Duration::from_secs(1),
+        request_timeout: Duration::from_secs(45),
+        ..ProviderSettings::default()
+    });
+    let provider = Provider::new(|n| Reply {
+        delay: if n < 2 {
+            Duration::from_secs(60)
+        } else {
+            Duration::ZERO
+        },
+        ..status(200)
+    });
+    let svc = stack(&policy, &provider);
+    let t0 = Instant::now();
+    assert_eq!(svc.oneshot(get("a")).await.unwrap().status(), 200);
+    let sent: Vec<Duration> = provider.arrivals().iter().map(|(at, _)| *at - t0).collect();
+    assert_eq!(
+        sent,
+        [0, 1, 2].map(Duration::from_secs),
+        "each cut at its 1 s, the back-off jitter fixed at 0"
+    );
+    assert_eq!(Instant::now() - t0, Duration::from_secs(2));
+}
+
 // ------------------------------------------------------------------ run
 
 fn with_run(mut req: Request<String>, run: &RunHandle) -> Request<String> {
