@@ -32,36 +32,60 @@ fn hop_by_hop(name: &HeaderName) -> bool {
 
 /// Removes hop-by-hop headers, including those `Connection` names.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    // One pass over the names decides; a head without any (most answers)
-    // is left as it is.
-    if !headers.keys().any(hop_by_hop) {
-        return;
-    }
-    // `Connection` taken out with all its values in one look-up; what it
-    // names besides `keep-alive` and `close` (the usual tokens, which name
-    // nothing more to remove) goes after it — no copy in the usual case.
-    if let header::Entry::Occupied(connection) = headers.entry(header::CONNECTION) {
-        let mut named: Vec<HeaderName> = Vec::new();
-        for value in connection.remove_entry_mult().1 {
-            let tokens = value.to_str().unwrap_or_default().split(',').map(str::trim);
-            named.extend(
-                tokens
-                    .filter(|t| {
-                        !t.eq_ignore_ascii_case("close") && !t.eq_ignore_ascii_case("keep-alive")
-                    })
-                    .filter_map(|t| HeaderName::from_bytes(t.as_bytes()).ok())
-                    .filter(|n| !hop_by_hop(n)),
-            );
+    // One pass over the names finds those present — most answers have
+    // none, a head one or two (`Connection`, a client's
+    // `Proxy-Connection`), noted on the stack — and each goes by one
+    // look-up: not a pass to decide, a look-up for `Connection` and a pass
+    // for each one found (R-PF1, issue 38).
+    let mut present: [Option<HeaderName>; 4] = Default::default();
+    let mut found = 0;
+    for name in headers.keys().filter(|k| hop_by_hop(k)) {
+        if found == present.len() {
+            break;
         }
-        for name in named {
+        present[found] = Some(name.clone());
+        found += 1;
+    }
+    for name in present.into_iter().flatten() {
+        if name == header::CONNECTION {
+            remove_connection(headers);
+        } else {
             headers.remove(name);
         }
     }
-    // Only the names present (usually none by now, or a client's
-    // `Proxy-Connection`): removing an absent one costs a hashed look-up
-    // each, nine a head.
-    while let Some(name) = headers.keys().find(|k| hop_by_hop(k)).cloned() {
-        headers.remove(&name);
+    if found == 4 {
+        // More than a head ever has: the rest, a pass each.
+        while let Some(name) = headers.keys().find(|k| hop_by_hop(k)).cloned() {
+            if name == header::CONNECTION {
+                remove_connection(headers);
+            } else {
+                headers.remove(&name);
+            }
+        }
+    }
+}
+
+/// Takes `Connection` out with all its values in one look-up, then what
+/// it names besides `keep-alive` and `close` (the usual tokens, which name
+/// nothing more to remove; no copy in the usual case).
+fn remove_connection(headers: &mut HeaderMap) {
+    let header::Entry::Occupied(connection) = headers.entry(header::CONNECTION) else {
+        return;
+    };
+    let mut named: Vec<HeaderName> = Vec::new();
+    for value in connection.remove_entry_mult().1 {
+        let tokens = value.to_str().unwrap_or_default().split(',').map(str::trim);
+        named.extend(
+            tokens
+                .filter(|t| {
+                    !t.eq_ignore_ascii_case("close") && !t.eq_ignore_ascii_case("keep-alive")
+                })
+                .filter_map(|t| HeaderName::from_bytes(t.as_bytes()).ok())
+                .filter(|n| !hop_by_hop(n)),
+        );
+    }
+    for name in named {
+        headers.remove(name);
     }
 }
 
@@ -107,6 +131,29 @@ mod tests {
         strip_hop_by_hop(&mut h);
         assert_eq!(h.len(), 1);
         assert!(h.contains_key("x-kept"));
+    }
+
+    /// The usual heads — a client's `Proxy-Connection`, an answer's
+    /// `Connection: keep-alive` — lose just those, and what a `Connection`
+    /// names goes with it, each of its values read.
+    #[test]
+    fn usual_heads_lose_their_one_or_two() {
+        let mut h = HeaderMap::new();
+        h.insert("proxy-connection", "Keep-Alive".parse().unwrap());
+        h.insert("host", "example.test".parse().unwrap());
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.keys().collect::<Vec<_>>(), ["host"]);
+
+        let mut h = HeaderMap::new();
+        h.insert("server", "nginx".parse().unwrap());
+        h.append("connection", "keep-alive".parse().unwrap());
+        h.append("connection", "X-Hop".parse().unwrap());
+        h.insert("x-hop", "1".parse().unwrap());
+        h.insert("content-length", "2".parse().unwrap());
+        strip_hop_by_hop(&mut h);
+        let mut left: Vec<_> = h.keys().map(HeaderName::as_str).collect();
+        left.sort_unstable();
+        assert_eq!(left, ["content-length", "server"]);
     }
 
     /// Every hop-by-hop header goes, each value of a repeated one too.
