@@ -127,7 +127,10 @@ impl Tracker {
     where
         F: Future<Output = O>,
     {
+        // The connection first, every time: it is what a wake-up is for,
+        // and the order needs no random draw on every poll (R-PF1).
         tokio::select! {
+            biased;
             out = conn.as_mut() => out,
             _ = self.stopping() => {
                 close(conn.as_mut());
