@@ -37,38 +37,36 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     // `Proxy-Connection`), noted on the stack — and each goes by one
     // look-up: not a pass to decide, a look-up for `Connection` and a pass
     // for each one found (R-PF1, issue 38).
-    let mut present: [Option<HeaderName>; 4] = Default::default();
+    const NOTED: usize = 4;
+    let mut present: [Option<HeaderName>; NOTED] = Default::default();
     let mut found = 0;
     for name in headers.keys().filter(|k| hop_by_hop(k)) {
-        if found == present.len() {
+        if found == NOTED {
             break;
         }
         present[found] = Some(name.clone());
         found += 1;
     }
     for name in present.into_iter().flatten() {
-        if name == header::CONNECTION {
-            remove_connection(headers);
-        } else {
-            headers.remove(name);
-        }
+        remove_hop(headers, &name);
     }
-    if found == 4 {
+    if found == NOTED {
         // More than a head ever has: the rest, a pass each.
         while let Some(name) = headers.keys().find(|k| hop_by_hop(k)).cloned() {
-            if name == header::CONNECTION {
-                remove_connection(headers);
-            } else {
-                headers.remove(&name);
-            }
+            remove_hop(headers, &name);
         }
     }
 }
 
-/// Takes `Connection` out with all its values in one look-up, then what
-/// it names besides `keep-alive` and `close` (the usual tokens, which name
-/// nothing more to remove; no copy in the usual case).
-fn remove_connection(headers: &mut HeaderMap) {
+/// Removes the hop-by-hop header `name`, every value. `Connection` goes
+/// in one look-up with all its values, then what it names besides
+/// `keep-alive` and `close` (the usual tokens, which name nothing more to
+/// remove; no copy in the usual case).
+fn remove_hop(headers: &mut HeaderMap, name: &HeaderName) {
+    if name != header::CONNECTION {
+        headers.remove(name);
+        return;
+    }
     let header::Entry::Occupied(connection) = headers.entry(header::CONNECTION) else {
         return;
     };
