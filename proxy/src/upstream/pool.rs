@@ -809,9 +809,9 @@ pub fn is_connect(err: &(dyn StdError + 'static)) -> bool {
 mod tests {
     use super::*;
 
-    /// A request's key is folded to lower case, so that its hash agrees
-    /// with its (case-insensitive) equality: `HOST.test` and `host.test`
-    /// reach one pooled connection.
+    /// A request's key is folded to lower case, so that keys compared and
+    /// hashed as bytes still meet in any case: `HOST.test` and
+    /// `host.test` reach one pooled connection.
     #[test]
     fn keys_equal_in_any_case_hash_alike() {
         use std::hash::BuildHasher;
