@@ -443,7 +443,7 @@ async fn handoff(cmd: &RunCommand, id: &str, run: &Value, token: &str) -> Result
             Some(a) => format!("/v1/collectors/{}/gaps?after={a}", cmd.collector),
             None => format!("/v1/collectors/{}/gaps", cmd.collector),
         };
-        let page = match call(cmd.admin, "GET", &path, None, Some(token)).await {
+        let page = match call_through_restart(cmd.admin, "GET", &path, None, Some(token)).await {
             Ok((200, page)) => page,
             Ok((status, v)) => return Err(format!("gaps answered {status}: {v}")),
             Err(e) => return Err(format!("gaps: {e}")),
@@ -516,7 +516,7 @@ async fn wait_forwarding_signals(
 async fn finish(cmd: &RunCommand, id: &str, token: &str, status: Option<u8>) -> Option<Value> {
     let path = format!("/v1/runs/{id}/finish");
     let body = json!({ "exit_status": status });
-    match call(cmd.admin, "POST", &path, Some(&body), Some(token)).await {
+    match call_through_restart(cmd.admin, "POST", &path, Some(&body), Some(token)).await {
         Ok((200, s)) => {
             let refusals = s["refusals"]
                 .as_object()
@@ -576,6 +576,36 @@ fn fail(why: &str) -> ExitCode {
 }
 
 /// One admin API call: status and JSON answer.
+/// How long an open run's calls to the admin API are tried again while it
+/// cannot be reached: sluice restarting (a `kill -9` and its supervisor's
+/// restart take about a second), which the run and its lease survive
+/// (R-RN10) — as the heartbeat does, which keeps trying.
+const THROUGH_RESTART: Duration = Duration::from_secs(15);
+
+/// [`call`], tried again while the admin API cannot be reached, for up to
+/// [`THROUGH_RESTART`]: between the run's opening and its command's start
+/// (the hand-off), and at its finish. An answer is returned at once,
+/// whatever its status.
+async fn call_through_restart(
+    admin: SocketAddr,
+    method: &str,
+    path: &str,
+    body: Option<&Value>,
+    token: Option<&str>,
+) -> Result<(u16, Value), Box<dyn std::error::Error + Send + Sync>> {
+    let until = tokio::time::Instant::now() + THROUGH_RESTART;
+    let mut pause = Duration::from_millis(100);
+    loop {
+        match call(admin, method, path, body, token).await {
+            Err(_) if tokio::time::Instant::now() + pause < until => {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(1));
+            }
+            answered => return answered,
+        }
+    }
+}
+
 pub(crate) async fn call(
     admin: SocketAddr,
     method: &str,
