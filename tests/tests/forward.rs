@@ -933,13 +933,18 @@ async fn every_way_an_answer_ends_gives_its_permit_back() {
     ));
     let proxy = sluice.proxy_url();
     let second = Duration::from_secs(1);
+    // Long enough for the head to reach a client started among 48 at once
+    // on a loaded machine (CI: a `1 s` one got none, and so tested a client
+    // giving up before the head, which `/hang` is for); `/stall`'s body
+    // never ends, so the client still walks away mid-stream.
+    let mid_body = Duration::from_secs(5);
     let mut clients = Vec::new();
     for i in 0..8 {
         let fail = sim.url("http", &format!("/fail503/1/ends-{i}"));
         for (url, args, max_time, want) in [
             (sim.url("http", "/ok"), vec![], T, &[200][..]),
             (sim.url("http", "/ok"), vec!["-I"], T, &[200]),
-            (sim.url("http", "/stall"), vec![], second, &[200]),
+            (sim.url("http", "/stall"), vec![], mid_body, &[200]),
             (sim.url("http", "/hang"), vec![], second, &[0]),
             (fail, vec![], T, &[200, 503]),
             // Refused, or the provider taken for down by then.
