@@ -5,7 +5,8 @@
 //! state machine whose methods take the current time (`now`) as an argument,
 //! so the same code is driven by the real clock in the proxy and by tokio's
 //! paused clock (or a hand-advanced `Instant`) in tests. The tower layers are
-//! thin: they read the clock, call the state machine, and wait.
+//! thin: they read the clock ([`clock::now`]: once in each poll of a
+//! request), call the state machine, and wait.
 //!
 //! One provider's stack, outermost first (see [`stack`]):
 //!
@@ -37,6 +38,7 @@ pub mod attempt;
 pub mod breaker;
 pub mod bulkhead;
 pub mod classify;
+pub mod clock;
 pub mod cost;
 pub mod error;
 pub mod events;

@@ -141,7 +141,7 @@ where
         let limit = self.limit.attempt_timeout();
         let kind = match Attempt::of(&req).and_then(|a| a.clock.clone()) {
             Some(clock) => Kind::Clocked {
-                bound: Instant::now() + limit,
+                bound: crate::clock::now() + limit,
                 clock,
                 told: false,
                 call: self.inner.call(req),
@@ -211,7 +211,7 @@ where
                     // never zero), and the request's timer wakes it then.
                     *told = true;
                     clock.attempt_until(*bound);
-                } else if Instant::now() >= *bound {
+                } else if crate::clock::now() >= *bound {
                     clock.attempt_over(*bound);
                     return Poll::Ready(Err(Cause::AttemptTimeout));
                 }
@@ -287,7 +287,7 @@ where
     }
 
     fn call(&mut self, mut req: Request<B>) -> Self::Future {
-        let started = Instant::now();
+        let started = crate::clock::now();
         let deadline = started + self.limit.request_timeout();
         let clock = RequestClock::new(deadline);
         Attempt::of_mut(&mut req).clock = Some(clock.clone());
@@ -340,10 +340,10 @@ where
             if let Some(sleep) = this.sleep.as_mut().as_pin_mut() {
                 ready!(sleep.poll(cx));
             }
-            let now = Instant::now();
+            let now = crate::clock::now();
             if deadline <= now {
                 return Poll::Ready(Err(Cause::RequestTimeout(RequestTimeout {
-                    after: this.started.elapsed(),
+                    after: crate::clock::now().saturating_duration_since(*this.started),
                     attempts: this.clock.attempts(),
                 })));
             }

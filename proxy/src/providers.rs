@@ -406,7 +406,7 @@ impl Providers {
     /// The provider for a host, created (and its learned state restored)
     /// on first use.
     pub fn get(&self, host: &str) -> Arc<Provider> {
-        let now = Instant::now();
+        let now = sluice_policy::clock::now();
         let mut entries = self.entries();
         // A live provider is found by name alone: its settings are not
         // copied on every request (issue 24).
@@ -456,7 +456,7 @@ impl Providers {
             return (base.clone(), None);
         };
         let name = format!("{}@{}", resource.name(), base.name);
-        let now = Instant::now();
+        let now = sluice_policy::clock::now();
         let mut entries = self.entries();
         if let Some(p) = entries.get(name.as_str()) {
             p.touch(self.epoch, now);

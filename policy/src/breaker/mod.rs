@@ -103,7 +103,7 @@ impl BreakerShared {
         sink: Option<TransitionSink>,
     ) -> Arc<Self> {
         Arc::new(BreakerShared {
-            breaker: Mutex::new(Breaker::new(settings.clone(), Instant::now())),
+            breaker: Mutex::new(Breaker::new(settings.clone(), crate::clock::now())),
             budget_left,
             sink,
         })
@@ -159,7 +159,7 @@ impl BreakerShared {
     pub fn acquire(self: &Arc<Self>) -> Result<CallPermit, CircuitOpen> {
         let (permit, transition, cycle, throttled) = {
             let mut b = self.lock();
-            let (permit, transition) = b.try_acquire(Instant::now());
+            let (permit, transition) = b.try_acquire(crate::clock::now());
             (permit, transition, b.cycle(), b.opened_for_throttles())
         };
         if let Some(t) = transition {
@@ -181,7 +181,7 @@ impl BreakerShared {
     /// A permit for the probe of parked requests ([`Permit::Parked`]):
     /// never refused.
     pub fn acquire_parked(self: &Arc<Self>) -> CallPermit {
-        let (permit, transition) = self.lock().acquire_parked(Instant::now());
+        let (permit, transition) = self.lock().acquire_parked(crate::clock::now());
         if let Some(t) = transition {
             self.publish(t);
         }
@@ -195,7 +195,7 @@ impl BreakerShared {
     pub fn state(&self) -> State {
         let (state, t) = {
             let mut b = self.lock();
-            let t = b.tick(Instant::now());
+            let t = b.tick(crate::clock::now());
             (b.state(), t)
         };
         if let Some(t) = t {
@@ -265,7 +265,7 @@ impl CallPermit {
         let transition = {
             let mut b = self.shared.lock();
             match failure {
-                Some((f, throttle)) => b.record(permit, f, throttle, Instant::now()),
+                Some((f, throttle)) => b.record(permit, f, throttle, crate::clock::now()),
                 None => {
                     b.release(permit);
                     None

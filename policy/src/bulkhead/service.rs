@@ -126,7 +126,7 @@ impl Stamp {
         attempt.dialect = Some(dialect);
         Stamp {
             permit,
-            start: Instant::now(),
+            start: crate::clock::now(),
             dialect,
             lane: req.extensions().get::<Resource>().cloned(),
         }
@@ -138,7 +138,7 @@ impl<R: CarriesReport> OnAnswer<R> for Stamp {
         let mut resp = result?;
         Report::stamp(
             &mut resp,
-            self.start.elapsed(),
+            crate::clock::now().saturating_duration_since(self.start),
             std::time::SystemTime::now(),
             self.dialect,
             self.lane.as_ref(),

@@ -188,7 +188,7 @@ impl PacerShared {
                 Some(None)
             }
         };
-        let now = Instant::now();
+        let now = crate::clock::now();
         let (on_outcome, on_quota, on_tokens) = {
             let mut core = self.lock();
             let o = outcome.map(|o| core.on_outcome(&o, sent_at, ttfb, now));
@@ -369,7 +369,7 @@ impl PacerShared {
         units: u32,
         stop_at: Option<Instant>,
     ) -> Result<Instant, Cause> {
-        let arrived = Instant::now();
+        let arrived = crate::clock::now();
         let Some(budget) = self.budget() else {
             return self.acquire_here(arrived, class, units, stop_at).await;
         };
@@ -382,7 +382,7 @@ impl PacerShared {
         }
         match self.acquire_shared(&*budget, arrived, units).await? {
             Some(at) => Ok(at),
-            None if alone => Ok(Instant::now()),
+            None if alone => Ok(crate::clock::now()),
             // The store stopped answering just now: this request too
             // waits for this replica's share, not sent on top of the
             // slots the shared schedule gave.
@@ -401,7 +401,7 @@ impl PacerShared {
         units: u32,
         stop_at: Option<Instant>,
     ) -> Option<Instant> {
-        let now = Instant::now();
+        let now = crate::clock::now();
         if stop_at.is_some_and(|d| now >= d) || self.budget().is_some() {
             return None;
         }
@@ -441,10 +441,10 @@ impl PacerShared {
         loop {
             let proposal = Proposal {
                 units: units.max(1),
-                ..self.lock().proposal(Instant::now())
+                ..self.lock().proposal(crate::clock::now())
             };
             let answer = budget.admit(proposal).await;
-            let now = Instant::now();
+            let now = crate::clock::now();
             let Some(answer) = answer else {
                 let start = match budget.seat() {
                     Some(seat) => AloneStart::Seat(seat),
@@ -534,7 +534,7 @@ impl PacerShared {
         let mut changed = room.changed.subscribe();
         loop {
             changed.borrow_and_update();
-            let now = Instant::now();
+            let now = crate::clock::now();
             // A hold that came while this request waited lets it wait
             // through the hold; one that ended does not shorten its wait.
             // A run's deadline bounds the wait like the patience does (a

@@ -320,7 +320,7 @@ impl ParkShared {
         sent: Instant,
         probe: bool,
     ) {
-        let now = Instant::now();
+        let now = crate::clock::now();
         let answer = outcome.as_ref().map(Answer::of);
         // Read before the watch's lock: the breaker and the pacer never
         // take it, so no two locks are ever held the other way round. The

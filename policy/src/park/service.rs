@@ -66,7 +66,7 @@ where
                 shared: self.shared.clone(),
                 on_the_way: parking.then(|| OnTheWay::new(&self.shared)),
                 request,
-                sent: Instant::now(),
+                sent: crate::clock::now(),
             };
             return LayerFuture::sent(self.inner.call(req), then);
         }
@@ -78,7 +78,7 @@ where
             // stop touches no provider state, not even a probe's turn).
             if run
                 .as_ref()
-                .is_some_and(|r| r.would_refuse(&provider, Instant::now()))
+                .is_some_and(|r| r.would_refuse(&provider, crate::clock::now()))
             {
                 return inner.oneshot(req).await.map_err(Into::into);
             }
@@ -121,7 +121,7 @@ where
                     attempt.departure = departure.clone();
                 }
                 let downs = departure.as_ref().map(|_| parking.shared.downs());
-                let sent = Instant::now();
+                let sent = crate::clock::now();
                 let sent_off = send_or_call_back(
                     inner.clone(),
                     req,
@@ -148,7 +148,7 @@ where
                 }
                 let refused_open = open_for_failures(&result);
                 if refused_open {
-                    parking.shared.breaker_opened(Instant::now());
+                    parking.shared.breaker_opened(crate::clock::now());
                 }
                 let failed = outcome.is_some_and(|o| o.is_breaker_failure()) || refused_open;
                 let Some(mut copy) = copy.filter(|_| failed && unprocessed(&result, idempotent))
@@ -186,7 +186,7 @@ impl<R: CarriesReport> OnAnswer<R> for Watched {
         self.shared
             .answered(self.request, outcome, self.sent, false);
         if open_for_failures(&result) {
-            self.shared.breaker_opened(Instant::now());
+            self.shared.breaker_opened(crate::clock::now());
         }
         result
     }
@@ -302,7 +302,7 @@ struct ProbeGuard {
 impl Drop for ProbeGuard {
     fn drop(&mut self) {
         if self.armed {
-            self.shared.answered(0, None, Instant::now(), true);
+            self.shared.answered(0, None, crate::clock::now(), true);
         }
     }
 }
@@ -364,7 +364,7 @@ impl Parking {
     async fn wait_turn(&mut self) -> Result<Turn, Cause> {
         let (mut place, notify) = self.place();
         loop {
-            let now = Instant::now();
+            let now = crate::clock::now();
             let next = match self.shared.poll(now) {
                 Turn::Wait(next) => next,
                 turn => {
@@ -391,7 +391,7 @@ impl Parking {
     async fn park_after_failure(&mut self) -> Result<bool, Cause> {
         let (mut place, notify) = self.place();
         loop {
-            let now = Instant::now();
+            let now = crate::clock::now();
             if self.shared.is_down() {
                 return Ok(true);
             }
@@ -459,7 +459,7 @@ impl Parking {
     /// `request_timeout` on by the time waited (R-RN8: the cycle is waited
     /// out; the client's own clock is its business).
     async fn sleep(&self, notify: &Notify, until: Instant) {
-        let start = Instant::now();
+        let start = crate::clock::now();
         let planned = until.saturating_duration_since(start);
         let clock = self.run.as_ref().and(self.clock.as_ref());
         if let Some(c) = clock {
@@ -470,7 +470,9 @@ impl Parking {
             () = tokio::time::sleep_until(until) => {}
         }
         if let Some(c) = clock {
-            c.give_back(planned.saturating_sub(start.elapsed()));
+            c.give_back(
+                planned.saturating_sub(crate::clock::now().saturating_duration_since(start)),
+            );
         }
     }
 }

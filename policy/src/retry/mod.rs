@@ -94,7 +94,7 @@ impl RetryShared {
                 settings.retry_ratio,
                 settings.retry_min_per_sec,
                 settings.retry_budget_ttl,
-                Instant::now(),
+                crate::clock::now(),
             )),
             settings: Mutex::new(settings.clone()),
             jitter,
@@ -108,7 +108,7 @@ impl RetryShared {
             settings.retry_ratio,
             settings.retry_min_per_sec,
             settings.retry_budget_ttl,
-            Instant::now(),
+            crate::clock::now(),
         );
         *self.settings.lock().unwrap_or_else(|p| p.into_inner()) = settings.clone();
     }

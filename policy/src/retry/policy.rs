@@ -1,7 +1,7 @@
 use std::sync::Arc;
 
 use http::{Request, Response};
-use tokio::time::{Instant, Sleep};
+use tokio::time::Sleep;
 
 use super::RetryShared;
 use crate::attempt::Attempt;
@@ -40,7 +40,7 @@ where
         req: &mut Request<B>,
         result: &mut Result<Response<R>, Cause>,
     ) -> Option<Sleep> {
-        let now = Instant::now();
+        let now = crate::clock::now();
         // What reached the provider, if anything did: sluice's own refusals
         // (breaker open, queue full, run stopped) did not, so they neither
         // deposit into nor draw from the provider's budget (R-RN3).

@@ -127,7 +127,7 @@ where
                 attempt.deadline = run.deadline();
             }
             loop {
-                let now = Instant::now();
+                let now = crate::clock::now();
                 run.check_attempt_units(&provider, now, units)?;
                 // The attempt's departure mark: the one the parking layer
                 // set (it watches it too), else a new one; it leaves within
@@ -259,7 +259,7 @@ async fn wait_out(
     clock: Option<&RequestClock>,
 ) -> Result<(), Cause> {
     run.wait_for(provider, cooldown)?;
-    let now = Instant::now();
+    let now = crate::clock::now();
     let until = now + cooldown.wait;
     let until = run.deadline().map_or(until, |d| until.min(d));
     // The request's own bound does not run while the run waits.

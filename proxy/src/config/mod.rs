@@ -41,7 +41,9 @@ use serde::Deserialize;
 use sluice_policy::{ProviderSettings, ValidSettings};
 
 pub use self::build::{DEFAULT_WEIGHT, RESTART_ONLY};
-pub use self::hosts::{normalise_host, port_of, without_port, written_port, HostPattern};
+pub use self::hosts::{
+    normalise_host, port_number, port_of, without_port, written_port, HostPattern,
+};
 pub use self::model::*;
 use self::raw::*;
 pub use self::raw::{parse_duration, parse_listener, BadDuration, Dur};
@@ -344,6 +346,47 @@ mod tests {
         ));
         assert_eq!(normalise_host("API.Test."), "api.test");
         assert!(matches!(normalise_host("API.test"), Cow::Owned(_)));
+        // The one-look path and the trimming one agree.
+        for host in [
+            "127.0.0.1",
+            "a-b.test",
+            "",
+            "x_y.test",
+            " api.test ",
+            "a..",
+            "[::1].",
+        ] {
+            let slow = host
+                .trim()
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .trim_end_matches('.');
+            assert_eq!(normalise_host(host), slow, "{host:?}");
+        }
+    }
+
+    /// R-PF1: ports read digit by digit, as RFC 3986 writes them — no
+    /// sign, no more than 65535.
+    #[test]
+    fn ports_are_decimal_digits_up_to_65535() {
+        for (written, port) in [
+            ("80", Some(80)),
+            ("080", Some(80)),
+            ("0", Some(0)),
+            ("65535", Some(65535)),
+            ("65536", None),
+            ("123456", None),
+            ("+80", None),
+            ("-1", None),
+            ("8 0", None),
+            ("", None),
+        ] {
+            assert_eq!(port_number(written), port, "{written:?}");
+        }
+        assert_eq!(without_port("h.test:080", 80), Some("h.test"));
+        assert_eq!(without_port("h.test:18080", 80), None);
+        assert_eq!(without_port("[::1]:443", 443), Some("[::1]"));
+        assert_eq!(port_of("h.test:+80"), None);
     }
 
     #[test]

@@ -1,7 +1,6 @@
 //! Forwarding one HTTP request through its provider's stack (R-PX1).
 
 use std::sync::Arc;
-use tokio::time::Instant;
 
 use http::header::{self, HeaderName, HeaderValue};
 use http::request::Parts;
@@ -120,7 +119,7 @@ pub async fn forward(
     identity: Identity,
     local: bool,
 ) -> Response<ResBody> {
-    let started = Instant::now();
+    let started = sluice_policy::clock::now();
     if let Some(refusal) = malformed(&app, &target) {
         return refusal;
     }
@@ -179,7 +178,9 @@ pub async fn forward(
         };
         app.runs.after(user, run, Some(&provider.name), answer);
     }
-    let elapsed_ms = started.elapsed().as_millis() as u64;
+    let elapsed_ms = sluice_policy::clock::now()
+        .saturating_duration_since(started)
+        .as_millis() as u64;
     app.metrics
         .request_with(provider.label(), &provider.requests, final_outcome(&result));
     let remaining = run.as_ref().map(run_remaining);
@@ -436,7 +437,7 @@ pub(crate) fn outside_allowlist(
 /// `attempts=N, deadline_s=S` (each `unbounded` when the run has none),
 /// and `stopped=REASON` once the run has stopped.
 fn run_remaining(run: &RunHandle) -> HeaderValue {
-    let (attempts, deadline, stopped) = run.remaining(Instant::now());
+    let (attempts, deadline, stopped) = run.remaining(sluice_policy::clock::now());
     let attempts = attempts.map_or_else(|| "unbounded".to_string(), |n| n.to_string());
     let deadline = deadline.map_or_else(
         || "unbounded".to_string(),

@@ -6,12 +6,12 @@ use http::request::Parts;
 use http::uri::{Authority, Scheme};
 use http::{StatusCode, Uri};
 
-use crate::config::{without_port, written_port};
+use crate::config::{port_number, without_port, written_port};
 use crate::http::edge::{ErrorType, Refusal};
 
 /// A port is written but is not 1 to 65535.
 pub(super) fn invalid_port(authority: &Authority) -> bool {
-    written_port(authority.as_str()).is_some_and(|p| !matches!(p.parse::<u16>(), Ok(p) if p != 0))
+    written_port(authority.as_str()).is_some_and(|p| !matches!(port_number(p), Some(p) if p != 0))
 }
 
 /// `authority` without the port when it is `scheme`'s default (`host:443`

@@ -16,6 +16,7 @@ use http::{HeaderValue, Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
+use sluice_policy::clock::ReadOnce;
 use tokio::net::TcpStream;
 
 use self::auth::Identity;
@@ -62,7 +63,10 @@ async fn serve_http(app: Arc<App>, stream: TcpStream, peer: SocketAddr, mut trac
     let local = peer.ip().to_canonical().is_loopback();
     let service = service_fn(move |req: Request<Incoming>| {
         let (app, verdicts) = (handler.clone(), verdicts.clone());
-        async move { Ok::<_, std::convert::Infallible>(handle(app, req, local, &verdicts).await) }
+        // One clock reading a poll for every layer the request passes.
+        ReadOnce::new(async move {
+            Ok::<_, std::convert::Infallible>(handle(app, req, local, &verdicts).await)
+        })
     });
     let conn = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())

@@ -28,6 +28,7 @@ use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
+use sluice_policy::clock::ReadOnce;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 
@@ -298,11 +299,11 @@ where
     let service = service_fn(move |req: Request<Incoming>| {
         let (app, target, identity) = (app.clone(), target.clone(), identity.clone());
         let verdicts = verdicts.clone();
-        async move {
+        ReadOnce::new(async move {
             Ok::<_, std::convert::Infallible>(
                 tunnelled(app, req, target, identity, &verdicts).await,
             )
-        }
+        })
     });
     let conn = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())

@@ -522,7 +522,7 @@ impl<B> IdleList<B> {
     /// stays, moved to the back.
     fn checkout(&self, key: &Key) -> Option<(Key, Entry<B>)> {
         let mut s = self.lock();
-        let now = Instant::now();
+        let now = sluice_policy::clock::now();
         self.expire(&mut s, now);
         loop {
             let at = *s.by_key.get(key)?.last()?;
@@ -563,7 +563,7 @@ impl<B> IdleList<B> {
             return;
         }
         let mut s = self.lock();
-        let now = Instant::now();
+        let now = sluice_policy::clock::now();
         s.seq += 1;
         let at = s.seq;
         let entry = Entry::Ready(sender);

@@ -10,6 +10,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
+use sluice_policy::clock::ReadOnce;
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use crate::app::App;
@@ -153,11 +154,11 @@ pub async fn intercept<T>(
     let service = service_fn(move |req: Request<Incoming>| {
         let (app, target, identity) = (app.clone(), target.clone(), identity.clone());
         let verdicts = verdicts.clone();
-        async move {
+        ReadOnce::new(async move {
             Ok::<_, std::convert::Infallible>(
                 tunnelled(app, req, target, identity, &verdicts).await,
             )
-        }
+        })
     });
     let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
     let conn = builder.serve_connection_with_upgrades(TokioIo::new(tls), service);
