@@ -286,6 +286,12 @@ impl Scan {
         if line.is_empty() {
             return self.head_ended();
         }
+        // Only `Content-Length`, `Transfer-Encoding` and `Upgrade` matter
+        // here: any other line is passed at its first letter, unread (what
+        // hyper makes of a malformed one is its own answer).
+        if !matches!(line[0].to_ascii_lowercase(), b'c' | b't' | b'u') {
+            return None;
+        }
         let Some(colon) = line.iter().position(|&b| b == b':') else {
             // hyper refuses it; nothing more to follow.
             self.state = State::Done;
