@@ -301,7 +301,7 @@ fn refused_target<'t>(
             "only http and https targets",
         );
     }
-    let host = normalise_host(target.authority.host());
+    let host = normalise_host(target.host());
     if host.is_empty() {
         return refuse(
             StatusCode::BAD_REQUEST,

@@ -43,8 +43,11 @@ impl Target {
     /// header, a log or the provider.
     pub fn of(uri: &Uri) -> Option<Target> {
         let authority = uri.authority()?;
-        let authority = match authority.as_str().rsplit_once('@') {
-            Some((_, bare)) => bare.parse().ok()?,
+        // A byte search, not `rsplit_once`'s char searcher: ~350
+        // instructions a request for a 15-byte authority (R-PF1).
+        let written = authority.as_str();
+        let authority = match memchr::memrchr(b'@', written.as_bytes()) {
+            Some(at) => written[at + 1..].parse().ok()?,
             // The usual case: nothing to drop, nothing to parse again.
             None => authority.clone(),
         };
@@ -53,6 +56,14 @@ impl Target {
             authority,
             absolute: true,
         })
+    }
+
+    /// The host, as written (an IPv6 literal keeps its brackets): the
+    /// authority without its port — a target's authority has no userinfo,
+    /// so this is `Authority::host` without its searches for one.
+    pub fn host(&self) -> &str {
+        let a = self.authority.as_str();
+        written_port(a).map_or(a, |port| &a[..a.len() - port.len() - 1])
     }
 }
 
@@ -132,6 +143,25 @@ mod tests {
                 parsed.port_u16(),
                 "{authority}"
             );
+        }
+    }
+
+    /// A target's host is `Authority::host`'s, userinfo dropped.
+    #[test]
+    fn a_targets_host_is_its_authoritys() {
+        for uri in [
+            "http://h.test/x",
+            "http://h.test:8080/x",
+            "https://user:pw@h.test:8443/",
+            "http://[::1]:80/",
+            "http://[::1]/",
+            "http://127.0.0.1:9/",
+            "http://h.test:/",
+        ] {
+            let uri: Uri = uri.parse().unwrap();
+            let t = Target::of(&uri).unwrap();
+            assert_eq!(t.host(), uri.host().unwrap(), "{uri}");
+            assert!(!t.authority.as_str().contains('@'), "{uri}");
         }
     }
 
