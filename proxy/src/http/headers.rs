@@ -10,58 +10,62 @@ use crate::http::edge::{ErrorType, Refusal};
 /// `Via` value sluice adds (RFC 9110 §7.6.3).
 const VIA: &str = "1.1 sluice";
 
-/// Whether `name` belongs to one connection, never forwarded (RFC 9110
-/// §7.6.1; besides those named in `Connection`): a `match` on the
-/// lower-case name, which compiles to a look at its length and then one
-/// comparison — not nine `HeaderName` comparisons for every header of
-/// every head (R-PF1, issue 38).
-fn hop_by_hop(name: &HeaderName) -> bool {
-    matches!(
-        name.as_str(),
-        "connection"
-            | "keep-alive"
-            | "proxy-connection"
-            | "proxy-authenticate"
-            | "proxy-authorization"
-            | "te"
-            | "trailer"
-            | "transfer-encoding"
-            | "upgrade"
-    )
+/// The headers that belong to one connection, never forwarded (RFC 9110
+/// §7.6.1; besides those named in `Connection`).
+static HOPS: [HeaderName; 9] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+];
+
+/// Which of [`HOPS`] `name` is, if any: a `match` on the lower-case name,
+/// which compiles to a look at its length and then one comparison — not
+/// nine `HeaderName` comparisons for every header of every head (R-PF1,
+/// issue 38).
+fn hop_by_hop(name: &HeaderName) -> Option<usize> {
+    Some(match name.as_str() {
+        "connection" => 0,
+        "keep-alive" => 1,
+        "proxy-connection" => 2,
+        "proxy-authenticate" => 3,
+        "proxy-authorization" => 4,
+        "te" => 5,
+        "trailer" => 6,
+        "transfer-encoding" => 7,
+        "upgrade" => 8,
+        _ => return None,
+    })
 }
 
 /// Removes hop-by-hop headers, including those `Connection` names.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     // One pass over the names finds those present — most answers have
     // none, a head one or two (`Connection`, a client's
-    // `Proxy-Connection`), noted on the stack — and each goes by one
-    // look-up: not a pass to decide, a look-up for `Connection` and a pass
-    // for each one found (R-PF1, issue 38).
-    const NOTED: usize = 4;
-    let mut present: [Option<HeaderName>; NOTED] = Default::default();
-    let mut found = 0;
-    for name in headers.keys().filter(|k| hop_by_hop(k)) {
-        if found == NOTED {
-            break;
-        }
-        present[found] = Some(name.clone());
-        found += 1;
+    // `Proxy-Connection`), noted by their place in [`HOPS`], not a copy
+    // of their names — and each goes by one look-up: not a pass to
+    // decide, a look-up for `Connection` and a pass for each one found
+    // (R-PF1, issue 38).
+    let mut present = 0u16;
+    for hop in headers.keys().filter_map(hop_by_hop) {
+        present |= 1 << hop;
     }
-    for name in present.into_iter().flatten() {
-        remove_hop(headers, &name);
-    }
-    if found == NOTED {
-        // More than a head ever has: the rest, a pass each.
-        while let Some(name) = headers.keys().find(|k| hop_by_hop(k)).cloned() {
-            remove_hop(headers, &name);
+    for (hop, name) in HOPS.iter().enumerate() {
+        if present & (1 << hop) != 0 {
+            remove_hop(headers, name);
         }
     }
 }
 
 /// Removes the hop-by-hop header `name`, every value. `Connection` goes
 /// in one look-up with all its values, then what it names besides
-/// `keep-alive` and `close` (the usual tokens, which name nothing more to
-/// remove; no copy in the usual case).
+/// `keep-alive` and `close` (the usual values, which name nothing more to
+/// remove: told apart without splitting them into tokens).
 fn remove_hop(headers: &mut HeaderMap, name: &HeaderName) {
     if name != header::CONNECTION {
         headers.remove(name);
@@ -72,6 +76,10 @@ fn remove_hop(headers: &mut HeaderMap, name: &HeaderName) {
     };
     let mut named: Vec<HeaderName> = Vec::new();
     for value in connection.remove_entry_mult().1 {
+        let v = value.as_bytes();
+        if v.eq_ignore_ascii_case(b"keep-alive") || v.eq_ignore_ascii_case(b"close") {
+            continue;
+        }
         let tokens = value.to_str().unwrap_or_default().split(',').map(str::trim);
         named.extend(
             tokens
@@ -79,7 +87,7 @@ fn remove_hop(headers: &mut HeaderMap, name: &HeaderName) {
                     !t.eq_ignore_ascii_case("close") && !t.eq_ignore_ascii_case("keep-alive")
                 })
                 .filter_map(|t| HeaderName::from_bytes(t.as_bytes()).ok())
-                .filter(|n| !hop_by_hop(n)),
+                .filter(|n| hop_by_hop(n).is_none()),
         );
     }
     for name in named {
@@ -152,6 +160,13 @@ mod tests {
         let mut left: Vec<_> = h.keys().map(HeaderName::as_str).collect();
         left.sort_unstable();
         assert_eq!(left, ["content-length", "server"]);
+
+        // `Close` in any case names nothing more.
+        let mut h = HeaderMap::new();
+        h.insert("connection", "CLOSE".parse().unwrap());
+        h.insert("close", "kept".parse().unwrap());
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.keys().collect::<Vec<_>>(), ["close"]);
     }
 
     /// Every hop-by-hop header goes, each value of a repeated one too.
