@@ -53,6 +53,11 @@ pub fn now() -> Instant {
     })
 }
 
+/// The time since `since`, by [`now`] (none if `since` is later).
+pub fn elapsed(since: Instant) -> std::time::Duration {
+    now().saturating_duration_since(since)
+}
+
 pin_project_lite::pin_project! {
     /// A future polled with one clock reading a poll (see the module's
     /// doc).

@@ -343,7 +343,7 @@ where
             let now = crate::clock::now();
             if deadline <= now {
                 return Poll::Ready(Err(Cause::RequestTimeout(RequestTimeout {
-                    after: crate::clock::now().saturating_duration_since(*this.started),
+                    after: now.saturating_duration_since(*this.started),
                     attempts: this.clock.attempts(),
                 })));
             }

@@ -138,7 +138,7 @@ impl<R: CarriesReport> OnAnswer<R> for Stamp {
         let mut resp = result?;
         Report::stamp(
             &mut resp,
-            crate::clock::now().saturating_duration_since(self.start),
+            crate::clock::elapsed(self.start),
             std::time::SystemTime::now(),
             self.dialect,
             self.lane.as_ref(),

@@ -470,9 +470,7 @@ impl Parking {
             () = tokio::time::sleep_until(until) => {}
         }
         if let Some(c) = clock {
-            c.give_back(
-                planned.saturating_sub(crate::clock::now().saturating_duration_since(start)),
-            );
+            c.give_back(planned.saturating_sub(crate::clock::elapsed(start)));
         }
     }
 }

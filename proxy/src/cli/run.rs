@@ -575,7 +575,6 @@ fn fail(why: &str) -> ExitCode {
     ExitCode::FAILURE
 }
 
-/// One admin API call: status and JSON answer.
 /// How long an open run's calls to the admin API are tried again while it
 /// cannot be reached: sluice restarting (a `kill -9` and its supervisor's
 /// restart take about a second), which the run and its lease survive
@@ -606,6 +605,7 @@ async fn call_through_restart(
     }
 }
 
+/// One admin API call: status and JSON answer.
 pub(crate) async fn call(
     admin: SocketAddr,
     method: &str,

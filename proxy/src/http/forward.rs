@@ -178,9 +178,7 @@ pub async fn forward(
         };
         app.runs.after(user, run, Some(&provider.name), answer);
     }
-    let elapsed_ms = sluice_policy::clock::now()
-        .saturating_duration_since(started)
-        .as_millis() as u64;
+    let elapsed_ms = sluice_policy::clock::elapsed(started).as_millis() as u64;
     app.metrics
         .request_with(provider.label(), &provider.requests, final_outcome(&result));
     let remaining = run.as_ref().map(run_remaining);
