@@ -52,6 +52,7 @@ pub mod run;
 pub mod settings;
 pub mod stack;
 pub mod timeout;
+mod window;
 
 pub use classify::Outcome;
 pub use error::BoxError;

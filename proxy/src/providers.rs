@@ -17,7 +17,7 @@
 //! reload all take the same two locks in the same order, and reading them
 //! side by side is how that order stays right.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
@@ -64,9 +64,22 @@ fn fingerprint(state: &LearnedState, used: Duration, now: Instant, epoch: Instan
 /// and a map keeps its largest size otherwise (R-PF1, issue 38: 0.3 KB a
 /// host 15 s after 10,000 hosts, none of them live).
 fn shrink<K: Eq + std::hash::Hash, V, S: std::hash::BuildHasher>(map: &mut HashMap<K, V, S>) {
-    if map.capacity() > 4 * map.len().max(64) {
-        map.shrink_to(2 * map.len());
+    if let Some(room) = room_to_keep(map.capacity(), map.len()) {
+        map.shrink_to(room);
     }
+}
+
+/// [`shrink`], for the table.
+fn shrink_table(table: &mut Table) {
+    if let Some(room) = room_to_keep(table.capacity(), table.len()) {
+        table.shrink_to(room);
+    }
+}
+
+/// The room a map of `len` keeps, if its `capacity` is over four times
+/// that.
+fn room_to_keep(capacity: usize, len: usize) -> Option<usize> {
+    (capacity > 4 * len.max(64)).then_some(2 * len)
 }
 
 /// Whether `p` is a host's own provider — not a configured one, a lane of
@@ -159,7 +172,34 @@ pub fn recall(store: Arc<Store>) -> Recall {
 
 /// The providers by name: hashed with foldhash (seeded per process), not
 /// SipHash — every request looks its provider up (R-PF1, issue 38).
-type Table = HashMap<Arc<str>, Arc<Provider>, foldhash::fast::RandomState>;
+type Table = HashSet<Entry, foldhash::fast::RandomState>;
+
+/// A provider in the table, found by its own name: a slot holds one
+/// pointer, not a second one to a copy of the name beside it (8 bytes a
+/// slot, not 24: R-PF1, issue 38).
+#[derive(Clone)]
+struct Entry(Arc<Provider>);
+
+impl std::borrow::Borrow<str> for Entry {
+    fn borrow(&self) -> &str {
+        &self.0.name
+    }
+}
+
+impl PartialEq for Entry {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.name == other.0.name
+    }
+}
+
+impl Eq for Entry {}
+
+impl std::hash::Hash for Entry {
+    /// As `str` hashes: found by a `&str`.
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        (*self.0.name).hash(state);
+    }
+}
 
 /// The provider every unknown host shares once the table is full.
 pub const OVERFLOW: &str = "_overflow";
@@ -380,7 +420,7 @@ impl Providers {
         let host = normalise_host(host);
         let rules = self.rules();
         let name = rules.named_for(&host).map_or(&*host, |p| p.name.as_str());
-        entries.get(name).cloned()
+        entries.get(name).map(|e| e.0.clone())
     }
 
     /// The provider name, settings and interception for a host.
@@ -421,7 +461,7 @@ impl Providers {
         }
         let name = if entries.len() >= max && !self.is_named(&name) {
             // Full: unknown hosts share one provider rather than grow memory.
-            if let Some(p) = entries.get(OVERFLOW) {
+            if let Some(Entry(p)) = entries.get(OVERFLOW) {
                 p.touch(self.epoch, now);
                 return p.clone();
             }
@@ -435,7 +475,7 @@ impl Providers {
         };
         let name: Arc<str> = name.into();
         let provider = Arc::new(self.build(&name, settings, intercept, now, None, spoken));
-        entries.insert(name, provider.clone());
+        entries.insert(Entry(provider.clone()));
         provider
     }
 
@@ -458,7 +498,7 @@ impl Providers {
         let name = format!("{}@{}", resource.name(), base.name);
         let now = sluice_policy::clock::now();
         let mut entries = self.entries();
-        if let Some(p) = entries.get(name.as_str()) {
+        if let Some(Entry(p)) = entries.get(name.as_str()) {
             p.touch(self.epoch, now);
             return (p.clone(), Some(resource));
         }
@@ -467,8 +507,8 @@ impl Providers {
             self.make_room(&mut entries, now);
         }
         let lanes = entries
-            .values()
-            .filter(|p| p.lane_of.as_deref() == Some(&*base.name))
+            .iter()
+            .filter(|Entry(p)| p.lane_of.as_deref() == Some(&*base.name))
             .count();
         if entries.len() >= max || lanes >= MAX_LANES {
             return (base.clone(), None);
@@ -482,13 +522,13 @@ impl Providers {
             Some((*base.name).into()),
             base.spoken,
         ));
-        entries.insert(name, lane.clone());
+        entries.insert(Entry(lane.clone()));
         (lane, Some(resource))
     }
 
     /// The live provider with this name, if any.
     pub fn live(&self, name: &str) -> Option<Arc<Provider>> {
-        self.entries().get(name).cloned()
+        self.entries().get(name).map(|e| e.0.clone())
     }
 
     fn is_named(&self, name: &str) -> bool {
@@ -639,7 +679,7 @@ impl Providers {
         let mut entries = self.entries();
         let mut gone = self.evict_idle(&mut entries, now);
         gone.extend(self.let_go_quiet(&mut entries, now));
-        shrink(&mut entries);
+        shrink_table(&mut entries);
         drop(entries);
         self.forget(&gone);
         let max_age = self.rules().limits.state_max_age;
@@ -689,7 +729,8 @@ impl Providers {
         let idle = rules.limits.provider_idle;
         let mut kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
         let mut gone = Vec::new();
-        entries.retain(|name, p| {
+        entries.retain(|Entry(p)| {
+            let name = &p.name;
             let unused = now.saturating_duration_since(p.last_used(self.epoch)) >= idle;
             let busy = Arc::strong_count(p) > 1 || p.policy.bulkhead.in_flight() > 0;
             if unused && !busy {
@@ -729,7 +770,8 @@ impl Providers {
             return gone;
         }
         let mut kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
-        entries.retain(|name, p| {
+        entries.retain(|Entry(p)| {
+            let name = &p.name;
             let quiet = now.saturating_duration_since(p.last_used(self.epoch)) >= p.policy.quiet();
             if !quiet || Arc::strong_count(p) > 1 || !own(&rules, name, p) {
                 return true;
@@ -753,7 +795,7 @@ impl Providers {
 
     /// The `n` live providers used last, by name; and how many are live.
     pub fn recent(&self, n: usize) -> (Vec<Arc<Provider>>, usize) {
-        let mut all: Vec<_> = self.entries().values().cloned().collect();
+        let mut all: Vec<_> = self.entries().iter().map(|e| e.0.clone()).collect();
         let total = all.len();
         if n < total {
             all.select_nth_unstable_by_key(n, |p| {
@@ -767,7 +809,7 @@ impl Providers {
 
     /// Every live provider, by name.
     pub fn all(&self) -> Vec<Arc<Provider>> {
-        let mut all: Vec<_> = self.entries().values().cloned().collect();
+        let mut all: Vec<_> = self.entries().iter().map(|e| e.0.clone()).collect();
         all.sort_by(|a, b| a.name.cmp(&b.name));
         all
     }

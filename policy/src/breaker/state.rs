@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use super::RECENT_TRANSITIONS;
 use crate::settings::{ProviderSettings, ValidSettings};
+use crate::window::Window;
 
 /// Buckets in the sliding window.
 const BUCKETS: usize = 10;
@@ -125,11 +126,7 @@ pub enum Permit {
     Parked,
 }
 
-/// One slot of time's counts. Which slot a bucket holds is not kept in it
-/// (12 bytes a bucket, not 16: R-PF1, issue 38): the bucket at index `i`
-/// holds the latest slot `≡ i (mod BUCKETS)` up to the newest counted
-/// ([`Breaker::last`]), as buckets are emptied when the window moves past
-/// them.
+/// One slot of time's counts.
 #[derive(Debug, Clone, Copy, Default)]
 struct Bucket {
     calls: u32,
@@ -161,9 +158,9 @@ pub struct Breaker {
     since: Instant,
     /// Origin of the window's slots.
     epoch: Instant,
-    buckets: [Bucket; BUCKETS],
-    /// The newest slot counted (index since `epoch`): see [`Bucket`].
-    last: u64,
+    /// The window: the slots that counted answers (a host asked once
+    /// keeps one, not an array of `BUCKETS`: R-PF1, issue 38).
+    buckets: Window<Bucket, { BUCKETS as u32 }>,
     /// The provider's settings (window, ratio, minimum calls, open time,
     /// probes), shared, not copied: 40 bytes fewer a provider (R-PF1,
     /// issue 38).
@@ -199,8 +196,7 @@ impl Breaker {
             state: State::Closed,
             since: now,
             epoch: now,
-            buckets: [Bucket::default(); BUCKETS],
-            last: 0,
+            buckets: Window::default(),
             settings,
             probes_in_flight: 0,
             probe_successes: 0,
@@ -312,53 +308,26 @@ impl Breaker {
     }
 
     fn totals_with_throttles(&self, now: Instant) -> (u32, u32, u32) {
-        let slot = self.slot(now);
-        let buckets = BUCKETS as u64;
         self.buckets
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| {
-                // The slot bucket `i` holds: the latest `≡ i` up to `last`
-                // (none before the first slot).
-                let back = (self.last + buckets - *i as u64) % buckets;
-                let Some(held) = self.last.checked_sub(back) else {
-                    return false;
-                };
-                held <= slot && slot - held < buckets
-            })
-            .fold((0, 0, 0), |(c, f, t), (_, b)| {
+            .live(self.slot(now))
+            .fold((0, 0, 0), |(c, f, t), b| {
                 (c + b.calls, f + b.failures, t + b.throttles)
             })
     }
 
     /// Empties every bucket (the window starts over).
     fn forget_window(&mut self) {
-        self.buckets = [Bucket::default(); BUCKETS];
-        self.last = 0;
+        self.buckets.clear();
     }
 
     fn count(&mut self, failure: bool, throttle: bool, now: Instant) {
-        let slot = self.slot(now);
-        let buckets = BUCKETS as u64;
-        if slot > self.last {
-            // The window moved: the buckets it passed are emptied for the
-            // slots they now hold.
-            if slot - self.last >= buckets {
-                self.buckets = [Bucket::default(); BUCKETS];
-            } else {
-                for k in self.last + 1..=slot {
-                    self.buckets[(k % buckets) as usize] = Bucket::default();
-                }
-            }
-            self.last = slot;
-        } else if self.last - slot >= buckets {
-            // Older than the window (a clock read before the last count).
-            return;
+        // A slot the window has passed (a clock read long before the last
+        // count) is not counted.
+        if let Some(b) = self.buckets.at(self.slot(now)) {
+            b.calls += 1;
+            b.failures += u32::from(failure);
+            b.throttles += u32::from(failure && throttle);
         }
-        let b = &mut self.buckets[(slot % buckets) as usize];
-        b.calls += 1;
-        b.failures += u32::from(failure);
-        b.throttles += u32::from(failure && throttle);
     }
 
     fn go(
@@ -525,8 +494,8 @@ mod tests {
     use proptest::prelude::*;
 
     proptest! {
-        /// The window's totals, its buckets keeping no slot of their own
-        /// (issue 38), are the answers counted in its last `BUCKETS` slots,
+        /// The window's totals, its buckets kept sparse (issue 38), are the
+        /// answers counted in its last `BUCKETS` slots,
         /// as a list of every answer says — across gaps longer than the
         /// window, many in one slot, and clock reads a hair early (another
         /// thread's, read before this one's, within the newest slot).
@@ -544,7 +513,8 @@ mod tests {
                 // Mostly forward; now and then a read a little earlier,
                 // within the newest slot.
                 now = if back {
-                    let newest = t0 + Duration::from_millis(b.last * len);
+                    let last = b.buckets.newest().unwrap_or(0);
+                    let newest = t0 + Duration::from_millis(last * len);
                     now.checked_sub(Duration::from_millis(ms % len))
                         .unwrap_or(now)
                         .max(newest)

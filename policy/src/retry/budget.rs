@@ -12,15 +12,13 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::window::Window;
+
 const SLOTS: usize = 10;
 
+/// One slot of time's requests and retries.
 #[derive(Debug, Clone, Copy, Default)]
 struct Slot {
-    /// The slot of time it counts (index since `epoch`), its low 32 bits:
-    /// 12 bytes a slot, not 16 (R-PF1, issue 38). Found by the whole
-    /// index, a slot's low bits only tell it from one left 2³² slots
-    /// before.
-    index: u32,
     deposits: u32,
     withdrawals: u32,
 }
@@ -29,7 +27,9 @@ struct Slot {
 #[derive(Debug, Clone)]
 pub struct RatioBudget {
     epoch: Instant,
-    slots: [Slot; SLOTS],
+    /// The slots that counted something (a host asked once keeps one, not
+    /// an array of `SLOTS`: R-PF1, issue 38).
+    slots: Window<Slot, { SLOTS as u32 }>,
     /// A slot's length, milliseconds (at least one).
     slot_ms: u32,
     /// Retries a request earns.
@@ -49,7 +49,7 @@ impl RatioBudget {
             .clamp(1, u128::from(u32::MAX));
         RatioBudget {
             epoch: now,
-            slots: [Slot::default(); SLOTS],
+            slots: Window::default(),
             slot_ms: slot_ms as u32,
             ratio,
             reserve: (f64::from(min_per_sec) * ttl.as_secs_f64()) as f32,
@@ -61,34 +61,19 @@ impl RatioBudget {
         (now.saturating_duration_since(self.epoch).as_millis() / u128::from(self.slot_ms)) as u64
     }
 
-    fn current(&mut self, now: Instant) -> &mut Slot {
-        let index = self.index(now);
-        let slot = &mut self.slots[(index % SLOTS as u64) as usize];
-        if slot.index != index as u32 {
-            *slot = Slot {
-                index: index as u32,
-                ..Slot::default()
-            };
-        }
-        slot
-    }
-
-    fn live(&self, now: Instant) -> impl Iterator<Item = &Slot> {
-        let index = self.index(now) as u32;
-        self.slots
-            .iter()
-            .filter(move |s| index.wrapping_sub(s.index) < SLOTS as u32)
-    }
-
     /// A request was made.
     pub fn deposit(&mut self, now: Instant) {
-        let slot = self.current(now);
-        slot.deposits = slot.deposits.saturating_add(1);
+        // A slot the window has passed (a clock read long before the last
+        // count) earns nothing.
+        if let Some(slot) = self.slots.at(self.index(now)) {
+            slot.deposits = slot.deposits.saturating_add(1);
+        }
     }
 
     /// Retries that may be made now.
     pub fn balance(&self, now: Instant) -> f64 {
-        let (deposits, withdrawals) = self.live(now).fold((0u64, 0u64), |(d, w), s| {
+        let live = self.slots.live(self.index(now));
+        let (deposits, withdrawals) = live.fold((0u64, 0u64), |(d, w), s| {
             (d + u64::from(s.deposits), w + u64::from(s.withdrawals))
         });
         (f64::from(self.reserve) + self.ratio * deposits as f64 - withdrawals as f64).max(0.0)
@@ -99,9 +84,14 @@ impl RatioBudget {
         if self.balance(now) < 1.0 {
             return false;
         }
-        let slot = self.current(now);
-        slot.withdrawals = slot.withdrawals.saturating_add(1);
-        true
+        match self.slots.at(self.index(now)) {
+            Some(slot) => {
+                slot.withdrawals = slot.withdrawals.saturating_add(1);
+                true
+            }
+            // Not counted, not made.
+            None => false,
+        }
     }
 }
 
