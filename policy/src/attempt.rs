@@ -28,9 +28,9 @@ use std::time::{Duration, SystemTime};
 
 use http::{Method, Request};
 
-use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 
+use crate::bulkhead::Permit;
 use crate::classify::{Dialect, ErrorBody, Outcome, Resource};
 use crate::quota::{Advertised, Malformed};
 use crate::run::RunHandle;
@@ -203,7 +203,7 @@ impl Report {
 /// attempt in flight while the body streams.
 #[derive(Debug, Clone)]
 pub struct InFlight {
-    _permit: Arc<OwnedSemaphorePermit>,
+    _permit: Arc<Permit>,
 }
 
 /// Where an answer's [`Report`] and its attempt's bulkhead permit ride: in
@@ -229,7 +229,7 @@ pub trait CarriesReport: Sized {
     }
 
     /// Holds the attempt's bulkhead permit with `resp`.
-    fn hold(resp: &mut http::Response<Self>, permit: OwnedSemaphorePermit) {
+    fn hold(resp: &mut http::Response<Self>, permit: Permit) {
         resp.extensions_mut().insert(InFlight {
             _permit: Arc::new(permit),
         });

@@ -4,11 +4,10 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use http::{Request, Response};
-use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 use tower::{Service, ServiceExt};
 
-use super::{BulkheadFull, BulkheadShared};
+use super::{BulkheadFull, BulkheadShared, Permit};
 use crate::attempt::{Attempt, CarriesAttempt, CarriesReport, Report};
 use crate::classify::{Dialect, Resource};
 use crate::error::Cause;
@@ -54,8 +53,8 @@ where
 
     fn call(&mut self, mut req: Request<B>) -> Self::Future {
         let departs = Attempt::of(&req).is_some_and(|a| a.departure.is_some());
-        let acquired = match self.shared.permits.clone().try_acquire_owned() {
-            Ok(permit) if !departs => {
+        let acquired = match Permit::try_take(&self.shared) {
+            Some(permit) if !departs => {
                 let then = Stamp::start(&mut req, &self.shared, permit);
                 return LayerFuture::sent(self.inner.call(req), then);
             }
@@ -66,8 +65,8 @@ where
         LayerFuture::waits(async move {
             let (max_waiting, max_wait) = shared.limits();
             let permit = match acquired {
-                Ok(p) => p,
-                Err(_) => {
+                Some(p) => p,
+                None => {
                     if shared.waiting.fetch_add(1, Ordering::Relaxed) >= max_waiting {
                         shared.waiting.fetch_sub(1, Ordering::Relaxed);
                         return Err(BulkheadFull {
@@ -76,10 +75,8 @@ where
                         .into());
                     }
                     let _waiting = Waiting(&shared.waiting);
-                    match tokio::time::timeout(max_wait, shared.permits.clone().acquire_owned())
-                        .await
-                    {
-                        Ok(Ok(p)) => p,
+                    match tokio::time::timeout(max_wait, Permit::take(&shared)).await {
+                        Ok(Some(p)) => p,
                         _ => {
                             return Err(BulkheadFull {
                                 retry_after: Duration::from_secs(1),
@@ -103,7 +100,7 @@ where
 /// first byte from the permit) and hands the permit to the response.
 #[derive(Debug)]
 pub struct Stamp {
-    permit: OwnedSemaphorePermit,
+    permit: Permit,
     start: Instant,
     dialect: Dialect,
     lane: Option<Resource>,
@@ -116,7 +113,7 @@ impl Stamp {
     fn start<B: CarriesAttempt>(
         req: &mut Request<B>,
         shared: &BulkheadShared,
-        permit: OwnedSemaphorePermit,
+        permit: Permit,
     ) -> Stamp {
         let dialect = shared.dialect();
         let attempt = Attempt::of_mut(req);

@@ -8,9 +8,9 @@ use std::task::{Context, Poll};
 
 use http::{Request, Response, StatusCode};
 use sluice_policy::attempt::{Attempt, CarriesAttempt, CarriesReport, Report};
+use sluice_policy::bulkhead::Permit;
 use sluice_policy::error::Cause;
 use sluice_policy::retry::ReplayBody;
-use tokio::sync::OwnedSemaphorePermit;
 
 /// A request body with a place for its attempt, as the proxy's has.
 #[derive(Debug, Default)]
@@ -41,7 +41,7 @@ impl ReplayBody for Body {
 #[derive(Debug, Default)]
 pub struct Answer {
     report: Option<Report>,
-    _permit: Option<OwnedSemaphorePermit>,
+    _permit: Option<Permit>,
 }
 
 impl CarriesReport for Answer {
@@ -57,7 +57,7 @@ impl CarriesReport for Answer {
         resp.body_mut().report = Some(report);
     }
 
-    fn hold(resp: &mut Response<Self>, permit: OwnedSemaphorePermit) {
+    fn hold(resp: &mut Response<Self>, permit: Permit) {
         resp.body_mut()._permit = Some(permit);
     }
 }

@@ -13,9 +13,9 @@ use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use sluice_policy::attempt::{Attempt, CarriesAttempt, CarriesReport, Report};
+use sluice_policy::bulkhead::Permit;
 use sluice_policy::retry::ReplayBody;
 use sluice_policy::BoxError;
-use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Sleep;
 
 use crate::upstream::pool::Checkin;
@@ -247,7 +247,7 @@ pub struct UpstreamBody {
     report: Option<Report>,
     /// Its attempt's bulkhead permit: the attempt is in flight until this
     /// body is done (R-BH1).
-    _in_flight: Option<OwnedSemaphorePermit>,
+    _in_flight: Option<Permit>,
 }
 
 impl CarriesReport for UpstreamBody {
@@ -263,7 +263,7 @@ impl CarriesReport for UpstreamBody {
         resp.body_mut().report = Some(report);
     }
 
-    fn hold(resp: &mut Response<Self>, permit: OwnedSemaphorePermit) {
+    fn hold(resp: &mut Response<Self>, permit: Permit) {
         resp.body_mut()._in_flight = Some(permit);
     }
 }

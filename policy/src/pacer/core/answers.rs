@@ -90,7 +90,7 @@ impl PacerCore {
             }
         }
         if fb.backoff.is_some() {
-            self.last_backoff = fb.backoff.map(Box::new);
+            self.rare.set(|r| &mut r.last_backoff, fb.backoff);
         }
         if self.aimd.outages() > outages {
             fb.outage = Some(true);

@@ -55,8 +55,6 @@ pub struct PacerCore {
     /// collectors, steady before catch-up (FIFO for one class).
     waiting: FairQueue,
     next_ticket: u64,
-    /// The last cut, boxed: most providers never have one.
-    last_backoff: Option<Box<Backoff>>,
     /// The parts most providers never use: see [`Rare`].
     rare: Rare,
 }
@@ -64,9 +62,10 @@ pub struct PacerCore {
 /// The parts of a pacer most providers never use — an advertised quota
 /// (R-SG1), a tokens budget (R-PD1, R-PD5), a fleet's state (R-DS1), a
 /// window learned from `Retry-After`s, a price list (R-FS2), an allowance
-/// — behind one pointer, made when the first of them is: every tracked
-/// host keeps one pointer, not six (issue 38, R-PF1). Each part is boxed
-/// on its own, so a provider with one pays for that one.
+/// — and the last backoff taken, behind one pointer, made when the first
+/// of them is: every tracked host keeps one pointer, not seven (issue 38,
+/// R-PF1). Each part is boxed on its own, so a provider with one pays for
+/// that one.
 #[derive(Debug, Default)]
 struct Rare(Option<Box<RareParts>>);
 
@@ -88,6 +87,8 @@ struct RareParts {
     pricing: Option<Box<(Costs, Option<http::HeaderName>)>>,
     /// A long-horizon allowance, paced to last its period.
     allowance: Option<Box<AllowanceState>>,
+    /// The last backoff taken, for the snapshot.
+    last_backoff: Option<Box<Backoff>>,
 }
 
 /// A part's reader, and its writer where one is named (neither makes the
@@ -114,6 +115,7 @@ impl Rare {
     rare_part!(window, window_mut, WindowLearner);
     rare_part!(pricing, (Costs, Option<http::HeaderName>));
     rare_part!(allowance, allowance_mut, AllowanceState);
+    rare_part!(last_backoff, Backoff);
 
     /// The parts, made if they were not.
     fn made(&mut self) -> &mut RareParts {
@@ -130,6 +132,7 @@ impl Rare {
                 && parts.window.is_none()
                 && parts.pricing.is_none()
                 && parts.allowance.is_none()
+                && parts.last_backoff.is_none()
             {
                 self.0 = None;
             }
@@ -290,7 +293,6 @@ impl PacerCore {
             holds: 0,
             waiting: FairQueue::default(),
             next_ticket: 0,
-            last_backoff: None,
             rare,
             // The controller keeps the provider's settings, for all of the
             // pacer (R-PF1, issue 38: one reference, not one each).
@@ -311,7 +313,7 @@ impl PacerCore {
         self.aimd.untaught()
             // A rate restored from the store moved without a change.
             && self.aimd.rate() == self.settings().start_rate()
-            && self.last_backoff.is_none()
+            && self.rare.last_backoff().is_none()
             && self.rare.allowance().is_none()
             && self.nothing_followed(now)
     }
@@ -536,7 +538,7 @@ impl PacerCore {
             baseline_ttfb: self.aimd.latency_baseline(),
             error_baseline: self.aimd.error_baseline(),
             on_trial: self.aimd.in_trial(),
-            last_backoff: self.last_backoff.as_deref().copied(),
+            last_backoff: self.rare.last_backoff().copied(),
             quota: self.rare.quota().map(|q| QuotaSnapshot {
                 advertised: q.advertised,
                 reset_in: q.hi.saturating_duration_since(now),

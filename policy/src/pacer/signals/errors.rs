@@ -2,7 +2,7 @@
 //! errors at a rate rise above those at the rates below it or above the
 //! learned baseline (see the module above).
 
-use super::stats::{poisson_tail, rate_test, Count, SIGNIFICANCE};
+use super::stats::{poisson_tail, rate_test, Count, Wide, SIGNIFICANCE};
 
 /// Windows of memory of the error baseline (a decaying average).
 pub const ERROR_MEMORY_WINDOWS: f64 = 30.0;
@@ -127,10 +127,13 @@ impl ErrorTally {
     /// verdict establishes it.
     pub fn add_noise(&mut self, errors: f64, answers: f64) {
         if self.established {
-            self.cur.errors += errors;
+            self.cur.errors += errors as f32;
         } else {
             self.established = true;
-            self.long = Count { answers, errors };
+            self.long = Count {
+                answers: answers as f32,
+                errors: errors as f32,
+            };
             self.prev = Count::default();
         }
     }
@@ -148,7 +151,7 @@ impl ErrorTally {
 
     /// Closes the window: it joins the long memory.
     pub fn roll(&mut self) {
-        let keep = 1.0 - 1.0 / ERROR_MEMORY_WINDOWS;
+        let keep = (1.0 - 1.0 / ERROR_MEMORY_WINDOWS) as f32;
         self.long.answers = self.long.answers * keep + self.cur.answers;
         self.long.errors = self.long.errors * keep + self.cur.errors;
         self.all.answers *= keep;
@@ -170,15 +173,17 @@ impl ErrorTally {
     /// The learned share of errors unrelated to load, once enough answers
     /// were seen.
     pub fn baseline(&self) -> Option<f64> {
-        let n = self.long.answers + self.prev.answers;
+        let (long, prev) = (self.long.wide(), self.prev.wide());
+        let n = long.answers + prev.answers;
         (self.established && n >= ERROR_BASELINE_MIN_ANSWERS)
-            .then(|| ((self.long.errors + self.prev.errors) / n).min(NOISE_MAX))
+            .then(|| ((long.errors + prev.errors) / n).min(NOISE_MAX))
     }
 
     /// The error share over the recent memory, throttles included, not
     /// counting the error that prompted the question.
     pub fn share_recent(&self) -> f64 {
-        ((self.all.errors - 1.0).max(0.0) + 0.5) / (self.all.answers + 1.0)
+        let all = self.all.wide();
+        ((all.errors - 1.0).max(0.0) + 0.5) / (all.answers + 1.0)
     }
 
     /// The error share at rates near `rate`, throttles included, not
@@ -188,10 +193,9 @@ impl ErrorTally {
     /// `None` when too few answers came near `rate` to say.
     pub fn share_near(&self, rate: f64) -> Option<f64> {
         let (lo, hi) = (band(rate * RATE_BELOW), band(rate / RATE_BELOW));
-        let mut near = Count::default();
+        let mut near = Wide::default();
         for c in self.by_rate.range(lo, hi) {
-            near.answers += c.answers;
-            near.errors += c.errors;
+            near.add(c);
         }
         (near.answers >= RATE_AT_MIN_ANSWERS)
             .then(|| ((near.errors - 1.0).max(0.0) + 0.5) / (near.answers + 1.0))
@@ -203,8 +207,8 @@ impl ErrorTally {
     /// the last are significantly above the baseline.
     pub fn evidence(&self, rate: f64) -> Evidence {
         let (at, below) = (band(rate), band(rate * RATE_BELOW));
-        let mut low = Count::default();
-        let mut high = Count {
+        let mut low = Wide::default();
+        let mut high = Wide {
             answers: 1.0,
             errors: 1.0,
         };
@@ -216,14 +220,14 @@ impl ErrorTally {
             } else {
                 continue;
             };
-            side.answers += c.answers;
-            side.errors += c.errors;
+            side.add(c);
         }
         let rises = (low.answers >= RATE_BELOW_MIN_ANSWERS && high.answers >= RATE_AT_MIN_ANSWERS)
             .then(|| rate_test(low, high) < SIGNIFICANCE);
         let above_baseline = self.baseline().map(|p| {
-            let n = self.cur.answers + self.prev.answers + 1.0;
-            let k = self.cur.errors + self.prev.errors + 1.0;
+            let (cur, prev) = (self.cur.wide(), self.prev.wide());
+            let n = cur.answers + prev.answers + 1.0;
+            let k = cur.errors + prev.errors + 1.0;
             poisson_tail(k, p * n) < SIGNIFICANCE
         });
         Evidence {
@@ -235,8 +239,9 @@ impl ErrorTally {
     /// Whether the errors of this window and the last, one more included,
     /// are significantly more than any noise (more than [`NOISE_MAX`]).
     pub fn beyond_noise(&self) -> bool {
-        let n = self.recent[0].answers + self.recent[1].answers + 1.0;
-        let k = self.recent[0].errors + self.recent[1].errors + 1.0;
+        let (a, b) = (self.recent[0].wide(), self.recent[1].wide());
+        let n = a.answers + b.answers + 1.0;
+        let k = a.errors + b.errors + 1.0;
         poisson_tail(k, NOISE_MAX * n) < SIGNIFICANCE
     }
 
@@ -254,7 +259,10 @@ impl ErrorTally {
         }
         match self.baseline() {
             None => true,
-            Some(p) => poisson_tail(self.cur.errors, p * self.cur.answers) < SIGNIFICANCE,
+            Some(p) => {
+                let cur = self.cur.wide();
+                poisson_tail(cur.errors, p * cur.answers) < SIGNIFICANCE
+            }
         }
     }
 }

@@ -25,8 +25,10 @@ pub const LATENCY_ALPHA_UP: f64 = 0.02;
 #[derive(Debug, Clone, Default)]
 pub struct LatencyWatch {
     /// Seconds, newest last; only answers to requests sent since the last
-    /// cut (older ones describe the old rate).
-    samples: VecDeque<f64>,
+    /// cut (older ones describe the old rate). 32-bit floats (a tenth of
+    /// a microsecond at a second): a host answered once keeps 16 bytes
+    /// here, not 32 (R-PF1, issue 38).
+    samples: VecDeque<f32>,
     /// Samples added since the quartile was last judged (32 bits, beside
     /// `baseline_samples`: R-PF1, issue 38).
     fresh: u32,
@@ -41,9 +43,9 @@ pub struct LatencyWatch {
     /// slowly when the new rate is just under its limit) — so a shift
     /// after a cut counts only if it grows worse, or has lasted
     /// [`LATENCY_PATIENCE`] windows. Until then it is a drain. (The
-    /// windows are counted from one, so that the pair has a niche: 16
-    /// bytes, not 24 — R-PF1, issue 38.)
-    last_shift: Option<(f64, NonZeroU32)>,
+    /// windows are counted from one, so that the pair has a niche, and the
+    /// quartile is a 32-bit float: 8 bytes, not 24 — R-PF1, issue 38.)
+    last_shift: Option<(f32, NonZeroU32)>,
 }
 
 /// Windows a shift must persist after a cut before it cuts again (unless
@@ -74,7 +76,7 @@ impl LatencyWatch {
         if self.samples.len() == LATENCY_SAMPLES {
             self.samples.pop_front();
         }
-        self.samples.push_back(ttfb.as_secs_f64());
+        self.samples.push_back(ttfb.as_secs_f32());
         self.fresh = self.fresh.saturating_add(1);
     }
 
@@ -85,7 +87,7 @@ impl LatencyWatch {
     pub fn clear(&mut self) {
         self.samples.clear();
         self.fresh = 0;
-        self.last_shift = Some((f64::INFINITY, NonZeroU32::MIN));
+        self.last_shift = Some((f32::INFINITY, NonZeroU32::MIN));
     }
 
     /// The learned baseline, once enough samples were seen.
@@ -106,7 +108,7 @@ impl LatencyWatch {
         if self.samples.len() < LATENCY_MIN_SAMPLES {
             return None;
         }
-        let mut v: Vec<f64> = self.samples.iter().copied().collect();
+        let mut v: Vec<f64> = self.samples.iter().copied().map(f64::from).collect();
         let i = v.len() / 4;
         let (_, q, _) = v.select_nth_unstable_by(i, f64::total_cmp);
         Some(*q)
@@ -130,19 +132,19 @@ impl LatencyWatch {
                 let shift = match self.last_shift.as_mut() {
                     // The first window after a cut: where the drain starts.
                     Some((q0, windows)) if q0.is_infinite() => {
-                        *q0 = q;
+                        *q0 = q as f32;
                         *windows = windows.saturating_add(1);
                         false
                     }
                     Some((q0, windows)) => {
                         *windows = windows.saturating_add(1);
                         // Counted from one: `LATENCY_PATIENCE` windows or more.
-                        q > *q0 * LATENCY_WORSE || windows.get() > LATENCY_PATIENCE
+                        q > f64::from(*q0) * LATENCY_WORSE || windows.get() > LATENCY_PATIENCE
                     }
                     None => true,
                 };
                 if shift {
-                    self.last_shift = Some((q, NonZeroU32::MIN));
+                    self.last_shift = Some((q as f32, NonZeroU32::MIN));
                     return LatencyVerdict::Shift(Duration::from_secs_f64(q));
                 }
                 return LatencyVerdict::Draining;

@@ -43,4 +43,6 @@ pub use self::latency::{
     LATENCY_BASELINE_MIN_SAMPLES, LATENCY_MIN_SAMPLES, LATENCY_PATIENCE, LATENCY_SAMPLES,
     LATENCY_SLACK, LATENCY_WORSE,
 };
-pub use self::stats::{binomial_tail, poisson_below, poisson_tail, rate_test, Count, SIGNIFICANCE};
+pub use self::stats::{
+    binomial_tail, poisson_below, poisson_tail, rate_test, Count, Wide, SIGNIFICANCE,
+};

@@ -8,13 +8,15 @@
 /// would see a false alarm every minute or so.
 pub const SIGNIFICANCE: f64 = 0.001;
 
-/// Answers and errors over some span.
+/// Answers and errors over some span: 32-bit floats, whole to 2²⁴ and
+/// decayed sums well within their precision — six of them and a band
+/// each are kept by every answered provider (R-PF1, issue 38).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Count {
     /// Answers of any kind.
-    pub answers: f64,
+    pub answers: f32,
     /// Ambiguous errors among them.
-    pub errors: f64,
+    pub errors: f32,
 }
 
 impl Count {
@@ -25,9 +27,34 @@ impl Count {
         }
     }
 
+    /// The counts in 64-bit floats.
+    pub fn wide(&self) -> Wide {
+        Wide {
+            answers: f64::from(self.answers),
+            errors: f64::from(self.errors),
+        }
+    }
+
     /// The error share, if anything was seen.
     pub fn share(&self) -> Option<f64> {
-        (self.answers > 0.0).then(|| self.errors / self.answers)
+        (self.answers > 0.0).then(|| f64::from(self.errors) / f64::from(self.answers))
+    }
+}
+
+/// A [`Count`] in 64-bit floats: sums of counts, and the tests' input.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Wide {
+    /// Answers of any kind.
+    pub answers: f64,
+    /// Ambiguous errors among them.
+    pub errors: f64,
+}
+
+impl Wide {
+    /// Adds `c`'s counts.
+    pub fn add(&mut self, c: &Count) {
+        self.answers += f64::from(c.answers);
+        self.errors += f64::from(c.errors);
     }
 }
 
@@ -36,7 +63,7 @@ impl Count {
 /// how likely are at least this many to have fallen on the high side if
 /// both sides shared one rate? Neither side's rate is taken as known, so a
 /// few lucky error-free answers at a low rate prove nothing.
-pub fn rate_test(low: Count, high: Count) -> f64 {
+pub fn rate_test(low: Wide, high: Wide) -> f64 {
     let k = (low.errors + high.errors).round();
     let x = high.errors.round();
     let n = low.answers + high.answers;
@@ -157,21 +184,21 @@ mod tests {
         let approx = binomial_tail(120, 201, 0.5);
         assert!((exact - approx).abs() < 0.01, "{exact} {approx}");
         // Four errors in 29 answers against none in 50: not proof.
-        let low = Count {
+        let low = Wide {
             answers: 50.0,
             errors: 0.0,
         };
-        let high = Count {
+        let high = Wide {
             answers: 29.0,
             errors: 4.0,
         };
         assert!(rate_test(low, high) > SIGNIFICANCE);
         // Five in 30 against none in 300: proof.
-        let low = Count {
+        let low = Wide {
             answers: 300.0,
             errors: 0.0,
         };
-        let high = Count {
+        let high = Wide {
             answers: 30.0,
             errors: 5.0,
         };
