@@ -1,23 +1,29 @@
-//! One provider's policy state: everything its stack shares, in one `Arc`.
+//! One provider's policy state: everything its stack shares, in one `Arc`
+//! — one allocation, its parts inline, not an `Arc` each (R-PF1, issue 38:
+//! jemalloc's 896-byte class, not six allocations summing 1,008 bytes).
+//! The layers keep the policy and reach their part through it
+//! ([`HasPacer`] and the like).
 //!
 //! The proxy's provider table owns one [`ProviderPolicy`] per provider; the
 //! layers of that provider's stack borrow its parts; metrics, the admin API
 //! and the store read [`ProviderSnapshot`]. There is no second copy of a
 //! rate anywhere.
 
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::breaker::{BreakerShared, BreakerSnapshot, CallPermit, State, TransitionSink};
-use crate::bulkhead::BulkheadShared;
+use crate::breaker::{
+    BreakerShared, BreakerSnapshot, CallPermit, HasBreaker, RetryBudgetLeft, State, TransitionSink,
+};
+use crate::bulkhead::{BulkheadShared, HasBulkhead};
 use crate::classify::Dialect;
 use crate::error::Cause;
 use crate::events::EventSink;
-use crate::pacer::{PacerShared, PacerSnapshot};
-use crate::park::{Neighbours, ParkShared, ParkSnapshot};
-use crate::retry::{Jitter, RetryShared};
+use crate::pacer::{HasPacer, PacerShared, PacerSnapshot};
+use crate::park::{HasPark, Neighbours, ParkShared, ParkSnapshot};
+use crate::retry::{HasRetry, Jitter, RetryShared};
 use crate::run::{Cooldown, Cycle, RunSignals, StopReason};
 use crate::settings::{ProviderSettings, ValidSettings};
 use crate::timeout::{AttemptBound, RequestBound, SharedDuration};
@@ -48,15 +54,15 @@ impl std::fmt::Debug for PolicyOptions {
 pub struct ProviderPolicy {
     pub(crate) name: Arc<str>,
     /// GCRA + AIMD + hold + waiting room.
-    pub pacer: Arc<PacerShared>,
+    pub pacer: PacerShared,
     /// The circuit breaker.
-    pub breaker: Arc<BreakerShared>,
+    pub breaker: BreakerShared,
     /// The retry budget and settings.
-    pub retry: Arc<RetryShared>,
+    pub retry: RetryShared,
     /// Permits for attempts in flight.
-    pub bulkhead: Arc<BulkheadShared>,
+    pub bulkhead: BulkheadShared,
     /// The outage watch and the requests parked through an outage.
-    pub park: Arc<ParkShared>,
+    pub park: ParkShared,
     /// The per-attempt timeout, read on every attempt.
     attempt_timeout: SharedDuration,
     /// The whole request's timeout, read on every request.
@@ -111,22 +117,26 @@ impl ProviderPolicy {
         // Shared, not copied: every provider of the defaults holds the same
         // settings (issue 24: 400 bytes and more of each).
         let settings = settings.into();
-        let retry = Arc::new(RetryShared::with_events(
-            &settings,
-            options.jitter.unwrap_or_else(Jitter::random),
-            options.events.clone(),
-        ));
-        let pacer = PacerShared::with_events(&settings, options.events);
-        let breaker = BreakerShared::new(&settings, retry.clone(), options.sink);
-        let policy = Arc::new(ProviderPolicy {
-            name: name.into(),
-            attempt_timeout: SharedDuration::new(settings.attempt_timeout),
-            request_timeout: SharedDuration::new(settings.request_timeout),
-            park: ParkShared::new(neighbours(&breaker, &pacer)),
-            pacer,
-            breaker,
-            retry,
-            bulkhead: BulkheadShared::new(&settings),
+        // The breaker reads the retry budget, and parking the breaker and
+        // the controller, through the policy they are parts of, not
+        // counted (it holds them).
+        let policy = Arc::new_cyclic(|me: &Weak<ProviderPolicy>| {
+            let budget: Weak<dyn RetryBudgetLeft> = me.clone();
+            let neighbours: Weak<dyn Neighbours> = me.clone();
+            ProviderPolicy {
+                name: name.into(),
+                attempt_timeout: SharedDuration::new(settings.attempt_timeout),
+                request_timeout: SharedDuration::new(settings.request_timeout),
+                park: ParkShared::new(neighbours),
+                pacer: PacerShared::with_events(&settings, options.events.clone()),
+                breaker: BreakerShared::new(&settings, budget, options.sink),
+                retry: RetryShared::with_events(
+                    &settings,
+                    options.jitter.unwrap_or_else(Jitter::random),
+                    options.events,
+                ),
+                bulkhead: BulkheadShared::new(&settings),
+            }
         });
         policy
             .bulkhead
@@ -154,13 +164,13 @@ impl ProviderPolicy {
     }
 
     /// Applies new settings without losing what was learned (R-OP5).
-    pub fn update_settings(&self, settings: impl Into<Arc<ValidSettings>>) {
+    pub fn update_settings(self: &Arc<Self>, settings: impl Into<Arc<ValidSettings>>) {
         let settings = settings.into();
         self.pacer.lock().update_settings(&settings);
         self.pacer.notify();
         self.breaker.update_settings(&settings);
         self.retry.update_settings(&settings);
-        self.bulkhead.update_settings(&settings);
+        BulkheadShared::update_settings(self, &settings);
         self.bulkhead.set_dialect(self.dialect_of(&settings));
         self.attempt_timeout.set(settings.attempt_timeout);
         self.request_timeout.set(settings.request_timeout);
@@ -275,8 +285,8 @@ impl ProviderPolicy {
     /// tunnel sluice does not intercept (R-PX2): the breaker is asked and
     /// one pacing slot is taken. Report how the connection went with
     /// [`TunnelAdmission::connected`].
-    pub async fn admit_tunnel(&self) -> Result<TunnelAdmission, Cause> {
-        let permit = self.breaker.acquire()?;
+    pub async fn admit_tunnel(self: &Arc<Self>) -> Result<TunnelAdmission, Cause> {
+        let permit = BreakerShared::acquire(self)?;
         // If pacing refuses, the permit is dropped: it counts for nothing.
         self.pacer.acquire().await?;
         Ok(TunnelAdmission { permit })
@@ -345,21 +355,7 @@ impl RunSignals for ProviderPolicy {
 
 /// What parking reads of the breaker and the pacer: composed here, so
 /// that no layer imports another.
-fn neighbours(breaker: &Arc<BreakerShared>, pacer: &Arc<PacerShared>) -> Box<dyn Neighbours> {
-    Box::new(PolicyNeighbours {
-        breaker: breaker.clone(),
-        pacer: pacer.clone(),
-    })
-}
-
-/// What a provider's parking reads of its breaker and pacer.
-#[derive(Debug)]
-struct PolicyNeighbours {
-    breaker: Arc<BreakerShared>,
-    pacer: Arc<PacerShared>,
-}
-
-impl Neighbours for PolicyNeighbours {
+impl Neighbours for ProviderPolicy {
     fn breaker_closed(&self) -> bool {
         self.breaker.state() == State::Closed || self.breaker.opened_for_throttles()
     }
@@ -374,6 +370,44 @@ impl Neighbours for PolicyNeighbours {
 
     fn settings(&self) -> Arc<ValidSettings> {
         self.breaker.lock().shared_settings().clone()
+    }
+}
+
+/// What the breaker reads of the retry budget, for its evidence.
+impl RetryBudgetLeft for ProviderPolicy {
+    fn budget_left(&self, at: Instant) -> u32 {
+        self.retry.budget_left(at)
+    }
+}
+
+/// The layers' ways to their parts of the policy.
+impl HasPacer for ProviderPolicy {
+    fn pacer(&self) -> &PacerShared {
+        &self.pacer
+    }
+}
+
+impl HasBreaker for ProviderPolicy {
+    fn breaker(&self) -> &BreakerShared {
+        &self.breaker
+    }
+}
+
+impl HasRetry for ProviderPolicy {
+    fn retry(&self) -> &RetryShared {
+        &self.retry
+    }
+}
+
+impl HasBulkhead for ProviderPolicy {
+    fn bulkhead(&self) -> &BulkheadShared {
+        &self.bulkhead
+    }
+}
+
+impl HasPark for ProviderPolicy {
+    fn park(&self) -> &ParkShared {
+        &self.park
     }
 }
 

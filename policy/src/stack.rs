@@ -145,20 +145,20 @@ where
     // 7. Per-attempt timeout: connect + response head.
     let s = AttemptTimeoutLayer::new(policy.clone()).wrap(upstream);
     // 6. Bulkhead: attempts in flight; stamps TTFB and the outcome.
-    let s = BulkheadLayer::new(policy.bulkhead.clone()).wrap(s);
+    let s = BulkheadLayer::new(policy.clone()).wrap(s);
     // 5. Pacer: GCRA slot at the AIMD rate, Retry-After hold, FIFO.
-    let s = PacerLayer::new(policy.pacer.clone()).wrap(s);
+    let s = PacerLayer::new(policy.clone()).wrap(s);
     // 4. Circuit breaker: fail fast while open.
-    let s = BreakerLayer::new(policy.breaker.clone()).wrap(s);
+    let s = BreakerLayer::new(policy.clone()).wrap(s);
     // 3. Run envelope: request cap and deadline, before each attempt;
     //    a run's request waits out a long hold.
     let s = RunLayer::new(policy.name.clone(), policy.clone()).wrap(s);
     // 2. Parking: while the provider is down, requests wait and only
     //    probes go; failures that prove a request unprocessed wait
     //    too, and resume when it is back (R-RN8, R-RN13).
-    let s = ParkLayer::new(policy.name.clone(), policy.park.clone()).wrap(s);
+    let s = ParkLayer::new(policy.name.clone(), policy.clone()).wrap(s);
     // 1. Retry: ratio budget, full jitter, exact Retry-After.
-    let s = Retry::new(RetryPolicy::new(policy.retry.clone()), s);
+    let s = Retry::new(RetryPolicy::new(policy.clone()), s);
     // 0. Request timeout: the whole request, every attempt and wait,
     //    up to its response head.
     RequestTimeoutLayer::new(policy.clone()).wrap(s)

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use http::{Method, Request, Response, StatusCode};
 use sluice_policy::attempt::Attempt;
-use sluice_policy::breaker::{BreakerLayer, Reason, State, Transition};
+use sluice_policy::breaker::{BreakerLayer, BreakerShared, Reason, State, Transition};
 use sluice_policy::bulkhead::{BulkheadLayer, InFlight};
 use sluice_policy::error::Cause;
 use sluice_policy::error::{Upstream, UpstreamKind};
@@ -148,7 +148,7 @@ fn stack(policy: &Arc<ProviderPolicy>, provider: &Provider) -> ProviderService<S
 async fn fifo_admission_at_the_paced_rate() {
     let (policy, _) = policy(fixed_rate(1.0));
     let provider = Provider::new(|_| status(200));
-    let svc = PacerLayer::new(policy.pacer.clone()).layer(provider.clone());
+    let svc = PacerLayer::new(policy.clone()).layer(provider.clone());
     let t0 = Instant::now();
     let mut tasks = Vec::new();
     for i in 0..5 {
@@ -178,7 +178,7 @@ async fn hold_applies_to_waiters_already_queued() {
         },
         _ => status(200),
     });
-    let svc = PacerLayer::new(policy.pacer.clone()).layer(provider.clone());
+    let svc = PacerLayer::new(policy.clone()).layer(provider.clone());
     let t0 = Instant::now();
     let first = tokio::spawn(svc.clone().oneshot(get("0")));
     sleep(Duration::from_millis(1)).await;
@@ -211,7 +211,7 @@ async fn bounded_wait_refuses_at_once_with_the_wait() {
     settings.max_queue_wait = Duration::from_secs(2);
     let (policy, _) = policy(settings);
     let provider = Provider::new(|_| status(200));
-    let svc = PacerLayer::new(policy.pacer.clone()).layer(provider.clone());
+    let svc = PacerLayer::new(policy.clone()).layer(provider.clone());
     let t0 = Instant::now();
     let mut tasks = Vec::new();
     for i in 0..3 {
@@ -244,7 +244,7 @@ async fn hold_past_the_queue_wait_refuses_waiters_at_once() {
         delay: Duration::from_millis(100),
         ..throttle("30")
     });
-    let svc = PacerLayer::new(policy.pacer.clone()).layer(provider.clone());
+    let svc = PacerLayer::new(policy.clone()).layer(provider.clone());
     let t0 = Instant::now();
     let first = tokio::spawn(svc.clone().oneshot(get("0")));
     sleep(Duration::from_millis(1)).await;
@@ -264,7 +264,7 @@ async fn hold_past_the_queue_wait_refuses_waiters_at_once() {
 async fn cancelled_waiters_leave_the_queue() {
     let (policy, _) = policy(fixed_rate(1.0));
     let provider = Provider::new(|_| status(200));
-    let svc = PacerLayer::new(policy.pacer.clone()).layer(provider.clone());
+    let svc = PacerLayer::new(policy.clone()).layer(provider.clone());
     let t0 = Instant::now();
     svc.clone().oneshot(get("0")).await.unwrap();
     let ghost = tokio::spawn(svc.clone().oneshot(get("ghost")));
@@ -309,7 +309,7 @@ async fn breaker_cycle_with_evidence() {
         4 | 5 => status(200),
         _ => status(502),
     });
-    let mut svc = BreakerLayer::new(policy.breaker.clone()).layer(provider.clone());
+    let mut svc = BreakerLayer::new(policy.clone()).layer(provider.clone());
     for i in 0..4 {
         if i > 0 {
             sleep(Duration::from_secs(1)).await;
@@ -384,7 +384,7 @@ async fn a_breaker_opened_by_throttles_says_so() {
     for (code, throttled) in [(429, true), (500, false)] {
         let (policy, _evidence) = policy(breaker_settings());
         let provider = Provider::new(move |_| status(code));
-        let mut svc = BreakerLayer::new(policy.breaker.clone()).layer(provider.clone());
+        let mut svc = BreakerLayer::new(policy.clone()).layer(provider.clone());
         for _ in 0..4 {
             svc.ready().await.unwrap().call(get("x")).await.unwrap();
             sleep(Duration::from_millis(500)).await;
@@ -407,7 +407,7 @@ async fn a_config_change_clears_the_breaker() {
         0..=2 => status(500),
         _ => status(200),
     });
-    let mut svc = BreakerLayer::new(policy.breaker.clone()).layer(provider.clone());
+    let mut svc = BreakerLayer::new(policy.clone()).layer(provider.clone());
     for _ in 0..3 {
         svc.ready().await.unwrap().call(get("x")).await.unwrap();
     }
@@ -435,7 +435,7 @@ async fn a_config_change_clears_the_breaker() {
         )
     );
     let provider = Provider::new(|_| status(200));
-    let mut svc = BreakerLayer::new(policy.breaker.clone()).layer(provider.clone());
+    let mut svc = BreakerLayer::new(policy.clone()).layer(provider.clone());
     let resp = svc.ready().await.unwrap().call(get("x")).await.unwrap();
     assert_eq!(resp.status(), 200);
     assert_eq!(provider.arrivals().len(), 1);
@@ -446,7 +446,7 @@ fn policy_open() -> (Arc<ProviderPolicy>, Evidence) {
     let (policy, evidence) = policy(breaker_settings());
     let now = Instant::now();
     for _ in 0..4 {
-        let permit = policy.breaker.acquire().expect("closed");
+        let permit = BreakerShared::acquire(&policy).expect("closed");
         permit.finish(Some(true));
     }
     assert_eq!(policy.breaker.snapshot(now).state, State::Open);
@@ -459,7 +459,7 @@ fn policy_open() -> (Arc<ProviderPolicy>, Evidence) {
 async fn no_false_open_below_minimum_throughput() {
     let (policy, evidence) = policy(ProviderSettings::default());
     let provider = Provider::new(|_| status(500));
-    let mut svc = BreakerLayer::new(policy.breaker.clone()).layer(provider.clone());
+    let mut svc = BreakerLayer::new(policy.clone()).layer(provider.clone());
     for _ in 0..19 {
         svc.ready().await.unwrap().call(get("x")).await.unwrap();
     }
@@ -1137,7 +1137,7 @@ async fn bulkhead_caps_attempts_in_flight() {
         delay: Duration::from_secs(2),
         ..status(200)
     });
-    let svc = BulkheadLayer::new(policy.bulkhead.clone()).layer(provider.clone());
+    let svc = BulkheadLayer::new(policy.clone()).layer(provider.clone());
     let t0 = Instant::now();
     let a = tokio::spawn(svc.clone().oneshot(get("a")));
     let b = tokio::spawn(svc.clone().oneshot(get("b")));
@@ -1169,7 +1169,7 @@ async fn the_permit_lives_with_the_response() {
     };
     let (policy, _) = policy(settings);
     let provider = Provider::new(|_| status(200));
-    let svc = BulkheadLayer::new(policy.bulkhead.clone()).layer(provider.clone());
+    let svc = BulkheadLayer::new(policy.clone()).layer(provider.clone());
     let mut resp = svc.clone().oneshot(get("a")).await.unwrap();
     assert_eq!(policy.bulkhead.in_flight(), 1, "the body is still to come");
     let held = resp
@@ -1195,7 +1195,7 @@ async fn bulkhead_wait_is_bounded() {
         delay: Duration::from_secs(60),
         ..status(200)
     });
-    let svc = BulkheadLayer::new(policy.bulkhead.clone()).layer(provider.clone());
+    let svc = BulkheadLayer::new(policy.clone()).layer(provider.clone());
     let _hung = tokio::spawn(svc.clone().oneshot(get("a")));
     sleep(Duration::from_millis(1)).await;
     let t = Instant::now();
@@ -1216,7 +1216,7 @@ async fn breaker_can_wait_for_the_probe() {
     };
     let (policy, evidence) = policy(settings);
     let provider = Provider::new(|n| if n < 4 { status(500) } else { status(200) });
-    let mut svc = BreakerLayer::new(policy.breaker.clone()).layer(provider.clone());
+    let mut svc = BreakerLayer::new(policy.clone()).layer(provider.clone());
     for _ in 0..4 {
         svc.ready().await.unwrap().call(get("x")).await.unwrap();
     }

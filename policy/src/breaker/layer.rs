@@ -3,26 +3,32 @@ use std::sync::Arc;
 use tower::Layer;
 
 use super::service::Breaker;
-use super::BreakerShared;
+use super::HasBreaker;
 
 /// Applies a provider's breaker. Cloning the layer shares the same state.
-#[derive(Debug, Clone)]
-pub struct BreakerLayer {
-    shared: Arc<BreakerShared>,
+#[derive(Debug)]
+pub struct BreakerLayer<P> {
+    shared: Arc<P>,
 }
 
-impl BreakerLayer {
-    /// A layer over the given shared breaker.
-    pub fn new(shared: Arc<BreakerShared>) -> Self {
-        BreakerLayer { shared }
+impl<P> Clone for BreakerLayer<P> {
+    fn clone(&self) -> Self {
+        BreakerLayer {
+            shared: self.shared.clone(),
+        }
     }
 }
 
-impl BreakerLayer {
+impl<P: HasBreaker> BreakerLayer<P> {
+    /// A layer over the breaker `shared` holds.
+    pub fn new(shared: Arc<P>) -> Self {
+        BreakerLayer { shared }
+    }
+
     /// [`Layer::layer`] taking the layer: its handles move into the
     /// service rather than being counted again (a provider's stack is
     /// composed for each request, R-PF1).
-    pub fn wrap<S>(self, inner: S) -> Breaker<S> {
+    pub fn wrap<S>(self, inner: S) -> Breaker<S, P> {
         Breaker {
             inner,
             shared: self.shared,
@@ -30,10 +36,10 @@ impl BreakerLayer {
     }
 }
 
-impl<S> Layer<S> for BreakerLayer {
-    type Service = Breaker<S>;
+impl<S, P: HasBreaker> Layer<S> for BreakerLayer<P> {
+    type Service = Breaker<S, P>;
 
-    fn layer(&self, inner: S) -> Breaker<S> {
+    fn layer(&self, inner: S) -> Breaker<S, P> {
         Breaker {
             inner,
             shared: self.shared.clone(),

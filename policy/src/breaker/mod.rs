@@ -23,7 +23,7 @@ mod service;
 pub mod state;
 
 use std::fmt;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use tokio::time::Instant;
 
@@ -47,8 +47,17 @@ impl<F: Fn(Instant) -> u32 + Send + Sync> RetryBudgetLeft for F {
     }
 }
 
-/// Where the breaker reads the retry budget left.
-pub type BudgetLeft = Arc<dyn RetryBudgetLeft>;
+/// Where the breaker reads the retry budget left: the provider's policy it
+/// is a part of (not counted: it holds the breaker).
+pub type BudgetLeft = Weak<dyn RetryBudgetLeft>;
+
+/// What holds a breaker: a provider's policy, whose one allocation holds
+/// every part of it (R-PF1, issue 38). The layer and its permits keep the
+/// holder.
+pub trait HasBreaker: Send + Sync + 'static {
+    /// The breaker.
+    fn breaker(&self) -> &BreakerShared;
+}
 
 /// What takes a breaker's transitions: a closure, or a value that takes
 /// the provider's events too ([`crate::events::EventObserver`]).
@@ -96,17 +105,18 @@ impl fmt::Debug for BreakerShared {
 }
 
 impl BreakerShared {
-    /// A closed breaker publishing to `sink`.
+    /// A closed breaker publishing to `sink`: a part of the provider's
+    /// one allocation ([`crate::provider`]).
     pub fn new(
         settings: &Arc<ValidSettings>,
         budget_left: BudgetLeft,
         sink: Option<TransitionSink>,
-    ) -> Arc<Self> {
-        Arc::new(BreakerShared {
+    ) -> Self {
+        BreakerShared {
             breaker: Mutex::new(Breaker::new(settings.clone(), crate::clock::now())),
             budget_left,
             sink,
-        })
+        }
     }
 
     /// Locks the state machine (a poisoned lock is recovered: plain data).
@@ -139,7 +149,7 @@ impl BreakerShared {
 
     /// Completes a transition's evidence and publishes it.
     pub fn publish(&self, mut t: Transition) {
-        t.retry_budget_left = Some(self.budget_left.budget_left(t.at));
+        t.retry_budget_left = self.budget_left.upgrade().map(|b| b.budget_left(t.at));
         if let Some(sink) = &self.sink {
             sink.transition(&t);
         }
@@ -153,21 +163,22 @@ impl BreakerShared {
         self.lock().recent().to_vec()
     }
 
-    /// Asks for a permit now, publishing the Open → HalfOpen transition if
-    /// the reset timeout has passed. `Err` says how long until a probe may
-    /// go, and which open period this is.
-    pub fn acquire(self: &Arc<Self>) -> Result<CallPermit, CircuitOpen> {
+    /// Asks `holder`'s breaker for a permit now, publishing the Open →
+    /// HalfOpen transition if the reset timeout has passed. `Err` says how
+    /// long until a probe may go, and which open period this is.
+    pub fn acquire<P: HasBreaker>(holder: &Arc<P>) -> Result<CallPermit, CircuitOpen> {
+        let this = holder.breaker();
         let (permit, transition, cycle, throttled) = {
-            let mut b = self.lock();
+            let mut b = this.lock();
             let (permit, transition) = b.try_acquire(crate::clock::now());
             (permit, transition, b.cycle(), b.opened_for_throttles())
         };
         if let Some(t) = transition {
-            self.publish(t);
+            this.publish(t);
         }
         match permit {
             Ok(permit) => Ok(CallPermit {
-                shared: self.clone(),
+                shared: holder.clone(),
                 permit: Some(permit),
             }),
             Err(retry_after) => Err(CircuitOpen {
@@ -178,15 +189,16 @@ impl BreakerShared {
         }
     }
 
-    /// A permit for the probe of parked requests ([`Permit::Parked`]):
-    /// never refused.
-    pub fn acquire_parked(self: &Arc<Self>) -> CallPermit {
-        let (permit, transition) = self.lock().acquire_parked(crate::clock::now());
+    /// A permit from `holder`'s breaker for the probe of parked requests
+    /// ([`Permit::Parked`]): never refused.
+    pub fn acquire_parked<P: HasBreaker>(holder: &Arc<P>) -> CallPermit {
+        let this = holder.breaker();
+        let (permit, transition) = this.lock().acquire_parked(crate::clock::now());
         if let Some(t) = transition {
-            self.publish(t);
+            this.publish(t);
         }
         CallPermit {
-            shared: self.clone(),
+            shared: holder.clone(),
             permit: Some(permit),
         }
     }
@@ -234,10 +246,18 @@ impl BreakerShared {
 /// A call the breaker let through. [`CallPermit::finish`] records how it
 /// went; dropped without a verdict (refused further down, or its client
 /// went away) it counts for nothing and gives a half-open probe slot back.
-#[derive(Debug)]
 pub struct CallPermit {
-    shared: Arc<BreakerShared>,
+    /// What holds the breaker.
+    shared: Arc<dyn HasBreaker>,
     permit: Option<Permit>,
+}
+
+impl fmt::Debug for CallPermit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CallPermit")
+            .field("permit", &self.permit)
+            .finish()
+    }
 }
 
 impl CallPermit {
@@ -263,7 +283,7 @@ impl CallPermit {
             return;
         };
         let transition = {
-            let mut b = self.shared.lock();
+            let mut b = self.shared.breaker().lock();
             match failure {
                 Some((f, throttle)) => b.record(permit, f, throttle, crate::clock::now()),
                 None => {
@@ -273,7 +293,7 @@ impl CallPermit {
             }
         };
         if let Some(t) = transition {
-            self.shared.publish(t);
+            self.shared.breaker().publish(t);
         }
     }
 }

@@ -4,21 +4,31 @@ use std::task::{Context, Poll};
 use http::{Request, Response};
 use tower::{Service, ServiceExt};
 
-use super::{BreakerShared, CallPermit};
+use super::{BreakerShared, CallPermit, HasBreaker};
 use crate::attempt::{Attempt, CarriesAttempt, CarriesReport};
 use crate::classify::Outcome;
 use crate::error::Cause;
 use crate::future::{take_readied, LayerFuture, OnAnswer};
 
 /// Fails fast while the provider's circuit is open; counts outcomes.
-#[derive(Debug, Clone)]
-pub struct Breaker<S> {
+#[derive(Debug)]
+pub struct Breaker<S, P> {
     pub(super) inner: S,
-    pub(super) shared: Arc<BreakerShared>,
+    pub(super) shared: Arc<P>,
 }
 
-impl<S, B, R> Service<Request<B>> for Breaker<S>
+impl<S: Clone, P> Clone for Breaker<S, P> {
+    fn clone(&self) -> Self {
+        Breaker {
+            inner: self.inner.clone(),
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<S, P, B, R> Service<Request<B>> for Breaker<S, P>
 where
+    P: HasBreaker,
     S: Service<Request<B>, Response = Response<R>> + Clone + Send + 'static,
     S::Error: Into<Cause>,
     S::Future: Send + 'static,
@@ -36,15 +46,15 @@ where
     fn call(&mut self, req: Request<B>) -> Self::Future {
         let parked_probe = Attempt::of(&req).is_some_and(|a| a.parked_probe);
         let acquired = if parked_probe {
-            Ok(self.shared.acquire_parked())
+            Ok(BreakerShared::acquire_parked(&self.shared))
         } else {
-            self.shared.acquire()
+            BreakerShared::acquire(&self.shared)
         };
         let open = match acquired {
             Ok(permit) => return LayerFuture::sent(self.inner.call(req), Finish(permit)),
             Err(open) => open,
         };
-        match self.shared.wait_for_probe() {
+        match self.shared.breaker().wait_for_probe() {
             // Opted in: wait for the half-open probe, within the queue
             // wait, then ask once more.
             Some(max) if open.retry_after <= max => {
@@ -52,7 +62,7 @@ where
                 let shared = self.shared.clone();
                 LayerFuture::waits(async move {
                     tokio::time::sleep(open.retry_after).await;
-                    let permit = shared.acquire()?;
+                    let permit = BreakerShared::acquire(&shared)?;
                     Finish(permit).on_answer(inner.oneshot(req).await.map_err(Into::into))
                 })
             }

@@ -2,34 +2,40 @@ use std::sync::Arc;
 
 use tower::Layer;
 
-use super::{Bulkhead, BulkheadShared};
+use super::{Bulkhead, HasBulkhead};
 
 /// Applies a provider's bulkhead. Cloning shares the permits.
-#[derive(Debug, Clone)]
-pub struct BulkheadLayer {
-    shared: Arc<BulkheadShared>,
+#[derive(Debug)]
+pub struct BulkheadLayer<P> {
+    shared: Arc<P>,
 }
 
-impl BulkheadLayer {
-    /// A layer over the given shared permits.
-    pub fn new(shared: Arc<BulkheadShared>) -> Self {
-        BulkheadLayer { shared }
+impl<P> Clone for BulkheadLayer<P> {
+    fn clone(&self) -> Self {
+        BulkheadLayer {
+            shared: self.shared.clone(),
+        }
     }
 }
 
-impl BulkheadLayer {
+impl<P: HasBulkhead> BulkheadLayer<P> {
+    /// A layer over the permits of the bulkhead `shared` holds.
+    pub fn new(shared: Arc<P>) -> Self {
+        BulkheadLayer { shared }
+    }
+
     /// [`Layer::layer`] taking the layer: its handles move into the
     /// service rather than being counted again (a provider's stack is
     /// composed for each request, R-PF1).
-    pub fn wrap<S>(self, inner: S) -> Bulkhead<S> {
+    pub fn wrap<S>(self, inner: S) -> Bulkhead<S, P> {
         Bulkhead::new(inner, self.shared)
     }
 }
 
-impl<S> Layer<S> for BulkheadLayer {
-    type Service = Bulkhead<S>;
+impl<S, P: HasBulkhead> Layer<S> for BulkheadLayer<P> {
+    type Service = Bulkhead<S, P>;
 
-    fn layer(&self, inner: S) -> Bulkhead<S> {
+    fn layer(&self, inner: S) -> Bulkhead<S, P> {
         Bulkhead::new(inner, self.shared.clone())
     }
 }

@@ -58,16 +58,17 @@ pub struct BulkheadShared {
 }
 
 impl BulkheadShared {
-    /// Permits for `max_in_flight` attempts.
-    pub fn new(settings: &ProviderSettings) -> Arc<Self> {
-        Arc::new(BulkheadShared {
+    /// Permits for `max_in_flight` attempts: a part of the provider's one
+    /// allocation ([`crate::provider`]).
+    pub fn new(settings: &ProviderSettings) -> Self {
+        BulkheadShared {
             permits: Semaphore::new(settings.max_in_flight),
             size: AtomicUsize::new(settings.max_in_flight),
             waiting: AtomicUsize::new(0),
             max_waiting: AtomicUsize::new(settings.max_queue_len),
             max_wait: AtomicU64::new(nanos(settings.max_queue_wait)),
             dialect: AtomicU8::new(0),
-        })
+        }
     }
 
     /// The dialect answers are classified by.
@@ -87,27 +88,29 @@ impl BulkheadShared {
     }
 
     /// Applies new settings: permits are added or forgotten to match.
-    pub fn update_settings(self: &Arc<Self>, settings: &ProviderSettings) {
+    pub fn update_settings<P: HasBulkhead>(holder: &Arc<P>, settings: &ProviderSettings) {
+        let this = holder.bulkhead();
         let want = settings.max_in_flight;
-        let size = self.size.swap(want, Ordering::Relaxed);
+        let size = this.size.swap(want, Ordering::Relaxed);
         if want > size {
-            self.permits.add_permits(want - size);
+            this.permits.add_permits(want - size);
         } else {
             // Permits in use are forgotten as they come back.
-            let gone = self.permits.forget_permits(size - want);
+            let gone = this.permits.forget_permits(size - want);
             let owed = size - want - gone;
             if owed > 0 {
-                let shared = self.clone();
+                let holder = holder.clone();
                 tokio::spawn(async move {
-                    if let Ok(p) = shared.permits.acquire_many(owed as u32).await {
+                    let permits = &holder.bulkhead().permits;
+                    if let Ok(p) = permits.acquire_many(owed as u32).await {
                         p.forget();
                     }
                 });
             }
         }
-        self.max_waiting
+        this.max_waiting
             .store(settings.max_queue_len, Ordering::Relaxed);
-        self.max_wait
+        this.max_wait
             .store(nanos(settings.max_queue_wait), Ordering::Relaxed);
     }
 
@@ -131,28 +134,42 @@ impl BulkheadShared {
     }
 }
 
+/// What holds a bulkhead: a provider's policy, whose one allocation holds
+/// every part of it (R-PF1, issue 38). The layer and its permits keep the
+/// holder.
+pub trait HasBulkhead: Send + Sync + 'static {
+    /// The bulkhead.
+    fn bulkhead(&self) -> &BulkheadShared;
+}
+
 /// One attempt's permit: given back to its bulkhead when dropped.
-#[derive(Debug)]
-pub struct Permit(Arc<BulkheadShared>);
+pub struct Permit(Arc<dyn HasBulkhead>);
+
+impl std::fmt::Debug for Permit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Permit")
+    }
+}
 
 impl Permit {
-    /// A permit now, if one is free.
-    pub(crate) fn try_take(shared: &Arc<BulkheadShared>) -> Option<Permit> {
-        let permit = shared.permits.try_acquire().ok()?;
+    /// A permit from `holder`'s bulkhead now, if one is free.
+    pub(crate) fn try_take<P: HasBulkhead>(holder: &Arc<P>) -> Option<Permit> {
+        let permit = holder.bulkhead().permits.try_acquire().ok()?;
         permit.forget();
-        Some(Permit(shared.clone()))
+        Some(Permit(holder.clone()))
     }
 
-    /// A permit once one is free (`None`: the semaphore was closed).
-    pub(crate) async fn take(shared: &Arc<BulkheadShared>) -> Option<Permit> {
-        shared.permits.acquire().await.ok()?.forget();
-        Some(Permit(shared.clone()))
+    /// A permit from `holder`'s bulkhead once one is free (`None`: the
+    /// semaphore was closed).
+    pub(crate) async fn take<P: HasBulkhead>(holder: &Arc<P>) -> Option<Permit> {
+        holder.bulkhead().permits.acquire().await.ok()?.forget();
+        Some(Permit(holder.clone()))
     }
 }
 
 impl Drop for Permit {
     fn drop(&mut self) {
-        self.0.permits.add_permits(1);
+        self.0.bulkhead().permits.add_permits(1);
     }
 }
 

@@ -7,22 +7,31 @@ use http::{Request, Response};
 use tokio::time::Instant;
 use tower::{Service, ServiceExt};
 
-use super::{BulkheadFull, BulkheadShared, Permit};
+use super::{BulkheadFull, BulkheadShared, HasBulkhead, Permit};
 use crate::attempt::{Attempt, CarriesAttempt, CarriesReport, Report};
 use crate::classify::{Dialect, Resource};
 use crate::error::Cause;
 use crate::future::{take_readied, LayerFuture, OnAnswer};
 
 /// The service of [`BulkheadLayer`](super::BulkheadLayer).
-#[derive(Debug, Clone)]
-pub struct Bulkhead<S> {
+#[derive(Debug)]
+pub struct Bulkhead<S, P> {
     inner: S,
-    shared: Arc<BulkheadShared>,
+    shared: Arc<P>,
 }
 
-impl<S> Bulkhead<S> {
-    /// Wraps `inner` with the shared permits.
-    pub fn new(inner: S, shared: Arc<BulkheadShared>) -> Self {
+impl<S: Clone, P> Clone for Bulkhead<S, P> {
+    fn clone(&self) -> Self {
+        Bulkhead {
+            inner: self.inner.clone(),
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<S, P: HasBulkhead> Bulkhead<S, P> {
+    /// Wraps `inner` with the permits of the bulkhead `shared` holds.
+    pub fn new(inner: S, shared: Arc<P>) -> Self {
         Bulkhead { inner, shared }
     }
 }
@@ -35,8 +44,9 @@ impl Drop for Waiting<'_> {
     }
 }
 
-impl<S, B, R> Service<Request<B>> for Bulkhead<S>
+impl<S, P, B, R> Service<Request<B>> for Bulkhead<S, P>
 where
+    P: HasBulkhead,
     S: Service<Request<B>, Response = Response<R>> + Clone + Send + 'static,
     S::Error: Into<Cause>,
     S::Future: Send + 'static,
@@ -55,7 +65,7 @@ where
         let departs = Attempt::of(&req).is_some_and(|a| a.departure.is_some());
         let acquired = match Permit::try_take(&self.shared) {
             Some(permit) if !departs => {
-                let then = Stamp::start(&mut req, &self.shared, permit);
+                let then = Stamp::start(&mut req, self.shared.bulkhead(), permit);
                 return LayerFuture::sent(self.inner.call(req), then);
             }
             acquired => acquired,
@@ -63,6 +73,8 @@ where
         let inner = take_readied(&mut self.inner);
         let shared = self.shared.clone();
         LayerFuture::waits(async move {
+            let holder = shared;
+            let shared = holder.bulkhead();
             let (max_waiting, max_wait) = shared.limits();
             let permit = match acquired {
                 Some(p) => p,
@@ -75,7 +87,7 @@ where
                         .into());
                     }
                     let _waiting = Waiting(&shared.waiting);
-                    match tokio::time::timeout(max_wait, Permit::take(&shared)).await {
+                    match tokio::time::timeout(max_wait, Permit::take(&holder)).await {
                         Ok(Some(p)) => p,
                         _ => {
                             return Err(BulkheadFull {
@@ -90,7 +102,7 @@ where
                 // A run's attempt leaves within its durable reservation.
                 departure.leave().await;
             }
-            let then = Stamp::start(&mut req, &shared, permit);
+            let then = Stamp::start(&mut req, shared, permit);
             then.on_answer(inner.oneshot(req).await.map_err(Into::into))
         })
     }

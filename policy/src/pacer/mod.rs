@@ -96,20 +96,38 @@ impl Room {
     }
 }
 
+/// What holds a pacer: a provider's policy, whose one allocation holds
+/// every part of it (R-PF1, issue 38), or a pacer on its own. The layer
+/// keeps the holder, as the timeouts keep theirs ([`crate::timeout`]).
+pub trait HasPacer: Send + Sync + 'static {
+    /// The pacer.
+    fn pacer(&self) -> &PacerShared;
+}
+
+impl HasPacer for PacerShared {
+    fn pacer(&self) -> &PacerShared {
+        self
+    }
+}
+
 impl PacerShared {
-    /// A cold pacer for these settings.
+    /// A cold pacer for these settings, on its own.
     pub fn new(settings: &ProviderSettings) -> Arc<Self> {
-        PacerShared::with_events(&ValidSettings::as_given(settings), None)
+        Arc::new(PacerShared::with_events(
+            &ValidSettings::as_given(settings),
+            None,
+        ))
     }
 
-    /// A cold pacer for a provider's settings, reporting to `events`.
-    pub fn with_events(settings: &Arc<ValidSettings>, events: Option<EventSink>) -> Arc<Self> {
-        Arc::new(PacerShared {
+    /// A cold pacer for a provider's settings, reporting to `events`: a
+    /// part of the provider's one allocation ([`crate::provider`]).
+    pub fn with_events(settings: &Arc<ValidSettings>, events: Option<EventSink>) -> Self {
+        PacerShared {
             core: Mutex::new(PacerCore::with_settings(settings.clone())),
             room: OnceBox::new(),
             events,
             fleet: OnceBox::new(),
-        })
+        }
     }
 
     /// Draws the spread of this replica's shared wake-ups from `seed` on,

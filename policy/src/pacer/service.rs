@@ -7,7 +7,7 @@ use http::{Request, Response};
 use tokio::time::Instant;
 use tower::{Service, ServiceExt};
 
-use super::{PacerShared, RateLimited, Refusal};
+use super::{HasPacer, RateLimited, Refusal};
 use crate::attempt::{Attempt, CarriesAttempt, CarriesReport, Report};
 use crate::classify::Outcome;
 use crate::error::Cause;
@@ -15,25 +15,35 @@ use crate::future::{take_readied, LayerFuture, OnAnswer};
 use crate::quota;
 
 /// The pacer's future.
-pub type ResponseFuture<F, R> = LayerFuture<F, Answered, R>;
+pub type ResponseFuture<F, R, P> = LayerFuture<F, Answered<P>, R>;
 
 /// Waits for the provider's pacing slot, sends, and feeds what came back
 /// into the provider's AIMD controller and hold.
-#[derive(Debug, Clone)]
-pub struct Pacer<S> {
+#[derive(Debug)]
+pub struct Pacer<S, P> {
     inner: S,
-    shared: Arc<PacerShared>,
+    shared: Arc<P>,
 }
 
-impl<S> Pacer<S> {
-    /// Wraps `inner` with the shared pacer.
-    pub fn new(inner: S, shared: Arc<PacerShared>) -> Self {
+impl<S: Clone, P> Clone for Pacer<S, P> {
+    fn clone(&self) -> Self {
+        Pacer {
+            inner: self.inner.clone(),
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<S, P: HasPacer> Pacer<S, P> {
+    /// Wraps `inner` with the pacer `shared` holds.
+    pub fn new(inner: S, shared: Arc<P>) -> Self {
         Pacer { inner, shared }
     }
 }
 
-impl<S, B, R> Service<Request<B>> for Pacer<S>
+impl<S, P, B, R> Service<Request<B>> for Pacer<S, P>
 where
+    P: HasPacer,
     S: Service<Request<B>, Response = Response<R>> + Clone + Send + 'static,
     S::Error: Into<Cause>,
     S::Future: Send + 'static,
@@ -42,7 +52,7 @@ where
 {
     type Response = Response<R>;
     type Error = Cause;
-    type Future = ResponseFuture<S::Future, R>;
+    type Future = ResponseFuture<S::Future, R, P>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Cause>> {
         // Waiting happens in the response future, per request, in FIFO
@@ -55,7 +65,7 @@ where
         let class = attempt.and_then(|a| a.class.clone()).unwrap_or_default();
         let (priced, stop_at) = attempt.map_or((None, None), |a| (a.units, a.deadline));
         let (units, cost_header) = {
-            let core = self.shared.lock();
+            let core = self.shared.pacer().lock();
             (
                 priced.unwrap_or_else(|| core.cost_of(req.method(), req.uri().path())),
                 core.cost_header().cloned(),
@@ -68,7 +78,7 @@ where
             units,
             cost_header,
         };
-        if let Some(sent_at) = self.shared.try_acquire_now(&class, units, stop_at) {
+        if let Some(sent_at) = self.shared.pacer().try_acquire_now(&class, units, stop_at) {
             return LayerFuture::sent(self.inner.call(req), then(sent_at));
         }
         let inner = take_readied(&mut self.inner);
@@ -76,7 +86,7 @@ where
         LayerFuture::waits(async move {
             // Not past the instant the request may not wait past (its run's
             // deadline): refused instead, and its run gate stops the run.
-            let sent_at = shared.acquire_as(&class, units, stop_at).await?;
+            let sent_at = shared.pacer().acquire_as(&class, units, stop_at).await?;
             if stop_at.is_some_and(|d| sent_at >= d) {
                 return Err(RateLimited::new(Refusal::PastDeadline, Duration::ZERO).into());
             }
@@ -88,14 +98,14 @@ where
 /// Feeds the attempt's answer back to the pacer: outcome, the units the
 /// provider charged beyond the price, the quota and tokens it advertised.
 #[derive(Debug)]
-pub struct Answered {
-    shared: Arc<PacerShared>,
+pub struct Answered<P> {
+    shared: Arc<P>,
     sent_at: Instant,
     units: u32,
     cost_header: Option<HeaderName>,
 }
 
-impl<R: CarriesReport> OnAnswer<R> for Answered {
+impl<R: CarriesReport, P: HasPacer> OnAnswer<R> for Answered<P> {
     fn on_answer(self, mut result: Result<Response<R>, Cause>) -> Result<Response<R>, Cause> {
         let outcome = Outcome::of_result_now(&result);
         let ttfb = result
@@ -126,6 +136,7 @@ impl<R: CarriesReport> OnAnswer<R> for Answered {
         }
         // Outcome, charge, quota: one call, one lock.
         self.shared
+            .pacer()
             .answered(outcome, self.sent_at, ttfb, extra, quota, tokens);
         result
     }

@@ -2,32 +2,39 @@ use std::sync::Arc;
 
 use tower::Layer;
 
-use super::{Park, ParkShared};
+use super::{HasPark, Park};
 
 /// Parks a provider's requests through its outages. Cloning the layer
 /// shares the same watch.
-#[derive(Debug, Clone)]
-pub struct ParkLayer {
+#[derive(Debug)]
+pub struct ParkLayer<P> {
     provider: Arc<str>,
-    shared: Arc<ParkShared>,
+    shared: Arc<P>,
 }
 
-impl ParkLayer {
+impl<P> Clone for ParkLayer<P> {
+    fn clone(&self) -> Self {
+        ParkLayer {
+            provider: self.provider.clone(),
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<P: HasPark> ParkLayer<P> {
     /// The parking of `provider` (the name a run's cycle guard counts
-    /// under).
-    pub fn new(provider: impl Into<Arc<str>>, shared: Arc<ParkShared>) -> Self {
+    /// under), in what `shared` holds.
+    pub fn new(provider: impl Into<Arc<str>>, shared: Arc<P>) -> Self {
         ParkLayer {
             provider: provider.into(),
             shared,
         }
     }
-}
 
-impl ParkLayer {
     /// [`Layer::layer`] taking the layer: its handles move into the
     /// service rather than being counted again (a provider's stack is
     /// composed for each request, R-PF1).
-    pub fn wrap<S>(self, inner: S) -> Park<S> {
+    pub fn wrap<S>(self, inner: S) -> Park<S, P> {
         Park {
             inner,
             provider: self.provider,
@@ -36,10 +43,10 @@ impl ParkLayer {
     }
 }
 
-impl<S> Layer<S> for ParkLayer {
-    type Service = Park<S>;
+impl<S, P: HasPark> Layer<S> for ParkLayer<P> {
+    type Service = Park<S, P>;
 
-    fn layer(&self, inner: S) -> Park<S> {
+    fn layer(&self, inner: S) -> Park<S, P> {
         Park {
             inner,
             provider: self.provider.clone(),

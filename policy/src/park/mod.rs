@@ -50,7 +50,7 @@ pub mod watch;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use tokio::sync::Notify;
@@ -154,21 +154,31 @@ pub struct ParkShared {
     /// The watch's verdict as last written ([`DOWN`], [`UNSETTLED`]): what
     /// every request asks first, read without the lock.
     flags: AtomicU8,
-    /// One value a provider, not a closure each (R-PF1, issue 38); the
-    /// provider's settings are read through it.
-    neighbours: Box<dyn Neighbours>,
+    /// The provider's policy this is a part of (R-PF1, issue 38: not
+    /// counted, it holds this), read for the provider's settings, breaker
+    /// and controller. It is there whenever this is used: a request holds
+    /// the policy.
+    neighbours: Weak<dyn Neighbours>,
+}
+
+/// What holds a provider's parking: its policy, whose one allocation holds
+/// every part of it (R-PF1, issue 38). The layer keeps the holder.
+pub trait HasPark: Send + Sync + 'static {
+    /// The parking.
+    fn park(&self) -> &ParkShared;
 }
 
 impl ParkShared {
-    /// Parking for a provider whose other parts `neighbours` reads.
-    pub fn new(neighbours: Box<dyn Neighbours>) -> Arc<Self> {
-        Arc::new(ParkShared {
+    /// Parking for a provider whose other parts `neighbours` reads: a part
+    /// of the provider's one allocation ([`crate::provider`]).
+    pub fn new(neighbours: Weak<dyn Neighbours>) -> Self {
+        ParkShared {
             state: Mutex::new(ParkState::default()),
             downs: std::sync::OnceLock::new(),
             on_the_way: Default::default(),
             flags: AtomicU8::new(0),
             neighbours,
-        })
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, ParkState> {
@@ -189,7 +199,11 @@ impl ParkShared {
     }
 
     fn settings(&self) -> Arc<ValidSettings> {
-        self.neighbours.settings()
+        // (The defaults only if the provider's policy were gone, which
+        // no caller holding it can see.)
+        self.neighbours
+            .upgrade()
+            .map_or_else(|| Arc::new(ValidSettings::default()), |n| n.settings())
     }
 
     /// Whether anything is amiss (down, or failures in a row): a request
@@ -220,7 +234,7 @@ impl ParkShared {
     /// Whether the breaker is closed (the reason a run's part stops with
     /// differs).
     pub(crate) fn breaker_closed(&self) -> bool {
-        self.neighbours.breaker_closed()
+        self.neighbours.upgrade().is_none_or(|n| n.breaker_closed())
     }
 
     /// Takes a place among the parked: a ticket (kept across re-parks, so
@@ -327,8 +341,12 @@ impl ParkShared {
         // breaker is asked only where it can matter: an answer that may
         // have opened it, or anything while the provider is unsettled.
         let may_open = outcome.is_some_and(|o| o.is_breaker_failure()) || self.unsettled();
-        let breaker_open = answer.is_some() && may_open && !self.neighbours.breaker_closed();
-        let controller = answer == Some(Answer::Failed) && self.neighbours.controller_outage();
+        let breaker_open = answer.is_some() && may_open && !self.breaker_closed();
+        let controller = answer == Some(Answer::Failed)
+            && self
+                .neighbours
+                .upgrade()
+                .is_some_and(|n| n.controller_outage());
         let (change, wake) = {
             let mut s = self.lock();
             let unsettled = s.watch.unsettled();
@@ -376,7 +394,9 @@ impl ParkShared {
                 downs.send_modify(|n| *n += 1);
             }
             if reason != DownReason::Controller {
-                self.neighbours.outage_found(now);
+                if let Some(n) = self.neighbours.upgrade() {
+                    n.outage_found(now);
+                }
             }
         }
     }

@@ -7,7 +7,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tower::{Service, ServiceExt};
 
-use super::{ParkShared, ProviderDown, Turn, Verdict};
+use super::{HasPark, ProviderDown, Turn, Verdict};
 use crate::attempt::{
     clone_request, retryable_method, Attempt, CarriesAttempt, CarriesReport, Departure, ReplayBody,
     RequestClock,
@@ -19,15 +19,26 @@ use crate::future::{take_readied, LayerFuture, OnAnswer};
 /// The service of [`ParkLayer`](super::ParkLayer): parks a provider's
 /// requests while it is down, sends its probes, resumes them when it is
 /// back.
-#[derive(Debug, Clone)]
-pub struct Park<S> {
+#[derive(Debug)]
+pub struct Park<S, P> {
     pub(super) inner: S,
     pub(super) provider: Arc<str>,
-    pub(super) shared: Arc<ParkShared>,
+    pub(super) shared: Arc<P>,
 }
 
-impl<S, B, R> Service<Request<B>> for Park<S>
+impl<S: Clone, P> Clone for Park<S, P> {
+    fn clone(&self) -> Self {
+        Park {
+            inner: self.inner.clone(),
+            provider: self.provider.clone(),
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<S, P, B, R> Service<Request<B>> for Park<S, P>
 where
+    P: HasPark,
     S: Service<Request<B>, Response = Response<R>> + Clone + Send + 'static,
     S::Error: Into<Cause>,
     S::Future: Send + 'static,
@@ -36,7 +47,7 @@ where
 {
     type Response = Response<R>;
     type Error = Cause;
-    type Future = LayerFuture<S::Future, Watched, R>;
+    type Future = LayerFuture<S::Future, Watched<P>, R>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Cause>> {
         self.inner.poll_ready(cx).map_err(Into::into)
@@ -51,13 +62,15 @@ where
     /// through each.
     fn call(&mut self, mut req: Request<B>) -> Self::Future {
         let run = Attempt::of(&req).and_then(|a| a.run.clone());
-        let (max_wait, cycle) = self.shared.bounds();
+        let (max_wait, cycle) = self.shared.park().bounds();
         // No run, and parking off or nothing amiss: the request goes at
         // once, with no copy to park (the loop below would do the same, in
         // a box); the answer still tells the watch what the provider is
         // doing.
         let parking = !max_wait.is_zero();
-        if run.is_none() && !(parking && (self.shared.is_down() || self.shared.unsettled())) {
+        if run.is_none()
+            && !(parking && (self.shared.park().is_down() || self.shared.park().unsettled()))
+        {
             let request = request_id(&req);
             let attempt = Attempt::of_mut(&mut req);
             attempt.parked_probe = false;
@@ -94,19 +107,20 @@ where
                 parked_at: None,
             };
             let idempotent = retryable_method(req.method(), &[])
-                || parking.shared.extra_methods().contains(req.method());
+                || parking.shared.park().extra_methods().contains(req.method());
             let mut req = req;
             loop {
                 let mut probe = false;
-                if parking.shared.is_down() {
+                if parking.shared.park().is_down() {
                     probe = parking.wait_turn().await? == Turn::Probe;
                 }
                 // A copy to park after the attempt, where one may be
                 // needed: a run's request always (its collector must see
                 // no failure), another only while something is amiss.
-                let mut copy = (parking.run.is_some() || probe || parking.shared.unsettled())
-                    .then(|| clone_request(&req))
-                    .flatten();
+                let mut copy =
+                    (parking.run.is_some() || probe || parking.shared.park().unsettled())
+                        .then(|| clone_request(&req))
+                        .flatten();
                 let mut guard = probe.then(|| ProbeGuard {
                     shared: parking.shared.clone(),
                     armed: true,
@@ -120,7 +134,7 @@ where
                     attempt.parked_probe = probe;
                     attempt.departure = departure.clone();
                 }
-                let downs = departure.as_ref().map(|_| parking.shared.downs());
+                let downs = departure.as_ref().map(|_| parking.shared.park().downs());
                 let sent = crate::clock::now();
                 let sent_off = send_or_call_back(
                     inner.clone(),
@@ -142,13 +156,16 @@ where
                     }
                 };
                 let outcome = Outcome::of_result_now(&result);
-                parking.shared.answered(request, outcome, sent, probe);
+                parking
+                    .shared
+                    .park()
+                    .answered(request, outcome, sent, probe);
                 if let Some(g) = guard.as_mut() {
                     g.armed = false;
                 }
                 let refused_open = open_for_failures(&result);
                 if refused_open {
-                    parking.shared.breaker_opened(crate::clock::now());
+                    parking.shared.park().breaker_opened(crate::clock::now());
                 }
                 let failed = outcome.is_some_and(|o| o.is_breaker_failure()) || refused_open;
                 let Some(mut copy) = copy.filter(|_| failed && unprocessed(&result, idempotent))
@@ -171,22 +188,23 @@ where
 /// of a provider with `max_outage_wait = 0`): tells the watch what the
 /// provider answered.
 #[derive(Debug)]
-pub struct Watched {
-    shared: Arc<ParkShared>,
+pub struct Watched<P: HasPark> {
+    shared: Arc<P>,
     /// Counted on its way while parking is on.
-    on_the_way: Option<OnTheWay>,
+    on_the_way: Option<OnTheWay<P>>,
     request: u64,
     sent: Instant,
 }
 
-impl<R: CarriesReport> OnAnswer<R> for Watched {
+impl<R: CarriesReport, P: HasPark> OnAnswer<R> for Watched<P> {
     fn on_answer(self, result: Result<Response<R>, Cause>) -> Result<Response<R>, Cause> {
         drop(self.on_the_way);
         let outcome = Outcome::of_result_now(&result);
         self.shared
+            .park()
             .answered(self.request, outcome, self.sent, false);
         if open_for_failures(&result) {
-            self.shared.breaker_opened(crate::clock::now());
+            self.shared.park().breaker_opened(crate::clock::now());
         }
         result
     }
@@ -197,13 +215,13 @@ impl<R: CarriesReport> OnAnswer<R> for Watched {
 /// it has not left, so it is parked instead of sent (only probes, which
 /// watch no `downs`, go to a provider that is down). Dropping the call
 /// gives its reservations (slot, run attempt) back.
-async fn send_or_call_back<S, B, R>(
+async fn send_or_call_back<S, B, R, P: HasPark>(
     inner: S,
     req: Request<B>,
     copy: &mut Option<Request<B>>,
     departure: Option<Departure>,
     mut downs: Option<tokio::sync::watch::Receiver<u64>>,
-    shared: &Arc<ParkShared>,
+    shared: &Arc<P>,
 ) -> Result<Result<Response<R>, Cause>, Request<B>>
 where
     S: Service<Request<B>, Response = Response<R>>,
@@ -277,40 +295,42 @@ fn request_id<B: CarriesAttempt>(req: &Request<B>) -> u64 {
 
 /// Counts an attempt as on its way while it lives.
 #[derive(Debug)]
-struct OnTheWay(Arc<ParkShared>);
+struct OnTheWay<P: HasPark>(Arc<P>);
 
-impl OnTheWay {
-    fn new(shared: &Arc<ParkShared>) -> Self {
-        shared.on_the_way(true);
+impl<P: HasPark> OnTheWay<P> {
+    fn new(shared: &Arc<P>) -> Self {
+        shared.park().on_the_way(true);
         OnTheWay(shared.clone())
     }
 }
 
-impl Drop for OnTheWay {
+impl<P: HasPark> Drop for OnTheWay<P> {
     fn drop(&mut self) {
-        self.0.on_the_way(false);
+        self.0.park().on_the_way(false);
     }
 }
 
 /// A probe whose attempt was dropped (its client went away) before it was
 /// answered: the next parked request probes instead.
-struct ProbeGuard {
-    shared: Arc<ParkShared>,
+struct ProbeGuard<P: HasPark> {
+    shared: Arc<P>,
     armed: bool,
 }
 
-impl Drop for ProbeGuard {
+impl<P: HasPark> Drop for ProbeGuard<P> {
     fn drop(&mut self) {
         if self.armed {
-            self.shared.answered(0, None, crate::clock::now(), true);
+            self.shared
+                .park()
+                .answered(0, None, crate::clock::now(), true);
         }
     }
 }
 
 /// One request's parking: its place, how long it has waited, and what
 /// bounds the wait.
-struct Parking {
-    shared: Arc<ParkShared>,
+struct Parking<P: HasPark> {
+    shared: Arc<P>,
     provider: Arc<str>,
     run: Option<crate::attempt::Run>,
     clock: Option<RequestClock>,
@@ -324,16 +344,18 @@ struct Parking {
 
 /// Leaves the parked when dropped (the request goes on, gives up, or its
 /// client went away).
-struct Place {
-    shared: Arc<ParkShared>,
+struct Place<P: HasPark> {
+    shared: Arc<P>,
     ticket: u64,
     resumed: bool,
     gave_up: bool,
 }
 
-impl Drop for Place {
+impl<P: HasPark> Drop for Place<P> {
     fn drop(&mut self) {
-        self.shared.leave(self.ticket, self.resumed, self.gave_up);
+        self.shared
+            .park()
+            .leave(self.ticket, self.resumed, self.gave_up);
     }
 }
 
@@ -346,9 +368,9 @@ enum Bound {
     Go,
 }
 
-impl Parking {
-    fn place(&mut self) -> (Place, Arc<Notify>) {
-        let (ticket, notify) = self.shared.join(self.ticket);
+impl<P: HasPark> Parking<P> {
+    fn place(&mut self) -> (Place<P>, Arc<Notify>) {
+        let (ticket, notify) = self.shared.park().join(self.ticket);
         self.ticket = Some(ticket);
         let place = Place {
             shared: self.shared.clone(),
@@ -365,7 +387,7 @@ impl Parking {
         let (mut place, notify) = self.place();
         loop {
             let now = crate::clock::now();
-            let next = match self.shared.poll(now) {
+            let next = match self.shared.park().poll(now) {
                 Turn::Wait(next) => next,
                 turn => {
                     place.resumed = true;
@@ -392,10 +414,10 @@ impl Parking {
         let (mut place, notify) = self.place();
         loop {
             let now = crate::clock::now();
-            if self.shared.is_down() {
+            if self.shared.park().is_down() {
                 return Ok(true);
             }
-            let due = match self.shared.verdict(now) {
+            let due = match self.shared.park().verdict(now) {
                 Verdict::Down => return Ok(true),
                 Verdict::Clear => return Ok(false),
                 Verdict::Due(at) => at,
@@ -422,7 +444,7 @@ impl Parking {
             let since = *self.parked_at.get_or_insert(now);
             let waited = now.saturating_duration_since(since);
             if waited >= self.max_wait {
-                let (retry_after, reason) = self.shared.retry_after(now);
+                let (retry_after, reason) = self.shared.park().retry_after(now);
                 return Err(Cause::ProviderDown(ProviderDown {
                     waited,
                     retry_after,
@@ -440,7 +462,7 @@ impl Parking {
         }
         let cycle = self.cycle.max(Duration::from_millis(1));
         let mut until = now + cycle;
-        if let Some((episode, since)) = self.shared.episode() {
+        if let Some((episode, since)) = self.shared.park().episode() {
             let into = now.saturating_duration_since(since);
             let period = u32::try_from(into.as_nanos() / cycle.as_nanos()).unwrap_or(u32::MAX);
             let ends = since + cycle * period.saturating_add(1);
@@ -448,7 +470,7 @@ impl Parking {
                 &self.provider,
                 (episode, period),
                 ends.saturating_duration_since(now),
-                !self.shared.breaker_closed(),
+                !self.shared.park().breaker_closed(),
             )?;
             until = ends;
         }

@@ -76,6 +76,19 @@ impl RetrySettings {
     }
 }
 
+/// What holds a provider's retry state: its policy, whose one allocation
+/// holds every part of it (R-PF1, issue 38), or the retry state alone.
+pub trait HasRetry: Send + Sync + 'static {
+    /// The retry state.
+    fn retry(&self) -> &RetryShared;
+}
+
+impl HasRetry for RetryShared {
+    fn retry(&self) -> &RetryShared {
+        self
+    }
+}
+
 impl RetryShared {
     /// A fresh budget for these settings, with the given jitter source.
     pub fn new(settings: &std::sync::Arc<ValidSettings>, jitter: Jitter) -> Self {

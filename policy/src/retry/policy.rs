@@ -3,7 +3,7 @@ use std::sync::Arc;
 use http::{Request, Response};
 use tokio::time::Sleep;
 
-use super::RetryShared;
+use super::HasRetry;
 use crate::attempt::Attempt;
 use crate::attempt::{clone_request, retryable_method, CarriesReport, ReplayBody};
 use crate::classify::Outcome;
@@ -11,16 +11,25 @@ use crate::error::Cause;
 
 /// tower's retry policy for one request to one provider: decides from the
 /// classified outcome, the provider's ratio budget and the run's budget.
-#[derive(Debug, Clone)]
-pub struct RetryPolicy {
-    shared: Arc<RetryShared>,
+#[derive(Debug)]
+pub struct RetryPolicy<P> {
+    shared: Arc<P>,
     /// Attempts answered so far for this request.
     answered: u32,
 }
 
-impl RetryPolicy {
-    /// A policy over the provider's shared budget.
-    pub fn new(shared: Arc<RetryShared>) -> Self {
+impl<P> Clone for RetryPolicy<P> {
+    fn clone(&self) -> Self {
+        RetryPolicy {
+            shared: self.shared.clone(),
+            answered: self.answered,
+        }
+    }
+}
+
+impl<P: HasRetry> RetryPolicy<P> {
+    /// A policy over the budget of the retry state `shared` holds.
+    pub fn new(shared: Arc<P>) -> Self {
         RetryPolicy {
             shared,
             answered: 0,
@@ -28,8 +37,9 @@ impl RetryPolicy {
     }
 }
 
-impl<B, R> tower::retry::Policy<Request<B>, Response<R>, Cause> for RetryPolicy
+impl<P, B, R> tower::retry::Policy<Request<B>, Response<R>, Cause> for RetryPolicy<P>
 where
+    P: HasRetry,
     B: ReplayBody,
     R: CarriesReport,
 {
@@ -47,13 +57,13 @@ where
         let outcome = Outcome::of_result_now(result)?;
         let retryable = outcome.is_retryable();
         if self.answered == 0 {
-            self.shared.budget().deposit(now);
+            self.shared.retry().budget().deposit(now);
         }
         self.answered += 1;
         if !retryable {
             return None;
         }
-        let settings = self.shared.settings();
+        let settings = self.shared.retry().settings();
         if !retryable_method(req.method(), &settings.extra_methods) {
             return None;
         }
@@ -63,10 +73,12 @@ where
         let delay = match outcome.retry_after() {
             Some(wait) if wait > settings.max_retry_after_wait => return None,
             Some(wait) => wait,
-            None => self
-                .shared
-                .jitter()
-                .delay(settings.base, settings.cap, self.answered - 1),
+            None => {
+                self.shared
+                    .retry()
+                    .jitter()
+                    .delay(settings.base, settings.cap, self.answered - 1)
+            }
         };
         let run = Attempt::of(req).and_then(|a| a.run.clone());
         if run.as_ref().is_some_and(|r| !r.can_retry()) {
@@ -75,13 +87,13 @@ where
             }
             return None;
         }
-        if !self.shared.budget().withdraw(now) {
+        if !self.shared.retry().budget().withdraw(now) {
             return None;
         }
         if let Some(r) = &run {
             r.take_retry();
         }
-        self.shared.retried(outcome);
+        self.shared.retry().retried(outcome);
         Some(tokio::time::sleep(delay))
     }
 
