@@ -157,6 +157,12 @@ impl ProviderPolicy {
         &self.name
     }
 
+    /// The provider's name, shared: the one copy its table, metrics and
+    /// store keep too.
+    pub fn shared_name(&self) -> &Arc<str> {
+        &self.name
+    }
+
     /// The settings in force: the breaker's copy, the one every part
     /// shares (no second one here: R-PF1, issue 38).
     pub fn settings(&self) -> Arc<ValidSettings> {

@@ -431,7 +431,7 @@ async fn sample_history(app: Arc<App>) {
             let s = p.policy.snapshot(now);
             let c = counts.get(p.label()).copied().unwrap_or_default();
             app.history.record(
-                &p.name,
+                p.name(),
                 crate::store::unix_ms_now(),
                 s.pacer.rate_rps,
                 s.pacer.limit_rps,
@@ -439,7 +439,7 @@ async fn sample_history(app: Arc<App>) {
             );
         }
         app.history
-            .retain(|name| providers.iter().any(|p| &*p.name == name));
+            .retain(|name| providers.iter().any(|p| &**p.name() == name));
     }
 }
 

@@ -176,7 +176,7 @@ pub async fn forward(
             Ok(resp) => crate::runs::Answer::Status(resp.status().as_u16()),
             Err(e) => crate::runs::Answer::Failed(e),
         };
-        app.runs.after(user, run, Some(&provider.name), answer);
+        app.runs.after(user, run, Some(provider.name()), answer);
     }
     let elapsed_ms = sluice_policy::clock::elapsed(started).as_millis() as u64;
     app.metrics
@@ -193,7 +193,7 @@ pub async fn forward(
             add_via(&mut parts.headers);
             // The client's connection is HTTP/1.1 whatever the upstream spoke.
             parts.version = http::Version::HTTP_11;
-            tracing::debug!(provider = %provider.name, %method, status = parts.status.as_u16(), elapsed_ms, "forwarded");
+            tracing::debug!(provider = %provider.name(), %method, status = parts.status.as_u16(), elapsed_ms, "forwarded");
             // The body holds its attempt's bulkhead permit until it is done.
             let body = IdleTimeout::new(body, config.limits.body_idle_timeout).boxed();
             Response::from_parts(parts, body)
@@ -201,7 +201,7 @@ pub async fn forward(
         Err(e) => {
             let refusal = edge::refusal(&e);
             tracing::info!(
-                provider = %provider.name,
+                provider = %provider.name(),
                 %method,
                 status = refusal.status.as_u16(),
                 error = refusal.error.label(),

@@ -290,7 +290,7 @@ const NO_PROVIDER: &str =
 fn first_paint(app: &App) -> String {
     let now = Instant::now();
     let mut live: Vec<_> = app.providers.all();
-    live.sort_by(|a, b| a.name.cmp(&b.name));
+    live.sort_by(|a, b| a.name().cmp(b.name()));
     if live.is_empty() {
         return PAGE.to_string();
     }
@@ -302,7 +302,7 @@ fn first_paint(app: &App) -> String {
             "<div class=\"card\" data-provider=\"{name}\"><h3>{name} <span class=\"badge\">breaker {breaker}</span></h3>\
              <div><span class=\"big\">{pace}</span> <span class=\"sub\">of {ceiling} ceiling</span></div>\
              <dl><dt>pace set by</dt><dd>{authority}</dd><dt>throttle point</dt><dd>{point}</dd></dl></div>",
-            name = html_escape(&p.name),
+            name = html_escape(p.name()),
             breaker = s.breaker.state.label(),
             pace = rate(s.pacer.rate_rps),
             ceiling = rate(s.pacer.ceiling_rps),
@@ -422,10 +422,10 @@ fn provider_json(
         "open_remaining_ms": s.breaker.open_remaining.map(|d| d.as_millis() as u64),
     });
     if with_evidence {
-        breaker["evidence"] = json!(evidence(app, &p.name, &p.policy.breaker.recent()));
+        breaker["evidence"] = json!(evidence(app, p.name(), &p.policy.breaker.recent()));
     }
     json!({
-        "name": &*p.name,
+        "name": &**p.name(),
         "live": true,
         "restored": p.restored,
         "rate_rps": s.pacer.rate_rps,

@@ -162,7 +162,7 @@ async fn raw_attempt(
         None => None,
     };
     if let Some(run) = &run {
-        if let Err(stopped) = run.check_attempt(&provider.name, tokio::time::Instant::now()) {
+        if let Err(stopped) = run.check_attempt(provider.name(), tokio::time::Instant::now()) {
             let stopped = Cause::RunStopped(stopped);
             if let Some(u) = user {
                 app.runs
@@ -181,7 +181,7 @@ async fn raw_attempt(
         }
         Err(refusal) => {
             if let Some(run) = &run {
-                run.release_attempt(&provider.name);
+                run.release_attempt(provider.name());
             }
             Err(refusal)
         }
@@ -198,7 +198,7 @@ async fn open_raw(
 ) -> Result<TcpStream, Response<ResBody>> {
     let refuse = |e: &Cause| {
         let r = edge::refusal(e);
-        tracing::info!(provider = %provider.name, error = r.error.label(), details = %r.details, "CONNECT refused");
+        tracing::info!(provider = %provider.name(), error = r.error.label(), details = %r.details, "CONNECT refused");
         r.into_response()
     };
     let admission = provider
@@ -265,7 +265,7 @@ async fn tunnel<T>(
             app.metrics.tunnel(provider.label(), "raw");
             provider.saw_raw_tunnel();
             tracing::info!(
-                provider = %provider.name,
+                provider = %provider.name(),
                 "raw CONNECT tunnel: per-request visibility lost for this provider"
             );
             drop(provider);
@@ -275,7 +275,7 @@ async fn tunnel<T>(
         }
         (Sniffed::Tls, Some(ca), None) => {
             app.metrics.tunnel(provider.label(), "intercepted");
-            let (ca, name) = (ca.clone(), provider.name.to_string());
+            let (ca, name) = (ca.clone(), provider.name().to_string());
             drop(provider);
             intercept(app, ca, Prefixed::new(first, io), authority, identity, name).await;
         }
