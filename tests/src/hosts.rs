@@ -40,6 +40,15 @@ pub struct HostsRun {
     /// Providers still tracked 15 s later (those that learned nothing are
     /// let go once their windows pass).
     pub tracked_settled: usize,
+    /// Resident KiB once the first half of the hosts were answered (read
+    /// from `/proc` alone: a scrape of sluice's metrics would leave its
+    /// own garbage in the figure): the second half's cost is what one more
+    /// host adds, without what the first requests start once — the pool's
+    /// idle connections up to their bound, the metric series up to the
+    /// label cap, the store's writer.
+    pub half_kib: u64,
+    /// Hosts of the second half.
+    pub second: u32,
 }
 
 impl HostsRun {
@@ -48,10 +57,15 @@ impl HostsRun {
         (kib.saturating_sub(self.before_kib) * 1024) as f64 / self.added.max(1) as f64
     }
 
+    /// Resident bytes per host of the second half.
+    pub fn second_half(&self) -> f64 {
+        (self.after_kib.saturating_sub(self.half_kib) * 1024) as f64 / f64::from(self.second.max(1))
+    }
+
     /// A line for a bench's output.
     pub fn line(&self) -> String {
         format!(
-            "resident {:.1} → {:.1} MiB for {} providers added: {:.0} bytes per host (heap {:.0}); \
+            "resident {:.1} → {:.1} MiB for {} providers added: {:.0} bytes per host (heap {:.0}; the second half's hosts {:.0} each); \
              2 s later {:.1} MiB, {:.0} bytes per host, {} providers tracked; 15 s later {:.1} MiB, {:.0} bytes per host (heap {:.0}); store {:.1} MiB, {:.0} bytes per host; \
              upstream connections open {}, closed for the idle bound {}; {} providers tracked 15 s later",
             self.before_kib as f64 / 1024.0,
@@ -59,6 +73,7 @@ impl HostsRun {
             self.added,
             self.per_host(self.after_kib),
             (self.heap_after - self.heap_before) / self.added.max(1) as f64,
+            self.second_half(),
             self.tracked_kib as f64 / 1024.0,
             self.per_host(self.tracked_kib),
             self.tracked_2s,
@@ -85,7 +100,12 @@ pub async fn one_post_each(
     let before_kib = rss_kib(sluice.pid());
     let heap_before = heap(sluice).await;
     let tracked_before = tracked(sluice).await;
-    one_post_to_each_at(sluice.proxy, at, n, 16, expect).await;
+    let (first, port, path) = at;
+    let half = n / 2;
+    one_post_to_each_at(sluice.proxy, at, half, 16, expect).await;
+    let half_kib = rss_kib(sluice.pid());
+    let rest = Ipv4Addr::from(u32::from(first) + half);
+    one_post_to_each_at(sluice.proxy, (rest, port, path), n - half, 16, expect).await;
     let after_kib = rss_kib(sluice.pid());
     let heap_after = heap(sluice).await;
     let added = tracked(sluice).await.saturating_sub(tracked_before);
@@ -113,6 +133,8 @@ pub async fn one_post_each(
             .metric("sluice_upstream_idle_closed_total")
             .await
             .unwrap_or(0.0),
+        half_kib,
+        second: n - half,
     }
 }
 
