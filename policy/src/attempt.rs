@@ -30,7 +30,6 @@ use http::{Method, Request};
 
 use tokio::time::Instant;
 
-use crate::bulkhead::Permit;
 use crate::classify::{Dialect, ErrorBody, Outcome, Resource};
 use crate::quota::{Advertised, Malformed};
 use crate::run::RunHandle;
@@ -194,6 +193,35 @@ impl Report {
         };
         R::set_report(resp, report);
         outcome
+    }
+}
+
+/// Where an attempt's bulkhead permit goes back: the bulkhead's holder
+/// (`crate::bulkhead`).
+pub trait GivesBack: Send + Sync {
+    /// Takes one permit back.
+    fn give_back(&self);
+}
+
+/// One attempt's bulkhead permit: given back when dropped.
+pub struct Permit(Arc<dyn GivesBack>);
+
+impl Permit {
+    /// A permit `to` takes back when it is dropped.
+    pub(crate) fn new(to: Arc<dyn GivesBack>) -> Self {
+        Permit(to)
+    }
+}
+
+impl std::fmt::Debug for Permit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Permit")
+    }
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        self.0.give_back();
     }
 }
 

@@ -35,7 +35,8 @@ use tokio::sync::Semaphore;
 pub use self::error::BulkheadFull;
 pub use self::layer::BulkheadLayer;
 pub use self::service::Bulkhead;
-pub use crate::attempt::InFlight;
+use crate::attempt::GivesBack;
+pub use crate::attempt::{InFlight, Permit};
 use crate::classify::Dialect;
 use crate::settings::ProviderSettings;
 
@@ -142,35 +143,25 @@ pub trait HasBulkhead: Send + Sync + 'static {
     fn bulkhead(&self) -> &BulkheadShared;
 }
 
-/// One attempt's permit: given back to its bulkhead when dropped.
-pub struct Permit(Arc<dyn HasBulkhead>);
-
-impl std::fmt::Debug for Permit {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Permit")
+/// A bulkhead's holder takes its permits back.
+impl<P: HasBulkhead> GivesBack for P {
+    fn give_back(&self) {
+        self.bulkhead().permits.add_permits(1);
     }
 }
 
-impl Permit {
-    /// A permit from `holder`'s bulkhead now, if one is free.
-    pub(crate) fn try_take<P: HasBulkhead>(holder: &Arc<P>) -> Option<Permit> {
-        let permit = holder.bulkhead().permits.try_acquire().ok()?;
-        permit.forget();
-        Some(Permit(holder.clone()))
-    }
-
-    /// A permit from `holder`'s bulkhead once one is free (`None`: the
-    /// semaphore was closed).
-    pub(crate) async fn take<P: HasBulkhead>(holder: &Arc<P>) -> Option<Permit> {
-        holder.bulkhead().permits.acquire().await.ok()?.forget();
-        Some(Permit(holder.clone()))
-    }
+/// A permit from `holder`'s bulkhead now, if one is free.
+pub(crate) fn try_take<P: HasBulkhead>(holder: &Arc<P>) -> Option<Permit> {
+    let permit = holder.bulkhead().permits.try_acquire().ok()?;
+    permit.forget();
+    Some(Permit::new(holder.clone()))
 }
 
-impl Drop for Permit {
-    fn drop(&mut self) {
-        self.0.bulkhead().permits.add_permits(1);
-    }
+/// A permit from `holder`'s bulkhead once one is free (`None`: the
+/// semaphore was closed).
+pub(crate) async fn take<P: HasBulkhead>(holder: &Arc<P>) -> Option<Permit> {
+    holder.bulkhead().permits.acquire().await.ok()?.forget();
+    Some(Permit::new(holder.clone()))
 }
 
 /// `d` in nanoseconds, saturating.

@@ -7,7 +7,7 @@ use http::{Request, Response};
 use tokio::time::Instant;
 use tower::{Service, ServiceExt};
 
-use super::{BulkheadFull, BulkheadShared, HasBulkhead, Permit};
+use super::{take, try_take, BulkheadFull, BulkheadShared, HasBulkhead, Permit};
 use crate::attempt::{Attempt, CarriesAttempt, CarriesReport, Report};
 use crate::classify::{Dialect, Resource};
 use crate::error::Cause;
@@ -63,7 +63,7 @@ where
 
     fn call(&mut self, mut req: Request<B>) -> Self::Future {
         let departs = Attempt::of(&req).is_some_and(|a| a.departure.is_some());
-        let acquired = match Permit::try_take(&self.shared) {
+        let acquired = match try_take(&self.shared) {
             Some(permit) if !departs => {
                 let then = Stamp::start(&mut req, self.shared.bulkhead(), permit);
                 return LayerFuture::sent(self.inner.call(req), then);
@@ -87,7 +87,7 @@ where
                         .into());
                     }
                     let _waiting = Waiting(&shared.waiting);
-                    match tokio::time::timeout(max_wait, Permit::take(&holder)).await {
+                    match tokio::time::timeout(max_wait, take(&holder)).await {
                         Ok(Some(p)) => p,
                         _ => {
                             return Err(BulkheadFull {
