@@ -97,17 +97,11 @@ impl Room {
 }
 
 /// What holds a pacer: a provider's policy, whose one allocation holds
-/// every part of it (R-PF1, issue 38), or a pacer on its own. The layer
-/// keeps the holder, as the timeouts keep theirs ([`crate::timeout`]).
+/// every part of it (R-PF1, issue 38). The layer keeps the holder, as the
+/// timeouts keep theirs ([`crate::timeout`]).
 pub trait HasPacer: Send + Sync + 'static {
     /// The pacer.
     fn pacer(&self) -> &PacerShared;
-}
-
-impl HasPacer for PacerShared {
-    fn pacer(&self) -> &PacerShared {
-        self
-    }
 }
 
 impl PacerShared {

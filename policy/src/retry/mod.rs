@@ -77,16 +77,10 @@ impl RetrySettings {
 }
 
 /// What holds a provider's retry state: its policy, whose one allocation
-/// holds every part of it (R-PF1, issue 38), or the retry state alone.
+/// holds every part of it (R-PF1, issue 38).
 pub trait HasRetry: Send + Sync + 'static {
     /// The retry state.
     fn retry(&self) -> &RetryShared;
-}
-
-impl HasRetry for RetryShared {
-    fn retry(&self) -> &RetryShared {
-        self
-    }
 }
 
 impl RetryShared {
