@@ -117,17 +117,15 @@ impl ProviderPolicy {
         // Shared, not copied: every provider of the defaults holds the same
         // settings (issue 24: 400 bytes and more of each).
         let settings = settings.into();
-        // The breaker reads the retry budget, and parking the breaker and
-        // the controller, through the policy they are parts of, not
-        // counted (it holds them).
+        // The breaker reads the retry budget through the policy it is a
+        // part of, not counted (it holds the breaker).
         let policy = Arc::new_cyclic(|me: &Weak<ProviderPolicy>| {
             let budget: Weak<dyn RetryBudgetLeft> = me.clone();
-            let neighbours: Weak<dyn Neighbours> = me.clone();
             ProviderPolicy {
                 name: name.into(),
                 attempt_timeout: SharedDuration::new(settings.attempt_timeout),
                 request_timeout: SharedDuration::new(settings.request_timeout),
-                park: ParkShared::new(neighbours),
+                park: ParkShared::default(),
                 pacer: PacerShared::with_events(&settings, options.events.clone()),
                 breaker: BreakerShared::new(&settings, budget, options.sink),
                 retry: RetryShared::with_events(
@@ -275,7 +273,7 @@ impl ProviderPolicy {
         }
         if learned.breaker != State::Closed {
             // Restored open: down until a probe is answered.
-            self.park.breaker_opened(Instant::now());
+            self.park.breaker_opened(self, Instant::now());
         }
         false
     }

@@ -50,7 +50,7 @@ pub mod watch;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use tokio::sync::Notify;
@@ -139,8 +139,10 @@ struct ParkState {
 }
 
 /// One provider's parking, shared by all its services: the outage watch
-/// and who is parked. Cloning the layer shares it.
-#[derive(Debug)]
+/// and who is parked. A part of the provider's one allocation
+/// ([`crate::provider`]), made as the default; the calls that read the
+/// provider's other parts are handed them ([`Neighbours`]).
+#[derive(Debug, Default)]
 pub struct ParkShared {
     state: Mutex<ParkState>,
     /// Bumped each time the provider goes down: requests already on their
@@ -154,33 +156,18 @@ pub struct ParkShared {
     /// The watch's verdict as last written ([`DOWN`], [`UNSETTLED`]): what
     /// every request asks first, read without the lock.
     flags: AtomicU8,
-    /// The provider's policy this is a part of (R-PF1, issue 38: not
-    /// counted, it holds this), read for the provider's settings, breaker
-    /// and controller. It is there whenever this is used: a request holds
-    /// the policy.
-    neighbours: Weak<dyn Neighbours>,
 }
 
 /// What holds a provider's parking: its policy, whose one allocation holds
-/// every part of it (R-PF1, issue 38). The layer keeps the holder.
-pub trait HasPark: Send + Sync + 'static {
+/// every part of it (R-PF1, issue 38), and which is parking's
+/// [`Neighbours`]: handed to each call that reads them, not pointed back
+/// to. The layer keeps the holder.
+pub trait HasPark: Neighbours + Send + Sync + 'static {
     /// The parking.
     fn park(&self) -> &ParkShared;
 }
 
 impl ParkShared {
-    /// Parking for a provider whose other parts `neighbours` reads: a part
-    /// of the provider's one allocation ([`crate::provider`]).
-    pub fn new(neighbours: Weak<dyn Neighbours>) -> Self {
-        ParkShared {
-            state: Mutex::new(ParkState::default()),
-            downs: std::sync::OnceLock::new(),
-            on_the_way: Default::default(),
-            flags: AtomicU8::new(0),
-            neighbours,
-        }
-    }
-
     fn lock(&self) -> MutexGuard<'_, ParkState> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -198,14 +185,6 @@ impl ParkShared {
         self.flags.store(f, Ordering::Release);
     }
 
-    fn settings(&self) -> Arc<ValidSettings> {
-        // (The defaults only if the provider's policy were gone, which
-        // no caller holding it can see.)
-        self.neighbours
-            .upgrade()
-            .map_or_else(|| Arc::new(ValidSettings::default()), |n| n.settings())
-    }
-
     /// Whether anything is amiss (down, or failures in a row): a request
     /// sent now keeps a copy, in case it must be parked after its attempt.
     pub(crate) fn unsettled(&self) -> bool {
@@ -221,20 +200,14 @@ impl ParkShared {
 
     /// The breaker is open (it refused a call, or was restored open): the
     /// provider is down.
-    pub fn breaker_opened(&self, now: Instant) {
+    pub fn breaker_opened(&self, n: &dyn Neighbours, now: Instant) {
         let change = {
             let mut s = self.lock();
             let change = s.watch.force_down(now, DownReason::Breaker);
             self.sync(&s);
             change
         };
-        self.changed(change, now);
-    }
-
-    /// Whether the breaker is closed (the reason a run's part stops with
-    /// differs).
-    pub(crate) fn breaker_closed(&self) -> bool {
-        self.neighbours.upgrade().is_none_or(|n| n.breaker_closed())
+        self.changed(n, change, now);
     }
 
     /// Takes a place among the parked: a ticket (kept across re-parks, so
@@ -285,7 +258,7 @@ impl ParkShared {
     /// are on their way, or failed in the streak too — and not when only
     /// this request's own attempts failed and nothing else is sent (it
     /// goes back as it always did, and the retry policy deals with it).
-    pub(crate) fn verdict(&self, now: Instant) -> Verdict {
+    pub(crate) fn verdict(&self, n: &dyn Neighbours, now: Instant) -> Verdict {
         let others = self.on_the_way.load(std::sync::atomic::Ordering::Relaxed) > 0;
         let (verdict, change) = {
             let mut s = self.lock();
@@ -305,7 +278,7 @@ impl ParkShared {
             };
             (verdict, change)
         };
-        self.changed(change, now);
+        self.changed(n, change, now);
         verdict
     }
 
@@ -329,6 +302,7 @@ impl ParkShared {
     /// provider), and, for a probe, that it ended.
     pub(crate) fn answered(
         &self,
+        n: &dyn Neighbours,
         request: u64,
         outcome: Option<Outcome>,
         sent: Instant,
@@ -341,12 +315,8 @@ impl ParkShared {
         // breaker is asked only where it can matter: an answer that may
         // have opened it, or anything while the provider is unsettled.
         let may_open = outcome.is_some_and(|o| o.is_breaker_failure()) || self.unsettled();
-        let breaker_open = answer.is_some() && may_open && !self.breaker_closed();
-        let controller = answer == Some(Answer::Failed)
-            && self
-                .neighbours
-                .upgrade()
-                .is_some_and(|n| n.controller_outage());
+        let breaker_open = answer.is_some() && may_open && !n.breaker_closed();
+        let controller = answer == Some(Answer::Failed) && n.controller_outage();
         let (change, wake) = {
             let mut s = self.lock();
             let unsettled = s.watch.unsettled();
@@ -382,21 +352,19 @@ impl ParkShared {
         if wake {
             self.wake_all();
         }
-        self.went(change, now);
+        self.went(n, change, now);
     }
 
     /// After a change: a provider gone down calls back the requests on
     /// their way, and tells the rate controller (unless it told us).
-    fn went(&self, change: Option<Change>, now: Instant) {
+    fn went(&self, n: &dyn Neighbours, change: Option<Change>, now: Instant) {
         if let Some(Change::Down(reason)) = change {
             // Nobody watching yet: nobody to call back.
             if let Some(downs) = self.downs.get() {
                 downs.send_modify(|n| *n += 1);
             }
             if reason != DownReason::Controller {
-                if let Some(n) = self.neighbours.upgrade() {
-                    n.outage_found(now);
-                }
+                n.outage_found(now);
             }
         }
     }
@@ -420,11 +388,11 @@ impl ParkShared {
         (wait, reason)
     }
 
-    fn changed(&self, change: Option<Change>, now: Instant) {
+    fn changed(&self, n: &dyn Neighbours, change: Option<Change>, now: Instant) {
         if change.is_some() {
             self.wake_all();
         }
-        self.went(change, now);
+        self.went(n, change, now);
     }
 
     /// A receiver that sees the provider's next going down.
@@ -446,19 +414,6 @@ impl ParkShared {
             // Stored if the waiter is not waiting right now: never lost.
             w.notify_one();
         }
-    }
-
-    /// The longest a request outside a run waits parked, and the length
-    /// of one cool-down cycle for a run's cycle guard.
-    pub(crate) fn bounds(&self) -> (Duration, Duration) {
-        let s = self.settings();
-        (s.max_outage_wait, s.breaker_open_for)
-    }
-
-    /// Methods retried besides the idempotent ones: a failed attempt of
-    /// these is parked as an idempotent one is.
-    pub(crate) fn extra_methods(&self) -> Vec<http::Method> {
-        self.settings().retry_methods.clone()
     }
 
     /// Whether it has seen nothing a new one would not start from: no

@@ -62,7 +62,10 @@ where
     /// through each.
     fn call(&mut self, mut req: Request<B>) -> Self::Future {
         let run = Attempt::of(&req).and_then(|a| a.run.clone());
-        let (max_wait, cycle) = self.shared.park().bounds();
+        let (max_wait, cycle) = {
+            let s = self.shared.settings();
+            (s.max_outage_wait, s.breaker_open_for)
+        };
         // No run, and parking off or nothing amiss: the request goes at
         // once, with no copy to park (the loop below would do the same, in
         // a box); the answer still tells the watch what the provider is
@@ -107,7 +110,11 @@ where
                 parked_at: None,
             };
             let idempotent = retryable_method(req.method(), &[])
-                || parking.shared.park().extra_methods().contains(req.method());
+                || parking
+                    .shared
+                    .settings()
+                    .retry_methods
+                    .contains(req.method());
             let mut req = req;
             loop {
                 let mut probe = false;
@@ -156,16 +163,16 @@ where
                     }
                 };
                 let outcome = Outcome::of_result_now(&result);
-                parking
-                    .shared
+                let shared = &*parking.shared;
+                shared
                     .park()
-                    .answered(request, outcome, sent, probe);
+                    .answered(shared, request, outcome, sent, probe);
                 if let Some(g) = guard.as_mut() {
                     g.armed = false;
                 }
                 let refused_open = open_for_failures(&result);
                 if refused_open {
-                    parking.shared.park().breaker_opened(crate::clock::now());
+                    shared.park().breaker_opened(shared, crate::clock::now());
                 }
                 let failed = outcome.is_some_and(|o| o.is_breaker_failure()) || refused_open;
                 let Some(mut copy) = copy.filter(|_| failed && unprocessed(&result, idempotent))
@@ -200,11 +207,12 @@ impl<R: CarriesReport, P: HasPark> OnAnswer<R> for Watched<P> {
     fn on_answer(self, result: Result<Response<R>, Cause>) -> Result<Response<R>, Cause> {
         drop(self.on_the_way);
         let outcome = Outcome::of_result_now(&result);
-        self.shared
+        let shared = &*self.shared;
+        shared
             .park()
-            .answered(self.request, outcome, self.sent, false);
+            .answered(shared, self.request, outcome, self.sent, false);
         if open_for_failures(&result) {
-            self.shared.park().breaker_opened(crate::clock::now());
+            shared.park().breaker_opened(shared, crate::clock::now());
         }
         result
     }
@@ -320,9 +328,10 @@ struct ProbeGuard<P: HasPark> {
 impl<P: HasPark> Drop for ProbeGuard<P> {
     fn drop(&mut self) {
         if self.armed {
-            self.shared
+            let shared = &*self.shared;
+            shared
                 .park()
-                .answered(0, None, crate::clock::now(), true);
+                .answered(shared, 0, None, crate::clock::now(), true);
         }
     }
 }
@@ -417,7 +426,7 @@ impl<P: HasPark> Parking<P> {
             if self.shared.park().is_down() {
                 return Ok(true);
             }
-            let due = match self.shared.park().verdict(now) {
+            let due = match self.shared.park().verdict(&*self.shared, now) {
                 Verdict::Down => return Ok(true),
                 Verdict::Clear => return Ok(false),
                 Verdict::Due(at) => at,
@@ -470,7 +479,7 @@ impl<P: HasPark> Parking<P> {
                 &self.provider,
                 (episode, period),
                 ends.saturating_duration_since(now),
-                !self.shared.park().breaker_closed(),
+                !self.shared.breaker_closed(),
             )?;
             until = ends;
         }
