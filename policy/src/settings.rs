@@ -198,6 +198,10 @@ macro_rules! define_settings {
 
 provider_settings!(define_settings);
 
+/// The most attempts in flight, or requests waiting, a provider's settings
+/// allow (`max_in_flight`, `max_queue_len`).
+pub const MAX_COUNT: usize = 1_000_000;
+
 /// Settings that passed [`ProviderSettings::validated`]: what a provider's
 /// stack is built from, so no stack sees a value that makes no sense. The
 /// defaults are valid (`defaults_are_valid_and_start_low`).
@@ -303,11 +307,13 @@ impl ProviderSettings {
         if !(self.soft_throttle_factor.is_finite() && self.soft_throttle_factor > 1.0) {
             return bad("soft_throttle_factor", "must be a number > 1");
         }
-        if self.max_queue_len == 0 {
-            return bad("max_queue_len", "must be at least 1");
+        // Bounded above too: the bulkhead counts in 32 bits (R-PF1), and a
+        // semaphore of more permits than tokio's would panic at start.
+        if !(1..=MAX_COUNT).contains(&self.max_queue_len) {
+            return bad("max_queue_len", "must be between 1 and 1000000");
         }
-        if self.max_in_flight == 0 {
-            return bad("max_in_flight", "must be at least 1");
+        if !(1..=MAX_COUNT).contains(&self.max_in_flight) {
+            return bad("max_in_flight", "must be between 1 and 1000000");
         }
         if self.attempt_timeout.is_zero() {
             return bad("attempt_timeout", "must be greater than zero");
@@ -384,5 +390,13 @@ mod tests {
         s.burst = 1;
         s.request_timeout = s.attempt_timeout - Duration::from_secs(1);
         assert_eq!(s.clone().validated().unwrap_err().key, "request_timeout");
+        s.request_timeout = s.attempt_timeout;
+        s.max_in_flight = usize::MAX;
+        assert_eq!(s.clone().validated().unwrap_err().key, "max_in_flight");
+        s.max_in_flight = MAX_COUNT;
+        s.max_queue_len = MAX_COUNT + 1;
+        assert_eq!(s.clone().validated().unwrap_err().key, "max_queue_len");
+        s.max_queue_len = MAX_COUNT;
+        assert!(s.validated().is_ok(), "a million each is allowed");
     }
 }

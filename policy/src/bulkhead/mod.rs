@@ -26,7 +26,7 @@ mod error;
 mod layer;
 mod service;
 
-use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -46,12 +46,14 @@ pub struct BulkheadShared {
     /// In this allocation, not an `Arc` of its own: a [`Permit`] holds
     /// the bulkhead (32 bytes fewer a provider: R-PF1, issue 38).
     pub(crate) permits: Semaphore,
-    /// Permits the semaphore was built or resized to.
-    size: AtomicUsize,
-    pub(crate) waiting: AtomicUsize,
+    /// Permits the semaphore was built or resized to. The counts are 32
+    /// bits (settings allow a million: `crate::settings::MAX_COUNT`), 16
+    /// bytes fewer a provider (R-PF1, issue 38).
+    size: AtomicU32,
+    pub(crate) waiting: AtomicU32,
     /// How many may wait for a permit, and how long (nanoseconds): atomics,
     /// not a lock, 16 bytes fewer a provider (R-PF1, issue 38).
-    max_waiting: AtomicUsize,
+    max_waiting: AtomicU32,
     max_wait: AtomicU64,
     /// The provider's dialect, as an index of [`Dialect::ALL`]: the
     /// bulkhead classifies each answer by it when it stamps the report.
@@ -64,9 +66,9 @@ impl BulkheadShared {
     pub fn new(settings: &ProviderSettings) -> Self {
         BulkheadShared {
             permits: Semaphore::new(settings.max_in_flight),
-            size: AtomicUsize::new(settings.max_in_flight),
-            waiting: AtomicUsize::new(0),
-            max_waiting: AtomicUsize::new(settings.max_queue_len),
+            size: AtomicU32::new(count(settings.max_in_flight)),
+            waiting: AtomicU32::new(0),
+            max_waiting: AtomicU32::new(count(settings.max_queue_len)),
             max_wait: AtomicU64::new(nanos(settings.max_queue_wait)),
             dialect: AtomicU8::new(0),
         }
@@ -91,14 +93,14 @@ impl BulkheadShared {
     /// Applies new settings: permits are added or forgotten to match.
     pub fn update_settings<P: HasBulkhead>(holder: &Arc<P>, settings: &ProviderSettings) {
         let this = holder.bulkhead();
-        let want = settings.max_in_flight;
+        let want = count(settings.max_in_flight);
         let size = this.size.swap(want, Ordering::Relaxed);
         if want > size {
-            this.permits.add_permits(want - size);
+            this.permits.add_permits((want - size) as usize);
         } else {
             // Permits in use are forgotten as they come back.
-            let gone = this.permits.forget_permits(size - want);
-            let owed = size - want - gone;
+            let gone = this.permits.forget_permits((size - want) as usize);
+            let owed = (size - want) as usize - gone;
             if owed > 0 {
                 let holder = holder.clone();
                 tokio::spawn(async move {
@@ -110,13 +112,13 @@ impl BulkheadShared {
             }
         }
         this.max_waiting
-            .store(settings.max_queue_len, Ordering::Relaxed);
+            .store(count(settings.max_queue_len), Ordering::Relaxed);
         this.max_wait
             .store(nanos(settings.max_queue_wait), Ordering::Relaxed);
     }
 
     /// How many may wait for a permit, and how long.
-    pub(crate) fn limits(&self) -> (usize, Duration) {
+    pub(crate) fn limits(&self) -> (u32, Duration) {
         (
             self.max_waiting.load(Ordering::Relaxed),
             Duration::from_nanos(self.max_wait.load(Ordering::Relaxed)),
@@ -125,14 +127,19 @@ impl BulkheadShared {
 
     /// Attempts in flight now.
     pub fn in_flight(&self) -> usize {
-        let size = self.size.load(Ordering::Relaxed);
+        let size = self.size.load(Ordering::Relaxed) as usize;
         size.saturating_sub(self.permits.available_permits())
     }
 
     /// Requests waiting for a permit now.
     pub fn waiting(&self) -> usize {
-        self.waiting.load(Ordering::Relaxed)
+        self.waiting.load(Ordering::Relaxed) as usize
     }
+}
+
+/// A count of the settings in 32 bits (validated to a million at most).
+fn count(n: usize) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
 }
 
 /// What holds a bulkhead: a provider's policy, whose one allocation holds

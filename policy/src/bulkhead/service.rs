@@ -1,4 +1,4 @@
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -36,7 +36,7 @@ impl<S, P: HasBulkhead> Bulkhead<S, P> {
     }
 }
 
-struct Waiting<'a>(&'a AtomicUsize);
+struct Waiting<'a>(&'a AtomicU32);
 
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
