@@ -3,12 +3,14 @@
 //! The policy crate does no I/O, so it does not own metrics or logs; it
 //! reports events through one sink per provider, and the proxy turns them
 //! into Prometheus series and log lines. Breaker transitions have their own
-//! sink ([`crate::breaker::TransitionSink`]) because they are also durable
-//! evidence. Events carry no request data — only numbers and fixed labels.
+//! method ([`crate::breaker::TransitionObserver`]) because they are also
+//! durable evidence; one [`Observer`] a provider takes both. Events carry
+//! no request data — only numbers and fixed labels.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::breaker::{Transition, TransitionObserver, TransitionSink};
 use crate::classify::Outcome;
 use crate::pacer::{Backoff, Refusal};
 use crate::quota::Family;
@@ -71,8 +73,62 @@ impl<F: Fn(&Event) + Send + Sync> EventObserver for F {
 /// Where a provider's events go.
 pub type EventSink = Arc<dyn EventObserver>;
 
+/// What takes all of a provider's reports, its events and its breaker's
+/// transitions: one pointer a provider, kept by its pacer and read by the
+/// other parts through the policy, where each part kept one of its own
+/// (R-PF1, issue 38). The proxy's sink is one; [`Observers`] makes one of
+/// two closures.
+pub trait Observer: EventObserver + TransitionObserver {}
+
+impl<T: EventObserver + TransitionObserver + ?Sized> Observer for T {}
+
+/// Where all of a provider's reports go.
+pub type ObserverSink = Arc<dyn Observer>;
+
+/// Separate sinks for events and transitions, as one [`Observer`] (either
+/// may be left out).
+#[derive(Default)]
+pub struct Observers {
+    /// Where events go.
+    pub events: Option<EventSink>,
+    /// Where breaker transitions go.
+    pub transitions: Option<TransitionSink>,
+}
+
+impl std::fmt::Debug for Observers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Observers")
+            .field("events", &self.events.is_some())
+            .field("transitions", &self.transitions.is_some())
+            .finish()
+    }
+}
+
+impl Observers {
+    /// The two, as a provider's observer.
+    pub fn sink(self) -> ObserverSink {
+        Arc::new(self)
+    }
+}
+
+impl EventObserver for Observers {
+    fn event(&self, event: &Event) {
+        if let Some(e) = &self.events {
+            e.event(event);
+        }
+    }
+}
+
+impl TransitionObserver for Observers {
+    fn transition(&self, transition: &Transition) {
+        if let Some(t) = &self.transitions {
+            t.transition(transition);
+        }
+    }
+}
+
 /// Sends `event` to `sink`, if there is one.
-pub(crate) fn emit(sink: &Option<EventSink>, event: Event) {
+pub(crate) fn emit(sink: Option<&dyn Observer>, event: Event) {
     if let Some(sink) = sink {
         sink.event(&event);
     }

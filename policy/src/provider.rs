@@ -9,18 +9,18 @@
 //! and the store read [`ProviderSnapshot`]. There is no second copy of a
 //! rate anywhere.
 
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 use crate::breaker::{
-    BreakerShared, BreakerSnapshot, CallPermit, HasBreaker, RetryBudgetLeft, State, TransitionSink,
+    BreakerShared, BreakerSnapshot, CallPermit, HasBreaker, State, TransitionObserver,
 };
 use crate::bulkhead::{BulkheadShared, HasBulkhead};
 use crate::classify::Dialect;
 use crate::error::Cause;
-use crate::events::EventSink;
+use crate::events::{Observer, ObserverSink};
 use crate::pacer::{HasPacer, PacerShared, PacerSnapshot};
 use crate::park::{HasPark, Neighbours, ParkShared, ParkSnapshot};
 use crate::retry::{HasRetry, Jitter, RetryShared};
@@ -31,20 +31,18 @@ use crate::timeout::{AttemptBound, RequestBound, SharedDuration};
 /// What a provider's policy is built with besides its settings.
 #[derive(Default)]
 pub struct PolicyOptions {
-    /// Where breaker transitions are published.
-    pub sink: Option<TransitionSink>,
+    /// Where pacing, retry and attempt events and breaker transitions go
+    /// (two closures: [`crate::events::Observers`]).
+    pub observer: Option<ObserverSink>,
     /// The retry jitter; `None` = random, seeded by the OS.
     pub jitter: Option<Jitter>,
-    /// Where pacing, retry and attempt events go.
-    pub events: Option<EventSink>,
 }
 
 impl std::fmt::Debug for PolicyOptions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PolicyOptions")
-            .field("sink", &self.sink.is_some())
+            .field("observer", &self.observer.is_some())
             .field("jitter", &self.jitter)
-            .field("events", &self.events.is_some())
             .finish()
     }
 }
@@ -117,24 +115,17 @@ impl ProviderPolicy {
         // Shared, not copied: every provider of the defaults holds the same
         // settings (issue 24: 400 bytes and more of each).
         let settings = settings.into();
-        // The breaker reads the retry budget through the policy it is a
-        // part of, not counted (it holds the breaker).
-        let policy = Arc::new_cyclic(|me: &Weak<ProviderPolicy>| {
-            let budget: Weak<dyn RetryBudgetLeft> = me.clone();
-            ProviderPolicy {
-                name: name.into(),
-                attempt_timeout: SharedDuration::new(settings.attempt_timeout),
-                request_timeout: SharedDuration::new(settings.request_timeout),
-                park: ParkShared::default(),
-                pacer: PacerShared::with_events(&settings, options.events.clone()),
-                breaker: BreakerShared::new(&settings, budget, options.sink),
-                retry: RetryShared::with_events(
-                    &settings,
-                    options.jitter.unwrap_or_else(Jitter::random),
-                    options.events,
-                ),
-                bulkhead: BulkheadShared::new(&settings),
-            }
+        // One observer, kept by the pacer: the breaker and the retry
+        // budget reach it, and each other, through the policy.
+        let policy = Arc::new(ProviderPolicy {
+            name: name.into(),
+            attempt_timeout: SharedDuration::new(settings.attempt_timeout),
+            request_timeout: SharedDuration::new(settings.request_timeout),
+            park: ParkShared::default(),
+            pacer: PacerShared::with_observer(&settings, options.observer),
+            breaker: BreakerShared::new(&settings),
+            retry: RetryShared::new(&settings, options.jitter.unwrap_or_else(Jitter::random)),
+            bulkhead: BulkheadShared::new(&settings),
         });
         policy
             .bulkhead
@@ -183,7 +174,7 @@ impl ProviderPolicy {
     /// What this provider has learned, for the store.
     pub fn learned(&self, now: Instant) -> LearnedState {
         let pacer = self.pacer.snapshot(now);
-        let breaker = self.breaker.snapshot(now);
+        let breaker = BreakerShared::snapshot(self, now);
         LearnedState {
             rate_rps: pacer.rate_rps,
             limit_rps: pacer.limit_rps,
@@ -237,7 +228,7 @@ impl ProviderPolicy {
     pub fn settled(&self, now: Instant) -> bool {
         self.bulkhead.in_flight() == 0
             && self.bulkhead.waiting() == 0
-            && self.breaker.state() != State::HalfOpen
+            && BreakerShared::state(self) != State::HalfOpen
             && self.park.settled()
             && self.pacer.lock().settled(now)
     }
@@ -282,7 +273,7 @@ impl ProviderPolicy {
     /// opened it was met under settings no longer in force. Whether it was
     /// not closed.
     pub fn clear_breaker(&self) -> bool {
-        self.breaker.clear(Instant::now())
+        BreakerShared::clear(self, Instant::now())
     }
 
     /// Admits one unit of work the stack cannot see inside — a CONNECT
@@ -301,7 +292,7 @@ impl ProviderPolicy {
         ProviderSnapshot {
             name: self.name.to_string(),
             pacer: self.pacer.snapshot(now),
-            breaker: self.breaker.snapshot(now),
+            breaker: BreakerShared::snapshot(self, now),
             retry_budget_left: self.retry.budget_left(now),
             in_flight: self.bulkhead.in_flight(),
             bulkhead_waiting: self.bulkhead.waiting(),
@@ -334,7 +325,7 @@ impl RunSignals for ProviderPolicy {
         // own: a run's request waits it out rather than be answered
         // `429` (R-RN8, R-PD3).
         if self.breaker.opened_for_throttles() {
-            let snap = self.breaker.snapshot(now);
+            let snap = BreakerShared::snapshot(self, now);
             if let Some(left) = snap.open_remaining.filter(|l| !l.is_zero()) {
                 return Some(Cooldown {
                     wait: left,
@@ -361,7 +352,7 @@ impl RunSignals for ProviderPolicy {
 /// that no layer imports another.
 impl Neighbours for ProviderPolicy {
     fn breaker_closed(&self) -> bool {
-        self.breaker.state() == State::Closed || self.breaker.opened_for_throttles()
+        BreakerShared::state(self) == State::Closed || self.breaker.opened_for_throttles()
     }
 
     fn controller_outage(&self) -> bool {
@@ -377,13 +368,6 @@ impl Neighbours for ProviderPolicy {
     }
 }
 
-/// What the breaker reads of the retry budget, for its evidence.
-impl RetryBudgetLeft for ProviderPolicy {
-    fn budget_left(&self, at: Instant) -> u32 {
-        self.retry.budget_left(at)
-    }
-}
-
 /// The layers' ways to their parts of the policy.
 impl HasPacer for ProviderPolicy {
     fn pacer(&self) -> &PacerShared {
@@ -395,11 +379,24 @@ impl HasBreaker for ProviderPolicy {
     fn breaker(&self) -> &BreakerShared {
         &self.breaker
     }
+
+    /// The evidence's retry budget: the provider's.
+    fn retry_budget_left(&self, at: Instant) -> Option<u32> {
+        Some(self.retry.budget_left(at))
+    }
+
+    fn transitions(&self) -> Option<&dyn TransitionObserver> {
+        self.pacer.observer().map(|o| o as &dyn TransitionObserver)
+    }
 }
 
 impl HasRetry for ProviderPolicy {
     fn retry(&self) -> &RetryShared {
         &self.retry
+    }
+
+    fn observer(&self) -> Option<&dyn Observer> {
+        self.pacer.observer()
     }
 }
 

@@ -73,7 +73,8 @@ macro_rules! provider_settings {
             /// a waiter is sent before its client gives up.
             max_hold_wait: ::std::time::Duration = ::std::time::Duration::from_secs(28),
             /// How many requests may wait for a pacing slot: the per-provider
-            /// waiting room; beyond it refuse, never grow memory.
+            /// waiting room; beyond it refuse, never grow memory. 1 to
+            /// 1,000,000.
             max_queue_len: usize = 256,
             /// The longest `Retry-After` sluice absorbs for the client; a
             /// longer one goes back to the client instead of holding its
@@ -88,7 +89,7 @@ macro_rules! provider_settings {
             /// run's requests always park, bounded by the run (R-RN8).
             max_outage_wait: ::std::time::Duration = ::std::time::Duration::from_secs(10),
             /// The bulkhead: attempts in flight to this provider
-            /// (non-adaptive, R-BH1).
+            /// (non-adaptive, R-BH1). 1 to 1,000,000.
             max_in_flight: usize = 64,
             /// Per-attempt timeout, connect and response head: twice Envoy's
             /// 15 s route timeout, since exports are slow.

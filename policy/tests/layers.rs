@@ -13,7 +13,7 @@ use sluice_policy::breaker::{BreakerLayer, BreakerShared, Reason, State, Transit
 use sluice_policy::bulkhead::{BulkheadLayer, InFlight};
 use sluice_policy::error::Cause;
 use sluice_policy::error::{Upstream, UpstreamKind};
-use sluice_policy::events::Event;
+use sluice_policy::events::{Event, Observers};
 use sluice_policy::pacer::{PacerLayer, Refusal};
 use sluice_policy::park::watch::PROBE_FIRST_WAIT;
 use sluice_policy::provider::PolicyOptions;
@@ -127,11 +127,16 @@ fn policy(settings: ProviderSettings) -> (Arc<ProviderPolicy>, Evidence) {
         "provider.test",
         settings.validated().unwrap(),
         PolicyOptions {
-            sink: Some(Arc::new(move |t: &Transition| {
-                sink.lock().unwrap().push(t.clone())
-            })),
+            observer: Some(
+                Observers {
+                    transitions: Some(Arc::new(move |t: &Transition| {
+                        sink.lock().unwrap().push(t.clone())
+                    })),
+                    ..Observers::default()
+                }
+                .sink(),
+            ),
             jitter: Some(Jitter::Fixed(0.0)),
-            events: None,
         },
     );
     (policy, evidence)
@@ -413,12 +418,12 @@ async fn a_config_change_clears_the_breaker() {
     }
     // Three failures of four: one more would open it; cleared, it takes
     // four fresh calls to judge again.
-    assert!(!policy.breaker.clear(Instant::now()), "it was closed");
-    assert_eq!(policy.breaker.snapshot(Instant::now()).failures, 0);
+    assert!(!policy.clear_breaker(), "it was closed");
+    assert_eq!(policy.snapshot(Instant::now()).breaker.failures, 0);
     assert!(evidence.lock().unwrap().is_empty());
     let (policy, evidence) = policy_open();
-    assert!(policy.breaker.clear(Instant::now()));
-    assert_eq!(policy.breaker.state(), State::Closed);
+    assert!(policy.clear_breaker());
+    assert_eq!(policy.snapshot(Instant::now()).breaker.state, State::Closed);
     let t = evidence
         .lock()
         .unwrap()
@@ -449,7 +454,7 @@ fn policy_open() -> (Arc<ProviderPolicy>, Evidence) {
         let permit = BreakerShared::acquire(&policy).expect("closed");
         permit.finish(Some(true));
     }
-    assert_eq!(policy.breaker.snapshot(now).state, State::Open);
+    assert_eq!(policy.snapshot(now).breaker.state, State::Open);
     (policy, evidence)
 }
 
@@ -570,10 +575,15 @@ async fn retry_after_is_waited_exactly() {
         ProviderSettings::default().validated().unwrap(),
         PolicyOptions {
             jitter: Some(Jitter::Fixed(0.0)),
-            events: Some(Arc::new(move |e: &Event| {
-                sink.lock().unwrap().push(e.clone())
-            })),
-            ..PolicyOptions::default()
+            observer: Some(
+                Observers {
+                    events: Some(Arc::new(move |e: &Event| {
+                        sink.lock().unwrap().push(e.clone())
+                    })),
+                    ..Observers::default()
+                }
+                .sink(),
+            ),
         },
     );
     let provider = Provider::new(|n| if n == 0 { throttle("2") } else { status(200) });
@@ -811,7 +821,7 @@ async fn a_run_waits_out_an_open_circuit() {
     );
     assert_eq!(state.stopped, None);
     assert_eq!(provider.arrivals().len(), 5);
-    assert_eq!(policy.breaker.snapshot(Instant::now()).state, State::Closed);
+    assert_eq!(policy.snapshot(Instant::now()).breaker.state, State::Closed);
 }
 
 /// Issue 20: a provider that never answers is given `request_timeout`
@@ -1249,9 +1259,15 @@ async fn a_sustained_latency_shift_is_a_soft_throttle_one_slow_answer_is_not() {
         "provider.test",
         settings.validated().unwrap(),
         PolicyOptions {
-            events: Some(Arc::new(move |e: &Event| {
-                sink.lock().unwrap().push(e.clone())
-            })),
+            observer: Some(
+                Observers {
+                    events: Some(Arc::new(move |e: &Event| {
+                        sink.lock().unwrap().push(e.clone())
+                    })),
+                    ..Observers::default()
+                }
+                .sink(),
+            ),
             ..PolicyOptions::default()
         },
     );

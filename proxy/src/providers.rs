@@ -23,10 +23,9 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use http::{Method, Request, Response};
-use sluice_policy::breaker::TransitionSink;
 use sluice_policy::classify::{Dialect, Resource};
 use sluice_policy::error::BoxFuture;
-use sluice_policy::events::EventSink;
+use sluice_policy::events::ObserverSink;
 use sluice_policy::provider::{LearnedState, PolicyOptions};
 use sluice_policy::{ProviderPolicy, ValidSettings};
 use tokio::time::Instant;
@@ -236,10 +235,8 @@ pub trait Observer: Send + Sync {
 /// label in metrics: its name, or the one every provider beyond the label
 /// cap shares.
 pub struct Sinks {
-    /// Its events.
-    pub events: EventSink,
-    /// Its breaker's transitions.
-    pub transitions: TransitionSink,
+    /// Its events and its breaker's transitions.
+    pub observer: ObserverSink,
     /// Its label.
     pub label: Arc<str>,
 }
@@ -557,19 +554,18 @@ impl Providers {
     ) -> Provider {
         let settings = speaking(settings, spoken);
         let config = self.rules().print(&settings, intercept);
-        let (events, sink, labelled) = match &self.observer {
+        let (observer, labelled) = match &self.observer {
             Some(o) => {
                 let s = o.sinks(name);
-                (Some(s.events), Some(s.transitions), s.label == *name)
+                (Some(s.observer), s.label == *name)
             }
-            None => (None, None, true),
+            None => (None, true),
         };
         let policy = ProviderPolicy::new(
             name.clone(),
             settings,
             PolicyOptions {
-                sink,
-                events,
+                observer,
                 jitter: None,
             },
         );

@@ -23,7 +23,7 @@ mod service;
 pub mod state;
 
 use std::fmt;
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::time::Instant;
 
@@ -34,29 +34,24 @@ pub use self::state::{Breaker, BreakerSnapshot, Permit, Reason, State, Transitio
 use crate::classify::{Outcome, Signal};
 use crate::settings::{ProviderSettings, ValidSettings};
 
-/// Reads the retry budget left at an instant, for the evidence (R-CB2):
-/// the provider's retry budget itself, or a closure.
-pub trait RetryBudgetLeft: Send + Sync {
-    /// Whole retries left at `at`.
-    fn budget_left(&self, at: Instant) -> u32;
-}
-
-impl<F: Fn(Instant) -> u32 + Send + Sync> RetryBudgetLeft for F {
-    fn budget_left(&self, at: Instant) -> u32 {
-        self(at)
-    }
-}
-
-/// Where the breaker reads the retry budget left: the provider's policy it
-/// is a part of (not counted: it holds the breaker).
-pub type BudgetLeft = Weak<dyn RetryBudgetLeft>;
-
 /// What holds a breaker: a provider's policy, whose one allocation holds
 /// every part of it (R-PF1, issue 38). The layer and its permits keep the
-/// holder.
+/// holder; each call that publishes a transition is handed it, for the
+/// evidence's retry budget and for where transitions go — read through
+/// the holder, not pointed to from the breaker (32 bytes a provider).
 pub trait HasBreaker: Send + Sync + 'static {
     /// The breaker.
     fn breaker(&self) -> &BreakerShared;
+    /// Whole retries left in the provider's budget at `at`, for the
+    /// evidence (R-CB2), if the holder has a budget.
+    fn retry_budget_left(&self, at: Instant) -> Option<u32> {
+        let _ = at;
+        None
+    }
+    /// Where transitions are published (metrics, log, admin API, store).
+    fn transitions(&self) -> Option<&dyn TransitionObserver> {
+        None
+    }
 }
 
 /// What takes a breaker's transitions: a closure, or a value that takes
@@ -81,10 +76,6 @@ pub const RECENT_TRANSITIONS: usize = 32;
 /// The breaker of one provider, shared by all its services.
 pub struct BreakerShared {
     breaker: Mutex<Breaker>,
-    /// Read to fill `retry_budget_left` in the evidence: the retry
-    /// budget's state, composed in by the provider (`crate::provider`).
-    budget_left: BudgetLeft,
-    sink: Option<TransitionSink>,
 }
 
 /// How long a refused request may wait for the half-open probe's verdict,
@@ -99,23 +90,16 @@ impl fmt::Debug for BreakerShared {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("BreakerShared")
             .field("breaker", &self.breaker)
-            .field("sink", &self.sink.is_some())
             .finish()
     }
 }
 
 impl BreakerShared {
-    /// A closed breaker publishing to `sink`: a part of the provider's
-    /// one allocation ([`crate::provider`]).
-    pub fn new(
-        settings: &Arc<ValidSettings>,
-        budget_left: BudgetLeft,
-        sink: Option<TransitionSink>,
-    ) -> Self {
+    /// A closed breaker: a part of the provider's one allocation
+    /// ([`crate::provider`]), which is its [`HasBreaker`].
+    pub fn new(settings: &Arc<ValidSettings>) -> Self {
         BreakerShared {
             breaker: Mutex::new(Breaker::new(settings.clone(), crate::clock::now())),
-            budget_left,
-            sink,
         }
     }
 
@@ -135,27 +119,28 @@ impl BreakerShared {
         wait_for_probe(self.lock().settings())
     }
 
-    /// Closes the breaker because the provider's config changed (see
-    /// [`Breaker::clear`]), publishing the transition: whether it was not
-    /// closed.
-    pub fn clear(&self, now: Instant) -> bool {
-        let t = self.lock().clear(now);
+    /// Closes `holder`'s breaker because the provider's config changed
+    /// (see [`Breaker::clear`]), publishing the transition: whether it was
+    /// not closed.
+    pub fn clear(holder: &dyn HasBreaker, now: Instant) -> bool {
+        let t = holder.breaker().lock().clear(now);
         let cleared = t.is_some();
         if let Some(t) = t {
-            self.publish(t);
+            Self::publish(holder, t);
         }
         cleared
     }
 
-    /// Completes a transition's evidence and publishes it.
-    pub fn publish(&self, mut t: Transition) {
-        t.retry_budget_left = self.budget_left.upgrade().map(|b| b.budget_left(t.at));
-        if let Some(sink) = &self.sink {
+    /// Completes a transition of `holder`'s breaker's evidence and
+    /// publishes it.
+    pub fn publish(holder: &dyn HasBreaker, mut t: Transition) {
+        t.retry_budget_left = holder.retry_budget_left(t.at);
+        if let Some(sink) = holder.transitions() {
             sink.transition(&t);
         }
         // Taken after the sink, never while the state is locked (every
         // caller has let it go): the transitions kept are the state's.
-        self.lock().remember(t);
+        holder.breaker().lock().remember(t);
     }
 
     /// The most recent transitions, oldest first.
@@ -167,14 +152,13 @@ impl BreakerShared {
     /// HalfOpen transition if the reset timeout has passed. `Err` says how
     /// long until a probe may go, and which open period this is.
     pub fn acquire<P: HasBreaker>(holder: &Arc<P>) -> Result<CallPermit, CircuitOpen> {
-        let this = holder.breaker();
         let (permit, transition, cycle, throttled) = {
-            let mut b = this.lock();
+            let mut b = holder.breaker().lock();
             let (permit, transition) = b.try_acquire(crate::clock::now());
             (permit, transition, b.cycle(), b.opened_for_throttles())
         };
         if let Some(t) = transition {
-            this.publish(t);
+            Self::publish(&**holder, t);
         }
         match permit {
             Ok(permit) => Ok(CallPermit {
@@ -192,10 +176,9 @@ impl BreakerShared {
     /// A permit from `holder`'s breaker for the probe of parked requests
     /// ([`Permit::Parked`]): never refused.
     pub fn acquire_parked<P: HasBreaker>(holder: &Arc<P>) -> CallPermit {
-        let this = holder.breaker();
-        let (permit, transition) = this.lock().acquire_parked(crate::clock::now());
+        let (permit, transition) = holder.breaker().lock().acquire_parked(crate::clock::now());
         if let Some(t) = transition {
-            this.publish(t);
+            Self::publish(&**holder, t);
         }
         CallPermit {
             shared: holder.clone(),
@@ -203,15 +186,16 @@ impl BreakerShared {
         }
     }
 
-    /// The state now (moving Open → HalfOpen if due, and publishing that).
-    pub fn state(&self) -> State {
+    /// The state of `holder`'s breaker now (moving Open → HalfOpen if
+    /// due, and publishing that).
+    pub fn state(holder: &dyn HasBreaker) -> State {
         let (state, t) = {
-            let mut b = self.lock();
+            let mut b = holder.breaker().lock();
             let t = b.tick(crate::clock::now());
             (b.state(), t)
         };
         if let Some(t) = t {
-            self.publish(t);
+            Self::publish(holder, t);
         }
         state
     }
@@ -228,16 +212,16 @@ impl BreakerShared {
         self.lock().cycle()
     }
 
-    /// A readout at `now` (moving Open → HalfOpen if due, and publishing
-    /// that).
-    pub fn snapshot(&self, now: Instant) -> BreakerSnapshot {
+    /// A readout of `holder`'s breaker at `now` (moving Open → HalfOpen
+    /// if due, and publishing that).
+    pub fn snapshot(holder: &dyn HasBreaker, now: Instant) -> BreakerSnapshot {
         let (snap, t) = {
-            let mut b = self.lock();
+            let mut b = holder.breaker().lock();
             let t = b.tick(now);
             (b.snapshot(now), t)
         };
         if let Some(t) = t {
-            self.publish(t);
+            Self::publish(holder, t);
         }
         snap
     }
@@ -293,7 +277,7 @@ impl CallPermit {
             }
         };
         if let Some(t) = transition {
-            self.shared.breaker().publish(t);
+            BreakerShared::publish(&*self.shared, t);
         }
     }
 }

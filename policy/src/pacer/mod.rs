@@ -50,7 +50,7 @@ pub use self::service::{Pacer, ResponseFuture};
 pub use self::shared::{Proposal, Seat, SharedAdmit, SharedBudget, SharedChange, SharedView};
 use crate::classify::Outcome;
 use crate::error::Cause;
-use crate::events::{emit, Event, EventSink};
+use crate::events::{emit, Event, Observer, ObserverSink};
 use crate::quota::{Advertised, Malformed};
 use crate::settings::{ProviderSettings, ValidSettings};
 
@@ -73,8 +73,10 @@ pub struct PacerShared {
     /// Where waiting requests are woken from. Made by the first request
     /// that has to wait (most providers' never do: issues 24 and 38).
     room: OnceBox<Room>,
-    /// Where pacing events go.
-    events: Option<EventSink>,
+    /// Where the provider's events go — and its breaker's transitions:
+    /// the provider's one observer, read by its other parts through the
+    /// policy ([`crate::provider`]).
+    observer: Option<ObserverSink>,
     /// What a shared budget needs (the budget, the turn its requests
     /// take, the spread of their wake-ups), made when one is first set or
     /// seeded (R-DS1; most providers never have one: issue 38).
@@ -107,21 +109,26 @@ pub trait HasPacer: Send + Sync + 'static {
 impl PacerShared {
     /// A cold pacer for these settings, on its own.
     pub fn new(settings: &ProviderSettings) -> Arc<Self> {
-        Arc::new(PacerShared::with_events(
+        Arc::new(PacerShared::with_observer(
             &ValidSettings::as_given(settings),
             None,
         ))
     }
 
-    /// A cold pacer for a provider's settings, reporting to `events`: a
+    /// A cold pacer for a provider's settings, reporting to `observer`: a
     /// part of the provider's one allocation ([`crate::provider`]).
-    pub fn with_events(settings: &Arc<ValidSettings>, events: Option<EventSink>) -> Self {
+    pub fn with_observer(settings: &Arc<ValidSettings>, observer: Option<ObserverSink>) -> Self {
         PacerShared {
             core: Mutex::new(PacerCore::with_settings(settings.clone())),
             room: OnceBox::new(),
-            events,
+            observer,
             fleet: OnceBox::new(),
         }
+    }
+
+    /// Where the provider's events and transitions go, if anywhere.
+    pub fn observer(&self) -> Option<&dyn Observer> {
+        self.observer.as_deref()
     }
 
     /// Draws the spread of this replica's shared wake-ups from `seed` on,
@@ -191,12 +198,12 @@ impl PacerShared {
         quota: Option<Result<Option<Advertised>, Malformed>>,
         tokens: Option<Advertised>,
     ) {
-        emit(&self.events, Event::Attempt { outcome, ttfb });
+        emit(self.observer(), Event::Attempt { outcome, ttfb });
         let advertised = match quota {
             None => None,
             Some(Ok(a)) => Some(a),
             Some(Err(Malformed(family))) => {
-                emit(&self.events, Event::QuotaMalformed(family));
+                emit(self.observer(), Event::QuotaMalformed(family));
                 Some(None)
             }
         };
@@ -267,15 +274,15 @@ impl PacerShared {
         }
         if let Some(until) = fb.hold_until {
             emit(
-                &self.events,
+                self.observer(),
                 Event::Hold(until.saturating_duration_since(now)),
             );
         }
         if let Some(b) = fb.backoff {
-            emit(&self.events, Event::Backoff(b));
+            emit(self.observer(), Event::Backoff(b));
         }
         if let Some(began) = fb.outage {
-            emit(&self.events, Event::Outage(began));
+            emit(self.observer(), Event::Outage(began));
         }
     }
 
@@ -284,7 +291,7 @@ impl PacerShared {
     /// says so.
     pub fn outage_found(&self, now: Instant) {
         if self.lock().declare_outage(now) {
-            emit(&self.events, Event::Outage(true));
+            emit(self.observer(), Event::Outage(true));
         }
     }
 
@@ -337,9 +344,9 @@ impl PacerShared {
 
     /// Reports a request of `class` admitted after `wait`.
     fn admitted(&self, class: &Class, units: u32, wait: Duration) {
-        emit(&self.events, Event::PacingWait(wait));
+        emit(self.observer(), Event::PacingWait(wait));
         emit(
-            &self.events,
+            self.observer(),
             Event::Admitted {
                 class: class.name.clone(),
                 units,
@@ -442,11 +449,11 @@ impl PacerShared {
         let turn = self.turn();
         let queued = TurnCount::enter(&turn.waiting);
         if queued.ahead >= max_len {
-            emit(&self.events, Event::Shed(Refusal::QueueFull));
+            emit(self.observer(), Event::Shed(Refusal::QueueFull));
             return Err(RateLimited::new(Refusal::QueueFull, patience).into());
         }
         let Ok(_turn) = tokio::time::timeout_at(arrived + patience, turn.mutex.lock()).await else {
-            emit(&self.events, Event::Shed(Refusal::WaitTooLong));
+            emit(self.observer(), Event::Shed(Refusal::WaitTooLong));
             return Err(RateLimited::new(Refusal::WaitTooLong, patience).into());
         };
         drop(queued);
@@ -479,13 +486,13 @@ impl PacerShared {
             self.announce(fb, now);
             if answer.admitted {
                 emit(
-                    &self.events,
+                    self.observer(),
                     Event::PacingWait(now.saturating_duration_since(arrived)),
                 );
                 return Ok(Some(now));
             }
             if now + answer.wait > arrived + patience {
-                emit(&self.events, Event::Shed(Refusal::WaitTooLong));
+                emit(self.observer(), Event::Shed(Refusal::WaitTooLong));
                 return Err(RateLimited::new(Refusal::WaitTooLong, answer.wait).into());
             }
             // Replicas told of the same slot wake a little apart, so the
@@ -513,7 +520,7 @@ impl PacerShared {
         match core.enqueue_as(now, class, f64::from(units.max(1))) {
             Ok(t) => Ok(Some((t, core.patience(now)))),
             Err((refusal, wait)) => {
-                emit(&self.events, Event::Shed(refusal));
+                emit(self.observer(), Event::Shed(refusal));
                 Err(RateLimited::new(refusal, wait).into())
             }
         }
@@ -575,7 +582,7 @@ impl PacerShared {
                         // stops, planned, and the slot stays free.
                         return Err(RateLimited::new(Refusal::PastDeadline, Duration::ZERO).into());
                     }
-                    emit(&self.events, Event::Shed(Refusal::WaitTooLong));
+                    emit(self.observer(), Event::Shed(Refusal::WaitTooLong));
                     return Err(RateLimited::new(Refusal::WaitTooLong, wait).into());
                 }
                 Admission::WaitUntil(at) => {
@@ -594,7 +601,7 @@ impl std::fmt::Debug for PacerShared {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PacerShared")
             .field("core", &self.core)
-            .field("events", &self.events.is_some())
+            .field("observer", &self.observer.is_some())
             .finish()
     }
 }

@@ -31,7 +31,7 @@ pub use self::backoff::Jitter;
 pub use self::budget::RatioBudget;
 pub use self::policy::RetryPolicy;
 pub use crate::attempt::retryable_method;
-use crate::events::EventSink;
+use crate::events::Observer;
 use crate::settings::{ProviderSettings, ValidSettings};
 
 pub use crate::attempt::ReplayBody;
@@ -52,7 +52,6 @@ pub struct RetryShared {
     /// The provider's settings, shared, not copied (R-PF1, issue 38).
     settings: Mutex<std::sync::Arc<ValidSettings>>,
     jitter: Jitter,
-    events: Option<EventSink>,
 }
 
 #[derive(Debug, Clone)]
@@ -81,22 +80,17 @@ impl RetrySettings {
 pub trait HasRetry: Send + Sync + 'static {
     /// The retry state.
     fn retry(&self) -> &RetryShared;
+    /// Where a retry is reported: the provider's observer.
+    fn observer(&self) -> Option<&dyn Observer> {
+        None
+    }
 }
 
 impl RetryShared {
     /// A fresh budget for these settings, with the given jitter source.
+    /// Retries are reported to the holder's observer ([`HasRetry`]).
     pub fn new(settings: &std::sync::Arc<ValidSettings>, jitter: Jitter) -> Self {
-        RetryShared::with_events(settings, jitter, None)
-    }
-
-    /// [`RetryShared::new`] reporting retries to `events`.
-    pub fn with_events(
-        settings: &std::sync::Arc<ValidSettings>,
-        jitter: Jitter,
-        events: Option<EventSink>,
-    ) -> Self {
         RetryShared {
-            events,
             budget: Mutex::new(RatioBudget::new(
                 settings.retry_ratio,
                 settings.retry_min_per_sec,
@@ -128,10 +122,6 @@ impl RetryShared {
         RetrySettings::of(&self.settings.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
-    pub(crate) fn retried(&self, after: crate::classify::Outcome) {
-        crate::events::emit(&self.events, crate::events::Event::Retry(after));
-    }
-
     pub(crate) fn jitter(&self) -> &Jitter {
         &self.jitter
     }
@@ -139,11 +129,5 @@ impl RetryShared {
     /// Whole retries left in the budget at `now`.
     pub fn budget_left(&self, now: Instant) -> u32 {
         self.budget().balance(now).floor().min(f64::from(u32::MAX)) as u32
-    }
-}
-
-impl crate::breaker::RetryBudgetLeft for RetryShared {
-    fn budget_left(&self, at: Instant) -> u32 {
-        RetryShared::budget_left(self, at)
     }
 }

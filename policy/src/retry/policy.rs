@@ -93,7 +93,7 @@ where
         if let Some(r) = &run {
             r.take_retry();
         }
-        self.shared.retry().retried(outcome);
+        crate::events::emit(self.shared.observer(), crate::events::Event::Retry(outcome));
         Some(tokio::time::sleep(delay))
     }
 

@@ -66,8 +66,7 @@ impl Observer for Observe {
             series,
         });
         Sinks {
-            events: sink.clone(),
-            transitions: sink,
+            observer: sink,
             label,
         }
     }
