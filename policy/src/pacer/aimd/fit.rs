@@ -109,7 +109,7 @@ impl Aimd {
         // count of them comes (see `Aimd::on_fleet_refusal`).
         let secs = (sent_at - end).as_secs_f64();
         let sent = self.rate * secs;
-        self.k_mut().descent.push(now, secs, sent);
+        self.kp_mut().descent.push(now, secs, sent);
     }
 
     /// The fleet's last refusal after a hold, as the shared store counted
@@ -118,10 +118,10 @@ impl Aimd {
     /// end. Every replica reads the same points, so every replica's fit
     /// says what the refused replica's did.
     pub fn on_fleet_refusal(&mut self, now: Instant, refusal: FleetRefusal) {
-        if self.k().fleet_refusal == Some(refusal.id) {
+        if self.kp().fleet_refusal == Some(refusal.id) {
             return;
         }
-        self.k_mut().fleet_refusal = Some(refusal.id);
+        self.kp_mut().fleet_refusal = Some(refusal.id);
         let Some(at) = now.checked_sub(refusal.ago) else {
             return;
         };
@@ -136,7 +136,7 @@ impl Aimd {
         if self.k().hold_cost.is_zero() || self.k().limit.is_none() || !known || !steady || old {
             return;
         }
-        self.k_mut()
+        self.kp_mut()
             .descent
             .push(at, refusal.after.as_secs_f64(), refusal.sent as f64);
     }
@@ -208,7 +208,7 @@ mod tests {
         };
         a.on_fleet_refusal(t, first);
         a.on_fleet_refusal(t, first);
-        assert_eq!(a.k().descent.points.len(), 1, "read once");
+        assert_eq!(a.kp().descent.points.len(), 1, "read once");
         a.adopt(t, 21.0, Some(21.5));
         a.on_shared_hold(t, second);
         t += second * 11;
@@ -221,7 +221,7 @@ mod tests {
                 sent: 210,
             },
         );
-        let (fit, margin) = a.k().descent.limit().expect("two points fit");
+        let (fit, margin) = a.kp().descent.limit().expect("two points fit");
         assert!((20.0..=20.0 * (1.0 + FIT_TIGHT)).contains(&fit), "{fit}");
         assert!(margin <= fit * FIT_TIGHT, "{margin}");
         a.adopt(t, fit * SETTLE_SHARP, Some(fit));
@@ -241,6 +241,11 @@ mod tests {
                 sent: 80,
             },
         );
-        assert_eq!(a.k().descent.points.len(), 2, "{:?}", a.k().descent.points);
+        assert_eq!(
+            a.kp().descent.points.len(),
+            2,
+            "{:?}",
+            a.kp().descent.points
+        );
     }
 }

@@ -445,7 +445,7 @@ impl Aimd {
         }
         if self.refusals_go_on() {
             // No bisecting such a limit (see `Aimd::increase`).
-            self.k_mut().bisect_fooled = true;
+            self.kp_mut().bisect_fooled = true;
         }
         self.reset(|k| k.echo = 0);
         self.dwell_refused(now);
@@ -466,14 +466,14 @@ impl Aimd {
             fitted: self.k().fitted,
             sharp: self.k().sharp,
             steady: self.k().steady,
-            refused_settle: self.k().refused_settle,
-            moved_from: self.k().moved_from,
-            too_high_at: self.k().too_high_at,
+            refused_settle: self.kp().refused_settle,
+            moved_from: self.kp().moved_from,
+            too_high_at: self.kp().too_high_at,
             holds: !self.k().hold_cost.is_zero(),
             unconfirmed: self.k().unconfirmed.is_some(),
             shared: self.shared,
-            fit: self.k().descent.limit(),
-            bisecting: self.k().bracket.is_some(),
+            fit: self.kp().descent.limit(),
+            bisecting: self.kp().bracket.is_some(),
             window: self.window(),
             now,
         });
@@ -493,7 +493,7 @@ impl Aimd {
         self.k_mut().steady = p.steady;
         if p.too_high && p.steady {
             // The lowest since the limit last moved past one.
-            self.k_mut().refused_settle = Some(match self.k().refused_settle {
+            self.kp_mut().refused_settle = Some(match self.kp().refused_settle {
                 Some(r) if r > p.limit => r.min(from),
                 _ => from,
             });
@@ -504,47 +504,52 @@ impl Aimd {
             ProbeWait::Longer => self.k_mut().probe_backoff = (self.k().probe_backoff + 1).min(2),
         }
         if let Some(before) = p.moved_from {
-            self.k_mut().moved_from = Some((before, now));
+            self.kp_mut().moved_from = Some((before, now));
         }
         if p.clear_descent {
-            self.reset(|k| k.descent.clear());
+            self.reset_p(|k| k.descent.clear());
         }
         if p.undid_move {
             self.dwell_fooled();
         }
         if p.too_high {
-            self.k_mut().too_high_at = Some(now);
+            self.kp_mut().too_high_at = Some(now);
         }
         // A bracket stands while probes are refused under it; any other
         // placement moved the limit past what it bounded. A bisection's
         // move undone was a burst's doing: the provider is no sharp limit
         // to bisect.
         let soon = |at: Instant| now.saturating_duration_since(at) < self.window() * PROBE_AFTER;
-        if p.too_high && self.k().bisect_at.is_some_and(soon) {
-            self.k_mut().bisect_fooled = true;
+        if p.too_high && self.kp().bisect_at.is_some_and(soon) {
+            self.kp_mut().bisect_fooled = true;
         }
         // Brackets begin at slow start's refusal only: once closed or let
         // go, a probe refused above the limit is the one overshoot a probe
         // costs, not the start of another bisection (whose probes would
         // each cost one, and cap the probe that finds a raised limit).
-        let opens = self.k().limit.is_none() || self.k().bracket.is_some();
-        let (old_bracket, fooled) = (self.k().bracket, self.k().bisect_fooled);
-        self.k_mut().bracket = p.bracket.filter(|_| opens && !fooled).map(|b| {
+        let opens = self.k().limit.is_none() || self.kp().bracket.is_some();
+        let (old_bracket, fooled) = (self.kp().bracket, self.kp().bisect_fooled);
+        let bracket = p.bracket.filter(|_| opens && !fooled).map(|b| {
             old_bracket
                 .filter(|old| *old > p.limit)
                 .map_or(b, |old| old.min(b))
         });
+        // (No bracket to keep makes nothing for it.)
+        match bracket {
+            Some(_) => self.kp_mut().bracket = bracket,
+            None => self.reset_p(|k| k.bracket = None),
+        }
         // One that close over the limit knows it as closely as a fit.
         let closed = self
-            .k()
+            .kp()
             .bracket
             .is_some_and(|b| b <= p.limit * (1.0 + super::settle::BRACKET_TIGHT));
         if closed {
-            self.reset(|k| k.bracket = None);
+            self.reset_p(|k| k.bracket = None);
         }
         let (limit, tight) = (p.limit, p.tight || closed);
-        if self.k().limit != Some(limit) && self.k().moved_from.is_none_or(|(_, at)| at != now) {
-            self.reset(|k| k.moved_from = None);
+        if self.k().limit != Some(limit) && self.kp().moved_from.is_none_or(|(_, at)| at != now) {
+            self.reset_p(|k| k.moved_from = None);
         }
         self.k_mut().fitted = tight;
         // Known that closely, the limit is settled under as a sharp one is.

@@ -329,24 +329,9 @@ struct Known {
     unconfirmed: Option<f64>,
     /// When the provider's last hold (`Retry-After`) ends.
     hold_end: Option<Instant>,
-    /// Refusals at the settle point after a hold: how long each rate lasted
-    /// from the hold's end to its refusal (see [`Descent`]); shared, the
-    /// fleet's, as the store counted them.
-    descent: Descent,
-    /// The fleet's last refusal read (see [`Aimd::on_fleet_refusal`]).
-    fleet_refusal: Option<u64>,
-    /// Shared: this replica's last raise (from, to), until the store's
-    /// rate shows whether it was taken — a raise the store did not take
-    /// (another replica raised within the window) is no cut.
-    own_raise: Option<(f64, f64)>,
     /// The limit is a token bucket's refill rate fitted to within
     /// [`FIT_TIGHT`] of itself: known as closely as a sharp one's.
     fitted: bool,
-    /// The limit before a probe last moved it, and when: a throttle at the
-    /// new settle point soon after undoes the move.
-    moved_from: Option<(f64, Instant)>,
-    /// When the settle point itself was last throttled.
-    too_high_at: Option<Instant>,
     /// Named refusals to requests sent after the last cut, within its
     /// echo (see `Aimd::fresh_pushback`).
     echo: u32,
@@ -360,6 +345,38 @@ struct Known {
     /// `limit::held_probe`). Settled under as closely as a sharp one, and
     /// a refusal at the settle point moves it as a named one would.
     steady: bool,
+    /// Windows the next probe's dwell lasts (see [`Dwell`](settle::Dwell)).
+    dwell_windows: u32,
+    /// Probes of a sharp limit held at the same place, in a row (the wait
+    /// before the next doubles with each, up to 4×): each costs a window's
+    /// refusals.
+    probe_backoff: u32,
+    /// What probing a known limit keeps — its moves, brackets and
+    /// bisections, the descent fitted after holds, a fleet's raise and
+    /// refusal read — made at its first use: most taught providers never
+    /// probe (R-PF1, issue 38: the taught part fits 208 bytes, not 384).
+    probing: Option<Box<Probing>>,
+}
+
+/// The part of [`Known`] that probing a known limit keeps (see
+/// `Known::probing`): read as its defaults until first written.
+#[derive(Debug, Clone, Default)]
+struct Probing {
+    /// Refusals at the settle point after a hold: how long each rate lasted
+    /// from the hold's end to its refusal (see [`Descent`]); shared, the
+    /// fleet's, as the store counted them.
+    descent: Descent,
+    /// The fleet's last refusal read (see [`Aimd::on_fleet_refusal`]).
+    fleet_refusal: Option<u64>,
+    /// Shared: this replica's last raise (from, to), until the store's
+    /// rate shows whether it was taken — a raise the store did not take
+    /// (another replica raised within the window) is no cut.
+    own_raise: Option<(f64, f64)>,
+    /// The limit before a probe last moved it, and when: a throttle at the
+    /// new settle point soon after undoes the move.
+    moved_from: Option<(f64, Instant)>,
+    /// When the settle point itself was last throttled.
+    too_high_at: Option<Instant>,
     /// The lowest settle point a steady limit was throttled at: a held
     /// probe moves the limit no higher (see `limit::held_probe`).
     refused_settle: Option<f64>,
@@ -371,12 +388,6 @@ struct Known {
     bisect_fooled: bool,
     /// When a bisection last moved the limit.
     bisect_at: Option<Instant>,
-    /// Windows the next probe's dwell lasts (see [`Dwell`](settle::Dwell)).
-    dwell_windows: u32,
-    /// Probes of a sharp limit held at the same place, in a row (the wait
-    /// before the next doubles with each, up to 4×): each costs a window's
-    /// refusals.
-    probe_backoff: u32,
 }
 
 impl Default for Known {
@@ -397,27 +408,22 @@ impl Default for Known {
             hold_cost: Duration::ZERO,
             unconfirmed: None,
             hold_end: None,
-            descent: Descent::default(),
-            fleet_refusal: None,
-            own_raise: None,
             fitted: false,
-            moved_from: None,
-            too_high_at: None,
             echo: 0,
             sharp: false,
             steady: false,
-            refused_settle: None,
-            bracket: None,
-            bisect_fooled: false,
-            bisect_at: None,
             dwell_windows: PROBE_DWELL_FIRST,
             probe_backoff: 0,
+            probing: None,
         }
     }
 }
 
 /// What pushback teaches, as a provider untaught reads it.
 static UNTAUGHT: LazyLock<Known> = LazyLock::new(Known::default);
+
+/// What probing keeps, as a provider that never probed reads it.
+static UNPROBED: LazyLock<Probing> = LazyLock::new(Probing::default);
 
 impl Aimd {
     /// What pushback taught it, or the defaults.
@@ -435,6 +441,27 @@ impl Aimd {
     fn reset(&mut self, back: impl FnOnce(&mut Known)) {
         if let Some(k) = self.known.as_deref_mut() {
             back(k);
+        }
+    }
+
+    /// What probing the limit keeps, or the defaults.
+    fn kp(&self) -> &Probing {
+        self.k().probing.as_deref().unwrap_or(&UNPROBED)
+    }
+
+    /// What probing the limit keeps, made on first write.
+    fn kp_mut(&mut self) -> &mut Probing {
+        self.k_mut().probing.get_or_insert_with(Box::default)
+    }
+
+    /// Sets back what probing kept, if it kept anything.
+    fn reset_p(&mut self, back: impl FnOnce(&mut Probing)) {
+        if let Some(p) = self
+            .known
+            .as_deref_mut()
+            .and_then(|k| k.probing.as_deref_mut())
+        {
+            back(p);
         }
     }
 }
@@ -740,7 +767,7 @@ impl Aimd {
         let rate = rate.clamp(self.floor(), self.ceiling());
         self.shared = true;
         // This replica's own raise, as the store took it or not.
-        if let Some((from, to)) = self.k().own_raise {
+        if let Some((from, to)) = self.kp().own_raise {
             if same_rate(rate, to) || (rate >= from && rate < to) {
                 if !same_rate(rate, to) {
                     // Not taken (another replica raised within the window):
@@ -755,13 +782,13 @@ impl Aimd {
                         self.probe = None;
                     }
                 } else {
-                    self.reset(|k| k.own_raise = None);
+                    self.reset_p(|k| k.own_raise = None);
                 }
                 self.set_rate(now, rate);
                 self.adopt_limit(limit);
                 return;
             }
-            self.reset(|k| k.own_raise = None);
+            self.reset_p(|k| k.own_raise = None);
         }
         // The same rate, as it came back through the store: nothing new.
         if !same_rate(rate, self.rate) {
@@ -831,7 +858,7 @@ impl Aimd {
                 // Another replica placed it: known as closely as a fit
                 // where this replica's fit of the fleet's refusals (the
                 // same points) says as much.
-                self.k_mut().fitted = self.k().descent.limit().is_some_and(|(at, margin)| {
+                self.k_mut().fitted = self.kp().descent.limit().is_some_and(|(at, margin)| {
                     margin <= at * FIT_TIGHT && (l - at).abs() <= at * FIT_TIGHT
                 });
             }

@@ -202,12 +202,12 @@ impl Aimd {
                 return true;
             }
         }
-        if self.k().bracket.is_some() && self.refusals_go_on() {
+        if self.kp().bracket.is_some() && self.refusals_go_on() {
             // Refusals went on after the cut: a window that counts them too
             // (HAProxy's), where each probe over the limit costs a window of
             // refusals — not one. No bisecting such a limit.
-            self.reset(|k| k.bracket = None);
-            self.k_mut().bisect_fooled = true;
+            self.reset_p(|k| k.bracket = None);
+            self.kp_mut().bisect_fooled = true;
         }
         let next = match self.k().limit {
             None => self.rate * (1.0 + SLOW_START_GROWTH),
@@ -219,11 +219,15 @@ impl Aimd {
                     self.reset(|k| k.limit = None);
                     self.reset(|k| k.fitted = false);
                     self.reset(|k| k.steady = false);
-                    self.reset(|k| k.descent.clear());
+                    self.reset_p(|k| k.descent.clear());
                     self.reset_plateau();
                     self.rate * (1.0 + SLOW_START_GROWTH)
                 } else if let Some(probe) = self.probe.as_mut() {
-                    let bracket = self.known.as_ref().and_then(|k| k.bracket);
+                    let bracket = self
+                        .known
+                        .as_ref()
+                        .and_then(|k| k.probing.as_ref())
+                        .and_then(|p| p.bracket);
                     if let Some(dwell) = probe.dwell.as_mut() {
                         if dwell.left > 1 {
                             dwell.left -= 1;
@@ -271,7 +275,7 @@ impl Aimd {
                     let since = *self.k_mut().plateau_since.get_or_insert(start);
                     let held_for = now.saturating_duration_since(since);
                     let k = 1 << self.k().probe_backoff;
-                    let bisect = self.k().bracket.is_some() && self.k().hold_cost.is_zero();
+                    let bisect = self.kp().bracket.is_some() && self.k().hold_cost.is_zero();
                     let (after, admitted) = if bisect {
                         (BRACKET_AFTER, BRACKET_AFTER_ADMITTED)
                     } else {
@@ -319,10 +323,10 @@ impl Aimd {
         // refusal at the new settle point soon after places the limit as
         // any settle point's refusal does, and ends the bisection.
         self.k_mut().limit = Some(half);
-        self.k_mut().bisect_at = Some(now);
+        self.kp_mut().bisect_at = Some(now);
         if bracket <= half * (1.0 + BRACKET_TIGHT) {
             self.k_mut().fitted = true;
-            self.reset(|k| k.bracket = None);
+            self.reset_p(|k| k.bracket = None);
         }
         self.reset_plateau();
         // Whole windows clean at `half` proved the limit at least there:
@@ -371,10 +375,10 @@ impl Aimd {
             }
             Some(_) => {}
             None => {
-                if self.k().moved_from.is_some_and(|(_, at)| {
+                if self.kp().moved_from.is_some_and(|(_, at)| {
                     now.saturating_duration_since(at) < self.window() * PROBE_AFTER
                 }) {
-                    self.reset(|k| k.moved_from = None);
+                    self.reset_p(|k| k.moved_from = None);
                     self.dwell_fooled();
                 }
             }
@@ -399,11 +403,11 @@ impl Aimd {
     /// to it, known as closely as a fit (a refusal at the next dwell
     /// settles under it; one at the settle point soon after undoes it).
     fn dwell_passed(&mut self, limit: f64, now: Instant) {
-        self.k_mut().moved_from = Some((limit, now));
+        self.kp_mut().moved_from = Some((limit, now));
         self.k_mut().limit = Some(self.rate);
         self.k_mut().fitted = true;
         self.reset(|k| k.steady = false);
-        self.reset(|k| k.descent.clear());
+        self.reset_p(|k| k.descent.clear());
     }
 
     /// The settle point refused soon after a probe moved the limit: the

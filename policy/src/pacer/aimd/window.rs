@@ -133,7 +133,7 @@ impl Aimd {
         let before = self.rate;
         let increased = clean && saturated && !draining && self.increase(admitted, now);
         if increased && self.shared {
-            self.k_mut().own_raise = Some((before, self.rate));
+            self.kp_mut().own_raise = Some((before, self.rate));
         }
         Change {
             increased,
