@@ -109,6 +109,24 @@ impl Observers {
     pub fn sink(self) -> ObserverSink {
         Arc::new(self)
     }
+
+    /// An observer of events alone.
+    pub fn of_events(events: impl EventObserver + 'static) -> ObserverSink {
+        Observers {
+            events: Some(Arc::new(events)),
+            transitions: None,
+        }
+        .sink()
+    }
+
+    /// An observer of breaker transitions alone.
+    pub fn of_transitions(transitions: impl TransitionObserver + 'static) -> ObserverSink {
+        Observers {
+            events: None,
+            transitions: Some(Arc::new(transitions)),
+        }
+        .sink()
+    }
 }
 
 impl EventObserver for Observers {

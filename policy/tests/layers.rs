@@ -127,15 +127,9 @@ fn policy(settings: ProviderSettings) -> (Arc<ProviderPolicy>, Evidence) {
         "provider.test",
         settings.validated().unwrap(),
         PolicyOptions {
-            observer: Some(
-                Observers {
-                    transitions: Some(Arc::new(move |t: &Transition| {
-                        sink.lock().unwrap().push(t.clone())
-                    })),
-                    ..Observers::default()
-                }
-                .sink(),
-            ),
+            observer: Some(Observers::of_transitions(move |t: &Transition| {
+                sink.lock().unwrap().push(t.clone())
+            })),
             jitter: Some(Jitter::Fixed(0.0)),
         },
     );
@@ -575,15 +569,9 @@ async fn retry_after_is_waited_exactly() {
         ProviderSettings::default().validated().unwrap(),
         PolicyOptions {
             jitter: Some(Jitter::Fixed(0.0)),
-            observer: Some(
-                Observers {
-                    events: Some(Arc::new(move |e: &Event| {
-                        sink.lock().unwrap().push(e.clone())
-                    })),
-                    ..Observers::default()
-                }
-                .sink(),
-            ),
+            observer: Some(Observers::of_events(move |e: &Event| {
+                sink.lock().unwrap().push(e.clone())
+            })),
         },
     );
     let provider = Provider::new(|n| if n == 0 { throttle("2") } else { status(200) });
@@ -1259,15 +1247,9 @@ async fn a_sustained_latency_shift_is_a_soft_throttle_one_slow_answer_is_not() {
         "provider.test",
         settings.validated().unwrap(),
         PolicyOptions {
-            observer: Some(
-                Observers {
-                    events: Some(Arc::new(move |e: &Event| {
-                        sink.lock().unwrap().push(e.clone())
-                    })),
-                    ..Observers::default()
-                }
-                .sink(),
-            ),
+            observer: Some(Observers::of_events(move |e: &Event| {
+                sink.lock().unwrap().push(e.clone())
+            })),
             ..PolicyOptions::default()
         },
     );
