@@ -366,6 +366,12 @@ impl Neighbours for ProviderPolicy {
     fn settings(&self) -> Arc<ValidSettings> {
         self.breaker.lock().shared_settings().clone()
     }
+
+    fn park_bounds(&self) -> (Duration, Duration) {
+        let b = self.breaker.lock();
+        let s = b.settings();
+        (s.max_outage_wait, s.breaker_open_for)
+    }
 }
 
 /// The layers' ways to their parts of the policy.

@@ -79,6 +79,11 @@ pub trait Neighbours: Send + Sync + std::fmt::Debug {
     fn outage_found(&self, now: Instant);
     /// The provider's settings, as its other parts hold them.
     fn settings(&self) -> Arc<ValidSettings>;
+    /// The longest a request outside a run waits parked
+    /// (`max_outage_wait`), and one cool-down cycle for a run's cycle
+    /// guard (`breaker_open_for`): read for every request, so without a
+    /// count taken on the settings every provider of the defaults shares.
+    fn park_bounds(&self) -> (Duration, Duration);
 }
 
 /// [`ParkShared::flags`]: the provider is down.

@@ -62,10 +62,7 @@ where
     /// through each.
     fn call(&mut self, mut req: Request<B>) -> Self::Future {
         let run = Attempt::of(&req).and_then(|a| a.run.clone());
-        let (max_wait, cycle) = {
-            let s = self.shared.settings();
-            (s.max_outage_wait, s.breaker_open_for)
-        };
+        let (max_wait, cycle) = self.shared.park_bounds();
         // No run, and parking off or nothing amiss: the request goes at
         // once, with no copy to park (the loop below would do the same, in
         // a box); the answer still tells the watch what the provider is
