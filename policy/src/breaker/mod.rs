@@ -43,15 +43,11 @@ pub trait HasBreaker: Send + Sync + 'static {
     /// The breaker.
     fn breaker(&self) -> &BreakerShared;
     /// Whole retries left in the provider's budget at `at`, for the
-    /// evidence (R-CB2), if the holder has a budget.
-    fn retry_budget_left(&self, at: Instant) -> Option<u32> {
-        let _ = at;
-        None
-    }
-    /// Where transitions are published (metrics, log, admin API, store).
-    fn transitions(&self) -> Option<&dyn TransitionObserver> {
-        None
-    }
+    /// evidence (R-CB2).
+    fn retry_budget_left(&self, at: Instant) -> Option<u32>;
+    /// Where transitions are published (metrics, log, admin API, store),
+    /// if anywhere.
+    fn transitions(&self) -> Option<&dyn TransitionObserver>;
 }
 
 /// What takes a breaker's transitions: a closure, or a value that takes

@@ -80,10 +80,8 @@ impl RetrySettings {
 pub trait HasRetry: Send + Sync + 'static {
     /// The retry state.
     fn retry(&self) -> &RetryShared;
-    /// Where a retry is reported: the provider's observer.
-    fn observer(&self) -> Option<&dyn Observer> {
-        None
-    }
+    /// Where a retry is reported: the provider's observer, if any.
+    fn observer(&self) -> Option<&dyn Observer>;
 }
 
 impl RetryShared {
