@@ -330,6 +330,49 @@ impl Sim {
         }
     }
 
+    /// Each refusal on `path` between `from` and `to` seconds after the
+    /// first request there, as `at s (n in the 250 ms before, longest gap
+    /// in the second before ms)`: whether the provider saw a burst after
+    /// a stall (the machine) or an even stream too fast (the pacing).
+    pub fn refusals(&self, path: &str, from: u64, to: u64) -> Vec<String> {
+        let hits = self.hits(path);
+        let Some(start) = hits.first().map(|h| h.at) else {
+            return Vec::new();
+        };
+        let (a, b) = (
+            start + Duration::from_secs(from),
+            start + Duration::from_secs(to),
+        );
+        let mut out = Vec::new();
+        for (i, h) in hits.iter().enumerate() {
+            if h.at < a || h.at >= b || (h.status != 429 && h.status != 503) {
+                continue;
+            }
+            let before = &hits[..i];
+            let near = before
+                .iter()
+                .filter(|p| h.at - p.at <= Duration::from_millis(250))
+                .count();
+            let second: Vec<_> = before
+                .iter()
+                .filter(|p| h.at - p.at <= Duration::from_secs(1))
+                .map(|p| p.at)
+                .chain([h.at])
+                .collect();
+            let gap = second
+                .windows(2)
+                .map(|w| w[1] - w[0])
+                .max()
+                .unwrap_or_default();
+            out.push(format!(
+                "{:.2} s ({near} in 250 ms, gap {} ms)",
+                (h.at - start).as_secs_f64(),
+                gap.as_millis()
+            ));
+        }
+        out
+    }
+
     /// `http://addr` or `https://addr` base URL.
     pub fn url(&self, scheme: &str, path: &str) -> String {
         format!("{scheme}://{}{path}", self.addr)
