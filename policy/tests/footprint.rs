@@ -97,6 +97,40 @@ async fn kept_after_one(settings: &Arc<ValidSettings>, status: StatusCode) -> i6
     kept
 }
 
+/// Bytes a provider's policy keeps once `n` `GET`s sent together were
+/// answered `200`, those past the cold start's first waiting in its room
+/// for their slots: what a provider that queued once keeps (the room stays,
+/// its waiters' table does not).
+async fn kept_after_waiting(settings: &Arc<ValidSettings>, n: usize) -> i64 {
+    let before = live();
+    let policy = ProviderPolicy::new(
+        "host.test",
+        settings.clone(),
+        PolicyOptions {
+            jitter: Some(Jitter::Fixed(0.0)),
+            ..PolicyOptions::default()
+        },
+    );
+    let stack = provider_stack(&policy, Answers(StatusCode::OK));
+    let mut sends = tokio::task::JoinSet::new();
+    for _ in 0..n {
+        sends.spawn(stack.clone().oneshot(Request::new(Body::default())));
+    }
+    let started = tokio::time::Instant::now();
+    while let Some(resp) = sends.join_next().await {
+        assert_eq!(resp.unwrap().unwrap().status(), StatusCode::OK);
+    }
+    drop(sends);
+    assert!(
+        started.elapsed() > std::time::Duration::ZERO,
+        "some of the {n} waited for their slots"
+    );
+    drop(stack);
+    let kept = live() - before;
+    drop(policy);
+    kept
+}
+
 /// R-PF1, issue 38: a provider's policy, answered once — `200` (it learns
 /// nothing), `429` (it learns a cut rate), `502` (a dead host) — in
 /// jemalloc's classes. Printed for the benchmarks page; the bounds are
@@ -110,8 +144,13 @@ async fn a_providers_policy_fits_in_its_bytes() {
     let answered = kept_after_one(&settings, StatusCode::OK).await;
     let refused = kept_after_one(&settings, StatusCode::TOO_MANY_REQUESTS).await;
     let failed = kept_after_one(&settings, StatusCode::BAD_GATEWAY).await;
-    println!("a provider's policy: answered {answered} B, refused {refused} B, failed {failed} B");
+    let waited = kept_after_waiting(&settings, 8).await;
+    println!(
+        "a provider's policy: answered {answered} B, refused {refused} B, failed {failed} B, \
+         queued once {waited} B"
+    );
     assert!(answered <= BOUND_ANSWERED, "answered: {answered} B");
+    assert!(waited <= BOUND_WAITED, "queued once: {waited} B");
     assert!(refused <= BOUND_REFUSED, "refused: {refused} B");
     assert!(failed <= BOUND_FAILED, "failed: {failed} B");
 }
@@ -148,3 +187,8 @@ async fn a_providers_policy_fits_in_its_bytes() {
 const BOUND_ANSWERED: i64 = 864;
 const BOUND_REFUSED: i64 = 1280;
 const BOUND_FAILED: i64 = 1056;
+/// Queued once (eight requests sent together): 2026-12-06, 1,600 bytes
+/// before the room woke its waiters through a `Notify`, not a `watch`
+/// channel (336 bytes), and let its emptied waiters' table go (96) — both
+/// kept for the provider's life.
+const BOUND_WAITED: i64 = 1088;

@@ -35,7 +35,7 @@ use std::time::Duration;
 use once_cell::race::OnceBox;
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
-use tokio::sync::{watch, Notify};
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 pub use self::aimd::{Backoff, BackoffReason, Belief, Condition, LimitKnown};
@@ -83,12 +83,19 @@ pub struct PacerShared {
     fleet: OnceBox<Fleet>,
 }
 
-/// Where a provider's waiting requests are woken from.
+/// Where a provider's waiting requests are woken from. It stays once made:
+/// 88 bytes and, while anyone waits, the waiters' table (a `watch` channel
+/// in its place held 336 bytes more, and the emptied table 84, for the
+/// provider's life — a crawl's host whose one request was retried after a
+/// `429` kept them all: R-PF1, issue 38).
 struct Room {
-    /// Bumped when a hold or a rate change may move every waiter's slot.
-    changed: watch::Sender<()>,
+    /// Notified when a hold or a rate change may move every waiter's slot:
+    /// each waiter makes its `notified()` before it reads its slot, so a
+    /// change after the read still wakes it.
+    changed: Notify,
     /// One wake-up per waiter: when the head leaves, only the new head is
     /// woken (not the whole queue — no thundering herd on each admission).
+    /// Its table is let go when the last waiter leaves.
     waiters: Mutex<HashMap<Ticket, Arc<Notify>>>,
 }
 
@@ -317,7 +324,7 @@ impl PacerShared {
         // No sender: nobody has ever waited, so nobody is waiting now; one
         // who starts to reads the state after subscribing.
         if let Some(room) = self.room.get() {
-            room.changed.send_replace(());
+            room.changed.notify_waiters();
         }
     }
 
@@ -325,7 +332,7 @@ impl PacerShared {
     fn room(&self) -> &Room {
         self.room.get_or_init(|| {
             Box::new(Room {
-                changed: watch::Sender::new(()),
+                changed: Notify::new(),
                 waiters: Mutex::new(HashMap::new()),
             })
         })
@@ -336,6 +343,11 @@ impl PacerShared {
         let head = self.lock().head();
         let mut waiters = self.room().waiters();
         waiters.remove(&ticket);
+        if waiters.is_empty() {
+            // Nobody waits: the table goes (a provider that queued once
+            // does not keep it).
+            *waiters = HashMap::new();
+        }
         if let Some(n) = head.and_then(|h| waiters.get(&h)) {
             // Stored if the head is not waiting right now: never lost.
             n.notify_one();
@@ -550,9 +562,11 @@ impl PacerShared {
             shared: self,
             ticket: Some(ticket),
         };
-        let mut changed = room.changed.subscribe();
         loop {
-            changed.borrow_and_update();
+            // Made before the slot is read: a hold or a rate change after
+            // the read wakes it (`notify_waiters` reaches every `Notified`
+            // made before it, polled or not).
+            let changed = room.changed.notified();
             let now = crate::clock::now();
             // A hold that came while this request waited lets it wait
             // through the hold; one that ended does not shorten its wait.
@@ -589,7 +603,7 @@ impl PacerShared {
                     tokio::select! {
                         _ = tokio::time::sleep_until(at) => {}
                         _ = wake.notified() => {}
-                        _ = changed.changed() => {}
+                        _ = changed => {}
                     }
                 }
             }
