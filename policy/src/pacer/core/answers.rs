@@ -89,8 +89,8 @@ impl PacerCore {
                 self.aimd.on_error(sent_at, now);
             }
         }
-        if fb.backoff.is_some() {
-            self.rare.set(|r| &mut r.last_backoff, fb.backoff);
+        if let Some(backoff) = fb.backoff {
+            self.aimd.remember_backoff(backoff);
         }
         if self.aimd.outages() > outages {
             fb.outage = Some(true);

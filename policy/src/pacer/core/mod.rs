@@ -87,8 +87,6 @@ struct RareParts {
     pricing: Option<Box<(Costs, Option<http::HeaderName>)>>,
     /// A long-horizon allowance, paced to last its period.
     allowance: Option<Box<AllowanceState>>,
-    /// The last backoff taken, for the snapshot.
-    last_backoff: Option<Box<Backoff>>,
 }
 
 /// A part's reader, and its writer where one is named (neither makes the
@@ -115,7 +113,6 @@ impl Rare {
     rare_part!(window, window_mut, WindowLearner);
     rare_part!(pricing, (Costs, Option<http::HeaderName>));
     rare_part!(allowance, allowance_mut, AllowanceState);
-    rare_part!(last_backoff, Backoff);
 
     /// The parts, made if they were not.
     fn made(&mut self) -> &mut RareParts {
@@ -132,7 +129,6 @@ impl Rare {
                 && parts.window.is_none()
                 && parts.pricing.is_none()
                 && parts.allowance.is_none()
-                && parts.last_backoff.is_none()
             {
                 self.0 = None;
             }
@@ -313,7 +309,7 @@ impl PacerCore {
         self.aimd.untaught()
             // A rate restored from the store moved without a change.
             && self.aimd.rate() == self.settings().start_rate()
-            && self.rare.last_backoff().is_none()
+            && self.aimd.last_backoff().is_none()
             && self.rare.allowance().is_none()
             && self.nothing_followed(now)
     }
@@ -538,7 +534,7 @@ impl PacerCore {
             baseline_ttfb: self.aimd.latency_baseline(),
             error_baseline: self.aimd.error_baseline(),
             on_trial: self.aimd.in_trial(),
-            last_backoff: self.rare.last_backoff().copied(),
+            last_backoff: self.aimd.last_backoff().copied(),
             quota: self.rare.quota().map(|q| QuotaSnapshot {
                 advertised: q.advertised,
                 reset_in: q.hi.saturating_duration_since(now),
