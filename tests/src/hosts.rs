@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use crate::harness::{Sluice, TempDir};
 use crate::load::one_post_to_each_at;
-use crate::procfs::rss_kib;
+use crate::procfs::{rss_kib, status_kib};
 use crate::sim::Sim;
 
 /// One pass of one request to each of many hosts.
@@ -49,6 +49,11 @@ pub struct HostsRun {
     pub half_kib: u64,
     /// Hosts of the second half.
     pub second: u32,
+    /// Resident KiB mapped from files (`RssFile`: the binary's own code
+    /// and data, paged in as the first requests run it) before and right
+    /// after: part of the whole run's figure, none of any one host's.
+    pub file_before_kib: u64,
+    pub file_after_kib: u64,
 }
 
 impl HostsRun {
@@ -65,7 +70,8 @@ impl HostsRun {
     /// A line for a bench's output.
     pub fn line(&self) -> String {
         format!(
-            "resident {:.1} → {:.1} MiB for {} providers added: {:.0} bytes per host (heap {:.0}; the second half's hosts {:.0} each); \
+            "resident {:.1} → {:.1} MiB for {} providers added: {:.0} bytes per host (heap {:.0}; the second half's hosts {:.0} each; \
+             the binary's pages {:.1} → {:.1} MiB of it); \
              2 s later {:.1} MiB, {:.0} bytes per host, {} providers tracked; 15 s later {:.1} MiB, {:.0} bytes per host (heap {:.0}); store {:.1} MiB, {:.0} bytes per host; \
              upstream connections open {}, closed for the idle bound {}; {} providers tracked 15 s later",
             self.before_kib as f64 / 1024.0,
@@ -74,6 +80,8 @@ impl HostsRun {
             self.per_host(self.after_kib),
             (self.heap_after - self.heap_before) / self.added.max(1) as f64,
             self.second_half(),
+            self.file_before_kib as f64 / 1024.0,
+            self.file_after_kib as f64 / 1024.0,
             self.tracked_kib as f64 / 1024.0,
             self.per_host(self.tracked_kib),
             self.tracked_2s,
@@ -98,6 +106,7 @@ pub async fn one_post_each(
     expect: u16,
 ) -> HostsRun {
     let before_kib = rss_kib(sluice.pid());
+    let file_before_kib = status_kib(sluice.pid(), "RssFile");
     let heap_before = heap(sluice).await;
     let tracked_before = tracked(sluice).await;
     let (first, port, path) = at;
@@ -107,6 +116,7 @@ pub async fn one_post_each(
     let rest = Ipv4Addr::from(u32::from(first) + half);
     one_post_to_each_at(sluice.proxy, (rest, port, path), n - half, 16, expect).await;
     let after_kib = rss_kib(sluice.pid());
+    let file_after_kib = status_kib(sluice.pid(), "RssFile");
     let heap_after = heap(sluice).await;
     let added = tracked(sluice).await.saturating_sub(tracked_before);
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -135,6 +145,8 @@ pub async fn one_post_each(
             .unwrap_or(0.0),
         half_kib,
         second: n - half,
+        file_before_kib,
+        file_after_kib,
     }
 }
 
