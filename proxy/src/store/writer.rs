@@ -12,7 +12,10 @@ enum Op {
     /// One save's providers, whatever their number: one slot of the queue
     /// (one each dropped a save's providers beyond the queue's 4,096).
     Learned(Vec<(String, LearnedRecord)>),
-    Evidence(String, EvidenceRecord),
+    /// Boxed: the queue's slots are as wide as its widest write (a
+    /// transition's evidence inline made them 144 bytes: 576 KiB resident
+    /// once the ring was gone round, 256 KiB now — R-PF1, issue 38).
+    Evidence(Box<(String, EvidenceRecord)>),
     Prune(Duration),
     Flush(tokio::sync::oneshot::Sender<Result<(), StoreError>>),
     Applied(tokio::sync::oneshot::Sender<()>),
@@ -79,9 +82,10 @@ impl StoreWriter {
                                 tracing::error!(error = %e, failed, of = batch.len(), "learned state not saved");
                             }
                         }
-                        Op::Evidence(p, r) => {
+                        Op::Evidence(evidence) => {
+                            let (p, r) = &*evidence;
                             if let Err(e) =
-                                store.append_evidence(&p, &r).and_then(|()| store.flush())
+                                store.append_evidence(p, r).and_then(|()| store.flush())
                             {
                                 fail("breaker evidence not stored", e);
                             }
@@ -144,7 +148,7 @@ impl StoreWriter {
 
     /// Queues one transition's evidence (flushed when written).
     pub fn append_evidence(&self, provider: &str, record: EvidenceRecord) {
-        self.send(Op::Evidence(provider.to_string(), record));
+        self.send(Op::Evidence(Box::new((provider.to_string(), record))));
     }
 
     /// Queues pruning of learned state older than `max_age`.
@@ -221,5 +225,22 @@ impl Durable for HeldFlush {
         self.flushed
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// R-PF1: the queue's 4,096 slots are as wide as its widest write, and
+    /// resident once the ring has gone round: a write of 56 bytes at most
+    /// keeps them at 256 KiB (a transition's evidence inline made 576).
+    #[test]
+    fn the_queues_writes_are_narrow() {
+        assert!(
+            std::mem::size_of::<Op>() <= 56,
+            "{}",
+            std::mem::size_of::<Op>()
+        );
     }
 }
