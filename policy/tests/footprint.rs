@@ -70,20 +70,25 @@ fn live() -> i64 {
     LIVE.with(Cell::get)
 }
 
-/// Bytes a provider's policy keeps once one `POST` (not retried) was
-/// answered `status`, the stack that carried it gone: what a broad
-/// crawl's host costs while it is tracked. The settings are shared by
-/// every provider of the defaults and made before counting.
-async fn kept_after_one(settings: &Arc<ValidSettings>, status: StatusCode) -> i64 {
-    let before = live();
-    let policy = ProviderPolicy::new(
+/// A host's policy on `settings`, its retries without jitter.
+fn host_policy(settings: &Arc<ValidSettings>) -> Arc<ProviderPolicy> {
+    ProviderPolicy::new(
         "host.test",
         settings.clone(),
         PolicyOptions {
             jitter: Some(Jitter::Fixed(0.0)),
             ..PolicyOptions::default()
         },
-    );
+    )
+}
+
+/// Bytes a provider's policy keeps once one `POST` (not retried) was
+/// answered `status`, the stack that carried it gone: what a broad
+/// crawl's host costs while it is tracked. The settings are shared by
+/// every provider of the defaults and made before counting.
+async fn kept_after_one(settings: &Arc<ValidSettings>, status: StatusCode) -> i64 {
+    let before = live();
+    let policy = host_policy(settings);
     let mut req = Request::new(Body::default());
     *req.method_mut() = http::Method::POST;
     let resp = provider_stack(&policy, Answers(status))
@@ -103,14 +108,7 @@ async fn kept_after_one(settings: &Arc<ValidSettings>, status: StatusCode) -> i6
 /// its waiters' table does not).
 async fn kept_after_waiting(settings: &Arc<ValidSettings>, n: usize) -> i64 {
     let before = live();
-    let policy = ProviderPolicy::new(
-        "host.test",
-        settings.clone(),
-        PolicyOptions {
-            jitter: Some(Jitter::Fixed(0.0)),
-            ..PolicyOptions::default()
-        },
-    );
+    let policy = host_policy(settings);
     let stack = provider_stack(&policy, Answers(StatusCode::OK));
     let mut sends = tokio::task::JoinSet::new();
     for _ in 0..n {
