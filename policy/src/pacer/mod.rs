@@ -321,8 +321,8 @@ impl PacerShared {
     /// Wakes every waiter so that it re-checks its slot (a hold or a rate
     /// change).
     pub fn notify(&self) {
-        // No sender: nobody has ever waited, so nobody is waiting now; one
-        // who starts to reads the state after subscribing.
+        // No room: nobody has ever waited, so nobody is waiting now; one
+        // who starts to reads the state after making its `notified()`.
         if let Some(room) = self.room.get() {
             room.changed.notify_waiters();
         }
