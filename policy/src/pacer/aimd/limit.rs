@@ -139,12 +139,11 @@ pub(super) struct Placement {
 /// * A probe that went clean well past the limit: the limit lies past the
 ///   old one, no higher than the last clean rate nor than what was
 ///   delivered.
-/// * Throttled at the settle point, or on the way back under slow start's
-///   guess however far under it: the limit was too high — a throttle
+/// * Throttled at the settle point: the limit was too high — a throttle
 ///   the provider named says throttling began here; others step further,
 ///   unless the limit is steady; a token bucket's fitted refill rate,
 ///   where the holds tell it, says more.
-/// * Far below a limit met, not guessed: the limit has dropped.
+/// * Far below it: the limit has dropped.
 ///
 /// Bare 503s say little once, so a limit they tell is judged over several
 /// cuts (R-SG5): a probe above it refused before it got clearly past makes
@@ -196,16 +195,8 @@ pub(super) fn place(e: &Evidence) -> Placement {
         (Some(limit), Some(probe)) => {
             moved_probe(e, limit, probe, &mut p);
         }
-        // Throttled at the settle point: the limit was too high. So too
-        // on the way to it under slow start's guess (`Aimd::unconfirmed`),
-        // however far under: the guess was too high, the provider's limit
-        // did not drop. (Measured: a fleet whose guess sat a tenth over
-        // the rate its recovery was refused at cut 30 % and climbed back
-        // for four windows — a rate that moved since the hold, no point
-        // for the fit at its next refusal — and met the limit only 31 s
-        // in; settled under the rate met at once, the same timeline meets
-        // it some 2.5 s sooner, its rate steady since the hold.)
-        (Some(limit), None) if from >= limit * PROBE_DECREASE || e.unconfirmed => {
+        // Throttled at the settle point: the limit was too high.
+        (Some(limit), None) if from >= limit * PROBE_DECREASE => {
             (p.limit, p.tight, p.steady) = too_high(e, limit);
             p.too_high = true;
             p.undid_move = moved_soon_before(e).is_some();
@@ -360,7 +351,7 @@ fn moved_soon_before(e: &Evidence) -> Option<f64> {
 /// it is steady.
 fn too_high(e: &Evidence, limit: f64) -> (f64, bool, bool) {
     let (from, reason, delivered) = (e.from, e.reason, e.delivered.unwrap_or(f64::INFINITY));
-    debug_assert!(from >= limit * PROBE_DECREASE || e.unconfirmed);
+    debug_assert!(from >= limit * PROBE_DECREASE);
     // A throttle the provider named says throttling began at this rate;
     // others (latency, bare 503s) say less, and step further.
     let named = matches!(
@@ -674,17 +665,6 @@ mod tests {
         // Far below it: the limit dropped.
         let p = place(&evidence(BackoffReason::Throttled, 5.0, Some(10.0)));
         assert_eq!((p.limit, p.to), (5.0, 3.5));
-        // Far below slow start's guess (a fleet's, its replicas' first
-        // requests at once, 25.3 on a 20 req/s bucket), on the way back to
-        // it: the guess was too high — settled under the rate met, as at a
-        // settle point, not cut 30 % to climb back for windows.
-        let p = place(&Evidence {
-            unconfirmed: true,
-            shared: true,
-            holds: true,
-            ..evidence(BackoffReason::Throttled, 22.465, Some(25.3125))
-        });
-        assert_eq!((p.limit, p.to, p.too_high), (22.465, 22.465 * SETTLE, true));
     }
 
     /// Bare 503s met twice at one place (a probe refused before it got
