@@ -628,7 +628,15 @@ async fn replicas_share_one_allowance() {
 /// spaced 28 s from the last refusal would keep one to a window, but then
 /// the model's limit raised a tenth at 30 s is found after 60 s
 /// (`a_dwell_finds_a_limit_raised_a_tenth`, found at 59.5 s today): the two
-/// bars meet at the margin of issue 34's (blocked) trade-off.
+/// bars meet at the margin of issue 34's (blocked) trade-off. Both failures
+/// seen on 2026-12-07 (one in CI, one in three runs alone, each replica's
+/// cuts logged) ran one ladder: slow start's guess 25.3 (`unconfirmed`),
+/// its recovery refused at 22.465 — under 0.9 of the guess, placed as a
+/// limit that dropped: cut 30 %, four windows back, no steady point for
+/// the fit — then 21.342 and 20.275, met at 31 s. Settling under the rate
+/// met at once there meets it ~2.5 s sooner, but was reverted: a refusal
+/// far under a guess can be far over a window's limit too (the fleet on a
+/// stated moving window then refused 1.9 % in a CI run).
 async fn small_bursts_through_one_sluice_and_a_fleet(burst: u32, one_ip: &str, fleet_ip: &str) {
     let path = "/limited-ra/1";
     let (one_sim, fleet_sim) = (Sim::start(one_ip).await, Sim::start(fleet_ip).await);
