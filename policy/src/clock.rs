@@ -19,8 +19,11 @@
 
 use std::cell::Cell;
 use std::future::Future;
+use std::num::NonZeroU64;
 use std::pin::Pin;
+use std::sync::OnceLock;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use tokio::time::Instant;
 
@@ -101,6 +104,58 @@ impl<F: Future> Future for ReadOnce<F> {
     }
 }
 
+/// An instant in one word (R-PF1, issue 38): `Instant` takes two (seconds
+/// and nanoseconds), and a taught provider keeps a dozen. Nanoseconds from
+/// the process's epoch (its first stamp), offset by 2⁶² so that instants
+/// before the epoch fit too (tokio's paused clock starts where it likes)
+/// and none is zero: `Option<Stamp>` is one word as well. Exact both ways
+/// for 146 years either side.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Stamp(NonZeroU64);
+
+/// `d` in nanoseconds, saturating: a `Duration` in one word.
+pub fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// The epoch's stamp.
+const STAMP_EPOCH: u64 = 1 << 62;
+
+/// The process's epoch: the instant of its first stamp.
+fn epoch() -> Instant {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    *EPOCH.get_or_init(Instant::now)
+}
+
+impl Stamp {
+    /// `at`'s stamp.
+    pub fn of(at: Instant) -> Stamp {
+        let epoch = epoch();
+        let n = if at >= epoch {
+            STAMP_EPOCH.saturating_add(nanos(at - epoch))
+        } else {
+            STAMP_EPOCH.saturating_sub(nanos(epoch - at))
+        };
+        Stamp(NonZeroU64::new(n).unwrap_or(NonZeroU64::MIN))
+    }
+
+    /// The instant stamped.
+    pub fn at(self) -> Instant {
+        let n = self.0.get();
+        if n >= STAMP_EPOCH {
+            epoch() + Duration::from_nanos(n - STAMP_EPOCH)
+        } else {
+            epoch() - Duration::from_nanos(STAMP_EPOCH - n)
+        }
+    }
+}
+
+impl From<Instant> for Stamp {
+    fn from(at: Instant) -> Stamp {
+        Stamp::of(at)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -138,5 +193,25 @@ mod tests {
             matches!(READING.with(Cell::get), Reading::Off),
             "the reading ends with the poll"
         );
+    }
+
+    /// A stamp is one word, `None` included, and gives back the instant it
+    /// stamped to the nanosecond, before the epoch or after, in order.
+    #[test]
+    fn a_stamp_is_a_word_and_exact() {
+        assert_eq!(std::mem::size_of::<Option<Stamp>>(), 8);
+        let t = Instant::now();
+        let _ = Stamp::of(t);
+        for at in [
+            t,
+            t + Duration::from_nanos(1),
+            t + Duration::from_secs(86_400 * 365),
+            t - Duration::from_nanos(7),
+            t.checked_sub(Duration::from_secs(3)).unwrap_or(t),
+        ] {
+            assert_eq!(Stamp::of(at).at(), at);
+        }
+        let (a, b) = (t - Duration::from_nanos(7), t + Duration::from_nanos(3));
+        assert!(Stamp::of(a) < Stamp::of(t) && Stamp::of(t) < Stamp::of(b));
     }
 }

@@ -183,12 +183,18 @@ async fn a_providers_policy_fits_in_its_bytes() {
 /// was boxed apart from the rest of what pushback teaches (224 bytes, not
 /// 384); 1,280 before the last cut was kept with what pushback teaches,
 /// not in a box hung from a box of the pacer's rare parts (64 + 48 bytes,
-/// for a `Known` in the 256-byte class, not 224).
+/// for a `Known` in the 256-byte class, not 224). 2026-12-07: refused
+/// 1,200, failed 1,056 and queued once 1,088 before instants were kept in
+/// one word, not two (`clock::Stamp`: `Known` in the 192-byte class, not
+/// 256; a rate change kept in 16 bytes, not 24; the breaker's failure
+/// streak in 16, not 32) and the latency baseline's `None` was a NaN (the
+/// policy 704 bytes, not 752: still jemalloc's 768 class with its `Arc`).
 const BOUND_ANSWERED: i64 = 864;
-const BOUND_REFUSED: i64 = 1200;
-const BOUND_FAILED: i64 = 1056;
+const BOUND_REFUSED: i64 = 1104;
+const BOUND_FAILED: i64 = 1040;
 /// Queued once (eight requests sent together): 2026-12-06, 1,600 bytes
 /// before the room woke its waiters through a `Notify`, not a `watch`
 /// channel (336 bytes), and let its emptied waiters' table go (96) — both
-/// kept for the provider's life.
-const BOUND_WAITED: i64 = 1088;
+/// kept for the provider's life; 1,088 before instants were kept in one
+/// word (2026-12-07).
+const BOUND_WAITED: i64 = 1072;

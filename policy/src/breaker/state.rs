@@ -7,6 +7,7 @@ use tokio::time::Instant;
 use std::sync::Arc;
 
 use super::RECENT_TRANSITIONS;
+use crate::clock::Stamp;
 use crate::settings::{ProviderSettings, ValidSettings};
 use crate::window::Window;
 
@@ -155,9 +156,9 @@ pub struct BreakerSnapshot {
 pub struct Breaker {
     state: State,
     /// When the current state began.
-    since: Instant,
+    since: Stamp,
     /// Origin of the window's slots.
-    epoch: Instant,
+    epoch: Stamp,
     /// The window: the slots that counted answers (a host asked once
     /// keeps one, not an array of `BUCKETS`: R-PF1, issue 38).
     buckets: Window<Bucket, { BUCKETS as u32 }>,
@@ -172,7 +173,7 @@ pub struct Breaker {
     /// Failures in a row while closed: when the first came, how many, and
     /// how many of them were throttles. Boxed: most providers never fail
     /// twice in a row (R-PF1, issue 38).
-    streak: Option<Box<(Instant, u32, u32)>>,
+    streak: Option<Box<(Stamp, u32, u32)>>,
     /// The last open was for throttles — most of the failures that opened
     /// it were the provider asking to slow down, not failing: its refusals
     /// answer as a throttle, not as an unavailable provider (R-PD3).
@@ -194,8 +195,8 @@ impl Breaker {
     pub fn new(settings: Arc<ValidSettings>, now: Instant) -> Self {
         Breaker {
             state: State::Closed,
-            since: now,
-            epoch: now,
+            since: now.into(),
+            epoch: now.into(),
             buckets: Window::default(),
             settings,
             probes_in_flight: 0,
@@ -271,13 +272,13 @@ impl Breaker {
         self.state = state;
         self.probes_in_flight = 0;
         self.probe_successes = 0;
-        self.since = match (state, open_remaining) {
+        self.since = Stamp::of(match (state, open_remaining) {
             (State::Open, Some(left)) => {
                 let left = left.min(self.open_for());
                 (now + left).checked_sub(self.open_for()).unwrap_or(now)
             }
             _ => now,
-        };
+        });
     }
 
     /// Closes the breaker and forgets its window, because the provider's
@@ -298,7 +299,7 @@ impl Breaker {
     }
 
     fn slot(&self, now: Instant) -> u64 {
-        let nanos = now.saturating_duration_since(self.epoch).as_nanos();
+        let nanos = now.saturating_duration_since(self.epoch.at()).as_nanos();
         (nanos / bucket_len(&self.settings).as_nanos().max(1)) as u64
     }
 
@@ -343,14 +344,14 @@ impl Breaker {
             to,
             reason,
             at: now,
-            elapsed_ms: u64::try_from(now.saturating_duration_since(self.since).as_millis())
+            elapsed_ms: u64::try_from(now.saturating_duration_since(self.since.at()).as_millis())
                 .unwrap_or(u64::MAX),
             calls,
             failures,
             retry_budget_left: None,
         };
         self.state = to;
-        self.since = now;
+        self.since = now.into();
         self.probes_in_flight = 0;
         self.probe_successes = 0;
         self.streak = None;
@@ -365,7 +366,7 @@ impl Breaker {
 
     /// Moves Open → HalfOpen once the reset timeout has elapsed.
     pub fn tick(&mut self, now: Instant) -> Option<Transition> {
-        (self.state == State::Open && now >= self.since + self.open_for())
+        (self.state == State::Open && now >= self.since.at() + self.open_for())
             .then(|| self.go(State::HalfOpen, Reason::ResetTimeout, now, 0, 0))
     }
 
@@ -375,7 +376,7 @@ impl Breaker {
         let transition = self.tick(now);
         let permit = match self.state {
             State::Closed => Ok(Permit::Normal),
-            State::Open => Err((self.since + self.open_for()).saturating_duration_since(now)),
+            State::Open => Err((self.since.at() + self.open_for()).saturating_duration_since(now)),
             State::HalfOpen => {
                 if self.probes_in_flight + self.probe_successes
                     < self.settings.breaker_half_open_probes
@@ -436,18 +437,18 @@ impl Breaker {
                     self.streak = None;
                     return None;
                 }
-                let (first, n, th) =
-                    &mut **self.streak.get_or_insert_with(|| Box::new((now, 0, 0)));
+                let (first, n, th) = &mut **self
+                    .streak
+                    .get_or_insert_with(|| Box::new((now.into(), 0, 0)));
                 *n += 1;
                 *th += u32::from(throttle);
                 let (first, n, th) = (*first, *n, *th);
                 let span = bucket_len(&self.settings) * BUCKETS as u32 / 2;
-                (n >= STREAK_MIN_FAILURES && now.saturating_duration_since(first) >= span).then(
-                    || {
+                (n >= STREAK_MIN_FAILURES && now.saturating_duration_since(first.at()) >= span)
+                    .then(|| {
                         self.for_throttles = 2 * th >= n;
                         self.go(State::Open, Reason::FailureStreak, now, n, n)
-                    },
-                )
+                    })
             }
             (Permit::Probe, State::HalfOpen) => {
                 self.probes_in_flight = self.probes_in_flight.saturating_sub(1);
@@ -479,11 +480,11 @@ impl Breaker {
         let (calls, failures) = self.totals(now);
         BreakerSnapshot {
             state: self.state,
-            in_state: now.saturating_duration_since(self.since),
+            in_state: now.saturating_duration_since(self.since.at()),
             calls,
             failures,
             open_remaining: (self.state == State::Open)
-                .then(|| (self.since + self.open_for()).saturating_duration_since(now)),
+                .then(|| (self.since.at() + self.open_for()).saturating_duration_since(now)),
         }
     }
 }

@@ -38,6 +38,7 @@ pub use self::service::Bulkhead;
 use crate::attempt::GivesBack;
 pub use crate::attempt::{InFlight, Permit};
 use crate::classify::Dialect;
+use crate::clock::nanos;
 use crate::settings::ProviderSettings;
 
 /// One provider's permits, shared by all its services.
@@ -169,9 +170,4 @@ pub(crate) fn try_take<P: HasBulkhead>(holder: &Arc<P>) -> Option<Permit> {
 pub(crate) async fn take<P: HasBulkhead>(holder: &Arc<P>) -> Option<Permit> {
     holder.bulkhead().permits.acquire().await.ok()?.forget();
     Some(Permit::new(holder.clone()))
-}
-
-/// `d` in nanoseconds, saturating.
-fn nanos(d: Duration) -> u64 {
-    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }

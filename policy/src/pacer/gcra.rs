@@ -13,6 +13,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::clock::{nanos, Stamp};
+
 /// Lateness below this is the timer's rounding, not idle time.
 pub const TIMER_SLACK: Duration = Duration::from_millis(1);
 
@@ -24,8 +26,8 @@ pub const WAKE_SLACK: Duration = Duration::from_millis(5);
 #[derive(Debug, Clone)]
 pub struct Gcra {
     /// When the next request would be due at exactly the rate; `None`
-    /// before the first admission.
-    tat: Option<Instant>,
+    /// before the first admission (one word: R-PF1, issue 38).
+    tat: Option<Stamp>,
     /// Emission interval I = 1 / rate, nanoseconds (a `Duration` exactly,
     /// in 8 bytes, not 16: R-PF1, issue 38; [`interval_of`] is at most
     /// 10⁶ s).
@@ -35,6 +37,12 @@ pub struct Gcra {
 }
 
 impl Gcra {
+    /// When the next request would be due at exactly the rate, if one was
+    /// admitted.
+    fn tat(&self) -> Option<Instant> {
+        self.tat.map(Stamp::at)
+    }
+
     /// A fresh cell stream with the given interval and burst (≥ 1).
     pub fn new(interval: Duration, burst: u32) -> Self {
         Gcra {
@@ -58,7 +66,7 @@ impl Gcra {
     /// places behind the next one would conform, if those ahead were
     /// admitted as early as they could be.
     pub fn earliest(&self, now: Instant, ahead: u32) -> Instant {
-        match self.tat {
+        match self.tat() {
             None => {
                 // The first `burst` requests conform at once.
                 let extra = ahead.saturating_sub(self.burst - 1);
@@ -85,12 +93,12 @@ impl Gcra {
     /// without this each wake-up's rounding would lengthen every interval
     /// and the paced rate would drift below the set one.
     pub fn admit(&mut self, now: Instant) {
-        let base = match self.tat {
+        let base = match self.tat() {
             None => now,
             Some(tat) if now <= tat + TIMER_SLACK => tat,
             Some(_) => now,
         };
-        self.tat = Some(base + self.interval());
+        self.tat = Some(Stamp::of(base + self.interval()));
     }
 
     /// Admits a request that waited in the queue for its slot: its lateness
@@ -101,11 +109,11 @@ impl Gcra {
     /// is never fully used.
     pub fn admit_waited(&mut self, now: Instant) {
         let slack = WAKE_SLACK.min(self.interval() / 2).max(TIMER_SLACK);
-        let base = match self.tat {
+        let base = match self.tat() {
             Some(tat) if now <= tat + slack => tat,
             _ => now,
         };
-        self.tat = Some(base + self.interval());
+        self.tat = Some(Stamp::of(base + self.interval()));
     }
 
     /// Changes the emission interval. The last admission keeps its place and
@@ -116,7 +124,7 @@ impl Gcra {
     /// the TAT moves by at least as much, so that a slower rate never makes
     /// the next conforming instant earlier (R-AI4).
     pub fn set_interval(&mut self, interval: Duration) {
-        if let Some(tat) = self.tat {
+        if let Some(tat) = self.tat() {
             let old = self.interval();
             let last = tat.checked_sub(old).unwrap_or(tat);
             let mut next = last + interval;
@@ -124,7 +132,7 @@ impl Gcra {
                 let grown = (interval - old) * (self.burst - 1);
                 next = next.max(tat + grown);
             }
-            self.tat = Some(next);
+            self.tat = Some(Stamp::of(next));
         }
         self.interval_ns = nanos(interval);
     }
@@ -132,8 +140,8 @@ impl Gcra {
     /// Lets the next request go by `at` at the latest: a quota whole again
     /// at its reset owes nothing to the spacing of the window before it.
     pub fn due_by(&mut self, at: Instant) {
-        if self.tat.is_some_and(|tat| tat > at) {
-            self.tat = Some(at);
+        if self.tat().is_some_and(|tat| tat > at) {
+            self.tat = Some(Stamp::of(at));
         }
     }
 
@@ -141,8 +149,8 @@ impl Gcra {
     /// costs several units takes as many slots (R-FS2), paid after it goes,
     /// so that the next request waits for them.
     pub fn charge(&mut self, units: u32) {
-        if let Some(tat) = self.tat {
-            self.tat = Some(tat + self.interval() * units);
+        if let Some(tat) = self.tat() {
+            self.tat = Some(Stamp::of(tat + self.interval() * units));
         }
     }
 
@@ -150,18 +158,13 @@ impl Gcra {
     /// no burst credit before it: a replica that begins pacing alone joins
     /// the others' schedules at its own phase instead of all at once.
     pub fn restart_at(&mut self, at: Instant) {
-        self.tat = Some(at + self.tolerance());
+        self.tat = Some(Stamp::of(at + self.tolerance()));
     }
 
     /// Changes the burst size (≥ 1).
     pub fn set_burst(&mut self, burst: u32) {
         self.burst = burst.max(1);
     }
-}
-
-/// `d` in nanoseconds, saturating.
-fn nanos(d: Duration) -> u64 {
-    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// The interval for a rate in requests per second.

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::clock::Stamp;
 use crate::window::Window;
 
 const SLOTS: usize = 10;
@@ -26,7 +27,7 @@ struct Slot {
 /// Retries allowed as a share of recent requests.
 #[derive(Debug, Clone)]
 pub struct RatioBudget {
-    epoch: Instant,
+    epoch: Stamp,
     /// The slots that counted something (a host asked once keeps one, not
     /// an array of `SLOTS`: R-PF1, issue 38).
     slots: Window<Slot, { SLOTS as u32 }>,
@@ -48,7 +49,7 @@ impl RatioBudget {
             .as_millis()
             .clamp(1, u128::from(u32::MAX));
         RatioBudget {
-            epoch: now,
+            epoch: now.into(),
             slots: Window::default(),
             slot_ms: slot_ms as u32,
             ratio,
@@ -58,7 +59,8 @@ impl RatioBudget {
 
     /// The slot of time `now` falls in, counted from `epoch`.
     fn index(&self, now: Instant) -> u64 {
-        (now.saturating_duration_since(self.epoch).as_millis() / u128::from(self.slot_ms)) as u64
+        (now.saturating_duration_since(self.epoch.at()).as_millis() / u128::from(self.slot_ms))
+            as u64
     }
 
     /// A request was made.

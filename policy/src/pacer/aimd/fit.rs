@@ -96,8 +96,11 @@ impl Aimd {
         now: Instant,
         reason: BackoffReason,
     ) {
-        let Some(end) = self.k().hold_end else { return };
-        let steady = self.changes.back().is_none_or(|(at, _)| *at <= end);
+        let Some(end_stamp) = self.k().hold_end else {
+            return;
+        };
+        let steady = self.changes.back().is_none_or(|(at, _)| *at <= end_stamp);
+        let end = end_stamp.at();
         if reason.ambiguous() || self.k().hold_cost.is_zero() || sent_at <= end || !steady {
             return;
         }
@@ -129,9 +132,10 @@ impl Aimd {
             return;
         };
         // Changes remembered back to the hold's end, and none since.
+        let (from, to) = (Stamp::of(start), Stamp::of(at));
         let known = self.changes.len() < CHANGES_KEPT
-            || self.changes.front().is_some_and(|(t, _)| *t <= start);
-        let steady = !self.changes.iter().any(|(t, _)| *t > start && *t < at);
+            || self.changes.front().is_some_and(|(t, _)| *t <= from);
+        let steady = !self.changes.iter().any(|(t, _)| *t > from && *t < to);
         let old = refusal.after >= DESCENT_MAX_AGE;
         if self.k().hold_cost.is_zero() || self.k().limit.is_none() || !known || !steady || old {
             return;
@@ -144,7 +148,7 @@ impl Aimd {
     /// The provider holds every request off until `now` + its `Retry-After`.
     pub(super) fn extend_hold(&mut self, now: Instant) {
         if !self.k().hold_cost.is_zero() {
-            let end = now + self.k().hold_cost;
+            let end = Stamp::of(now + self.k().hold_cost);
             self.k_mut().hold_end = Some(self.k().hold_end.map_or(end, |e| e.max(end)));
         }
     }

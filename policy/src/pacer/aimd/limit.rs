@@ -454,10 +454,9 @@ impl Aimd {
             reason,
             from,
             sent: sent_at.map_or(from, |at| self.rate_at(at)),
-            held_for: self
-                .changes
-                .back()
-                .map_or(Duration::MAX, |(at, _)| now.saturating_duration_since(*at)),
+            held_for: self.changes.back().map_or(Duration::MAX, |(at, _)| {
+                now.saturating_duration_since(at.at())
+            }),
             decrease: self.decrease(),
             limit: self.k().limit,
             probe: self.probe.as_deref().copied(),
@@ -560,8 +559,8 @@ impl Aimd {
             streak.last_cut = now;
         }
         self.reset_plateau();
-        self.reset(|k| k.recover_to = None);
-        self.k_mut().last_decrease = Some(now);
+        self.reset(|k| k.recover_to = Maybe::NONE);
+        self.k_mut().last_decrease = Some(now.into());
         self.window_cut = true;
         self.latency.clear();
         self.set_rate(now, to.max(self.floor()).min(from));

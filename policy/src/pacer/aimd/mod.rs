@@ -105,8 +105,10 @@ mod trial;
 mod window;
 
 use super::signals::{
-    poisson_below, poisson_tail, Attribution, ErrorTally, LatencyVerdict, LatencyWatch, NOISE_MAX,
+    poisson_below, poisson_tail, Attribution, ErrorTally, LatencyVerdict, LatencyWatch, Maybe,
+    NOISE_MAX,
 };
+use crate::clock::Stamp;
 use crate::settings::{ProviderSettings, ValidSettings};
 use std::collections::VecDeque;
 use std::sync::{Arc, LazyLock};
@@ -227,7 +229,7 @@ pub struct Aimd {
     /// latency shift.
     settings: Arc<ValidSettings>,
     /// When the current window began (at its first event).
-    window_start: Option<Instant>,
+    window_start: Option<Stamp>,
     /// Admissions in the current window.
     window_admitted: u32,
     /// Clean answers in the current window.
@@ -251,7 +253,7 @@ pub struct Aimd {
     /// its demand saturated the shared pace, whatever share it admitted.
     window_pressed: bool,
     /// Clean answers per second over the last closed window.
-    delivered: Delivered,
+    delivered: Maybe,
     /// A probe in progress.
     probe: Option<Box<Probe>>,
     /// Ambiguous errors and their baseline.
@@ -295,11 +297,11 @@ struct Known {
     /// Requests admitted during those windows.
     plateau_admitted: u64,
     /// When the first of those windows began.
-    plateau_since: Option<Instant>,
+    plateau_since: Option<Stamp>,
     /// A rate to return to at the next clean window (a cut undone).
-    recover_to: Option<f64>,
+    recover_to: Maybe,
     /// When the rate was last cut; answers to earlier sends are ignored.
-    last_decrease: Option<Instant>,
+    last_decrease: Option<Stamp>,
     /// A trial confirmed that this provider's bare 503s are throttles
     /// (they stopped when the rate came down), and none found them to be
     /// noise: its next few 503s are taken as it means them, like 429s,
@@ -309,12 +311,12 @@ struct Known {
     /// When the last outage ended (its rate given back), and when the
     /// clean answer that ended it was sent: failures to requests sent
     /// before that are the outage's last echoes.
-    outage_ended: Option<(Instant, Instant)>,
+    outage_ended: Option<(Stamp, Stamp)>,
     /// Outages seen, for the metrics.
     outages: u64,
     /// When a throttle the provider named (429, 503 with `Retry-After`)
     /// last cut, for the readout.
-    named_throttle: Option<Instant>,
+    named_throttle: Option<Stamp>,
     /// How long the provider held every request off after its last
     /// throttle (`Retry-After`): what a failed probe costs.
     hold_cost: Duration,
@@ -328,7 +330,7 @@ struct Known {
     /// settled under as closely as a fit's.
     unconfirmed: Option<f64>,
     /// When the provider's last hold (`Retry-After`) ends.
-    hold_end: Option<Instant>,
+    hold_end: Option<Stamp>,
     /// The limit is a token bucket's refill rate fitted to within
     /// [`FIT_TIGHT`] of itself: known as closely as a sharp one's.
     fitted: bool,
@@ -403,7 +405,7 @@ impl Default for Known {
             plateau: 0,
             plateau_admitted: 0,
             plateau_since: None,
-            recover_to: None,
+            recover_to: Maybe::NONE,
             last_decrease: None,
             unavailable_throttles: 0,
             outage_ended: None,
@@ -500,48 +502,25 @@ const CHANGES_KEPT: usize = 16;
 #[derive(Debug, Clone, Default)]
 // Boxed on purpose: the point is 8 bytes while empty.
 #[allow(clippy::box_collection)]
-struct Changes(Option<Box<VecDeque<(Instant, f64)>>>);
-
-/// A rate measured or not, in one word: not measured is NaN, which no
-/// measured rate is (an `Option<f64>` takes two words: issue 38, R-PF1).
-#[derive(Debug, Clone, Copy)]
-struct Delivered(f64);
-
-impl Default for Delivered {
-    fn default() -> Self {
-        Delivered(f64::NAN)
-    }
-}
-
-impl From<Option<f64>> for Delivered {
-    fn from(rate: Option<f64>) -> Self {
-        Delivered(rate.filter(|r| !r.is_nan()).unwrap_or(f64::NAN))
-    }
-}
-
-impl Delivered {
-    fn get(self) -> Option<f64> {
-        (!self.0.is_nan()).then_some(self.0)
-    }
-}
+struct Changes(Option<Box<VecDeque<(Stamp, f64)>>>);
 
 /// No change yet.
-static NO_CHANGES: VecDeque<(Instant, f64)> = VecDeque::new();
+static NO_CHANGES: VecDeque<(Stamp, f64)> = VecDeque::new();
 
 impl Changes {
-    fn deque(&self) -> &VecDeque<(Instant, f64)> {
+    fn deque(&self) -> &VecDeque<(Stamp, f64)> {
         self.0.as_deref().unwrap_or(&NO_CHANGES)
     }
 
-    fn iter(&self) -> std::collections::vec_deque::Iter<'_, (Instant, f64)> {
+    fn iter(&self) -> std::collections::vec_deque::Iter<'_, (Stamp, f64)> {
         self.deque().iter()
     }
 
-    fn front(&self) -> Option<&(Instant, f64)> {
+    fn front(&self) -> Option<&(Stamp, f64)> {
         self.deque().front()
     }
 
-    fn back(&self) -> Option<&(Instant, f64)> {
+    fn back(&self) -> Option<&(Stamp, f64)> {
         self.deque().back()
     }
 
@@ -565,7 +544,7 @@ impl Changes {
             // of every one refused (R-PF1, issue 38).
             changes.reserve_exact(1);
         }
-        changes.push_back((at, before));
+        changes.push_back((at.into(), before));
     }
 }
 
@@ -604,7 +583,7 @@ impl Aimd {
             window_counted: 0,
             window_span_ns: 0,
             window_cut: false,
-            delivered: Delivered::default(),
+            delivered: Maybe::NONE,
             probe: None,
             errors: ErrorTally::default(),
             latency: LatencyWatch::default(),
@@ -640,13 +619,14 @@ impl Aimd {
     /// Whether nothing is under way that its rate, limit and how the
     /// limit is known do not say: no probe, trial or recovery (R-PF1).
     pub fn settled(&self) -> bool {
-        self.probe.is_none() && self.trial.is_none() && self.k().recover_to.is_none()
+        self.probe.is_none() && self.trial.is_none() && self.k().recover_to.get().is_none()
     }
 
     /// The rate that was in force at `sent_at`.
     /// (Scanned from the newest change: almost every answer is to a
     /// request sent after the last one, and stops at the first look.)
     pub(super) fn rate_at(&self, sent_at: Instant) -> f64 {
+        let sent_at = Stamp::of(sent_at);
         self.changes
             .iter()
             .rev()
@@ -767,7 +747,7 @@ impl Aimd {
             return;
         }
         self.probe = None;
-        self.reset(|k| k.recover_to = None);
+        self.reset(|k| k.recover_to = Maybe::NONE);
         self.set_rate(now, rate.clamp(self.floor(), self.ceiling()));
     }
 
@@ -817,7 +797,7 @@ impl Aimd {
                     self.k_mut().unconfirmed = Some(self.rate);
                 }
                 self.reset_plateau();
-                self.reset(|k| k.recover_to = None);
+                self.reset(|k| k.recover_to = Maybe::NONE);
             } else if rate < self.rate {
                 // Another replica's cut: the wait at the settle point
                 // starts over here too (a replica that had waited its
@@ -826,7 +806,7 @@ impl Aimd {
                 // as long as it would have had this replica been refused.
                 self.fleet_refused(now);
                 self.reset_plateau();
-                self.reset(|k| k.recover_to = None);
+                self.reset(|k| k.recover_to = Maybe::NONE);
             } else if self
                 .probe
                 .as_deref()
@@ -888,7 +868,7 @@ impl Aimd {
     /// this replica's own refusal says the length.
     pub fn on_shared_hold(&mut self, now: Instant, hold: Duration) {
         self.k_mut().hold_cost = self.k().hold_cost.max(hold);
-        let end = now + hold;
+        let end = Stamp::of(now + hold);
         self.k_mut().hold_end = Some(self.k().hold_end.map_or(end, |e| e.max(end)));
     }
 
@@ -903,7 +883,7 @@ impl Aimd {
     }
 
     fn new_epoch(&self, sent_at: Instant) -> bool {
-        self.k().last_decrease.is_none_or(|cut| sent_at >= cut)
+        self.k().last_decrease.is_none_or(|cut| sent_at >= cut.at())
     }
 
     /// Whether pushback on a request sent at `sent_at` is news: sent at
@@ -917,7 +897,7 @@ impl Aimd {
     fn fresh_pushback(&self, sent_at: Instant) -> bool {
         self.k()
             .last_decrease
-            .is_none_or(|cut| sent_at >= cut + self.window().min(ECHO_MAX))
+            .is_none_or(|cut| sent_at >= cut.at() + self.window().min(ECHO_MAX))
     }
 
     /// A clean answer — a success, or a client error such as a 404, which
@@ -979,7 +959,7 @@ impl Aimd {
             .record(true, Attribution::Throttle, self.rate_at(sent_at));
         // The provider is there and says it is pushing back: no outage.
         self.streak = None;
-        self.k_mut().named_throttle = Some(now);
+        self.k_mut().named_throttle = Some(now.into());
         if !fresh {
             if self.new_epoch(sent_at) {
                 self.k_mut().echo = self.k().echo.saturating_add(1);

@@ -83,7 +83,7 @@ impl Aimd {
         streak.outage_at = Some(now);
         self.k_mut().outages += 1;
         self.trial = None;
-        self.reset(|k| k.recover_to = None);
+        self.reset(|k| k.recover_to = Maybe::NONE);
         self.reset_plateau();
         true
     }
@@ -93,7 +93,7 @@ impl Aimd {
     pub(super) fn outage_echo(&self, sent_at: Instant) -> bool {
         self.k()
             .outage_ended
-            .is_some_and(|(_, ended)| sent_at < ended)
+            .is_some_and(|(_, ended)| sent_at < ended.at())
     }
 
     /// A failure (a bare 503, a timeout, another 5xx, a failed connection)
@@ -104,7 +104,7 @@ impl Aimd {
         let relapse = self
             .k()
             .outage_ended
-            .is_some_and(|(at, _)| now.saturating_duration_since(at) < RELAPSE);
+            .is_some_and(|(at, _)| now.saturating_duration_since(at.at()) < RELAPSE);
         let persist = OUTAGE_PERSIST.max(self.window() * 2);
         let (rate_before, limit_before, weak_before) =
             (self.rate, self.k().limit, self.k().limit_weak);
@@ -136,7 +136,7 @@ impl Aimd {
             streak.outage_at = Some(now);
             self.k_mut().outages += 1;
             self.trial = None;
-            self.reset(|k| k.recover_to = None);
+            self.reset(|k| k.recover_to = Maybe::NONE);
             self.reset_plateau();
             return true;
         }
@@ -163,13 +163,13 @@ impl Aimd {
         self.k_mut().limit = streak.limit_before;
         self.k_mut().limit_weak = streak.weak_before;
         self.trial = None;
-        self.reset(|k| k.recover_to = None);
+        self.reset(|k| k.recover_to = Maybe::NONE);
         self.reset_plateau();
         // The outage's failures are neither noise nor a throttle's: the
         // rate evidence they left would mislead the next judgement.
         self.errors.forget_episode();
         self.latency.clear();
-        self.k_mut().outage_ended = Some((now, sent_at));
+        self.k_mut().outage_ended = Some((now.into(), sent_at.into()));
         let back = streak.rate_before.clamp(self.floor(), self.ceiling());
         if back > self.rate {
             self.set_rate(now, back);

@@ -80,6 +80,7 @@ impl Aimd {
         }
         self.k()
             .named_throttle
+            .map(Stamp::at)
             .filter(|at| now.saturating_duration_since(*at) < TRIAL_MAX_AGE)
             .map(|at| Belief {
                 condition: Condition::Throttle,

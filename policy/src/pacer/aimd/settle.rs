@@ -195,8 +195,8 @@ impl Aimd {
     pub(super) fn increase(&mut self, admitted: u32, now: Instant) -> bool {
         let before = self.rate;
         let dwell_windows = self.k().dwell_windows;
-        if let Some(to) = self.k().recover_to {
-            self.reset(|k| k.recover_to = None);
+        if let Some(to) = self.k().recover_to.get() {
+            self.reset(|k| k.recover_to = Maybe::NONE);
             if to > self.rate {
                 self.set_rate(now, to.min(self.ceiling()));
                 return true;
@@ -272,7 +272,7 @@ impl Aimd {
                     // Measured in time: a replica of a fleet closes its
                     // windows on its own few answers, later than the clock.
                     let start = now - self.window();
-                    let since = *self.k_mut().plateau_since.get_or_insert(start);
+                    let since = self.k_mut().plateau_since.get_or_insert(start.into()).at();
                     let held_for = now.saturating_duration_since(since);
                     let k = 1 << self.k().probe_backoff;
                     let bisect = self.kp().bracket.is_some() && self.k().hold_cost.is_zero();

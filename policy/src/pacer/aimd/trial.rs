@@ -172,7 +172,8 @@ impl Aimd {
                 self.k_mut().limit = trial.prev_limit.filter(|_| !trial.prev_weak);
                 self.reset(|k| k.limit_weak = false);
                 self.reset(|k| k.steady = false);
-                self.k_mut().recover_to = Some(self.k().recover_to.unwrap_or(0.0).max(trial.from));
+                self.k_mut().recover_to =
+                    Some(self.k().recover_to.get().unwrap_or(0.0).max(trial.from)).into();
                 self.reset_plateau();
                 // The trigger and the errors held out were noise after all.
                 self.errors

@@ -42,7 +42,7 @@ impl Aimd {
     /// budget is shared: saturation and the wait before a probe are
     /// measured on the one schedule, as one sluice would.
     pub fn on_admitted(&mut self, now: Instant, n: u32) {
-        self.window_start.get_or_insert(now);
+        self.window_start.get_or_insert(now.into());
         self.window_admitted = self.window_admitted.saturating_add(n);
     }
 
@@ -55,7 +55,7 @@ impl Aimd {
             self.window_counted = self.window_counted.saturating_add(n);
             self.window_span_ns = self
                 .window_span_ns
-                .saturating_add(u64::try_from(span.as_nanos()).unwrap_or(u64::MAX));
+                .saturating_add(crate::clock::nanos(span));
         }
     }
 
@@ -74,7 +74,7 @@ impl Aimd {
 
     /// Closes the window if it has run its length: judges latency, grows.
     pub(super) fn close_window(&mut self, now: Instant) -> Change {
-        let start = *self.window_start.get_or_insert(now);
+        let start = self.window_start.get_or_insert(now.into()).at();
         let elapsed = now.saturating_duration_since(start);
         if elapsed < self.window() {
             return Change::default();
@@ -106,9 +106,9 @@ impl Aimd {
             (self.window_delivered >= DELIVERED_MIN_ANSWERS)
                 .then(|| f64::from(self.window_delivered) / secs)
         };
-        self.delivered = Delivered::from(delivered);
+        self.delivered = Maybe::from(delivered);
         self.errors.roll();
-        self.window_start = Some(now);
+        self.window_start = Some(now.into());
         self.window_admitted = 0;
         self.window_pressed = false;
         self.window_delivered = 0;

@@ -120,19 +120,19 @@ impl PacerCore {
                 fleet.hold = Some(until);
             }
         }
-        if self.hold_until.is_some_and(|h| h >= until) {
+        if self.hold_until().is_some_and(|h| h >= until) {
             return None;
         }
-        if self.hold_until.is_none_or(|h| h <= now) {
+        if self.hold_until().is_none_or(|h| h <= now) {
             self.holds += 1;
         }
-        self.hold_until = Some(until);
+        self.hold_until = Some(until.into());
         Some(until)
     }
 
     /// The hold in force at `now`: time left, and which hold it is.
     pub fn hold_left(&self, now: Instant) -> Option<(Duration, u64)> {
-        self.hold_until
+        self.hold_until()
             .filter(|h| *h > now)
             .map(|h| (h - now, self.holds))
     }

@@ -114,7 +114,7 @@ impl PacerCore {
         let fleet = self.rare.made().fleet.get_or_insert_with(Box::default);
         if let Some((prev, at)) = fleet.shared_count.filter(|(p, _)| view.admitted > *p) {
             let n = u32::try_from(view.admitted - prev).unwrap_or(u32::MAX);
-            let held = self.hold_until.is_some_and(|h| h > at);
+            let held = self.hold_until.is_some_and(|h| h.at() > at);
             let span = (!held).then(|| now.saturating_duration_since(at));
             self.aimd.on_shared_admitted(now, n, span);
         }

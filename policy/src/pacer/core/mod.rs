@@ -14,6 +14,7 @@ use super::fair::{Class, FairQueue, Ticket};
 use super::gcra::{interval_of, Gcra};
 use super::shared::{Proposal, SharedView, ALONE_SHARE};
 use crate::classify::{Outcome, Signal};
+use crate::clock::Stamp;
 use crate::cost::Costs;
 use crate::quota::Advertised;
 use crate::settings::{ProviderSettings, ValidSettings};
@@ -45,8 +46,9 @@ pub enum Refusal {
 pub struct PacerCore {
     gcra: Gcra,
     aimd: Aimd,
-    /// Nothing is admitted before this instant (a provider's `Retry-After`).
-    hold_until: Option<Instant>,
+    /// Nothing is admitted before this instant (a provider's `Retry-After`):
+    /// see [`PacerCore::hold_until`].
+    hold_until: Option<Stamp>,
     /// Holds begun (one that lengthens a hold still in force is the same
     /// one): names a hold, so that a run's requests waiting out one count
     /// one wait (R-RN8).
@@ -269,6 +271,12 @@ impl Feedback {
 }
 
 impl PacerCore {
+    /// Nothing is admitted before this instant, if any (kept in one word:
+    /// R-PF1, issue 38).
+    fn hold_until(&self) -> Option<Instant> {
+        self.hold_until.map(Stamp::at)
+    }
+
     /// A cold pacer for these settings, as given (a pacer alone).
     pub fn new(settings: &ProviderSettings) -> Self {
         PacerCore::with_settings(ValidSettings::as_given(settings))
@@ -325,7 +333,7 @@ impl PacerCore {
     /// No hold ahead, no one waiting, no advertised quota, tokens budget,
     /// learned window or shared budget followed.
     fn nothing_followed(&self, now: Instant) -> bool {
-        self.hold_until.is_none_or(|h| h <= now)
+        self.hold_until().is_none_or(|h| h <= now)
             && self.waiting.is_empty()
             && self.rare.quota().is_none()
             && self.rare.tokens().is_none()
@@ -524,7 +532,7 @@ impl PacerCore {
             ceiling_rps: self.aimd.ceiling(),
             start_rps: self.settings().start_rate(),
             limit_rps: self.aimd.limit(),
-            hold_remaining: self.hold_until.filter(|h| *h > now).map(|h| h - now),
+            hold_remaining: self.hold_until().filter(|h| *h > now).map(|h| h - now),
             queue_len: self.waiting.len(),
             waiting_by_collector: self
                 .waiting

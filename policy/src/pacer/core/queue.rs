@@ -27,7 +27,7 @@ impl PacerCore {
         if let Some(end) = self.rare.allowance().and_then(|a| a.spent_until(now)) {
             at = at.max(end);
         }
-        match self.hold_until {
+        match self.hold_until() {
             Some(hold) if hold > now => {
                 // After the hold, waiters go one interval apart from the hold.
                 at.max(hold + self.gcra.interval() * ahead)
@@ -137,7 +137,7 @@ impl PacerCore {
     /// `max_hold_wait` while the provider holds us off — a windowed quota's
     /// reset is waited for, not refused through.
     pub fn patience(&self, now: Instant) -> Duration {
-        match self.hold_until {
+        match self.hold_until() {
             Some(h) if h > now => self
                 .settings()
                 .max_queue_wait

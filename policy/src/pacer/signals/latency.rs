@@ -5,6 +5,8 @@ use std::collections::VecDeque;
 use std::num::NonZeroU32;
 use std::time::Duration;
 
+use super::Maybe;
+
 /// Time-to-first-byte samples kept for the latency judgement.
 pub const LATENCY_SAMPLES: usize = 32;
 /// Samples needed before the quartile is judged.
@@ -32,8 +34,9 @@ pub struct LatencyWatch {
     /// Samples added since the quartile was last judged (32 bits, beside
     /// `baseline_samples`: R-PF1, issue 38).
     fresh: u32,
-    /// The baseline lower quartile, seconds.
-    baseline: Option<f64>,
+    /// The baseline lower quartile, seconds, once first learned (one
+    /// word, not an `Option`'s two: R-PF1, issue 38).
+    baseline: Maybe,
     /// Samples behind the baseline (saturating).
     baseline_samples: u32,
     /// The quartile a backlog is draining from (infinite until the first
@@ -90,16 +93,21 @@ impl LatencyWatch {
         self.last_shift = Some((f32::INFINITY, NonZeroU32::MIN));
     }
 
+    /// The baseline as learned so far, seconds, however few its samples.
+    fn learned(&self) -> Option<f64> {
+        self.baseline.get()
+    }
+
     /// The learned baseline, once enough samples were seen.
     pub fn baseline(&self) -> Option<Duration> {
         (self.baseline_samples >= LATENCY_BASELINE_MIN_SAMPLES)
-            .then(|| self.baseline.map(Duration::from_secs_f64))
+            .then(|| self.learned().map(Duration::from_secs_f64))
             .flatten()
     }
 
     /// Restores a saved baseline.
     pub fn restore(&mut self, baseline: Duration) {
-        self.baseline = Some(baseline.as_secs_f64());
+        self.baseline = Some(baseline.as_secs_f64()).into();
         self.baseline_samples = LATENCY_BASELINE_MIN_SAMPLES;
     }
 
@@ -151,11 +159,12 @@ impl LatencyWatch {
             }
         }
         self.last_shift = None;
-        self.baseline = Some(match self.baseline {
+        self.baseline = Some(match self.learned() {
             None => q,
             Some(b) if q < b => b + LATENCY_ALPHA_DOWN * (q - b),
             Some(b) => b + LATENCY_ALPHA_UP * (q - b),
-        });
+        })
+        .into();
         self.baseline_samples = self.baseline_samples.saturating_add(fresh);
         if self.baseline().is_some() {
             LatencyVerdict::Normal

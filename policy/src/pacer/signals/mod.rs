@@ -46,3 +46,30 @@ pub use self::latency::{
 pub use self::stats::{
     binomial_tail, poisson_below, poisson_tail, rate_test, Count, Wide, SIGNIFICANCE,
 };
+
+/// A measure or none, in one word — a rate delivered, a rate to return
+/// to, a latency baseline: none is NaN, which no measure is (an
+/// `Option<f64>` takes two words: issue 38, R-PF1).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Maybe(f64);
+
+impl Default for Maybe {
+    fn default() -> Self {
+        Maybe::NONE
+    }
+}
+
+impl From<Option<f64>> for Maybe {
+    fn from(value: Option<f64>) -> Self {
+        Maybe(value.filter(|v| !v.is_nan()).unwrap_or(f64::NAN))
+    }
+}
+
+impl Maybe {
+    /// None.
+    pub(crate) const NONE: Maybe = Maybe(f64::NAN);
+
+    pub(crate) fn get(self) -> Option<f64> {
+        (!self.0.is_nan()).then_some(self.0)
+    }
+}
