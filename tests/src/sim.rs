@@ -306,6 +306,25 @@ impl Sim {
             .collect()
     }
 
+    /// Waits until `secs` seconds have passed since the first request on
+    /// `path`, so that a window of [`Sim::figures`] ending there is whole
+    /// when it is read. A test's clock starts before its clients do: on a
+    /// loaded two-core machine eight Python clients beside sixteen sluice
+    /// processes sent their first request 3–6 s after the test began, and
+    /// a window read at the test's 55 s lacked its last seconds. Panics if
+    /// no request arrives within 30 s.
+    pub async fn wait_past(&self, path: &str, secs: u64) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let first = loop {
+            if let Some(h) = self.hits(path).first() {
+                break h.at;
+            }
+            assert!(Instant::now() < deadline, "no request on {path} in 30 s");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        tokio::time::sleep_until(first + Duration::from_secs(secs)).await;
+    }
+
     /// What the provider saw on `path` between `from` and `to` seconds
     /// after the first request there, against its hidden `limit`.
     pub fn figures(&self, path: &str, from: u64, to: u64, limit: f64) -> Figures {

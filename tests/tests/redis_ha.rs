@@ -229,8 +229,11 @@ async fn a_cluster_carries_a_fleet_like_one_redis_and_rides_a_failover() {
     let clients_single = drive(&on_single, &urls(&sims[4..]), SECS);
 
     // Side by side over 35–55 s (the fleets reach the limits from a cold
-    // start in 30–40 s), before anything fails.
-    tokio::time::sleep(Duration::from_secs(55)).await;
+    // start in 30–40 s), before anything fails: read once 55 s have passed
+    // at every provider (the clients start seconds after `started`).
+    for sim in &sims {
+        sim.wait_past(PATH, 55).await;
+    }
     let mut rows = Vec::new();
     for (i, name) in names.iter().enumerate() {
         let c = sims[i].figures(PATH, 35, 55, LIMIT);
@@ -357,7 +360,7 @@ async fn a_sentinel_failover_keeps_the_fleet_within_the_limit() {
         .map(|_| Sluice::start(&config(&redis.url(), &["p"], &["127.0.0.129"])))
         .collect();
     let clients = drive(&fleet, &[sim.url("http", PATH)], SECS);
-    tokio::time::sleep(Duration::from_secs(30)).await;
+    sim.wait_past(PATH, 30).await;
     let f = sim.figures(PATH, 15, 30, LIMIT);
     println!("before the failover, 15–30 s: {f}");
     let old = redis.primary().expect("a primary");

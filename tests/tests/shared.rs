@@ -114,7 +114,8 @@ async fn eight_replicas_pace_like_one() {
     );
     println!(
         "shared, second half: {f_shared}\n  first 60 s from a cold start: {w_shared}\n  \
-         clients {seen_shared:?}"
+         clients {seen_shared:?}\n  refusals over 30–60 s: {:?}",
+        shared_sim.refusals(path, 30, 60)
     );
     println!(
         "not shared, second half: {f_alone}\n  first 60 s: {w_alone}\n  clients {seen_alone:?}"
@@ -637,7 +638,16 @@ async fn replicas_share_one_allowance() {
 /// met at once there meets it ~2.5 s sooner; it was reverted when the
 /// fleet on a stated quota failed in its CI run (a refusal far under a
 /// guess can be far over a window's limit too) — a failure seen since on
-/// the code without it, so the fix waits to be judged again.
+/// the code without it (two of five runs of CI's phase red), so it was
+/// put back (2026-12-07): four runs of the phase since, 15 of 16 tests
+/// passed, the stated quota four of four; the miss a burst-5 fleet at
+/// 0.940 with one refusal (57.3 s) that took the new ladder (25.3, 22.5,
+/// 21.3, 20.3): its 20.275 step, over the bucket, refused just before
+/// 30 s (its hold ran into the window) and the probe 27 s later — the
+/// two overshoots again. Reverted the same day once more: in its CI run
+/// here the Cluster fleet of `redis_ha.rs` reached 0.745 of its limit
+/// (bar 0.8; 0.80–0.82 in three runs of the code with and without it
+/// alone), and the evidence for it is no better than against.
 async fn small_bursts_through_one_sluice_and_a_fleet(burst: u32, one_ip: &str, fleet_ip: &str) {
     let path = "/limited-ra/1";
     let (one_sim, fleet_sim) = (Sim::start(one_ip).await, Sim::start(fleet_ip).await);
