@@ -24,6 +24,13 @@ pub struct HostsRun {
     /// their windows' 10 s), the requests' own buffers given back.
     pub tracked_kib: u64,
     pub tracked_2s: usize,
+    /// Resident KiB, heap bytes and providers tracked 6 s after the last
+    /// answer: every host still tracked, and the saves every 2 s
+    /// (`limits.save_interval`) done with them — the 2 s reading can fall
+    /// in the middle of the first, 10,000 records at once.
+    pub saved_kib: u64,
+    pub heap_saved: f64,
+    pub tracked_6s: usize,
     /// Bytes the allocator holds for the heap (`sluice_allocated_bytes`)
     /// before, right after and 15 s after: live state, without the
     /// allocator's slack.
@@ -72,7 +79,8 @@ impl HostsRun {
         format!(
             "resident {:.1} → {:.1} MiB for {} providers added: {:.0} bytes per host (heap {:.0}; the second half's hosts {:.0} each; \
              the binary's pages {:.1} → {:.1} MiB of it); \
-             2 s later {:.1} MiB, {:.0} bytes per host, {} providers tracked; 15 s later {:.1} MiB, {:.0} bytes per host (heap {:.0}); store {:.1} MiB, {:.0} bytes per host; \
+             2 s later {:.1} MiB, {:.0} bytes per host, {} providers tracked; \
+             6 s later (saved) {:.1} MiB, {:.0} bytes per host (heap {:.0}), {} tracked; 15 s later {:.1} MiB, {:.0} bytes per host (heap {:.0}); store {:.1} MiB, {:.0} bytes per host; \
              upstream connections open {}, closed for the idle bound {}; {} providers tracked 15 s later",
             self.before_kib as f64 / 1024.0,
             self.after_kib as f64 / 1024.0,
@@ -85,6 +93,10 @@ impl HostsRun {
             self.tracked_kib as f64 / 1024.0,
             self.per_host(self.tracked_kib),
             self.tracked_2s,
+            self.saved_kib as f64 / 1024.0,
+            self.per_host(self.saved_kib),
+            (self.heap_saved - self.heap_before) / self.added.max(1) as f64,
+            self.tracked_6s,
             self.settled_kib as f64 / 1024.0,
             self.per_host(self.settled_kib),
             (self.heap_settled - self.heap_before) / self.added.max(1) as f64,
@@ -122,13 +134,20 @@ pub async fn one_post_each(
     tokio::time::sleep(Duration::from_secs(2)).await;
     let tracked_kib = rss_kib(sluice.pid());
     let tracked_2s = tracked(sluice).await.saturating_sub(tracked_before);
-    tokio::time::sleep(Duration::from_secs(13)).await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let saved_kib = rss_kib(sluice.pid());
+    let heap_saved = heap(sluice).await;
+    let tracked_6s = tracked(sluice).await.saturating_sub(tracked_before);
+    tokio::time::sleep(Duration::from_secs(9)).await;
     HostsRun {
         added,
         before_kib,
         after_kib,
         tracked_kib,
         tracked_2s,
+        saved_kib,
+        heap_saved,
+        tracked_6s,
         settled_kib: rss_kib(sluice.pid()),
         heap_before,
         heap_after,
