@@ -249,6 +249,21 @@ impl GitHub {
         (served, of.len() - served, of.len())
     }
 
+    /// Where `resource`'s refusals from window `from` on fell: each one's
+    /// window, its place in the window's requests and its verdict.
+    pub fn refusals_from(&self, resource: &str, from: u64) -> Vec<(u64, usize, Verdict)> {
+        let mut place = HashMap::new();
+        let mut out = Vec::new();
+        for j in self.judged.iter().filter(|j| j.resource == resource) {
+            let n = place.entry(j.window).or_insert(0usize);
+            *n += 1;
+            if j.window >= from && j.verdict != Verdict::Served {
+                out.push((j.window, *n, j.verdict));
+            }
+        }
+        out
+    }
+
     /// Requests to `resource` refused from window `from` on, and all of
     /// them.
     pub fn refused_from(&self, resource: &str, from: u64) -> (usize, usize) {

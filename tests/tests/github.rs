@@ -249,10 +249,11 @@ async fn api_github_com_by_name_on_the_default_config() {
         let windows: Vec<_> = (1..3)
             .map(|w| gh.model(|g: &GitHub| g.window(resource, w)).0)
             .collect();
-        println!("{resource}: served in windows 2–3 {windows:?} of {limit}; {refused} of {all} refused after the first");
+        let at = gh.model(|g: &GitHub| g.refusals_from(resource, 1));
+        println!("{resource}: served in windows 2–3 {windows:?} of {limit}; {refused} of {all} refused after the first, at (window, place, verdict) {at:?}");
         assert!(
             refused as f64 <= 0.01 * all as f64,
-            "{resource}: {refused} of {all} refused after its first window"
+            "{resource}: {refused} of {all} refused after its first window, at {at:?}"
         );
         assert!(
             windows.iter().all(|&n| n as f64 >= 0.9 * limit),

@@ -66,11 +66,18 @@ async fn busy(args: &[&str]) -> Busy {
         );
     }
     let dead = format!("http://127.0.0.51:{dead_port}/x");
+    let mut seen = Vec::new();
     for _ in 0..30 {
-        if curl(&proxy, &[], &dead, T).await.status == 503 {
+        let r = curl(&proxy, &[], &dead, T).await;
+        seen.push((r.status, r.header("proxy-status")));
+        if r.status == 503 {
             break;
         }
     }
+    // What opened the breaker: failures answered by sluice (a CI run once
+    // saw the provider not live afterwards, in 3.5 s instead of 8).
+    println!("the dead provider's answers: {seen:?}");
+    assert_eq!(seen.last().map(|s| s.0), Some(503), "{seen:?}");
     let sluice_ca = sluice.dir.join("state").join("ca.crt");
     let r = curl(
         &proxy,
@@ -238,7 +245,7 @@ async fn providers_readout_is_live_and_honest() {
     let (code, body) = b.sluice.admin_get("/v1/providers/dead").await;
     assert_eq!(code, 200);
     let dead: Value = serde_json::from_str(&body).unwrap();
-    assert_eq!(dead["breaker"]["state"], "open");
+    assert_eq!(dead["breaker"]["state"], "open", "{dead}");
     let remaining = dead["breaker"]["open_remaining_ms"].as_u64().unwrap();
     let read_at = Instant::now();
     assert!(remaining > 0 && remaining <= 5000, "{remaining}");
