@@ -139,11 +139,14 @@ pub(super) struct Placement {
 /// * A probe that went clean well past the limit: the limit lies past the
 ///   old one, no higher than the last clean rate nor than what was
 ///   delivered.
-/// * Throttled at the settle point: the limit was too high — a throttle
-///   the provider named says throttling began here; others step further,
-///   unless the limit is steady; a token bucket's fitted refill rate,
-///   where the holds tell it, says more.
-/// * Far below it: the limit has dropped.
+/// * Throttled at the settle point, or — where the provider holds after
+///   its refusals — on the way back under slow start's guess however far
+///   under it: the limit was too high — a throttle the provider named
+///   says throttling began here; others step further, unless the limit is
+///   steady; a token bucket's fitted refill rate, where the holds tell it,
+///   says more.
+/// * Far below a limit met, or a guess where the provider does not hold:
+///   the limit has dropped.
 ///
 /// Bare 503s say little once, so a limit they tell is judged over several
 /// cuts (R-SG5): a probe above it refused before it got clearly past makes
@@ -195,8 +198,19 @@ pub(super) fn place(e: &Evidence) -> Placement {
         (Some(limit), Some(probe)) => {
             moved_probe(e, limit, probe, &mut p);
         }
-        // Throttled at the settle point: the limit was too high.
-        (Some(limit), None) if from >= limit * PROBE_DECREASE => {
+        // Throttled at the settle point: the limit was too high. So too
+        // on the way to it under slow start's guess (`Aimd::unconfirmed`),
+        // however far under, where the provider holds after its refusals
+        // (`Retry-After`): the guess was too high, the provider's limit did
+        // not drop. (Measured: a fleet whose guess sat a tenth over the
+        // rate its recovery was refused at cut 30 % and climbed back for
+        // four windows — a rate that moved since the hold, no point for the
+        // fit at its next refusal — and met the limit only 31 s in; settled
+        // under the rate met at once, it meets it some 2.5 s sooner, its
+        // rate steady since the hold. Where the provider does not hold — a
+        // moving window's refusals — a refusal far under a guess may be far
+        // over the window's limit too, and the 30 % cut drains it at once.)
+        (Some(limit), None) if from >= limit * PROBE_DECREASE || (e.unconfirmed && e.holds) => {
             (p.limit, p.tight, p.steady) = too_high(e, limit);
             p.too_high = true;
             p.undid_move = moved_soon_before(e).is_some();
@@ -351,7 +365,7 @@ fn moved_soon_before(e: &Evidence) -> Option<f64> {
 /// it is steady.
 fn too_high(e: &Evidence, limit: f64) -> (f64, bool, bool) {
     let (from, reason, delivered) = (e.from, e.reason, e.delivered.unwrap_or(f64::INFINITY));
-    debug_assert!(from >= limit * PROBE_DECREASE);
+    debug_assert!(from >= limit * PROBE_DECREASE || (e.unconfirmed && e.holds));
     // A throttle the provider named says throttling began at this rate;
     // others (latency, bare 503s) say less, and step further.
     let named = matches!(
@@ -664,6 +678,26 @@ mod tests {
         // Far below it: the limit dropped.
         let p = place(&evidence(BackoffReason::Throttled, 5.0, Some(10.0)));
         assert_eq!((p.limit, p.to), (5.0, 3.5));
+        // Far below slow start's guess (a fleet's, its replicas' first
+        // requests at once, 25.3 on a 20 req/s bucket that holds), on the
+        // way back to it: the guess was too high — settled under the rate
+        // met, as at a settle point, not cut 30 % to climb back for windows.
+        let guess = Evidence {
+            unconfirmed: true,
+            shared: true,
+            holds: true,
+            ..evidence(BackoffReason::Throttled, 22.465, Some(25.3125))
+        };
+        let p = place(&guess);
+        assert_eq!((p.limit, p.to, p.too_high), (22.465, 22.465 * SETTLE, true));
+        // …but where the provider does not hold (a moving window's
+        // refusals), the limit may lie far under: cut as a limit that dropped.
+        let p = place(&Evidence {
+            holds: false,
+            ..guess
+        });
+        assert_eq!((p.limit, p.too_high), (22.465, false));
+        assert!((p.to - 22.465 * 0.7).abs() < 1e-9, "{}", p.to);
     }
 
     /// Bare 503s met twice at one place (a probe refused before it got
