@@ -161,8 +161,8 @@ async fn eight_replicas_pace_like_one() {
 /// budget, one naive client each (8 in all), a hidden 20 req/s limit
 /// answered with `Retry-After`, 60 s: over the second half ≥ 95 % of the
 /// limit with ≤ 0.5 % 429s; the first 60 s from a cold start printed.
-/// (Named to sort first: it runs beside the short tests, and the other
-/// minute-long one after them, instead of the two minutes in a row.)
+/// (Like every minute-long fleet here, run by `scripts/test` in the
+/// fleets' phase, two at a time on their own.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fleet_with_one_client_per_replica_paces_like_one() {
     let redis = Redis::start();
