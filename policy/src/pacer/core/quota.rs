@@ -241,10 +241,17 @@ impl Quota {
             hi = hi.min(now + w);
             lo = lo.max(self.last_sent + w);
             // The next window after the old one: what was known of
-            // its end carries over, so the bounds narrow with each
-            // window to the closest sends on either side of a reset.
+            // its earliest end carries over, so that bound narrows with
+            // each window to the closest send before a reset. Not the
+            // latest: a window that begins at the first request after the
+            // last one ended (GitHub's, the `limits` library's fixed
+            // window, Redis's `INCR` and `EXPIRE`) begins when that
+            // request arrives, after the old window's latest end by the
+            // way there; held to that end plus a window, the next
+            // window's first request met this one spent (a GitHub-like
+            // search budget in CI: 1 of 27 refused after the first
+            // window, the 11th of 10 in its window).
             if said < self.hi + w + rounding / 2 {
-                hi = hi.min(self.hi + w);
                 lo = lo.max(self.lo + w);
             }
             if lo > hi {
