@@ -292,7 +292,14 @@ async fn a_cluster_carries_a_fleet_like_one_redis_and_rides_a_failover() {
     // so they too may have paced alone for those seconds.
     for (i, name) in names.iter().enumerate().skip(1) {
         let seconds = per_second(&sims[i].hits(PATH), from, to);
-        println!("{name} through the same seconds: {seconds:?}");
+        let alone: Vec<u64> = readouts(&on_cluster, name)
+            .await
+            .iter()
+            .map(|v| v["shared"]["degraded_times"].as_u64().unwrap_or(0))
+            .collect();
+        println!(
+            "{name} through the same seconds: {seconds:?}; times each replica went alone: {alone:?}"
+        );
         assert!(
             seconds.iter().all(|n| *n as f64 <= LIMIT * 1.1),
             "{name}: {seconds:?}"
