@@ -1198,6 +1198,34 @@ mod tests {
         assert!(over.is_empty(), "{} of 59 runs: {over:?}", over.len());
     }
 
+    /// R-SG1: a window the provider states (`RateLimit-Policy`'s `w`) is
+    /// on its clock: the next one's latest end is the last one's plus a
+    /// window (here 50 ms sooner than the next answer's whole-second
+    /// reset says). A window only measured may begin at its first
+    /// request's arrival: its latest end is its own answer's.
+    #[test]
+    fn only_a_stated_window_carries_its_end_over() {
+        let second = Duration::from_secs(1);
+        let reset_after = |stated: bool| {
+            let mut core = PacerCore::new(&ProviderSettings::with_ceiling(50.0));
+            let t0 = Instant::now();
+            let adv = |remaining: u64| Advertised {
+                limit: Some(20),
+                window: stated.then_some(second),
+                remaining,
+                reset: second,
+                granularity: second,
+                family: crate::quota::Family::XRateLimit,
+            };
+            core.on_quota(Some(adv(18)), t0, t0);
+            let (sent, now) = (t0 + second, t0 + Duration::from_millis(1050));
+            core.on_quota(Some(adv(19)), sent, now);
+            core.snapshot(now).quota.unwrap().reset_in
+        };
+        assert_eq!(reset_after(true), Duration::from_millis(950));
+        assert_eq!(reset_after(false), second);
+    }
+
     /// A GitHub-like budget of 10 in 10 s under saturating demand (four
     /// requests at most in flight) for `secs`: what each window served
     /// and refused.
