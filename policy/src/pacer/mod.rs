@@ -469,6 +469,7 @@ impl PacerShared {
             return Err(RateLimited::new(Refusal::WaitTooLong, patience).into());
         };
         drop(queued);
+        let mut rechecked = false;
         loop {
             let proposal = Proposal {
                 units: units.max(1),
@@ -477,6 +478,21 @@ impl PacerShared {
             let answer = budget.admit(proposal).await;
             let now = crate::clock::now();
             let Some(answer) = answer else {
+                // A first miss while the shared schedule paces this
+                // replica: asked once more before going alone, the request
+                // held meanwhile (a miss of this replica's own would
+                // otherwise put its share on top of the other replicas'
+                // slots, R-DS2).
+                let recheck = budget.recheck_after();
+                if !rechecked
+                    && !recheck.is_zero()
+                    && !self.lock().alone()
+                    && now + recheck <= arrived + patience
+                {
+                    rechecked = true;
+                    tokio::time::sleep(recheck).await;
+                    continue;
+                }
                 let start = match budget.seat() {
                     Some(seat) => AloneStart::Seat(seat),
                     None => AloneStart::Phase(self.spread_share()),

@@ -169,6 +169,16 @@ pub trait SharedBudget: Send + Sync {
     /// (and two of its intervals alone), while others may still pace
     /// alone.
     fn retry_every(&self) -> Duration;
+    /// How long a replica pacing by the shared schedule waits, its next
+    /// request held, before asking once more when a call fails — rather
+    /// than going alone at once. A call that fails for this replica alone
+    /// (a stalled client, a timeout under load) leaves the others taking
+    /// every shared slot, and its sends alone would come on top of theirs;
+    /// asked again, the store usually answers. Only a second miss is an
+    /// outage (R-DS2). Zero: alone at once.
+    fn recheck_after(&self) -> Duration {
+        Duration::ZERO
+    }
     /// This replica's seat and the store's clock, once the store gave it a
     /// seat: where its sends go when it paces alone. `None`: it goes alone
     /// at a random phase.
@@ -530,12 +540,14 @@ mod tests {
         store: Arc<Fake>,
         index: u32,
         down: Arc<std::sync::atomic::AtomicBool>,
+        /// Seats below this one are cut off when `down`.
+        cut: u32,
         epoch: Instant,
     }
 
     impl SharedBudget for Seated {
         fn admit(&self, proposal: Proposal) -> AdmitFuture<'_> {
-            if self.down.load(std::sync::atomic::Ordering::Relaxed) {
+            if self.down.load(std::sync::atomic::Ordering::Relaxed) && self.index < self.cut {
                 return Box::pin(async { None });
             }
             self.store.admit(proposal)
@@ -551,6 +563,10 @@ mod tests {
 
         fn retry_every(&self) -> Duration {
             Duration::from_secs(1)
+        }
+
+        fn recheck_after(&self) -> Duration {
+            Duration::from_millis(250)
         }
 
         fn seat(&self) -> Option<Seat> {
@@ -580,6 +596,7 @@ mod tests {
                     store: fake.clone(),
                     index: i,
                     down: down.clone(),
+                    cut: 8,
                     epoch,
                 };
                 p.set_budget(Some(Arc::new(seated) as Arc<dyn SharedBudget>));
@@ -617,5 +634,126 @@ mod tests {
             "{} sends alone in {span:.1} s at {rate:.2}/s together",
             alone.len()
         );
+    }
+
+    /// Sends in the busiest second (sliding, every 10 ms) of `[from, to)`.
+    fn busiest_second(sends: &[Instant], from: Instant, to: Instant) -> usize {
+        let mut most = 0;
+        let mut at = from;
+        while at + Duration::from_secs(1) <= to {
+            let n = sends
+                .iter()
+                .filter(|t| **t >= at && **t < at + Duration::from_secs(1))
+                .count();
+            most = most.max(n);
+            at += Duration::from_millis(10);
+        }
+        most
+    }
+
+    /// Eight replicas, each sending as fast as its pacer lets it for
+    /// `secs` at the rate a fleet had learned, sharing one store whose
+    /// seats below `cut` are cut off from `loss` for `outage`: every send,
+    /// and how many replicas paced alone at some point (seen every 10 ms).
+    async fn cut_off(
+        cut: u32,
+        loss: Duration,
+        outage: Duration,
+        secs: u64,
+    ) -> (Vec<Instant>, usize) {
+        let fake = store_up();
+        fake.0.lock().unwrap().rate = Some(10.13);
+        let down = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let epoch = Instant::now();
+        let pacers: Vec<Arc<PacerShared>> = (0..8)
+            .map(|i| {
+                let p = PacerShared::new(&ProviderSettings::with_ceiling(50.0));
+                let seated = Seated {
+                    store: fake.clone(),
+                    index: i,
+                    down: down.clone(),
+                    cut,
+                    epoch,
+                };
+                p.set_budget(Some(Arc::new(seated) as Arc<dyn SharedBudget>));
+                p
+            })
+            .collect();
+        let end = Instant::now() + Duration::from_secs(secs);
+        let script = async {
+            let mut alone = vec![false; pacers.len()];
+            let watch = |alone: &mut Vec<bool>| {
+                for (a, p) in alone.iter_mut().zip(&pacers) {
+                    *a |= p.lock().alone();
+                }
+            };
+            tokio::time::sleep(loss).await;
+            down.store(true, std::sync::atomic::Ordering::Relaxed);
+            let back = Instant::now() + outage;
+            while Instant::now() < back {
+                watch(&mut alone);
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            down.store(false, std::sync::atomic::Ordering::Relaxed);
+            while Instant::now() < end {
+                watch(&mut alone);
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            alone.iter().filter(|a| **a).count()
+        };
+        tokio::join!(sends(&pacers, secs), script)
+    }
+
+    /// R-DS2: three of eight replicas miss the store for 150 ms (a stalled
+    /// client, timeouts under load) while the others still take every
+    /// shared slot. Asked again 250 ms later, the store answers: none of
+    /// the three went alone, and in no second (sliding, every 10 ms) did
+    /// the fleet send more than in its busiest second before. Going alone
+    /// at the first miss, the three's shares came on top: 16 in a second
+    /// where the schedule gave 11.
+    #[tokio::test(start_paused = true)]
+    async fn a_miss_of_some_replicas_own_puts_nothing_on_top_of_the_schedule() {
+        for k in 0..10u64 {
+            let loss = Duration::from_millis(4000 + 37 * k);
+            let (sends, alone) = cut_off(3, loss, Duration::from_millis(150), 9).await;
+            let start = *sends.first().unwrap();
+            let at = |s: f64| start + Duration::from_secs_f64(s);
+            let before = busiest_second(&sends, at(1.0), at(4.0));
+            let after = busiest_second(&sends, at(3.0), at(9.0));
+            assert_eq!(alone, 0, "loss at {loss:?}");
+            assert!(
+                after <= before,
+                "loss at {loss:?}: {after} in a second, {before} before"
+            );
+        }
+    }
+
+    /// R-DS2: every replica loses the store for 1.5 s (an outage: the
+    /// second ask misses too) — all pace alone in their seats, then rejoin;
+    /// in no second across either change does the fleet send more than
+    /// in its busiest second before, and every second has sends.
+    #[tokio::test(start_paused = true)]
+    async fn an_outage_for_every_replica_puts_nothing_on_top_either() {
+        for k in 0..10u64 {
+            let loss = Duration::from_millis(4000 + 37 * k);
+            let (sends, alone) = cut_off(8, loss, Duration::from_millis(1500), 12).await;
+            let start = *sends.first().unwrap();
+            let at = |s: f64| start + Duration::from_secs_f64(s);
+            let before = busiest_second(&sends, at(1.0), at(4.0));
+            let after = busiest_second(&sends, at(3.0), at(12.0));
+            assert_eq!(alone, 8, "loss at {loss:?}");
+            assert!(
+                after <= before,
+                "loss at {loss:?}: {after} in a second, {before} before"
+            );
+            for s in 1..12 {
+                assert!(
+                    sends
+                        .iter()
+                        .any(|t| *t >= at(f64::from(s)) && *t < at(f64::from(s + 1))),
+                    "loss at {loss:?}: nothing sent in second {s}"
+                );
+            }
+        }
     }
 }

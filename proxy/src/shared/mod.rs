@@ -27,11 +27,15 @@
 //!   that begins once the last is over records the refusal that brought
 //!   it (how long after the last hold's end, and the admissions between).
 //!
-//! Every call is bounded by `call_timeout`. A call that fails or times out
-//! puts the replica on its own — it paces at `rate / replicas` from the
-//! last shared state and says so (`sluice_shared_budget_state`, the
-//! readout) — and Redis is not asked again for [`RETRY_DOWN`]; the first
-//! answer after that rejoins. No request fails because Redis is down.
+//! Every call is bounded by `call_timeout`. A first call that fails or
+//! times out holds the request and asks once more [`RECHECK`] later: a
+//! miss of this replica's own (a stalled client, a timeout under load)
+//! must not put its share on top of the slots the other replicas still
+//! take. A second miss puts the replica on its own — it paces at `rate /
+//! replicas` from the last shared state and says so
+//! (`sluice_shared_budget_state`, the readout) — and Redis is not asked
+//! again for [`RETRY_DOWN`]; the first answer after that rejoins. No
+//! request fails because Redis is down.
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -47,9 +51,14 @@ use crate::config::{redact_url, ConfigError, Shared};
 mod link;
 use link::Link;
 
-/// After a failed call, Redis is not asked again for this long: requests do
-/// not each pay the call timeout while it is down.
+/// After a failed call that followed a miss (the store was already
+/// resting), Redis is not asked again for this long: requests do not each
+/// pay the call timeout while it is down.
 pub const RETRY_DOWN: Duration = Duration::from_secs(1);
+
+/// After a first failed call, Redis is asked once more this much later,
+/// the request held meanwhile, before the replica goes alone (R-DS2).
+pub const RECHECK: Duration = Duration::from_millis(250);
 
 /// A shared budget nobody touched for a day is forgotten by Redis.
 const KEY_TTL_MS: u64 = 24 * 3600 * 1000;
@@ -325,38 +334,71 @@ impl SharedStore {
         rest(&self.down_until) || rest(key)
     }
 
-    fn failed(&self, key: &Mutex<Option<Instant>>, now: Instant) {
-        let scope = if self.link.fails_per_key() {
+    /// The rest a failure starts: the store's (one server, Sentinel) or
+    /// the key's (a Cluster).
+    fn scope<'a>(&'a self, key: &'a Mutex<Option<Instant>>) -> &'a Mutex<Option<Instant>> {
+        if self.link.fails_per_key() {
             key
         } else {
             &self.down_until
-        };
-        *scope.lock().unwrap_or_else(|p| p.into_inner()) = Some(now + RETRY_DOWN);
+        }
+    }
+
+    /// A call sent at `sent` failed. A first miss rests only until the
+    /// recheck ([`RECHECK`]); a call sent once a rest was over (the
+    /// recheck, or any call after) failing too rests [`RETRY_DOWN`]; a
+    /// call already under way at the first miss changes nothing.
+    fn failed(&self, key: &Mutex<Option<Instant>>, sent: Instant, now: Instant) {
+        let mut rest = self.scope(key).lock().unwrap_or_else(|p| p.into_inner());
+        *rest = Some(rest_after_miss(*rest, sent, now));
+        drop(rest);
         self.link.failed();
     }
 
+    /// A call answered: the next miss is a first one again.
+    fn answered(&self, key: &Mutex<Option<Instant>>) {
+        let mut rest = self.scope(key).lock().unwrap_or_else(|p| p.into_inner());
+        if rest.is_some() {
+            *rest = None;
+        }
+    }
+
     /// Runs a script within the call timeout; `None` on any failure (which
-    /// rests the store, or the key, for [`RETRY_DOWN`]).
+    /// rests the store, or the key: see [`SharedStore::failed`]).
     async fn run<T: redis::FromRedisValue>(
         &self,
         invocation: redis::ScriptInvocation<'_>,
         provider: &str,
         key: &Mutex<Option<Instant>>,
     ) -> Option<T> {
+        let sent = Instant::now();
         let result = tokio::time::timeout(self.timeout, self.link.invoke(&invocation)).await;
         match result {
-            Ok(Ok(v)) => Some(v),
+            Ok(Ok(v)) => {
+                self.answered(key);
+                Some(v)
+            }
             Ok(Err(e)) => {
-                self.failed(key, Instant::now());
+                self.failed(key, sent, Instant::now());
                 tracing::debug!(provider, redis = %self.url, error = %e, "shared budget call failed");
                 None
             }
             Err(_) => {
-                self.failed(key, Instant::now());
+                self.failed(key, sent, Instant::now());
                 tracing::debug!(provider, redis = %self.url, "shared budget call timed out");
                 None
             }
         }
+    }
+}
+
+/// Until when a store (or a key) rests after a call sent at `sent` failed
+/// at `now`, given the rest it was under (`None`: it answered last).
+fn rest_after_miss(rest: Option<Instant>, sent: Instant, now: Instant) -> Instant {
+    match rest {
+        None => now + RECHECK,
+        Some(until) if sent >= until => now + RETRY_DOWN,
+        Some(until) => until,
     }
 }
 
@@ -722,6 +764,10 @@ impl SharedBudget for ProviderBudget {
         RETRY_DOWN
     }
 
+    fn recheck_after(&self) -> Duration {
+        RECHECK
+    }
+
     fn seat(&self) -> Option<Seat> {
         let s = self.state();
         let (seat, skew) = (s.seat?, s.skew?);
@@ -751,6 +797,32 @@ fn store_clock(text: &str) -> Option<i128> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// R-DS2: a first miss rests until the recheck; the recheck (or any
+    /// call sent once a rest was over) missing too rests a second; calls
+    /// already under way at the first miss do not lengthen it.
+    #[test]
+    fn a_first_miss_rests_only_until_the_recheck() {
+        let t0 = Instant::now();
+        let ms = |n: u64| Duration::from_millis(n);
+        let first = rest_after_miss(None, t0, t0 + ms(50));
+        assert_eq!(first, t0 + ms(50) + RECHECK);
+        // Sent before the first miss, failing just after it.
+        assert_eq!(
+            rest_after_miss(Some(first), t0 + ms(10), t0 + ms(60)),
+            first
+        );
+        // The recheck.
+        let recheck = first + ms(1);
+        let second = rest_after_miss(Some(first), recheck, recheck + ms(50));
+        assert_eq!(second, recheck + ms(50) + RETRY_DOWN);
+        // Still down a second later.
+        let later = second + ms(1);
+        assert_eq!(
+            rest_after_miss(Some(second), later, later + ms(50)),
+            later + ms(50) + RETRY_DOWN
+        );
+    }
 
     #[test]
     fn the_fleets_refusal_is_read_as_admit_returns_it() {
