@@ -189,7 +189,8 @@ async fn judge_failover(
 /// provider sees ≤ 1.1 × its limit in every second, the fleet is back on
 /// the shared schedule (on the promoted node) within 10 s, and the
 /// learned rate is within 10 % of before; the providers on the other
-/// primaries stay shared throughout.
+/// primaries see ≤ 1.1 × their limits in the same seconds and are shared
+/// again within 10 s (the cluster refuses every slot while it lacks one).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_carries_a_fleet_like_one_redis_and_rides_a_failover() {
     const SECS: u32 = 85;
@@ -304,11 +305,25 @@ async fn a_cluster_carries_a_fleet_like_one_redis_and_rides_a_failover() {
             seconds.iter().all(|n| *n as f64 <= LIMIT * 1.1),
             "{name}: {seconds:?}"
         );
-        assert!(
-            all_shared(&on_cluster, name, None).await,
-            "{name} shared again: {:?}",
-            readouts(&on_cluster, name).await
-        );
+        // Shared again within 10 s, as p1 on its promoted primary: a
+        // replica may miss its store twice in a row at any time (two calls
+        // 250 ms apart timed out under load once, 5 s after the
+        // promotion) and pace alone for a second or two.
+        let asked = Instant::now();
+        while !all_shared(&on_cluster, name, None).await {
+            assert!(
+                asked.elapsed() < Duration::from_secs(10),
+                "{name} shared again: {:?}",
+                readouts(&on_cluster, name).await
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        if asked.elapsed() > Duration::from_millis(500) {
+            println!(
+                "{name}: every replica shared again {:.1} s after asked",
+                asked.elapsed().as_secs_f64()
+            );
+        }
     }
 
     let metrics = on_cluster[0].admin_get("/metrics").await.1;
