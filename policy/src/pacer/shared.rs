@@ -704,6 +704,28 @@ mod tests {
         tokio::join!(sends(&pacers, secs), script)
     }
 
+    /// [`cut_off`] at ten phases of the loss (from 4 s on): for each, the
+    /// loss, the sends (with the instant `s` seconds after the first), how
+    /// many went alone, and the busiest second over 1–4 s (before) and
+    /// over 3 s to the end (across the loss and the return).
+    async fn cut_off_at_phases(
+        cut: u32,
+        outage: Duration,
+        secs: u64,
+    ) -> Vec<(Duration, Vec<Instant>, usize, usize, usize)> {
+        let mut runs = Vec::new();
+        for k in 0..10u64 {
+            let loss = Duration::from_millis(4000 + 37 * k);
+            let (sends, alone) = cut_off(cut, loss, outage, secs).await;
+            let start = *sends.first().unwrap();
+            let at = |s: f64| start + Duration::from_secs_f64(s);
+            let before = busiest_second(&sends, at(1.0), at(4.0));
+            let after = busiest_second(&sends, at(3.0), at(secs as f64));
+            runs.push((loss, sends, alone, before, after));
+        }
+        runs
+    }
+
     /// R-DS2: three of eight replicas miss the store for 150 ms (a stalled
     /// client, timeouts under load) while the others still take every
     /// shared slot. Asked again 250 ms later, the store answers: none of
@@ -713,13 +735,9 @@ mod tests {
     /// where the schedule gave 11.
     #[tokio::test(start_paused = true)]
     async fn a_miss_of_some_replicas_own_puts_nothing_on_top_of_the_schedule() {
-        for k in 0..10u64 {
-            let loss = Duration::from_millis(4000 + 37 * k);
-            let (sends, alone) = cut_off(3, loss, Duration::from_millis(150), 9).await;
-            let start = *sends.first().unwrap();
-            let at = |s: f64| start + Duration::from_secs_f64(s);
-            let before = busiest_second(&sends, at(1.0), at(4.0));
-            let after = busiest_second(&sends, at(3.0), at(9.0));
+        for (loss, _, alone, before, after) in
+            cut_off_at_phases(3, Duration::from_millis(150), 9).await
+        {
             assert_eq!(alone, 0, "loss at {loss:?}");
             assert!(
                 after <= before,
@@ -734,13 +752,11 @@ mod tests {
     /// in its busiest second before, and every second has sends.
     #[tokio::test(start_paused = true)]
     async fn an_outage_for_every_replica_puts_nothing_on_top_either() {
-        for k in 0..10u64 {
-            let loss = Duration::from_millis(4000 + 37 * k);
-            let (sends, alone) = cut_off(8, loss, Duration::from_millis(1500), 12).await;
+        for (loss, sends, alone, before, after) in
+            cut_off_at_phases(8, Duration::from_millis(1500), 12).await
+        {
             let start = *sends.first().unwrap();
             let at = |s: f64| start + Duration::from_secs_f64(s);
-            let before = busiest_second(&sends, at(1.0), at(4.0));
-            let after = busiest_second(&sends, at(3.0), at(12.0));
             assert_eq!(alone, 8, "loss at {loss:?}");
             assert!(
                 after <= before,
