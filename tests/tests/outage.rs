@@ -132,13 +132,18 @@ fn clients(side: &Side, per_url: u32, under_run: bool) -> tokio::process::Child 
             &["python3", "-c", CLIENTS],
         )
     } else {
+        // The same collector, with no run open: a proxy user like any
+        // (its proxy set below).
         let mut c = tokio::process::Command::new("python3");
         c.args(["-c", CLIENTS]);
-        // The same collector, with no run open: a proxy user like any.
-        let proxy = format!("http://collector-a:{TOKEN}@{}", side.sluice.proxy);
-        sluice_tests::clients::with_proxy(&mut c, &proxy);
         c
     };
+    // `sluice run` hands its environment on to the clients.
+    sluice_tests::clients::client_env(&mut cmd);
+    if !under_run {
+        let proxy = format!("http://collector-a:{TOKEN}@{}", side.sluice.proxy);
+        sluice_tests::clients::with_proxy(&mut cmd, &proxy);
+    }
     cmd.arg(per_url.to_string())
         .arg(format!("{END}"))
         .arg("go")

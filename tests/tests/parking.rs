@@ -252,6 +252,7 @@ async fn a_proxy_users_outage_is_absorbed_up_to_max_outage_wait() {
         .map(|sim| {
             let mut c = tokio::process::Command::new("python3");
             c.args(["-c", PROXY_USER, "4", "32", &sim.url("http", "/ok")]);
+            sluice_tests::clients::client_env(&mut c);
             sluice_tests::clients::with_proxy(&mut c, &sluice.proxy_url());
             c.stdout(std::process::Stdio::piped())
                 .stderr(std::process::Stdio::piped())
