@@ -157,6 +157,9 @@ impl Sluice {
             .arg("--state-dir")
             .arg(dir.join("state"))
             .args(args)
+            // A panic of sluice's own is logged with its stack, whatever
+            // the tests run with (scripts/test runs them without).
+            .env("RUST_BACKTRACE", "1")
             .env("SLUICE_LOG", level)
             .stdout(Stdio::piped())
             .stderr(log)
