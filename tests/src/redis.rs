@@ -34,8 +34,19 @@ impl Redis {
             dir: TempDir::new("redis"),
             tls: None,
         };
-        r.restart();
-        r
+        // The port was free when chosen; another test's listener may take
+        // it before redis-server binds it: then another port.
+        for _ in 0..5 {
+            if r.try_restart() {
+                return r;
+            }
+            r.port = std::net::TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port();
+        }
+        panic!("redis-server found no free port in five tries");
     }
 
     /// Starts one that speaks TLS only (Debian's build has it), with a
@@ -78,6 +89,17 @@ impl Redis {
 
     /// Starts it again on the same port, empty (no persistence).
     pub fn restart(&mut self) {
+        assert!(
+            self.try_restart(),
+            "redis-server could not have port {} again: another process holds it",
+            self.port
+        );
+    }
+
+    /// [`Redis::restart`]: false if what answers on the port is not this
+    /// redis-server (checked with `PING` on a plain one: a TCP connect
+    /// alone took another process's listener for it).
+    fn try_restart(&mut self) -> bool {
         self.kill();
         let mut cmd = Command::new("redis-server");
         match &self.tls {
@@ -116,6 +138,7 @@ impl Redis {
             assert!(Instant::now() < deadline, "redis-server did not start");
             std::thread::sleep(Duration::from_millis(20));
         }
+        self.tls.is_some() || self.cli(&["ping"]) == "PONG"
     }
 
     /// Runs `redis-cli` against it.
