@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::harness::TempDir;
+use crate::harness::{free_port, TempDir};
 
 /// A running `redis-server`, killed on drop.
 #[derive(Debug)]
@@ -23,11 +23,7 @@ pub struct Redis {
 impl Redis {
     /// Starts one on a free port, waiting until it accepts connections.
     pub fn start() -> Redis {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = free_port("127.0.0.1");
         let mut r = Redis {
             child: None,
             port,
@@ -40,11 +36,7 @@ impl Redis {
             if r.try_restart() {
                 return r;
             }
-            r.port = std::net::TcpListener::bind("127.0.0.1:0")
-                .unwrap()
-                .local_addr()
-                .unwrap()
-                .port();
+            r.port = free_port("127.0.0.1");
         }
         panic!("redis-server found no free port in five tries");
     }
@@ -52,11 +44,7 @@ impl Redis {
     /// Starts one that speaks TLS only (Debian's build has it), with a
     /// leaf for 127.0.0.1 from `ca`.
     pub fn start_tls(ca: &crate::pki::TestCa) -> Redis {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = free_port("127.0.0.1");
         let dir = TempDir::new("redis-tls");
         let (cert, key) = ca.leaf_pem(&["127.0.0.1"]);
         let (cert_file, key_file) = (dir.join("redis.crt"), dir.join("redis.key"));
